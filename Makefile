@@ -1,0 +1,47 @@
+# make            build every example
+# make test       build and run every test (one binary; the implementation is compiled once)
+# make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
+# make bench      speed figures            make loc   line count of the header
+CXX      ?= c++
+CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
+LDLIBS   := -ldl -lpthread
+BUILD    ?= build
+
+EXAMPLES  := $(patsubst examples/%.cpp,$(BUILD)/examples/%,$(wildcard examples/*.cpp))
+TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
+TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
+ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+.PHONY: all test test-asan bench loc clean
+all: $(EXAMPLES)
+
+# examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
+$(BUILD)/examples/%: examples/%.cpp tinygrad.hpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c -o $@ $<
+
+$(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
+# Tests run from the repository root with a fresh, private compile cache.
+test: $(BUILD)/run_tests $(EXAMPLES)
+	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
+	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples ./$(BUILD)/run_tests $(FILTER); rc=$$?; \
+	rm -rf $$dir; exit $$rc
+
+test-asan:
+	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
+
+loc:
+	@wc -l tinygrad.hpp
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,93 @@
+// The test harness: TEST registers a case, CHECK* record failures without stopping the case,
+// SKIP ends a case as skipped with a reason. tests/main.cpp runs the cases whose names contain
+// the first argument (all when none) and ends with "N passed, N failed, N skipped".
+#pragma once
+#include "../tinygrad.hpp"
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace th {
+struct Case { const char* name; void (*fn)(); const char* file; };
+inline std::vector<Case>& cases() { static std::vector<Case> all; return all; }
+inline int& failures() { static int n = 0; return n; }
+struct Register { Register(const char* n, void (*f)(), const char* file) { cases().push_back({n, f, file}); } };
+struct Skip { std::string reason; };
+
+inline void report(const char* file, int line, const std::string& what) {
+    std::fprintf(stderr, "    %s:%d: %s\n", file, line, what.c_str());
+    failures()++;
+}
+inline bool near(double a, double b, double tol) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    if (std::isinf(a) || std::isinf(b)) return a == b;
+    return std::fabs(a - b) <= tol * (1 + std::fabs(b));
+}
+}  // namespace th
+
+#define TEST(name)                                                                             \
+    static void test_##name();                                                                 \
+    static th::Register register_##name(#name, test_##name, __FILE__);                        \
+    static void test_##name()
+
+#define CHECK(cond)                                                                            \
+    do { if (!(cond)) th::report(__FILE__, __LINE__, "CHECK(" #cond ") failed"); } while (0)
+
+#define CHECK_EQ(a, b)                                                                         \
+    do {                                                                                       \
+        auto va_ = (a); auto vb_ = (b);                                                        \
+        if (!(va_ == vb_)) {                                                                   \
+            std::ostringstream os_; os_ << "CHECK_EQ(" #a ", " #b "): " << va_ << " != " << vb_; \
+            th::report(__FILE__, __LINE__, os_.str());                                         \
+        }                                                                                      \
+    } while (0)
+
+// relative-and-absolute tolerance: |a - b| <= tol·(1 + |b|)
+#define CHECK_NEAR(a, b, tol)                                                                  \
+    do {                                                                                       \
+        double va_ = double(a), vb_ = double(b);                                               \
+        if (!th::near(va_, vb_, tol)) {                                                        \
+            std::ostringstream os_; os_.precision(9);                                          \
+            os_ << "CHECK_NEAR(" #a ", " #b "): " << va_ << " vs " << vb_;                     \
+            th::report(__FILE__, __LINE__, os_.str());                                         \
+        }                                                                                      \
+    } while (0)
+
+// elementwise over two vectors of numbers
+#define CHECK_ALL_NEAR(got, want, tol)                                                         \
+    do {                                                                                       \
+        auto g_ = (got); auto w_ = (want);                                                     \
+        if (g_.size() != w_.size()) {                                                          \
+            th::report(__FILE__, __LINE__, "CHECK_ALL_NEAR(" #got ", " #want "): sizes " +     \
+                       std::to_string(g_.size()) + " != " + std::to_string(w_.size()));       \
+        } else {                                                                               \
+            for (size_t i_ = 0; i_ < g_.size(); i_++) {                                        \
+                if (!th::near(double(g_[i_]), double(w_[i_]), tol)) {                          \
+                    std::ostringstream os_; os_.precision(9);                                  \
+                    os_ << "CHECK_ALL_NEAR(" #got ", " #want "): at " << i_ << ": "            \
+                        << double(g_[i_]) << " vs " << double(w_[i_]);                         \
+                    th::report(__FILE__, __LINE__, os_.str());                                 \
+                    break;                                                                     \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+// expr must throw tg::Error whose message contains every one of the given strings
+#define CHECK_THROWS(expr, ...)                                                                \
+    do {                                                                                       \
+        try {                                                                                  \
+            (void)(expr);                                                                      \
+            th::report(__FILE__, __LINE__, "CHECK_THROWS(" #expr "): nothing thrown");         \
+        } catch (const tg::Error& e_) {                                                        \
+            std::string m_ = e_.what();                                                        \
+            for (const char* want_ : {__VA_ARGS__})                                            \
+                if (m_.find(want_) == std::string::npos)                                       \
+                    th::report(__FILE__, __LINE__, std::string("CHECK_THROWS(" #expr "): message '") + \
+                               m_ + "' lacks '" + want_ + "'");                                \
+        }                                                                                      \
+    } while (0)
+
+#define SKIP(reason) throw th::Skip{reason}

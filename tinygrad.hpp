@@ -1,0 +1,2875 @@
+/* tinygrad.hpp — a deep-learning compiler in one header.                      >>manual
+   MIT license (end of file). Part A: manual. Part B: API. Part C: implementation.
+
+   Write PyTorch-like tensor code; it is recorded lazily as a graph of a few primitive ops,
+   fused into kernels, lowered to loops, emitted as C, compiled by the system C compiler,
+   loaded with dlopen and run. Every stage can be printed.
+
+ QUICK START
+   In exactly one .cpp file:
+       #define TINYGRAD_IMPLEMENTATION
+       #include "tinygrad.hpp"
+       using tg::Tensor;
+       int main() {
+           Tensor a = Tensor::randn({64, 32}, 1), b = Tensor::randn({32, 16}, 2);
+           Tensor c = (a.matmul(b) + 1.0f).relu().sum(1);   // lazy: nothing has run yet
+           std::vector<float> v = c.to_vector();            // schedule, loop IR, C, cc, dlopen, run
+           std::cout << c << "\n";                           // tensor([15.2631, ...])
+       }
+   Build: c++ -std=c++17 -O2 main.cpp -ldl        Other files include it without the define.
+
+ HOW IT WORKS (sections of Part C, in pipeline order; grep the >>tag)
+   Tensor API ──► graph of primitive ops          [GRAPH] >>graph, [COMPOSED] >>composed
+                  (shapes inferred, errors thrown here)
+                          │ realize()
+                          ▼
+                  scheduler: which nodes get buffers, kernels     [SCHEDULE] >>schedule
+                          ▼
+                  loop IR: loops, accumulators, stores            [LOOPIR] >>loopir
+                  + passes (simplify index algebra)               [PASSES] >>passes
+                          ▼
+                  INTERP: interpreter over the IR, or             [INTERP] >>interp
+                  C renderer → cc → disk cache → dlopen → run     [RENDER] [RUNTIME]
+   Data flows down; nothing below knows about anything above it.
+
+ DEFINITIONS
+   shape     dimensions of a tensor, outermost first; [] is a scalar.
+   view      how a movement op (reshape, permute, expand, pad, shrink, flip) reads its source.
+             Views are index functions: lowering maps each output index expression to a source
+             index expression (pad adds a validity condition) and the simplifier, which knows
+             every loop variable's range, folds the composition back to strides and offsets.
+             Where a ShapeTracker would need a stack of views (a reshape of a permuted tensor,
+             say), the index keeps its / and %; nothing is ever copied for a view.
+   realize   run the pipeline for some tensors, so that they hold a buffer.
+   buffer    memory of one realized tensor (or of a temporary inside one program).
+   kernel    one loop nest that stores one buffer. Elementwise ops fuse into it, broadcast
+             operands are read through stride-0 indices, and a reduction fuses with its
+             elementwise producers and consumers (matmul + bias + relu is one kernel).
+   loop IR   a program: blocks (one per kernel) of loops, accumulators and stores, with small
+             expression trees for values and indices.
+   program   all kernels of one realize: one C file, one compiler call, one dlopen.
+
+ CONFIGURATION (environment, read when used)
+   TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no compiler)
+   TG_CC         C compiler                                   default: cc
+   TG_CFLAGS     compiler flags                               default: -O3 -march=native -fPIC -shared
+   TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
+   TG_DEBUG      1 programs, compiles, cache hits, timings     2 + schedule, and keeps each
+                 program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
+                 3 + loop IR before and after the passes       4 + the generated C source
+
+ DTYPES AND PROMOTION
+   float32 (default), float64, int32, bool. Tensor-tensor ops promote to the wider of the two
+   (bool < int32 < float32 < float64); a scalar takes the tensor's dtype unless it is a float
+   and the tensor is not (then float32), like PyTorch. Division and transcendental functions
+   of integers give float32. Comparisons give bool.
+
+ HOW TO ADD AN OP
+   Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
+   A new primitive needs: a row in TG_OPS (Part B), shape inference in [GRAPH], a case in
+   lowering ([LOOPIR] lower_node) and, for new arithmetic, in alu_eval ([LOOPIR]) and its C form
+   in the TG_OPS row. Tests: tests/test_ops.cpp compares every op with a double-precision loop.
+
+ ERRORS
+   Every invalid call throws tg::Error naming the op, the shapes and the caller's file:line:
+       matmul: [32,30] @ [20,200]: inner dims 30 != 20 (at main.cpp:7)
+   A failing compile reports the command, the compiler's output and the kept source path.
+
+ NOT YET
+   autograd, nn, optimizers, jit; loop fusion across kernels, tiling, threads; CUDA.
+*/
+
+/* =============================================================================================
+   Part B: the public API
+   ============================================================================================= */
+#ifndef TINYGRAD_HPP_INCLUDED
+#define TINYGRAD_HPP_INCLUDED
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace tg {
+
+// ---- [TYPES] dtypes, shapes, errors, source locations ------------------------------- >>types
+
+// Ordered by promotion. INDEX is the loop IR's int64 index arithmetic, never a tensor dtype.
+enum class DType : uint8_t { BOOL, INT32, FLOAT32, FLOAT64, INDEX };
+const char* dtype_name(DType dt);
+size_t dtype_size(DType dt);
+bool dtype_is_float(DType dt);
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& shape);            // "[64,32]"
+
+struct Error : std::runtime_error {
+    explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// Where the user built a node. Every API call takes it as a defaulted last argument, so the
+// caller's file:line reaches error messages and comments in the generated C.
+struct Loc {
+    const char* file = nullptr;
+    int line = 0;
+    static constexpr Loc here(const char* f = __builtin_FILE(), int l = __builtin_LINE()) {
+        return Loc{f, l};
+    }
+};
+
+// A number on one side of an operator: remembers whether it was written as a float.
+struct Scalar {
+    double value;
+    bool is_float;
+    template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+    Scalar(T v) : value(static_cast<double>(v)), is_float(std::is_floating_point_v<T>) {}
+};
+
+// ---- [OPS] the primitive op set, described once ------------------------------------- >>ops
+// Everything else (matmul, softmax, einsum, ...) is composed from these. The C column is the
+// renderer's form: {0} {1} {2} operands, {f} the libm suffix ("f" for float32), {t} the C type.
+#define TG_OPS(X)                                                                              \
+    X(BUFFER,      SOURCE,   "")                   /* realized data                          */ \
+    X(CONST,       SOURCE,   "")                   /* one value broadcast to any shape       */ \
+    X(ARANGE,      SOURCE,   "")                   /* int32 0,1,...,n-1                      */ \
+    X(RAND,        SOURCE,   "tg_rand({0}, {1})")  /* uniform [0,1) from (seed, index)       */ \
+    X(NEG,         UNARY,    "(-{0})")                                                         \
+    X(EXP2,        UNARY,    "exp2{f}({0})")                                                   \
+    X(LOG2,        UNARY,    "log2{f}({0})")                                                   \
+    X(SIN,         UNARY,    "sin{f}({0})")                                                    \
+    X(SQRT,        UNARY,    "sqrt{f}({0})")                                                   \
+    X(RECIP,       UNARY,    "(1/{0})")                                                        \
+    X(CAST,        UNARY,    "(({t}){0})")                                                     \
+    X(ADD,         BINARY,   "({0} + {1})")                                                    \
+    X(MUL,         BINARY,   "({0} * {1})")                                                    \
+    X(MAX,         BINARY,   "fmax{f}({0}, {1})")  /* integers: tg_imax                      */ \
+    X(CMPLT,       BINARY,   "({0} < {1})")                                                    \
+    X(CMPEQ,       BINARY,   "({0} == {1})")                                                   \
+    X(IDIV,        BINARY,   "({0} / {1})")        /* integers, truncating like C            */ \
+    X(MOD,         BINARY,   "({0} % {1})")                                                    \
+    X(WHERE,       TERNARY,  "({0} ? {1} : {2})")                                              \
+    X(REDUCE_SUM,  REDUCE,   "")                   /* over a set of axes, keeping them as 1  */ \
+    X(REDUCE_MAX,  REDUCE,   "")                                                               \
+    X(RESHAPE,     MOVEMENT, "")                   /* movement ops are views: no copy        */ \
+    X(PERMUTE,     MOVEMENT, "")                                                               \
+    X(EXPAND,      MOVEMENT, "")                                                               \
+    X(PAD,         MOVEMENT, "")                   /* zeros outside                          */ \
+    X(SHRINK,      MOVEMENT, "")                                                               \
+    X(FLIP,        MOVEMENT, "")                                                               \
+    X(GATHER,      INDEXED,  "")                   /* out[i] = src[i with axis := index[i]]  */ \
+    X(CONTIGUOUS,  SCHEDULE, "")                   /* value unchanged; gets its own buffer   */
+
+enum class OpKind : uint8_t { SOURCE, UNARY, BINARY, TERNARY, REDUCE, MOVEMENT, INDEXED, SCHEDULE };
+enum class Op : uint8_t {
+#define TG_OP_ENUM(name, kind, c) name,
+    TG_OPS(TG_OP_ENUM)
+#undef TG_OP_ENUM
+};
+const char* op_name(Op op);
+OpKind op_kind(Op op);
+
+namespace detail { struct Node; }
+
+// ---- [TENSOR] the lazy tensor -------------------------------------------------------- >>tensor
+// A Tensor is a handle to a graph node; copying it is cheap and shares the node. Every method
+// builds graph; nothing runs until realize(), item(), to_vector() or printing.
+class Tensor {
+public:
+    Tensor() = default;                                // undefined until assigned
+    explicit Tensor(std::shared_ptr<detail::Node> node) : node_(std::move(node)) {}
+
+    // creation
+    static Tensor zeros(const Shape& shape, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
+    static Tensor ones(const Shape& shape, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
+    static Tensor full(const Shape& shape, Scalar value, DType dtype = DType::FLOAT32,
+                       Loc loc = Loc::here());
+    static Tensor arange(Scalar stop, Loc loc = Loc::here());            // int32 unless a float
+    static Tensor arange(Scalar start, Scalar stop, Scalar step = 1, Loc loc = Loc::here());
+    static Tensor eye(int64_t n, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
+    static Tensor rand(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
+    static Tensor randn(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
+    static Tensor from_vector(const std::vector<float>& values, Shape shape = {},
+                              Loc loc = Loc::here());     // shape {} means 1-D of values.size()
+    static Tensor from_vector(const std::vector<double>& values, Shape shape = {},
+                              Loc loc = Loc::here());
+    static Tensor from_vector(const std::vector<int32_t>& values, Shape shape = {},
+                              Loc loc = Loc::here());
+    static uint64_t next_seed();                       // the global stream that manual_seed sets
+
+    // what it is
+    const Shape& shape() const;
+    int64_t size(int axis) const;                      // negative axes count from the end
+    int ndim() const;
+    int64_t numel() const;
+    DType dtype() const;
+    bool defined() const { return node_ != nullptr; }
+    const std::shared_ptr<detail::Node>& node() const; // the graph node (for tg::detail users)
+
+    // elementwise (operators + - * / < <= > >= == != are free functions below)
+    Tensor operator-() const;
+    Tensor exp(Loc loc = Loc::here()) const;
+    Tensor log(Loc loc = Loc::here()) const;
+    Tensor exp2(Loc loc = Loc::here()) const;
+    Tensor log2(Loc loc = Loc::here()) const;
+    Tensor sqrt(Loc loc = Loc::here()) const;
+    Tensor rsqrt(Loc loc = Loc::here()) const;
+    Tensor reciprocal(Loc loc = Loc::here()) const;
+    Tensor sin(Loc loc = Loc::here()) const;
+    Tensor cos(Loc loc = Loc::here()) const;
+    Tensor tanh(Loc loc = Loc::here()) const;
+    Tensor sigmoid(Loc loc = Loc::here()) const;
+    Tensor relu(Loc loc = Loc::here()) const;
+    Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
+    Tensor abs(Loc loc = Loc::here()) const;
+    Tensor pow(const Tensor& exponent, Loc loc = Loc::here()) const;
+    Tensor pow(Scalar exponent, Loc loc = Loc::here()) const;
+    Tensor maximum(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor maximum(Scalar other, Loc loc = Loc::here()) const;
+    Tensor minimum(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor minimum(Scalar other, Loc loc = Loc::here()) const;
+    Tensor logical_not(Loc loc = Loc::here()) const;
+    Tensor cast(DType dtype, Loc loc = Loc::here()) const;
+
+    // reductions: all elements, one axis or several; negative axes count from the end
+    Tensor sum(Loc loc = Loc::here()) const;
+    Tensor sum(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor sum(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor mean(Loc loc = Loc::here()) const;
+    Tensor mean(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor mean(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor max(Loc loc = Loc::here()) const;
+    Tensor max(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor max(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor min(Loc loc = Loc::here()) const;
+    Tensor min(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor min(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor argmax(Loc loc = Loc::here()) const;       // index into the flattened tensor
+    Tensor argmax(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+
+    // movement: views of the same data, nothing is copied until a kernel reads them
+    Tensor reshape(const Shape& shape, Loc loc = Loc::here()) const;    // one -1 is inferred
+    Tensor view(const Shape& shape, Loc loc = Loc::here()) const;       // same as reshape
+    Tensor permute(const std::vector<int>& order, Loc loc = Loc::here()) const;
+    Tensor transpose(int axis0 = -2, int axis1 = -1, Loc loc = Loc::here()) const;
+    Tensor expand(const Shape& shape, Loc loc = Loc::here()) const;     // -1 keeps a size
+    Tensor pad(const std::vector<std::pair<int64_t, int64_t>>& before_after, Scalar value = 0,
+               Loc loc = Loc::here()) const;                             // one pair per axis
+    Tensor shrink(const std::vector<std::pair<int64_t, int64_t>>& begin_end,
+                  Loc loc = Loc::here()) const;                          // one pair per axis
+    Tensor slice(int axis, int64_t start, int64_t end, int64_t step = 1,
+                 Loc loc = Loc::here()) const;                           // like x[start:end:step]
+    Tensor flip(const std::vector<int>& axes, Loc loc = Loc::here()) const;
+    Tensor flip(int axis, Loc loc = Loc::here()) const;
+    Tensor squeeze(Loc loc = Loc::here()) const;                         // every size-1 axis
+    Tensor squeeze(int axis, Loc loc = Loc::here()) const;
+    Tensor unsqueeze(int axis, Loc loc = Loc::here()) const;
+    Tensor flatten(int start_axis = 0, int end_axis = -1, Loc loc = Loc::here()) const;
+    Tensor contiguous(Loc loc = Loc::here()) const;   // forces its own buffer when realized
+
+    // composed
+    Tensor matmul(const Tensor& other, Loc loc = Loc::here()) const;    // like torch.matmul
+    Tensor softmax(int axis = -1, Loc loc = Loc::here()) const;
+    Tensor log_softmax(int axis = -1, Loc loc = Loc::here()) const;
+    Tensor gather(int axis, const Tensor& index, Loc loc = Loc::here()) const;  // torch.gather
+    Tensor index_select(int axis, const Tensor& index, Loc loc = Loc::here()) const;
+    Tensor operator[](const Tensor& index) const;     // rows: C[X], X [B,T] → [B,T,E]
+    Tensor operator[](int64_t i) const;               // x[i]: drops the first axis
+
+    // running it
+    Tensor& realize();                                 // compute now; keeps the result
+    double item() const;                               // the one value of a 1-element tensor
+    template <typename T = float> std::vector<T> to_vector() const;
+    std::string to_string() const;                     // as operator<< prints it
+
+private:
+    std::shared_ptr<detail::Node> node_;
+};
+
+namespace detail { std::vector<double> tensor_values(const Tensor& t); }
+template <typename T> std::vector<T> Tensor::to_vector() const {
+    std::vector<double> values = detail::tensor_values(*this);
+    return std::vector<T>(values.begin(), values.end());
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);   // true division: ints give float32
+Tensor operator<(const Tensor& a, const Tensor& b);   // comparisons give bool
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+#define TG_SCALAR_OPERATORS(op)                                                                \
+    Tensor operator op(const Tensor& a, Scalar b);                                             \
+    Tensor operator op(Scalar a, const Tensor& b);
+TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
+TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
+TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
+#undef TG_SCALAR_OPERATORS
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::here());
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::here());
+Tensor cat(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
+Tensor stack(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
+// "ij,jk->ik", implicit output ("ij,jk"), "..." for broadcast batch axes, "ii->i" diagonals
+Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc loc = Loc::here());
+void realize(const std::vector<Tensor>& tensors);    // several results in one program
+void manual_seed(uint64_t seed);
+
+// ---- [INSPECT] every stage as text, for teaching and debugging ----------------------- >>inspect
+struct Stages {
+    std::string graph;          // the primitive ops, one per line, with shapes and dtypes
+    std::string schedule;       // the kernels and the buffers they store
+    std::string loop_ir;        // before the passes
+    std::string optimized_ir;   // after the passes
+    std::string c_source;       // what the CPU device compiles
+};
+Stages inspect(const std::vector<Tensor>& tensors);   // builds, runs nothing
+
+struct Stats {                  // process-wide counters since start
+    int64_t programs_run = 0, compiles = 0, disk_cache_hits = 0, memory_cache_hits = 0;
+    double compile_seconds = 0, run_seconds = 0;
+};
+Stats stats();
+
+// ---- [DEVICE] where programs run: the seam for backends ------------------------------ >>device
+namespace detail {
+struct Program;
+// A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
+// output buffers; err[0] is set to 1+site of a failed bounds check, err[1] the bad index.
+struct Executable {
+    virtual ~Executable() = default;
+    virtual void run(void* const* buffers, int64_t* err) = 0;
+};
+struct Device {
+    virtual ~Device() = default;
+    virtual const char* name() const = 0;
+    virtual void* alloc(size_t bytes) = 0;
+    virtual void free(void* ptr) = 0;
+    virtual void copy_in(void* dst, const void* host_src, size_t bytes) = 0;
+    virtual void copy_out(void* host_dst, const void* src, size_t bytes) = 0;
+    virtual std::shared_ptr<Executable> prepare(const Program& program) = 0;
+};
+Device& device(const std::string& name);              // "CPU", "INTERP", or a registered one
+void register_device(const std::string& name, Device* device);
+Device& default_device();                              // $TG_DEVICE, else CPU
+}  // namespace detail
+
+}  // namespace tg
+
+#endif  // TINYGRAD_HPP_INCLUDED
+
+/* =============================================================================================
+   Part C: the implementation, in pipeline order
+   ============================================================================================= */
+#if defined(TINYGRAD_IMPLEMENTATION) && !defined(TINYGRAD_IMPLEMENTATION_DONE)
+#define TINYGRAD_IMPLEMENTATION_DONE
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tg {
+namespace detail {
+
+// ---- [UTIL] strings, errors, environment, hashing, files ----------------------------- >>util
+// Small helpers used by every later section. Files are written to a temporary name and
+// renamed, so a crash never leaves half a file under the real name.
+
+static std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static std::string strf(const char* fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = std::vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::string out(size_t(n > 0 ? n : 0), '\0');
+    std::vsnprintf(out.data(), out.size() + 1, fmt, ap2);
+    va_end(ap2);
+    return out;
+}
+
+static std::string loc_str(Loc loc) {
+    if (!loc.file) return "?";
+    const char* base = std::strrchr(loc.file, '/');
+    return strf("%s:%d", base ? base + 1 : loc.file, loc.line);
+}
+
+[[noreturn]] static void fail(const std::string& msg, Loc loc = {}) {
+    throw Error(loc.file ? msg + " (at " + loc_str(loc) + ")" : msg);
+}
+
+static std::string env_str(const char* name, const std::string& fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::string(v) : fallback;
+}
+static int debug_level() { return std::atoi(env_str("TG_DEBUG", "0").c_str()); }
+
+static uint64_t fnv1a64(const std::string& data, uint64_t h = 1469598103934665603ull) {
+    for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+static std::string hex16(uint64_t h) { return strf("%016llx", (unsigned long long)h); }
+
+static bool read_file(const std::string& path, std::string& out) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return false;
+    out.clear();
+    char chunk[65536];
+    size_t n;
+    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) out.append(chunk, n);
+    bool ok = !std::ferror(f);
+    std::fclose(f);
+    return ok;
+}
+
+static void write_file_atomic(const std::string& path, const std::string& data) {
+    static std::atomic<int> counter{0};
+    std::string tmp = strf("%s.tmp.%d.%d", path.c_str(), int(getpid()), counter++);
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) fail("cannot write " + tmp + ": " + std::strerror(errno));
+    bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        fail("cannot write " + path + ": " + std::strerror(errno));
+    }
+}
+
+// $TG_CACHE_DIR, else $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad; missing directories
+// are created private (0700) because the cache holds code that this process will load.
+static std::string cache_dir() {
+    std::string dir = env_str("TG_CACHE_DIR", "");
+    if (dir.empty()) {
+        std::string xdg = env_str("XDG_CACHE_HOME", "");
+        dir = !xdg.empty() ? xdg + "/tinygrad" : env_str("HOME", "/tmp") + "/.cache/tinygrad";
+    }
+    for (size_t i = 1; i <= dir.size(); i++) {
+        if (i < dir.size() && dir[i] != '/') continue;
+        std::string part = dir.substr(0, i);
+        if (mkdir(part.c_str(), 0700) != 0 && errno != EEXIST)
+            fail("cannot create cache directory " + part + ": " + std::strerror(errno));
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        fail("cache directory " + dir + " is not a directory");
+    return dir;
+}
+
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace detail
+
+// ---- [SHAPES] dtypes, shapes, broadcasting, axes -------------------------------------- >>shapes
+// Shape rules in one place: every error names the op and the shapes involved.
+
+const char* dtype_name(DType dt) {
+    switch (dt) {
+    case DType::BOOL: return "bool";
+    case DType::INT32: return "int32";
+    case DType::FLOAT32: return "float32";
+    case DType::FLOAT64: return "float64";
+    case DType::INDEX: return "index";
+    }
+    return "?";
+}
+size_t dtype_size(DType dt) {
+    switch (dt) {
+    case DType::BOOL: return 1;
+    case DType::INT32: case DType::FLOAT32: return 4;
+    case DType::FLOAT64: case DType::INDEX: return 8;
+    }
+    return 0;
+}
+bool dtype_is_float(DType dt) { return dt == DType::FLOAT32 || dt == DType::FLOAT64; }
+
+std::string shape_str(const Shape& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); i++) s += (i ? "," : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+const char* op_name(Op op) {
+    static const char* names[] = {
+#define TG_OP_NAME(name, kind, c) #name,
+        TG_OPS(TG_OP_NAME)
+#undef TG_OP_NAME
+    };
+    return names[int(op)];
+}
+OpKind op_kind(Op op) {
+    static const OpKind kinds[] = {
+#define TG_OP_KIND(name, kind, c) OpKind::kind,
+        TG_OPS(TG_OP_KIND)
+#undef TG_OP_KIND
+    };
+    return kinds[int(op)];
+}
+
+namespace detail {
+
+static const char* op_c_form(Op op) {
+    static const char* forms[] = {
+#define TG_OP_C(name, kind, c) c,
+        TG_OPS(TG_OP_C)
+#undef TG_OP_C
+    };
+    return forms[int(op)];
+}
+
+static int64_t shape_numel(const Shape& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+}
+
+static Shape contiguous_strides(const Shape& s) {
+    Shape st(s.size());
+    int64_t acc = 1;
+    for (size_t i = s.size(); i-- > 0;) { st[i] = acc; acc *= s[i]; }
+    return st;
+}
+
+static int normalize_axis(int axis, size_t ndim, const char* op, const Shape& shape, Loc loc) {
+    int n = int(ndim);
+    if (axis < -n || axis >= n || (n == 0 && axis != 0 && axis != -1))
+        fail(strf("%s: axis %d out of range for shape %s", op, axis, shape_str(shape).c_str()), loc);
+    return n == 0 ? 0 : (axis < 0 ? axis + n : axis);
+}
+
+static std::vector<int> normalize_axes(const std::vector<int>& axes, const Shape& shape,
+                                       const char* op, Loc loc) {
+    std::vector<int> out;
+    for (int a : axes) {
+        int ax = normalize_axis(a, shape.size(), op, shape, loc);
+        if (std::find(out.begin(), out.end(), ax) != out.end())
+            fail(strf("%s: axis %d repeated for shape %s", op, a, shape_str(shape).c_str()), loc);
+        out.push_back(ax);
+    }
+    return out;
+}
+
+// NumPy broadcasting: align on the right; each pair of sizes is equal or one of them is 1.
+static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc loc) {
+    size_t n = std::max(a.size(), b.size());
+    Shape out(n);
+    for (size_t i = 0; i < n; i++) {
+        int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+        int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+        if (da != db && da != 1 && db != 1)
+            fail(strf("%s: shapes %s and %s cannot broadcast", op, shape_str(a).c_str(),
+                      shape_str(b).c_str()), loc);
+        out[i] = da == 1 ? db : da;
+    }
+    return out;
+}
+
+static DType promote(DType a, DType b) { return std::max(a, b); }
+
+// ---- [GRAPH] nodes, buffers and the primitive builders --------------------------------- >>graph
+// A Node is one primitive op with its inferred shape and dtype. Builders here check their
+// arguments and infer the result, so every later stage can trust shapes. A realized node
+// becomes a BUFFER node holding its data; its sources are released.
+
+struct Buffer {
+    Device* device;
+    void* ptr;
+    DType dtype;
+    int64_t numel;
+    Buffer(Device* dev, DType dt, int64_t n)
+        : device(dev), ptr(dev->alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(dt))),
+          dtype(dt), numel(n) {}
+    ~Buffer() { device->free(ptr); }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    size_t bytes() const { return size_t(numel) * dtype_size(dtype); }
+};
+
+struct Node {
+    Op op;
+    DType dtype;
+    Shape shape;
+    std::vector<std::shared_ptr<Node>> src;
+    std::vector<int64_t> arg;         // axes, a new shape, or (begin,end) pairs, per op
+    double value = 0;                 // CONST's value, RAND's seed
+    std::shared_ptr<Buffer> buffer;   // BUFFER: the data
+    Loc loc;
+};
+using NodeP = std::shared_ptr<Node>;
+
+static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc loc,
+                       std::vector<int64_t> arg = {}, double value = 0) {
+    auto n = std::make_shared<Node>();
+    n->op = op;
+    n->dtype = dt;
+    n->shape = std::move(shape);
+    n->src = std::move(src);
+    n->arg = std::move(arg);
+    n->value = value;
+    n->loc = loc;
+    return n;
+}
+
+static NodeP graph_const(double value, DType dt, const Shape& shape, Loc loc) {
+    if (dt == DType::BOOL) value = value != 0;
+    if (dt == DType::INT32) value = double(int32_t(int64_t(value)));
+    if (dt == DType::FLOAT32) value = double(float(value));
+    return node_make(Op::CONST, dt, shape, {}, loc, {}, value);
+}
+
+static NodeP graph_unary(Op op, const NodeP& x, Loc loc) {
+    return node_make(op, x->dtype, x->shape, {x}, loc);
+}
+
+static NodeP graph_cast(const NodeP& x, DType dt, Loc loc) {
+    if (x->dtype == dt) return x;
+    return node_make(Op::CAST, dt, x->shape, {x}, loc);
+}
+
+// Operands already have one shape and one dtype: the Tensor API broadcasts and promotes.
+static NodeP graph_binary(Op op, const NodeP& a, const NodeP& b, Loc loc) {
+    DType out = (op == Op::CMPLT || op == Op::CMPEQ) ? DType::BOOL : a->dtype;
+    return node_make(op, out, a->shape, {a, b}, loc);
+}
+
+static NodeP graph_where(const NodeP& c, const NodeP& a, const NodeP& b, Loc loc) {
+    return node_make(Op::WHERE, a->dtype, a->shape, {c, a, b}, loc);
+}
+
+// Reduced axes stay as size 1 (keepdim); the Tensor API reshapes them away when asked.
+static NodeP graph_reduce(Op op, const NodeP& x, const std::vector<int>& axes, Loc loc) {
+    Shape out = x->shape;
+    std::vector<int64_t> arg;
+    for (int a : axes) {
+        if (x->shape[size_t(a)] == 1) continue;
+        out[size_t(a)] = 1;
+        arg.push_back(a);
+    }
+    if (arg.empty()) return x;
+    std::sort(arg.begin(), arg.end());
+    return node_make(op, x->dtype, out, {x}, loc, arg);
+}
+
+static NodeP graph_reshape(const NodeP& x, const Shape& shape, Loc loc) {
+    for (int64_t d : shape)
+        if (d < 0) fail("reshape: negative size in " + shape_str(shape), loc);
+    if (shape_numel(shape) != shape_numel(x->shape))
+        fail(strf("reshape: cannot reshape %s (%lld elements) to %s (%lld elements)",
+                  shape_str(x->shape).c_str(), (long long)shape_numel(x->shape),
+                  shape_str(shape).c_str(), (long long)shape_numel(shape)), loc);
+    if (shape == x->shape) return x;
+    const NodeP& base = (x->op == Op::RESHAPE) ? x->src[0] : x;   // reshapes compose
+    if (shape == base->shape) return base;
+    return node_make(Op::RESHAPE, x->dtype, shape, {base}, loc);
+}
+
+static NodeP graph_permute(const NodeP& x, const std::vector<int>& order, Loc loc) {
+    size_t n = x->shape.size();
+    std::vector<bool> seen(n, false);
+    bool ok = order.size() == n;
+    for (int a : order) {
+        if (!ok || a < 0 || size_t(a) >= n || seen[size_t(a)]) { ok = false; break; }
+        seen[size_t(a)] = true;
+    }
+    if (!ok) {
+        std::string o;
+        for (size_t i = 0; i < order.size(); i++) o += (i ? "," : "") + std::to_string(order[i]);
+        fail(strf("permute: [%s] is not a permutation of the %zu axes of shape %s", o.c_str(), n,
+                  shape_str(x->shape).c_str()), loc);
+    }
+    Shape out(n);
+    bool identity = true;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = x->shape[size_t(order[i])];
+        identity = identity && order[i] == int(i);
+    }
+    if (identity) return x;
+    return node_make(Op::PERMUTE, x->dtype, out, {x}, loc, std::vector<int64_t>(order.begin(), order.end()));
+}
+
+// Same rank; each axis keeps its size or grows from 1.
+static NodeP graph_expand(const NodeP& x, const Shape& shape, Loc loc) {
+    bool ok = shape.size() == x->shape.size();
+    for (size_t i = 0; ok && i < shape.size(); i++)
+        ok = shape[i] == x->shape[i] || (x->shape[i] == 1 && shape[i] >= 0);
+    if (!ok)
+        fail(strf("expand: cannot expand %s to %s", shape_str(x->shape).c_str(),
+                  shape_str(shape).c_str()), loc);
+    if (shape == x->shape) return x;
+    return node_make(Op::EXPAND, x->dtype, shape, {x}, loc);
+}
+
+static std::string pairs_str(const std::vector<std::pair<int64_t, int64_t>>& p) {
+    std::string s = "[";
+    for (size_t i = 0; i < p.size(); i++)
+        s += strf("%s(%lld,%lld)", i ? "," : "", (long long)p[i].first, (long long)p[i].second);
+    return s + "]";
+}
+
+static NodeP graph_pad(const NodeP& x, const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) {
+    bool ok = p.size() == x->shape.size(), zero = true;
+    for (auto& [b, a] : p) { ok = ok && b >= 0 && a >= 0; zero = zero && b == 0 && a == 0; }
+    if (!ok)
+        fail(strf("pad: %s out of range for shape %s (one non-negative pair per axis)",
+                  pairs_str(p).c_str(), shape_str(x->shape).c_str()), loc);
+    if (zero) return x;
+    Shape out = x->shape;
+    std::vector<int64_t> arg;
+    for (size_t i = 0; i < p.size(); i++) {
+        out[i] += p[i].first + p[i].second;
+        arg.push_back(p[i].first);
+        arg.push_back(p[i].second);
+    }
+    return node_make(Op::PAD, x->dtype, out, {x}, loc, arg);
+}
+
+static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) {
+    bool ok = p.size() == x->shape.size(), full = true;
+    for (size_t i = 0; ok && i < p.size(); i++) {
+        ok = 0 <= p[i].first && p[i].first <= p[i].second && p[i].second <= x->shape[i];
+        full = full && p[i].first == 0 && p[i].second == x->shape[i];
+    }
+    if (!ok)
+        fail(strf("shrink: %s out of range for shape %s", pairs_str(p).c_str(),
+                  shape_str(x->shape).c_str()), loc);
+    if (full) return x;
+    Shape out;
+    std::vector<int64_t> arg;
+    for (auto& [b, e] : p) { out.push_back(e - b); arg.push_back(b); arg.push_back(e); }
+    return node_make(Op::SHRINK, x->dtype, out, {x}, loc, arg);
+}
+
+static NodeP graph_flip(const NodeP& x, const std::vector<int>& axes, Loc loc) {
+    std::vector<int64_t> arg;
+    for (int a : axes)
+        if (x->shape[size_t(a)] > 1) arg.push_back(a);
+    if (arg.empty()) return x;
+    std::sort(arg.begin(), arg.end());
+    return node_make(Op::FLIP, x->dtype, x->shape, {x}, loc, arg);
+}
+
+static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc loc) {
+    return node_make(Op::GATHER, src->dtype, index->shape, {src, index}, loc, {axis});
+}
+
+// One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
+static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots) {
+    std::vector<Node*> order;
+    std::unordered_set<Node*> seen;
+    std::vector<std::pair<Node*, size_t>> stack;
+    for (const NodeP& r : roots) {
+        if (!seen.insert(r.get()).second) continue;
+        stack.push_back({r.get(), 0});
+        while (!stack.empty()) {
+            auto& [n, i] = stack.back();
+            if (i < n->src.size()) {
+                Node* s = n->src[i++].get();
+                if (seen.insert(s).second) stack.push_back({s, 0});
+            } else {
+                order.push_back(n);
+                stack.pop_back();
+            }
+        }
+    }
+    return order;
+}
+
+static std::string graph_listing(const std::vector<NodeP>& roots) {
+    std::vector<Node*> order = graph_toposort(roots);
+    std::unordered_map<Node*, int> id;
+    std::string out;
+    for (Node* n : order) {
+        int k = int(id.size());
+        id[n] = k;
+        std::string line = strf("%%%d = %s", k, op_name(n->op));
+        for (auto& s : n->src) line += strf(" %%%d", id[s.get()]);
+        if (n->op == Op::CONST) line += strf(" %g", n->value);
+        if (n->op == Op::RAND) line += strf(" seed=%.0f", n->value);
+        if (!n->arg.empty()) {
+            line += " {";
+            for (size_t i = 0; i < n->arg.size(); i++)
+                line += (i ? "," : "") + std::to_string(n->arg[i]);
+            line += "}";
+        }
+        line = strf("%-40s %-8s %-14s %s\n", line.c_str(), dtype_name(n->dtype),
+                    shape_str(n->shape).c_str(), loc_str(n->loc).c_str());
+        out += line;
+    }
+    return out;
+}
+
+}  // namespace detail
+
+// ---- [COMPOSED] the Tensor API: creation, elementwise, reductions, movement, composed -- >>composed
+// Each method checks its arguments (errors name the op and the shapes), broadcasts and
+// promotes dtypes like PyTorch, and composes primitives. The formula sits beside each one.
+
+namespace detail {
+static const double LN2 = 0.693147180559945309417, PI = 3.14159265358979323846;
+
+static Tensor wrap(NodeP n) { return Tensor(std::move(n)); }
+static const NodeP& N(const Tensor& t) { return t.node(); }
+
+static Tensor un(Op op, const Tensor& x, Loc loc) { return wrap(graph_unary(op, N(x), loc)); }
+
+static Tensor as_float(const Tensor& x, Loc loc) {
+    return dtype_is_float(x.dtype()) ? x : x.cast(DType::FLOAT32, loc);
+}
+
+static Tensor full_like(const Tensor& x, double v, DType dt, Loc loc) {
+    return wrap(graph_const(v, dt, x.shape(), loc));
+}
+
+// A scalar keeps the tensor's dtype, except that a float scalar makes an integer tensor float32
+// and a number next to a bool tensor makes it int32.
+static DType scalar_dtype(DType t, Scalar s) {
+    if (s.is_float && !dtype_is_float(t)) return DType::FLOAT32;
+    if (t == DType::BOOL && !(s.value == 0 || s.value == 1)) return DType::INT32;
+    return t;
+}
+
+// Broadcast and promote two operands of an elementwise op.
+static std::pair<Tensor, Tensor> operands(const Tensor& a, const Tensor& b, const char* op, Loc loc,
+                                          bool need_float = false) {
+    Shape s = broadcast_shape(a.shape(), b.shape(), op, loc);
+    DType dt = promote(a.dtype(), b.dtype());
+    if (need_float && !dtype_is_float(dt)) dt = DType::FLOAT32;
+    return {a.cast(dt, loc).expand(s, loc), b.cast(dt, loc).expand(s, loc)};
+}
+
+static Tensor bin(Op op, const Tensor& a, const Tensor& b, const char* name, Loc loc) {
+    auto [x, y] = operands(a, b, name, loc);
+    return wrap(graph_binary(op, N(x), N(y), loc));
+}
+
+static Tensor scalar_operand(const Tensor& like, Scalar s, Loc loc) {
+    return full_like(like, s.value, scalar_dtype(like.dtype(), s), loc);
+}
+
+static void check_not_bool(const Tensor& x, const char* op, Loc loc) {
+    if (x.dtype() == DType::BOOL) fail(strf("%s: not supported for bool tensors", op), loc);
+}
+
+// x + c, x * c with c in x's dtype: the building blocks of the compositions below
+static Tensor add_c(const Tensor& x, double c, Loc loc) {
+    return wrap(graph_binary(Op::ADD, N(x), graph_const(c, x.dtype(), x.shape(), loc), loc));
+}
+static Tensor mul_c(const Tensor& x, double c, Loc loc) {
+    return wrap(graph_binary(Op::MUL, N(x), graph_const(c, x.dtype(), x.shape(), loc), loc));
+}
+static Tensor add(const Tensor& a, const Tensor& b, Loc loc) { return bin(Op::ADD, a, b, "add", loc); }
+static Tensor mul(const Tensor& a, const Tensor& b, Loc loc) { return bin(Op::MUL, a, b, "mul", loc); }
+static Tensor neg(const Tensor& x, Loc loc) { return un(Op::NEG, x, loc); }
+
+static std::atomic<uint64_t> seed_counter{0};
+
+// 64-bit seeds fold to the 32 bits the counter-based generator takes.
+static uint64_t fold_seed(uint64_t seed) { return (seed ^ (seed >> 32)) & 0xffffffffull; }
+static uint64_t mix_seed(uint64_t seed, uint64_t stream) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void check_shape(const Shape& s, const char* op, Loc loc) {
+    for (int64_t d : s)
+        if (d < 0) fail(strf("%s: negative size in %s", op, shape_str(s).c_str()), loc);
+}
+
+static Tensor reduce(Op op, const Tensor& x, std::vector<int> axes, bool all, bool keepdim,
+                     const char* name, Loc loc) {
+    if (all) { axes.clear(); for (int i = 0; i < x.ndim(); i++) axes.push_back(i); }
+    std::vector<int> ax = normalize_axes(axes, x.shape(), name, loc);
+    Tensor r = wrap(graph_reduce(op, N(x), ax, loc));
+    if (keepdim) return r.reshape(r.shape(), loc);
+    Shape out;
+    for (int i = 0; i < x.ndim(); i++)
+        if (std::find(ax.begin(), ax.end(), i) == ax.end()) out.push_back(x.shape()[size_t(i)]);
+    return r.reshape(out, loc);
+}
+
+// Python-style index: negative counts from the end.
+static int64_t wrap_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
+}  // namespace detail
+
+using namespace detail;
+
+// -- creation
+uint64_t Tensor::next_seed() { return seed_counter++; }
+void manual_seed(uint64_t seed) { seed_counter = seed; }
+
+Tensor Tensor::full(const Shape& shape, Scalar value, DType dtype, Loc loc) {
+    check_shape(shape, "full", loc);
+    return wrap(graph_const(value.value, dtype, shape, loc));
+}
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Loc loc) { return full(shape, 0, dtype, loc); }
+Tensor Tensor::ones(const Shape& shape, DType dtype, Loc loc) { return full(shape, 1, dtype, loc); }
+
+Tensor Tensor::arange(Scalar stop, Loc loc) { return arange(0, stop, 1, loc); }
+// start + i·step for i in [0, ceil((stop-start)/step))
+Tensor Tensor::arange(Scalar start, Scalar stop, Scalar step, Loc loc) {
+    if (step.value == 0) fail("arange: step must be nonzero", loc);
+    double count = std::ceil((stop.value - start.value) / step.value);
+    int64_t n = count > 0 ? int64_t(count) : 0;
+    DType dt = (start.is_float || stop.is_float || step.is_float) ? DType::FLOAT32 : DType::INT32;
+    Tensor idx = wrap(node_make(Op::ARANGE, DType::INT32, {n}, {}, loc)).cast(dt, loc);
+    return add_c(mul_c(idx, step.value, loc), start.value, loc);
+}
+
+Tensor Tensor::eye(int64_t n, DType dtype, Loc loc) {
+    if (n < 0) fail(strf("eye: negative size %lld", (long long)n), loc);
+    Tensor i = arange(n, loc);
+    return (i.reshape({n, 1}, loc) == i.reshape({1, n}, loc)).cast(dtype, loc);
+}
+
+Tensor Tensor::rand(const Shape& shape, uint64_t seed, Loc loc) {
+    check_shape(shape, "rand", loc);
+    return wrap(node_make(Op::RAND, DType::FLOAT32, shape, {}, loc, {}, double(fold_seed(seed))));
+}
+
+// Box-Muller: sqrt(-2 ln(1-u1)) · cos(2π u2), with u1, u2 from two streams of the seed
+Tensor Tensor::randn(const Shape& shape, uint64_t seed, Loc loc) {
+    Tensor u1 = rand(shape, mix_seed(seed, 0), loc), u2 = rand(shape, mix_seed(seed, 1), loc);
+    Tensor r = mul_c(add_c(neg(u1, loc), 1, loc).log(loc), -2, loc).sqrt(loc);
+    return mul(r, mul_c(u2, 2 * PI, loc).cos(loc), loc);
+}
+
+template <typename T>
+static Tensor tensor_from_data(const std::vector<T>& values, Shape shape, DType dt, Loc loc) {
+    if (shape.empty() && values.size() != 1) shape = {int64_t(values.size())};
+    check_shape(shape, "from_vector", loc);
+    if (shape_numel(shape) != int64_t(values.size()))
+        fail(strf("from_vector: %zu values do not fill shape %s", values.size(),
+                  shape_str(shape).c_str()), loc);
+    Device& dev = default_device();
+    auto buf = std::make_shared<Buffer>(&dev, dt, int64_t(values.size()));
+    dev.copy_in(buf->ptr, values.data(), buf->bytes());
+    NodeP n = node_make(Op::BUFFER, dt, shape, {}, loc);
+    n->buffer = buf;
+    return wrap(n);
+}
+Tensor Tensor::from_vector(const std::vector<float>& v, Shape shape, Loc loc) {
+    return tensor_from_data(v, std::move(shape), DType::FLOAT32, loc);
+}
+Tensor Tensor::from_vector(const std::vector<double>& v, Shape shape, Loc loc) {
+    return tensor_from_data(v, std::move(shape), DType::FLOAT64, loc);
+}
+Tensor Tensor::from_vector(const std::vector<int32_t>& v, Shape shape, Loc loc) {
+    return tensor_from_data(v, std::move(shape), DType::INT32, loc);
+}
+
+// -- what it is
+const NodeP& Tensor::node() const {
+    if (!node_) throw Error("tensor is undefined (default-constructed and never assigned)");
+    return node_;
+}
+const Shape& Tensor::shape() const { return node()->shape; }
+int Tensor::ndim() const { return int(shape().size()); }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+DType Tensor::dtype() const { return node()->dtype; }
+int64_t Tensor::size(int axis) const {
+    return shape()[size_t(normalize_axis(axis, shape().size(), "size", shape(), {}))];
+}
+
+// -- elementwise
+Tensor operator+(const Tensor& a, const Tensor& b) { return bin(Op::ADD, a, b, "add", {}); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return bin(Op::MUL, a, b, "mul", {}); }
+Tensor operator-(const Tensor& a, const Tensor& b) {                   // a + (-b)
+    auto [x, y] = operands(a, b, "sub", {});
+    check_not_bool(x, "sub", {});
+    return x + -y;
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {                   // a · (1/b)
+    auto [x, y] = operands(a, b, "div", {}, true);
+    return x * y.reciprocal();
+}
+Tensor operator<(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, a, b, "lt", {}); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, b, a, "gt", {}); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "eq", {}); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return (a == b).logical_not(); }
+Tensor operator<=(const Tensor& a, const Tensor& b) {                  // (a < b) or (a == b)
+    auto [x, y] = operands(a, b, "le", {});
+    return (x < y).maximum(x == y);
+}
+Tensor operator>=(const Tensor& a, const Tensor& b) { return b <= a; }
+#define TG_SCALAR_OPERATORS(op)                                                                \
+    Tensor operator op(const Tensor& a, Scalar b) { return a op scalar_operand(a, b, {}); }   \
+    Tensor operator op(Scalar a, const Tensor& b) { return scalar_operand(b, a, {}) op b; }
+TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
+TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
+TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
+#undef TG_SCALAR_OPERATORS
+
+Tensor Tensor::operator-() const {
+    check_not_bool(*this, "neg", {});
+    return un(Op::NEG, *this, {});
+}
+Tensor Tensor::cast(DType dtype, Loc loc) const {
+    if (dtype == DType::INDEX) fail("cast: index is not a tensor dtype", loc);
+    return wrap(graph_cast(node(), dtype, loc));
+}
+Tensor Tensor::exp2(Loc loc) const { return un(Op::EXP2, as_float(*this, loc), loc); }
+Tensor Tensor::log2(Loc loc) const { return un(Op::LOG2, as_float(*this, loc), loc); }
+Tensor Tensor::sin(Loc loc) const { return un(Op::SIN, as_float(*this, loc), loc); }
+Tensor Tensor::sqrt(Loc loc) const { return un(Op::SQRT, as_float(*this, loc), loc); }
+Tensor Tensor::reciprocal(Loc loc) const { return un(Op::RECIP, as_float(*this, loc), loc); }
+// e^x = 2^(x / ln2)
+Tensor Tensor::exp(Loc loc) const { return mul_c(as_float(*this, loc), 1 / LN2, loc).exp2(loc); }
+// ln x = log2(x) · ln2
+Tensor Tensor::log(Loc loc) const { return mul_c(log2(loc), LN2, loc); }
+// cos x = sin(x + π/2)
+Tensor Tensor::cos(Loc loc) const { return add_c(as_float(*this, loc), PI / 2, loc).sin(loc); }
+Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
+// σ(x) = 1 / (1 + e^-x)
+Tensor Tensor::sigmoid(Loc loc) const {
+    return add_c(neg(as_float(*this, loc), loc).exp(loc), 1, loc).reciprocal(loc);
+}
+// tanh x = 2σ(2x) - 1
+Tensor Tensor::tanh(Loc loc) const {
+    return add_c(mul_c(mul_c(as_float(*this, loc), 2, loc).sigmoid(loc), 2, loc), -1, loc);
+}
+Tensor Tensor::relu(Loc loc) const { return maximum(0, loc); }
+// gelu x = x/2 · (1 + erf(x/√2)); erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7):
+//   erf z = sign(z)·(1 - t(a1 + t(a2 + t(a3 + t(a4 + t a5))))·e^(-z²)),  t = 1/(1 + p|z|)
+// tanh_approximation: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))
+Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
+    Tensor x = as_float(*this, loc);
+    if (tanh_approximation) {
+        Tensor inner = mul_c(add(x, mul_c(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc),
+                             std::sqrt(2 / PI), loc);
+        return mul(mul_c(x, 0.5, loc), add_c(inner.tanh(loc), 1, loc), loc);
+    }
+    Tensor z = mul_c(x, 1 / std::sqrt(2.0), loc), az = z.abs(loc);
+    Tensor t = add_c(mul_c(az, 0.3275911, loc), 1, loc).reciprocal(loc);
+    Tensor poly = full_like(t, 1.061405429, t.dtype(), loc);
+    for (double a : {-1.453152027, 1.421413741, -0.284496736, 0.254829592})
+        poly = add_c(mul(poly, t, loc), a, loc);
+    poly = mul(poly, t, loc);
+    Tensor erf_abs = add_c(neg(mul(poly, neg(mul(z, z, loc), loc).exp(loc), loc), loc), 1, loc);
+    Tensor erf = where(z < 0, neg(erf_abs, loc), erf_abs, loc);
+    return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
+}
+// |x| = max(x, -x)
+Tensor Tensor::abs(Loc loc) const {
+    if (dtype() == DType::BOOL) return *this;
+    return maximum(neg(*this, loc), loc);
+}
+Tensor Tensor::maximum(const Tensor& o, Loc loc) const { return bin(Op::MAX, *this, o, "maximum", loc); }
+Tensor Tensor::maximum(Scalar o, Loc loc) const { return maximum(scalar_operand(*this, o, loc), loc); }
+// min(a, b) = -max(-a, -b); for bool, a and b = a·b
+Tensor Tensor::minimum(const Tensor& o, Loc loc) const {
+    auto [x, y] = operands(*this, o, "minimum", loc);
+    if (x.dtype() == DType::BOOL) return mul(x, y, loc);
+    return neg(neg(x, loc).maximum(neg(y, loc), loc), loc);
+}
+Tensor Tensor::minimum(Scalar o, Loc loc) const { return minimum(scalar_operand(*this, o, loc), loc); }
+Tensor Tensor::logical_not(Loc loc) const {
+    return wrap(graph_binary(Op::CMPEQ, node(), graph_const(0, dtype(), shape(), loc), loc));
+}
+// x^y = 2^(y·log2|x|), negated for x < 0 and odd integer y, NaN for x < 0 and fractional y;
+// 0^0 = 1
+Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
+    auto [x, y] = operands(*this, exponent, "pow", loc, true);
+    Tensor mag = mul(y, x.abs(loc).log2(loc), loc).exp2(loc);
+    Tensor yi = y.cast(DType::INT32, loc);
+    Tensor is_int = yi.cast(y.dtype(), loc) == y;
+    Tensor odd = wrap(graph_binary(Op::MOD, N(yi), graph_const(2, DType::INT32, yi.shape(), loc), loc)) != 0;
+    Tensor nan = full_like(x, NAN, x.dtype(), loc);
+    Tensor negative = where(is_int, where(odd, neg(mag, loc), mag, loc), nan, loc);
+    return where(y == 0, full_like(x, 1, x.dtype(), loc), where(x < 0, negative, mag, loc), loc);
+}
+// Small non-negative integer powers by repeated squaring keep integer tensors integer.
+Tensor Tensor::pow(Scalar e, Loc loc) const {
+    if (!e.is_float && e.value >= 0 && e.value <= 64) {
+        Tensor result = full_like(*this, 1, scalar_dtype(dtype(), e), loc), base = *this;
+        for (int64_t k = int64_t(e.value); k > 0; k >>= 1) {
+            if (k & 1) result = mul(result, base, loc);
+            if (k > 1) base = mul(base, base, loc);
+        }
+        return result;
+    }
+    if (e.value == 0.5) return as_float(*this, loc).sqrt(loc);
+    return pow(scalar_operand(*this, e, loc), loc);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
+    Shape s = broadcast_shape(broadcast_shape(cond.shape(), a.shape(), "where", loc), b.shape(),
+                              "where", loc);
+    DType dt = promote(a.dtype(), b.dtype());
+    Tensor c = cond.cast(DType::BOOL, loc).expand(s, loc);
+    return wrap(graph_where(N(c), N(a.cast(dt, loc).expand(s, loc)), N(b.cast(dt, loc).expand(s, loc)), loc));
+}
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc) {
+    return where(cond, scalar_operand(b, a, loc), b, loc);
+}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
+    return where(cond, a, scalar_operand(a, b, loc), loc);
+}
+
+// -- reductions
+Tensor Tensor::sum(Loc loc) const { return sum(std::vector<int>{}, false, loc).reshape({}, loc); }
+Tensor Tensor::sum(int axis, bool keepdim, Loc loc) const { return sum(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::sum(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    Tensor x = dtype() == DType::BOOL ? cast(DType::INT32, loc) : *this;
+    return reduce(Op::REDUCE_SUM, x, axes, axes.empty(), keepdim, "sum", loc);
+}
+Tensor Tensor::mean(Loc loc) const { return mean(std::vector<int>{}, false, loc).reshape({}, loc); }
+Tensor Tensor::mean(int axis, bool keepdim, Loc loc) const { return mean(std::vector<int>{axis}, keepdim, loc); }
+// mean = sum / (number of elements reduced)
+Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    Tensor x = as_float(*this, loc);
+    Tensor s = x.sum(axes, keepdim, loc);
+    double count = double(numel()) / double(std::max<int64_t>(1, s.numel()));
+    if (numel() == 0) count = 0;
+    return mul_c(s, 1 / count, loc);
+}
+Tensor Tensor::max(Loc loc) const { return max(std::vector<int>{}, false, loc).reshape({}, loc); }
+Tensor Tensor::max(int axis, bool keepdim, Loc loc) const { return max(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    return reduce(Op::REDUCE_MAX, *this, axes, axes.empty(), keepdim, "max", loc);
+}
+Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
+Tensor Tensor::min(int axis, bool keepdim, Loc loc) const { return min(std::vector<int>{axis}, keepdim, loc); }
+// min x = -max(-x); for bool, not max(not x)
+Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    if (dtype() == DType::BOOL) return logical_not(loc).max(axes, keepdim, loc).logical_not(loc);
+    return neg(neg(*this, loc).max(axes, keepdim, loc), loc);
+}
+Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, false, loc); }
+// The first index of the maximum: n - max over the axis of (x == max ? n - i : 0)
+Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "argmax", shape(), loc);
+    int64_t n = ndim() == 0 ? 1 : shape()[size_t(ax)];
+    Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
+    Shape along(x.shape().size(), 1);
+    along[size_t(ax)] = n;
+    Tensor rev = add_c(neg(arange(n, loc), loc), double(n), loc).reshape(along, loc);
+    Tensor hit = where(x == x.max(ax, true, loc), rev, 0, loc);
+    Tensor idx = add_c(neg(hit.max(ax, keepdim, loc), loc), double(n), loc);
+    return ndim() == 0 ? idx.reshape({}, loc) : idx;
+}
+
+// -- movement
+Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
+    Shape s = shape_in;
+    int infer = -1;
+    int64_t known = 1;
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] == -1) {
+            if (infer >= 0) fail("reshape: more than one -1 in " + shape_str(shape_in), loc);
+            infer = int(i);
+        } else {
+            known *= s[i];
+        }
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel() % known != 0)
+            fail(strf("reshape: cannot reshape %s (%lld elements) to %s", shape_str(shape()).c_str(),
+                      (long long)numel(), shape_str(shape_in).c_str()), loc);
+        s[size_t(infer)] = numel() / known;
+    }
+    return wrap(graph_reshape(node(), s, loc));
+}
+Tensor Tensor::view(const Shape& shape, Loc loc) const { return reshape(shape, loc); }
+Tensor Tensor::permute(const std::vector<int>& order, Loc loc) const {
+    std::vector<int> o = order;
+    for (int& a : o)
+        if (a < 0 && a >= -ndim()) a += ndim();
+    return wrap(graph_permute(node(), o, loc));
+}
+Tensor Tensor::transpose(int a0, int a1, Loc loc) const {
+    std::vector<int> order(static_cast<size_t>(ndim()));
+    for (int i = 0; i < ndim(); i++) order[size_t(i)] = i;
+    std::swap(order[size_t(normalize_axis(a0, order.size(), "transpose", shape(), loc))],
+              order[size_t(normalize_axis(a1, order.size(), "transpose", shape(), loc))]);
+    return permute(order, loc);
+}
+Tensor Tensor::expand(const Shape& shape_in, Loc loc) const {
+    if (shape_in.size() < shape().size())
+        fail(strf("expand: cannot expand %s to %s", shape_str(shape()).c_str(),
+                  shape_str(shape_in).c_str()), loc);
+    size_t lead = shape_in.size() - shape().size();
+    Shape src(lead, 1), target = shape_in;
+    src.insert(src.end(), shape().begin(), shape().end());
+    for (size_t i = 0; i < target.size(); i++)
+        if (target[i] == -1) target[i] = src[i];
+    return wrap(graph_expand(graph_reshape(node(), src, loc), target, loc));
+}
+Tensor Tensor::pad(const std::vector<std::pair<int64_t, int64_t>>& p, Scalar value, Loc loc) const {
+    Tensor padded = wrap(graph_pad(node(), p, loc));
+    if (value.value == 0) return padded;
+    Tensor inside = wrap(graph_pad(graph_const(1, DType::BOOL, shape(), loc), p, loc));
+    return where(inside, padded, value, loc);
+}
+Tensor Tensor::shrink(const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) const {
+    return wrap(graph_shrink(node(), p, loc));
+}
+// x[start:end:step]: shrink, then for step > 1 pad to a multiple of step, fold the axis into
+// [count, step] and keep column 0.
+Tensor Tensor::slice(int axis, int64_t start, int64_t end, int64_t step, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "slice", shape(), loc);
+    int64_t n = shape()[size_t(ax)], b = wrap_index(start, n), e = wrap_index(end, n);
+    if (step < 1) fail(strf("slice: step must be positive, got %lld", (long long)step), loc);
+    if (b < 0 || e > n || b > e)
+        fail(strf("slice: [%lld:%lld] out of range for axis %d of shape %s", (long long)start,
+                  (long long)end, ax, shape_str(shape()).c_str()), loc);
+    std::vector<std::pair<int64_t, int64_t>> box;
+    for (int64_t d : shape()) box.push_back({0, d});
+    box[size_t(ax)] = {b, e};
+    Tensor x = shrink(box, loc);
+    if (step == 1) return x;
+    int64_t count = (e - b + step - 1) / step;
+    std::vector<std::pair<int64_t, int64_t>> pads(size_t(ndim()), {0, 0});
+    pads[size_t(ax)].second = count * step - (e - b);
+    x = x.pad(pads, 0, loc);
+    Shape folded = x.shape();
+    folded[size_t(ax)] = count;
+    folded.insert(folded.begin() + ax + 1, step);
+    std::vector<std::pair<int64_t, int64_t>> keep;
+    for (int64_t d : folded) keep.push_back({0, d});
+    keep[size_t(ax) + 1] = {0, 1};
+    Shape out = shape();
+    out[size_t(ax)] = count;
+    return x.reshape(folded, loc).shrink(keep, loc).reshape(out, loc);
+}
+Tensor Tensor::flip(const std::vector<int>& axes, Loc loc) const {
+    return wrap(graph_flip(node(), normalize_axes(axes, shape(), "flip", loc), loc));
+}
+Tensor Tensor::flip(int axis, Loc loc) const { return flip(std::vector<int>{axis}, loc); }
+Tensor Tensor::squeeze(Loc loc) const {
+    Shape s;
+    for (int64_t d : shape())
+        if (d != 1) s.push_back(d);
+    return reshape(s, loc);
+}
+Tensor Tensor::squeeze(int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "squeeze", shape(), loc);
+    if (ndim() == 0 || shape()[size_t(ax)] != 1) return *this;
+    Shape s = shape();
+    s.erase(s.begin() + ax);
+    return reshape(s, loc);
+}
+Tensor Tensor::unsqueeze(int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size() + 1, "unsqueeze", shape(), loc);
+    Shape s = shape();
+    s.insert(s.begin() + ax, 1);
+    return reshape(s, loc);
+}
+Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
+    if (ndim() == 0) return reshape({1}, loc);
+    int s = normalize_axis(start_axis, shape().size(), "flatten", shape(), loc);
+    int e = normalize_axis(end_axis, shape().size(), "flatten", shape(), loc);
+    if (s > e) fail(strf("flatten: start axis %d after end axis %d", start_axis, end_axis), loc);
+    Shape out(shape().begin(), shape().begin() + s);
+    int64_t n = 1;
+    for (int i = s; i <= e; i++) n *= shape()[size_t(i)];
+    out.push_back(n);
+    out.insert(out.end(), shape().begin() + e + 1, shape().end());
+    return reshape(out, loc);
+}
+Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc); }
+
+// -- composed
+// a [..., n, k] @ b [..., k, m] = sum over k of a[..., n, k, 1] · b[..., 1, k, m]; a 1-D operand
+// gets a unit axis (front for a, back for b) that is removed from the result.
+Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
+    if (ndim() == 0 || other.ndim() == 0)
+        fail(strf("matmul: %s @ %s: both operands need at least one axis", shape_str(shape()).c_str(),
+                  shape_str(other.shape()).c_str()), loc);
+    Tensor a = ndim() == 1 ? unsqueeze(0, loc) : *this;
+    Tensor b = other.ndim() == 1 ? other.unsqueeze(1, loc) : other;
+    int64_t k = a.size(-1);
+    if (k != b.size(-2))
+        fail(strf("matmul: %s @ %s: inner dims %lld != %lld", shape_str(shape()).c_str(),
+                  shape_str(other.shape()).c_str(), (long long)k, (long long)b.size(-2)), loc);
+    Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+    Shape batch = broadcast_shape(batch_a, batch_b, "matmul", loc);
+    Shape sa = batch, sb = batch;
+    sa.insert(sa.end(), {a.size(-2), k, b.size(-1)});
+    sb.insert(sb.end(), {a.size(-2), k, b.size(-1)});
+    Tensor prod = mul(a.unsqueeze(-1, loc).expand(sa, loc), b.unsqueeze(-3, loc).expand(sb, loc), loc);
+    Tensor out = prod.sum(-2, false, loc);
+    if (ndim() == 1) out = out.squeeze(-2, loc);
+    if (other.ndim() == 1) out = out.squeeze(-1, loc);
+    return out;
+}
+// softmax x = e^(x - max x) / Σ e^(x - max x)
+Tensor Tensor::softmax(int axis, Loc loc) const {
+    Tensor x = as_float(*this, loc);
+    Tensor e = (x - x.max(axis, true, loc)).exp(loc);
+    return e / e.sum(axis, true, loc);
+}
+// log_softmax x = (x - max x) - ln Σ e^(x - max x)
+Tensor Tensor::log_softmax(int axis, Loc loc) const {
+    Tensor x = as_float(*this, loc);
+    Tensor shifted = x - x.max(axis, true, loc);
+    return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
+}
+static void check_index(const Tensor& src, const Tensor& index, const char* op, Loc loc) {
+    if (index.dtype() != DType::INT32)
+        fail(strf("%s: index must be int32, got %s (source %s, index %s)", op,
+                  dtype_name(index.dtype()), shape_str(src.shape()).c_str(),
+                  shape_str(index.shape()).c_str()), loc);
+}
+// out[i][j] = src[index[i][j]][j] (for axis 0); index has src's rank
+Tensor Tensor::gather(int axis, const Tensor& index, Loc loc) const {
+    check_index(*this, index, "gather", loc);
+    int ax = normalize_axis(axis, shape().size(), "gather", shape(), loc);
+    bool ok = index.ndim() == ndim();
+    for (int d = 0; ok && d < ndim(); d++) ok = d == ax || index.size(d) <= size(d);
+    if (!ok)
+        fail(strf("gather: index %s does not fit source %s along axis %d",
+                  shape_str(index.shape()).c_str(), shape_str(shape()).c_str(), ax), loc);
+    return wrap(graph_gather(node(), index.node(), ax, loc));
+}
+// out = src with axis replaced by the rows index picks; index is 1-D
+Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
+    check_index(*this, index, "index_select", loc);
+    int ax = normalize_axis(axis, shape().size(), "index_select", shape(), loc);
+    if (index.ndim() != 1)
+        fail(strf("index_select: index must be 1-D, got %s", shape_str(index.shape()).c_str()), loc);
+    Shape along(size_t(ndim()), 1), out = shape();
+    along[size_t(ax)] = out[size_t(ax)] = index.numel();
+    return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
+}
+Tensor Tensor::operator[](const Tensor& index) const {
+    check_index(*this, index, "index", {});
+    Shape out = index.shape();
+    out.insert(out.end(), shape().begin() + 1, shape().end());
+    return index_select(0, index.flatten(0, -1, {}), {}).reshape(out, {});
+}
+Tensor Tensor::operator[](int64_t i) const {
+    if (ndim() == 0) fail("index: cannot index a 0-d tensor");
+    int64_t n = shape()[0], j = wrap_index(i, n);
+    if (j < 0 || j >= n)
+        fail(strf("index: %lld out of range for shape %s", (long long)i, shape_str(shape()).c_str()));
+    return slice(0, j, j + 1, 1, {}).squeeze(0, {});
+}
+
+// cat: each piece is padded to the full length along the axis and the pieces are added
+Tensor cat(const std::vector<Tensor>& ts, int axis, Loc loc) {
+    if (ts.empty()) fail("cat: no tensors", loc);
+    int ax = normalize_axis(axis, ts[0].shape().size(), "cat", ts[0].shape(), loc);
+    DType dt = ts[0].dtype();
+    int64_t total = 0;
+    for (const Tensor& t : ts) {
+        bool ok = t.ndim() == ts[0].ndim();
+        for (int d = 0; ok && d < t.ndim(); d++) ok = d == ax || t.size(d) == ts[0].size(d);
+        if (!ok)
+            fail(strf("cat: shapes %s and %s differ outside axis %d", shape_str(ts[0].shape()).c_str(),
+                      shape_str(t.shape()).c_str(), ax), loc);
+        total += t.size(ax);
+        dt = promote(dt, t.dtype());
+    }
+    Tensor out;
+    int64_t offset = 0;
+    for (const Tensor& t : ts) {
+        std::vector<std::pair<int64_t, int64_t>> p(size_t(t.ndim()), {0, 0});
+        p[size_t(ax)] = {offset, total - offset - t.size(ax)};
+        offset += t.size(ax);
+        Tensor piece = t.cast(dt, loc).pad(p, 0, loc);
+        out = out.defined() ? add(out, piece, loc) : piece;
+    }
+    return out;
+}
+Tensor stack(const std::vector<Tensor>& ts, int axis, Loc loc) {
+    if (ts.empty()) fail("stack: no tensors", loc);
+    for (const Tensor& t : ts)
+        if (t.shape() != ts[0].shape())
+            fail(strf("stack: shapes %s and %s differ", shape_str(ts[0].shape()).c_str(),
+                      shape_str(t.shape()).c_str()), loc);
+    int ax = normalize_axis(axis, ts[0].shape().size() + 1, "stack", ts[0].shape(), loc);
+    std::vector<Tensor> parts;
+    for (const Tensor& t : ts) parts.push_back(t.unsqueeze(ax, loc));
+    return cat(parts, ax, loc);
+}
+
+// einsum: every operand is lined up on one list of index letters (output letters first, then
+// the summed ones), the operands are multiplied with broadcasting, and the letters that are not
+// in the output are summed away. A letter repeated in one operand takes a diagonal first.
+namespace detail {
+static const int ELLIPSIS_LABEL = 100;   // ellipsis axes get labels 100, 101, ...
+
+// x [..., n, n] → its diagonal [..., n]: flatten the pair, pad by n, fold to [n, n+1], column 0
+static Tensor diagonal_last2(const Tensor& x, Loc loc) {
+    int64_t n = x.size(-1);
+    Shape lead(x.shape().begin(), x.shape().end() - 2);
+    Tensor flat = x.flatten(-2, -1, loc);
+    std::vector<std::pair<int64_t, int64_t>> p(size_t(flat.ndim()), {0, 0});
+    p.back().second = n;
+    Shape folded = lead, out = lead;
+    folded.insert(folded.end(), {n, n + 1});
+    out.push_back(n);
+    std::vector<std::pair<int64_t, int64_t>> keep;
+    for (int64_t d : folded) keep.push_back({0, d});
+    keep.back() = {0, 1};
+    return flat.pad(p, 0, loc).reshape(folded, loc).shrink(keep, loc).reshape(out, loc);
+}
+}  // namespace detail
+
+Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
+    std::string spec;
+    for (char c : spec_in)
+        if (!std::isspace((unsigned char)c)) spec += c;
+    std::string shapes;
+    for (const Tensor& t : operands) shapes += (shapes.empty() ? "" : ", ") + shape_str(t.shape());
+    auto bad = [&](const std::string& why) {
+        fail("einsum: bad spec '" + spec_in + "' for shapes " + shapes + ": " + why, loc);
+    };
+    // a term as labels: 'A'-'Z' → 0-25, 'a'-'z' → 26-51 (so sorting is alphabetical), "..." → -1
+    auto parse = [&](const std::string& term) {
+        std::vector<int> labels;
+        for (size_t i = 0; i < term.size(); i++) {
+            char c = term[i];
+            if (c >= 'A' && c <= 'Z') labels.push_back(c - 'A');
+            else if (c >= 'a' && c <= 'z') labels.push_back(26 + c - 'a');
+            else if (term.compare(i, 3, "...") == 0) {
+                if (std::count(labels.begin(), labels.end(), -1)) bad("more than one '...' in a term");
+                labels.push_back(-1);
+                i += 2;
+            } else bad(strf("unexpected character '%c'", c));
+        }
+        return labels;
+    };
+    auto letter = [](int l) { return char(l < 26 ? 'A' + l : 'a' + l - 26); };
+    size_t arrow = spec.find("->");
+    std::string lhs = spec.substr(0, arrow);
+    std::vector<std::vector<int>> terms;
+    for (size_t start = 0;;) {
+        size_t comma = lhs.find(',', start);
+        terms.push_back(parse(lhs.substr(start, comma - start)));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    if (terms.size() != operands.size())
+        bad(strf("%zu terms for %zu operands", terms.size(), operands.size()));
+    // ellipsis axes: right-aligned across operands and broadcast, labelled 100, 101, ...
+    size_t ell_rank = 0;
+    for (size_t i = 0; i < terms.size(); i++) {
+        size_t named = terms[i].size() - size_t(std::count(terms[i].begin(), terms[i].end(), -1));
+        bool has_ell = named != terms[i].size();
+        size_t nd = size_t(operands[i].ndim());
+        if (has_ell ? nd < named : nd != named)
+            bad(strf("operand %zu has %zu axes, its term names %zu", i, nd, named));
+        if (has_ell) ell_rank = std::max(ell_rank, nd - named);
+    }
+    std::vector<Tensor> xs = operands;
+    std::map<int, int64_t> size_of;
+    std::vector<int> first_seen;
+    for (size_t i = 0; i < terms.size(); i++) {
+        std::vector<int> labels;
+        size_t named = terms[i].size() - size_t(std::count(terms[i].begin(), terms[i].end(), -1));
+        size_t mine = size_t(xs[i].ndim()) - named;
+        for (int l : terms[i]) {
+            if (l != -1) { labels.push_back(l); continue; }
+            for (size_t j = 0; j < mine; j++) labels.push_back(ELLIPSIS_LABEL + int(ell_rank - mine + j));
+        }
+        // a repeated letter: move the pair to the end and take the diagonal
+        for (size_t a = 0; a < labels.size(); a++) {
+            for (size_t b = a + 1; b < labels.size(); b++) {
+                if (labels[a] != labels[b]) continue;
+                if (xs[i].size(int(a)) != xs[i].size(int(b)))
+                    bad(strf("letter '%c' has sizes %lld and %lld in operand %zu", letter(labels[a]),
+                             (long long)xs[i].size(int(a)), (long long)xs[i].size(int(b)), i));
+                std::vector<int> order;
+                std::vector<int> rest;
+                for (size_t d = 0; d < labels.size(); d++)
+                    if (d != a && d != b) { order.push_back(int(d)); rest.push_back(labels[d]); }
+                order.push_back(int(a));
+                order.push_back(int(b));
+                rest.push_back(labels[a]);
+                xs[i] = diagonal_last2(xs[i].permute(order, loc), loc);
+                labels = rest;
+                a = size_t(-1);
+                break;
+            }
+        }
+        for (size_t d = 0; d < labels.size(); d++) {
+            int64_t s = xs[i].size(int(d));
+            auto it = size_of.find(labels[d]);
+            if (it == size_of.end()) { size_of[labels[d]] = s; first_seen.push_back(labels[d]); }
+            else if (it->second == 1) it->second = s;
+            else if (s != 1 && s != it->second) {
+                if (labels[d] >= ELLIPSIS_LABEL) bad("'...' axes cannot broadcast");
+                bad(strf("letter '%c' has sizes %lld and %lld", letter(labels[d]),
+                         (long long)it->second, (long long)s));
+            }
+        }
+        terms[i] = labels;
+    }
+    std::vector<int> out;
+    if (arrow != std::string::npos) {
+        for (int l : parse(spec.substr(arrow + 2))) {
+            if (l == -1) {
+                for (size_t j = 0; j < ell_rank; j++) out.push_back(ELLIPSIS_LABEL + int(j));
+                continue;
+            }
+            if (!size_of.count(l)) bad(strf("output letter '%c' is not in any input", letter(l)));
+            if (std::count(out.begin(), out.end(), l)) bad(strf("output letter '%c' repeated", letter(l)));
+            out.push_back(l);
+        }
+    } else {
+        std::map<int, int> count;
+        for (auto& t : terms)
+            for (int l : t) count[l]++;
+        for (size_t j = 0; j < ell_rank; j++) out.push_back(ELLIPSIS_LABEL + int(j));
+        for (auto& [l, c] : count)
+            if (c == 1 && l < ELLIPSIS_LABEL) out.push_back(l);
+    }
+    std::vector<int> all = out;
+    for (int l : first_seen)
+        if (!std::count(all.begin(), all.end(), l)) all.push_back(l);
+    Shape full;
+    for (int l : all) full.push_back(size_of[l]);
+    Tensor prod;
+    for (size_t i = 0; i < xs.size(); i++) {
+        std::vector<int> order;
+        Shape aligned;
+        for (int l : all) {
+            auto it = std::find(terms[i].begin(), terms[i].end(), l);
+            if (it != terms[i].end()) order.push_back(int(it - terms[i].begin()));
+            aligned.push_back(it != terms[i].end() ? xs[i].size(int(it - terms[i].begin())) : 1);
+        }
+        Tensor x = xs[i].permute(order, loc).reshape(aligned, loc).expand(full, loc);
+        prod = prod.defined() ? mul(prod, x, loc) : x;
+    }
+    std::vector<int> summed;
+    for (size_t d = out.size(); d < all.size(); d++) summed.push_back(int(d));
+    return summed.empty() ? prod : prod.sum(summed, false, loc);
+}
+
+namespace detail {
+
+// ---- [SCHEDULE] which nodes get buffers; one kernel per stored node -------------------- >>schedule
+// Input: the nodes to realize. Output: kernels in dependency order. A node is materialized
+// (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, a reduction, or
+// computed and read by more than one consumer or through a broadcast (looking through views).
+// Everything else is
+// inlined into the kernels that read it, so elementwise chains fuse and broadcast operands
+// stay stride-0 reads. A reduction whose only consumer chain is elementwise (or a reshape that only
+// adds or drops unit axes) up to a materialized root fuses into that root's kernel: the loop
+// nest runs over the reduction's keepdim shape and the accumulator feeds the store.
+// Tests: tests/test_schedule.cpp (kernel counts for canonical graphs).
+
+struct Kernel {
+    Node* root = nullptr;              // the node whose value this kernel stores
+    Shape loop_shape;                  // root's shape, or the keepdim shape of fused reductions
+    std::vector<Node*> fused_reduces;
+};
+
+struct Schedule {
+    std::vector<NodeP> targets;
+    std::vector<Kernel> kernels;                   // in dependency order
+    std::unordered_set<Node*> materialized;        // roots of kernels
+};
+
+static bool is_elementwise(const Node* n) {
+    OpKind k = op_kind(n->op);
+    return k == OpKind::UNARY || k == OpKind::BINARY || k == OpKind::TERNARY;
+}
+
+static bool is_unit_reshape(const Node* n) {   // a reshape that only adds or drops size-1 axes
+    if (n->op != Op::RESHAPE) return false;
+    Shape a, b;
+    for (int64_t d : n->shape) if (d != 1) a.push_back(d);
+    for (int64_t d : n->src[0]->shape) if (d != 1) b.push_back(d);
+    return a == b;
+}
+
+static Schedule sched_build(const std::vector<NodeP>& targets) {
+    Schedule s;
+    std::unordered_set<Node*> is_target;
+    for (const NodeP& t : targets)
+        if (is_target.insert(t.get()).second && !t->buffer) s.targets.push_back(t);
+    std::vector<Node*> order = graph_toposort(s.targets);
+    std::unordered_map<Node*, std::vector<Node*>> users;
+    for (Node* n : order)
+        for (auto& src : n->src) users[src.get()].push_back(n);
+    // uses that would compute a node again if it were inlined: views pass their uses through
+    std::unordered_map<Node*, int64_t> uses;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        Node* n = *it;
+        int64_t u = is_target.count(n) ? 1 : 0;
+        for (Node* user : users[n]) u += op_kind(user->op) == OpKind::MOVEMENT ? uses[user] : 1;
+        uses[n] = u;
+    }
+    // read through a broadcast: inlining would compute each element once per copy
+    std::unordered_map<Node*, bool> broadcast_read;
+    for (auto it = order.rbegin(); it != order.rend(); ++it)
+        for (Node* user : users[*it])
+            if (user->op == Op::EXPAND || (op_kind(user->op) == OpKind::MOVEMENT && broadcast_read[user]))
+                broadcast_read[*it] = true;
+    for (Node* n : order) {
+        if (n->buffer) continue;
+        OpKind k = op_kind(n->op);
+        bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT;
+        if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+            (computed && (uses[n] > 1 || broadcast_read[n])))
+            s.materialized.insert(n);
+    }
+    std::unordered_map<Node*, Kernel> fused_into;   // root → kernel with fused reductions
+    for (Node* r : order) {
+        if (op_kind(r->op) != OpKind::REDUCE || is_target.count(r) || uses[r] != 1) continue;
+        Node* cur = r;
+        Node* root = nullptr;
+        while (users[cur].size() == 1) {
+            Node* u = users[cur][0];
+            bool passes = is_elementwise(u) || is_unit_reshape(u) || u->op == Op::CONTIGUOUS;
+            if (!passes) break;
+            if (s.materialized.count(u)) { root = u; break; }
+            cur = u;
+        }
+        if (!root) continue;
+        Kernel& k = fused_into[root];
+        if (!k.fused_reduces.empty() && k.loop_shape != r->shape) continue;
+        k.loop_shape = r->shape;
+        k.fused_reduces.push_back(r);
+        s.materialized.erase(r);
+    }
+    for (Node* n : order) {
+        if (!s.materialized.count(n)) continue;
+        Kernel k;
+        auto it = fused_into.find(n);
+        if (it != fused_into.end()) k = it->second;
+        else if (op_kind(n->op) == OpKind::REDUCE) k.fused_reduces.push_back(n);
+        if (k.fused_reduces.empty() || op_kind(n->op) == OpKind::REDUCE) k.loop_shape = n->shape;
+        k.root = n;
+        s.kernels.push_back(k);
+    }
+    return s;
+}
+
+static std::string sched_listing(const Schedule& s) {
+    std::string out;
+    for (size_t i = 0; i < s.kernels.size(); i++) {
+        const Kernel& k = s.kernels[i];
+        out += strf("K%zu: %s %s %s", i, op_name(k.root->op), dtype_name(k.root->dtype),
+                    shape_str(k.root->shape).c_str());
+        if (!k.fused_reduces.empty() && k.fused_reduces[0] != k.root)
+            out += strf("  with %zu fused reduction(s), loops over %s", k.fused_reduces.size(),
+                        shape_str(k.loop_shape).c_str());
+        out += "  " + loc_str(k.root->loc) + "\n";
+    }
+    return out;
+}
+
+// ---- [LOOPIR] loops, accumulators, stores; lowering kernels into them --------------- >>loopir
+// A Program is blocks (one per kernel) of statements: LOOP over a variable, ACC_INIT/ACC_UPDATE
+// of a local accumulator, STORE of a value into a buffer at an index. Values and indices are
+// expression trees (Expr), immutable and shared. Lowering walks a kernel's graph from its root
+// carrying the index expression of every axis; views transform that index (this is where
+// movement ops become strides, offsets and pad conditions), loads read buffers at it.
+// alu_eval is the executable meaning of every arithmetic op: the interpreter and the constant
+// folder both use it. Tests: tests/test_loopir.cpp.
+
+enum class EK : uint8_t { CONST, VAR, ACC, LOAD, ALU, CHECK };
+struct Expr;
+using ExprP = std::shared_ptr<const Expr>;
+struct Expr {
+    EK kind;
+    Op op = Op::CONST;     // ALU: which op
+    DType dtype;
+    double num = 0;        // CONST: the value
+    int id = 0;            // VAR: variable, ACC: accumulator, LOAD: buffer, CHECK: site
+    int64_t bound = 0;     // VAR: loop extent, CHECK: valid indices are [0, bound)
+    std::vector<ExprP> src;
+};
+
+enum class SK : uint8_t { LOOP, ACC_INIT, ACC_UPDATE, STORE };
+struct Stmt {
+    SK kind;
+    int id = 0;             // LOOP: variable, ACC_*: accumulator, STORE: buffer
+    int64_t extent = 0;     // LOOP
+    Op op = Op::REDUCE_SUM; // ACC_*: REDUCE_SUM or REDUCE_MAX
+    DType dtype = DType::FLOAT32;
+    ExprP idx, val;         // STORE: buffer[idx] = val; ACC_UPDATE: acc op= val
+    std::vector<Stmt> body; // LOOP
+};
+
+struct Block {
+    std::string title;      // e.g. "K0 float32 [64,16]: REDUCE_SUM MUL ADD MAX"
+    std::string origin;     // user lines whose ops this block computes
+    std::vector<Stmt> body;
+};
+
+struct ProgramBuffer {
+    enum Role : uint8_t { INPUT, OUTPUT, TEMP } role;
+    DType dtype;
+    int64_t numel;
+};
+
+struct Program {
+    std::string name;                    // readable: where the user built the last kernel
+    std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
+    std::vector<Block> blocks;
+    std::vector<std::string> checks;     // what each bounds-check site guards, for its error
+};
+
+static ExprP ex_const(double v, DType dt) {
+    return std::make_shared<const Expr>(Expr{EK::CONST, Op::CONST, dt, v, 0, 0, {}});
+}
+static ExprP ex_var(int id, int64_t extent) {
+    return std::make_shared<const Expr>(Expr{EK::VAR, Op::CONST, DType::INDEX, 0, id, extent, {}});
+}
+static ExprP ex_acc(int id, DType dt) {
+    return std::make_shared<const Expr>(Expr{EK::ACC, Op::CONST, dt, 0, id, 0, {}});
+}
+static ExprP ex_load(int buf, DType dt, ExprP idx) {
+    return std::make_shared<const Expr>(Expr{EK::LOAD, Op::CONST, dt, 0, buf, 0, {std::move(idx)}});
+}
+static ExprP ex_alu(Op op, DType dt, std::vector<ExprP> src) {
+    return std::make_shared<const Expr>(Expr{EK::ALU, op, dt, 0, 0, 0, std::move(src)});
+}
+static ExprP ex_check(ExprP i, int64_t bound, int site) {
+    return std::make_shared<const Expr>(Expr{EK::CHECK, Op::CONST, DType::INDEX, 0, site, bound, {std::move(i)}});
+}
+static ExprP ix(int64_t v) { return ex_const(double(v), DType::INDEX); }
+static ExprP ix_add(ExprP a, ExprP b) { return ex_alu(Op::ADD, DType::INDEX, {std::move(a), std::move(b)}); }
+static ExprP ix_mul(ExprP a, int64_t c) { return ex_alu(Op::MUL, DType::INDEX, {std::move(a), ix(c)}); }
+static ExprP ix_lt(ExprP a, int64_t c) { return ex_alu(Op::CMPLT, DType::BOOL, {std::move(a), ix(c)}); }
+
+static ExprP linear_index(const std::vector<ExprP>& idx, const Shape& shape) {
+    Shape st = contiguous_strides(shape);
+    ExprP out = ix(0);
+    for (size_t d = 0; d < idx.size(); d++)
+        if (shape[d] != 1) out = ix_add(out, ix_mul(idx[d], st[d]));
+    return out;
+}
+
+// The index into `to` of the element that a reshape from `to` to `from` puts at `idx`:
+// linearize over `from`, then split over `to`. The simplifier turns this back into plain
+// variables whenever the reshape only splits or merges axes.
+static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Shape& from, const Shape& to) {
+    ExprP lin = linear_index(idx, from);
+    Shape st = contiguous_strides(to);
+    std::vector<ExprP> out;
+    for (size_t d = 0; d < to.size(); d++) {
+        if (to[d] == 1) { out.push_back(ix(0)); continue; }
+        ExprP q = ex_alu(Op::IDIV, DType::INDEX, {lin, ix(st[d])});
+        out.push_back(ex_alu(Op::MOD, DType::INDEX, {q, ix(to[d])}));
+    }
+    return out;
+}
+
+// -- the meaning of every arithmetic op, on values held as doubles (exact for all dtypes;
+// float32 results are rounded to float after each op, as C computes them)
+static double round_to(DType dt, double v) {
+    switch (dt) {
+    case DType::BOOL: return v != 0;
+    case DType::INT32: return double(int32_t(int64_t(v)));
+    case DType::FLOAT32: return double(float(v));
+    case DType::FLOAT64: return v;
+    case DType::INDEX: return double(int64_t(v));
+    }
+    return v;
+}
+
+// Counter-based uniform [0,1): two rounds of a 32-bit integer hash of (seed, index). The same
+// text is compiled here (interpreter, constant folding) and emitted into every C program, so
+// all devices draw identical numbers.
+#define TG_RAND_SOURCE                                                                         \
+    static inline float tg_rand(uint32_t seed, uint32_t i) {                                   \
+        uint32_t x = i * 0x9E3779B9u ^ seed;                                                   \
+        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
+        x ^= seed * 0x85EBCA6Bu;                                                               \
+        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
+        return (float)(x >> 8) * (1.0f / 16777216.0f);                                         \
+    }
+TG_RAND_SOURCE
+#define TG_STRINGIFY2(...) #__VA_ARGS__
+#define TG_STRINGIFY(...) TG_STRINGIFY2(__VA_ARGS__)
+
+static double alu_eval(Op op, DType dt, const double* a) {
+    bool f32 = dt == DType::FLOAT32;
+    switch (op) {
+    case Op::NEG: return round_to(dt, -a[0]);
+    case Op::EXP2: return f32 ? std::exp2(float(a[0])) : std::exp2(a[0]);
+    case Op::LOG2: return f32 ? std::log2(float(a[0])) : std::log2(a[0]);
+    case Op::SIN: return f32 ? std::sin(float(a[0])) : std::sin(a[0]);
+    case Op::SQRT: return f32 ? std::sqrt(float(a[0])) : std::sqrt(a[0]);
+    case Op::RECIP: return f32 ? 1.0f / float(a[0]) : 1.0 / a[0];
+    case Op::CAST:
+        if (dt == DType::INT32 || dt == DType::INDEX) return round_to(dt, std::trunc(a[0]));
+        return round_to(dt, a[0]);
+    case Op::ADD: return dt == DType::BOOL ? double(a[0] != 0 || a[1] != 0) : round_to(dt, a[0] + a[1]);
+    case Op::MUL: return round_to(dt, a[0] * a[1]);
+    case Op::MAX: return round_to(dt, std::fmax(a[0], a[1]));
+    case Op::CMPLT: return a[0] < a[1];
+    case Op::CMPEQ: return a[0] == a[1];
+    case Op::IDIV: return a[1] == 0 ? 0 : round_to(dt, double(int64_t(a[0]) / int64_t(a[1])));
+    case Op::MOD: return a[1] == 0 ? 0 : round_to(dt, double(int64_t(a[0]) % int64_t(a[1])));
+    case Op::WHERE: return a[0] != 0 ? a[1] : a[2];
+    case Op::RAND: return tg_rand(uint32_t(int64_t(a[0])), uint32_t(int64_t(a[1])));
+    default: fail(strf("alu_eval: %s is not an arithmetic op", op_name(op)));
+    }
+}
+
+static double acc_identity(Op reduce_op, DType dt) {
+    if (reduce_op == Op::REDUCE_SUM) return 0;
+    if (dtype_is_float(dt)) return -INFINITY;
+    return dt == DType::INT32 ? double(std::numeric_limits<int32_t>::min()) : 0;
+}
+
+// -- lowering one kernel of the schedule into a Block
+struct Lowering {
+    Program& prog;
+    const Schedule& sched;
+    std::unordered_map<Node*, int>& buffer_ids;
+    Node* root = nullptr;
+    int nvars = 0, naccs = 0;
+    std::vector<Stmt>* body = nullptr;     // where accumulator loops go: the innermost loop
+    std::vector<Node*> visited;            // for the block's title and origin
+
+    int buffer_id(Node* n) {
+        auto it = buffer_ids.find(n);
+        if (it != buffer_ids.end()) return it->second;
+        int id = int(prog.buffers.size());
+        prog.buffers.push_back({n->buffer ? ProgramBuffer::INPUT : ProgramBuffer::TEMP, n->dtype,
+                                shape_numel(n->shape)});
+        buffer_ids[n] = id;
+        return id;
+    }
+
+    ExprP lower(Node* n, const std::vector<ExprP>& idx) {
+        if (n != root && (n->buffer || sched.materialized.count(n)))
+            return ex_load(buffer_id(n), n->dtype, linear_index(idx, n->shape));
+        visited.push_back(n);
+        Node* s0 = n->src.empty() ? nullptr : n->src[0].get();
+        switch (n->op) {
+        case Op::CONST: return ex_const(n->value, n->dtype);
+        case Op::ARANGE: return ex_alu(Op::CAST, DType::INT32, {idx[0]});
+        case Op::RAND:
+            return ex_alu(Op::RAND, DType::FLOAT32, {ix(int64_t(n->value)), linear_index(idx, n->shape)});
+        case Op::CONTIGUOUS: return lower(s0, idx);
+        case Op::RESHAPE: return lower(s0, reshape_index(idx, n->shape, s0->shape));
+        case Op::PERMUTE: {
+            std::vector<ExprP> si(idx.size());
+            for (size_t i = 0; i < idx.size(); i++) si[size_t(n->arg[i])] = idx[i];
+            return lower(s0, si);
+        }
+        case Op::EXPAND: {
+            std::vector<ExprP> si = idx;
+            for (size_t d = 0; d < idx.size(); d++)
+                if (s0->shape[d] == 1) si[d] = ix(0);
+            return lower(s0, si);
+        }
+        case Op::SHRINK: {
+            std::vector<ExprP> si = idx;
+            for (size_t d = 0; d < idx.size(); d++) si[d] = ix_add(idx[d], ix(n->arg[2 * d]));
+            return lower(s0, si);
+        }
+        case Op::FLIP: {
+            std::vector<ExprP> si = idx;
+            for (int64_t d : n->arg)
+                si[size_t(d)] = ix_add(ix(n->shape[size_t(d)] - 1), ix_mul(idx[size_t(d)], -1));
+            return lower(s0, si);
+        }
+        case Op::PAD: {   // inside where before <= i < before + size, zero outside
+            std::vector<ExprP> si = idx;
+            for (size_t d = 0; d < idx.size(); d++) si[d] = ix_add(idx[d], ix(-n->arg[2 * d]));
+            ExprP v = lower(s0, si), zero = ex_const(0, n->dtype);
+            for (size_t d = idx.size(); d-- > 0;) {
+                int64_t before = n->arg[2 * d], after = n->arg[2 * d + 1];
+                if (after > 0)
+                    v = ex_alu(Op::WHERE, n->dtype, {ix_lt(idx[d], before + s0->shape[d]), v, zero});
+                if (before > 0) v = ex_alu(Op::WHERE, n->dtype, {ix_lt(idx[d], before), zero, v});
+            }
+            return v;
+        }
+        case Op::GATHER: {   // the source read at idx with the gather axis taken from the index
+            size_t axis = size_t(n->arg[0]);
+            ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(n->src[1].get(), idx)});
+            int site = int(prog.checks.size());
+            prog.checks.push_back(strf("%s: index out of range [0, %lld) for source %s (at %s)",
+                                       n->shape.size() == s0->shape.size() ? "gather" : "index",
+                                       (long long)s0->shape[axis], shape_str(s0->shape).c_str(),
+                                       loc_str(n->loc).c_str()));
+            std::vector<ExprP> si = idx;
+            si[axis] = ex_check(j, s0->shape[axis], site);
+            return lower(s0, si);
+        }
+        case Op::REDUCE_SUM:
+        case Op::REDUCE_MAX: {
+            int acc = naccs++;
+            Stmt init{SK::ACC_INIT, acc, 0, n->op, n->dtype, nullptr, ex_const(acc_identity(n->op, n->dtype), n->dtype), {}};
+            body->push_back(init);
+            std::vector<Stmt>* outer = body;
+            std::vector<ExprP> si = idx;
+            for (int64_t d : n->arg) {
+                int v = nvars++;
+                body->push_back(Stmt{SK::LOOP, v, s0->shape[size_t(d)], Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+                body = &body->back().body;
+                si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
+            }
+            ExprP val = lower(s0, si);
+            body->push_back(Stmt{SK::ACC_UPDATE, acc, 0, n->op, n->dtype, nullptr, val, {}});
+            body = outer;
+            return ex_acc(acc, n->dtype);
+        }
+        default: break;
+        }
+        OpKind k = op_kind(n->op);
+        if (k == OpKind::UNARY || k == OpKind::BINARY || k == OpKind::TERNARY) {
+            std::vector<ExprP> args;
+            for (auto& s : n->src) args.push_back(lower(s.get(), idx));
+            return ex_alu(n->op, n->dtype, args);
+        }
+        fail(strf("lower: no lowering for %s", op_name(n->op)));
+    }
+
+    Block lower_kernel(const Kernel& k, size_t index) {
+        root = k.root;
+        nvars = naccs = 0;
+        visited.clear();
+        int out = buffer_id(root);
+        Block blk;
+        body = &blk.body;
+        std::vector<ExprP> loop_idx;
+        for (int64_t extent : k.loop_shape) {
+            if (extent == 1) { loop_idx.push_back(ix(0)); continue; }
+            int v = nvars++;
+            body->push_back(Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+            body = &body->back().body;
+            loop_idx.push_back(ex_var(v, extent));
+        }
+        std::vector<ExprP> root_idx = k.loop_shape == root->shape
+                                          ? loop_idx
+                                          : reshape_index(loop_idx, k.loop_shape, root->shape);
+        ExprP val = lower(root, root_idx);
+        body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), val, {}});
+        // title: the computing ops in graph order; origin: the user lines they came from
+        std::string ops, origin;
+        std::vector<std::string> seen_ops, seen_locs;
+        for (auto it = visited.rbegin(); it != visited.rend(); ++it) {
+            Node* n = *it;
+            OpKind kind = op_kind(n->op);
+            bool shown = kind != OpKind::MOVEMENT && kind != OpKind::SOURCE && n->op != Op::CONTIGUOUS;
+            if (shown && std::find(seen_ops.begin(), seen_ops.end(), op_name(n->op)) == seen_ops.end())
+                seen_ops.push_back(op_name(n->op));
+            std::string l = loc_str(n->loc);
+            if (n->loc.file && std::find(seen_locs.begin(), seen_locs.end(), l) == seen_locs.end())
+                seen_locs.push_back(l);
+        }
+        std::sort(seen_locs.begin(), seen_locs.end());
+        for (auto& o : seen_ops) ops += " " + o;
+        for (auto& l : seen_locs) origin += (origin.empty() ? "" : ", ") + l;
+        blk.title = strf("K%zu %s %s:%s", index, dtype_name(root->dtype), shape_str(root->shape).c_str(),
+                         ops.empty() ? " copy" : ops.c_str());
+        blk.origin = origin;
+        return blk;
+    }
+};
+
+static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, int>& buffer_ids) {
+    Program prog;
+    Lowering low{prog, sched, buffer_ids, nullptr, 0, 0, nullptr, {}};
+    for (size_t i = 0; i < sched.kernels.size(); i++) {
+        const Kernel& k = sched.kernels[i];
+        int out = low.buffer_id(k.root);
+        prog.buffers[size_t(out)].role = ProgramBuffer::TEMP;
+        for (auto& t : sched.targets)
+            if (t.get() == k.root) prog.buffers[size_t(out)].role = ProgramBuffer::OUTPUT;
+        prog.blocks.push_back(low.lower_kernel(k, i));
+    }
+    if (!sched.kernels.empty()) {
+        const Node* last = sched.kernels.back().root;
+        std::string file = last->loc.file ? loc_str(last->loc) : "expr";
+        for (char& c : file)
+            if (!std::isalnum((unsigned char)c)) c = '_';
+        prog.name = file + "_" + op_name(last->op);
+        std::transform(prog.name.begin(), prog.name.end(), prog.name.begin(), ::tolower);
+    }
+    return prog;
+}
+
+// -- printing the IR
+static std::string expr_str(const ExprP& e) {
+    switch (e->kind) {
+    case EK::CONST:
+        if (e->dtype == DType::BOOL) return e->num != 0 ? "true" : "false";
+        if (!dtype_is_float(e->dtype)) return strf("%lld", (long long)e->num);
+        return strf("%g", e->num);
+    case EK::VAR: return strf("i%d", e->id);
+    case EK::ACC: return strf("acc%d", e->id);
+    case EK::LOAD: return strf("buf%d[%s]", e->id, expr_str(e->src[0]).c_str());
+    case EK::CHECK: return strf("check(%s < %lld)", expr_str(e->src[0]).c_str(), (long long)e->bound);
+    case EK::ALU: break;
+    }
+    auto s = [&](size_t i) { return expr_str(e->src[i]); };
+    switch (e->op) {
+    case Op::ADD: return "(" + s(0) + " + " + s(1) + ")";
+    case Op::MUL: return s(0) + "*" + s(1);
+    case Op::IDIV: return "(" + s(0) + " / " + s(1) + ")";
+    case Op::MOD: return "(" + s(0) + " % " + s(1) + ")";
+    case Op::CMPLT: return "(" + s(0) + " < " + s(1) + ")";
+    case Op::CMPEQ: return "(" + s(0) + " == " + s(1) + ")";
+    case Op::NEG: return "-" + s(0);
+    case Op::CAST: return std::string(dtype_name(e->dtype)) + "(" + s(0) + ")";
+    default: break;
+    }
+    std::string out = op_name(e->op);
+    std::transform(out.begin(), out.end(), out.begin(), ::tolower);
+    out += "(";
+    for (size_t i = 0; i < e->src.size(); i++) out += (i ? ", " : "") + s(i);
+    return out + ")";
+}
+
+static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out) {
+    std::string pad(size_t(depth) * 2, ' ');
+    for (const Stmt& st : body) {
+        switch (st.kind) {
+        case SK::LOOP:
+            out += strf("%sfor i%d < %lld:\n", pad.c_str(), st.id, (long long)st.extent);
+            stmts_str(st.body, depth + 1, out);
+            break;
+        case SK::ACC_INIT:
+            out += strf("%sacc%d = %s\n", pad.c_str(), st.id, expr_str(st.val).c_str());
+            break;
+        case SK::ACC_UPDATE:
+            out += strf("%sacc%d %s %s\n", pad.c_str(), st.id, st.op == Op::REDUCE_SUM ? "+=" : "max=",
+                        expr_str(st.val).c_str());
+            break;
+        case SK::STORE:
+            out += strf("%sbuf%d[%s] = %s\n", pad.c_str(), st.id, expr_str(st.idx).c_str(),
+                        expr_str(st.val).c_str());
+            break;
+        }
+    }
+}
+
+static std::string program_listing(const Program& p) {
+    std::string out;
+    for (size_t i = 0; i < p.buffers.size(); i++) {
+        static const char* roles[] = {"input", "output", "temp"};
+        out += strf("buf%zu: %s %s[%lld]\n", i, roles[p.buffers[i].role], dtype_name(p.buffers[i].dtype),
+                    (long long)p.buffers[i].numel);
+    }
+    for (const Block& b : p.blocks) {
+        out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")") + "\n";
+        stmts_str(b.body, 1, out);
+    }
+    return out;
+}
+
+// ---- [PASSES] rewrites of the loop IR ------------------------------------------------ >>passes
+// pass_simplify: constant folding and index algebra. It knows the range of every loop
+// variable, so the / and % that views produce fold away whenever they are no-ops
+// ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always hold disappear, and bounds
+// checks that cannot fail are dropped. Sums are kept in a canonical order (variables by number)
+// so the emitted C reads like strided code written by hand. Tests: tests/test_loopir.cpp.
+
+struct Range { int64_t lo = 0, hi = 0; bool known = false; };
+
+static bool expr_eq(const ExprP& a, const ExprP& b) {
+    if (a == b) return true;
+    if (a->kind != b->kind || a->op != b->op || a->dtype != b->dtype || a->num != b->num ||
+        a->id != b->id || a->bound != b->bound || a->src.size() != b->src.size())
+        return false;
+    for (size_t i = 0; i < a->src.size(); i++)
+        if (!expr_eq(a->src[i], b->src[i])) return false;
+    return true;
+}
+
+static bool is_const(const ExprP& e, double v) { return e->kind == EK::CONST && e->num == v; }
+
+static Range range_of(const ExprP& e) {
+    switch (e->kind) {
+    case EK::CONST: return {int64_t(e->num), int64_t(e->num), !dtype_is_float(e->dtype)};
+    case EK::VAR: return {0, e->bound - 1, true};
+    case EK::CHECK: return {0, e->bound - 1, true};
+    case EK::LOAD: case EK::ACC: return {0, 1, e->dtype == DType::BOOL};
+    case EK::ALU: break;
+    }
+    if (dtype_is_float(e->dtype)) return {};
+    auto r = [&](size_t i) { return range_of(e->src[i]); };
+    switch (e->op) {
+    case Op::CMPLT: case Op::CMPEQ: return {0, 1, true};
+    case Op::CAST: return dtype_is_float(e->src[0]->dtype) ? Range{} : r(0);
+    case Op::ADD: {
+        Range a = r(0), b = r(1);
+        return {a.lo + b.lo, a.hi + b.hi, a.known && b.known};
+    }
+    case Op::MUL: {
+        Range a = r(0), b = r(1);
+        if (!a.known || !b.known) return {};
+        int64_t p[] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
+        return {*std::min_element(p, p + 4), *std::max_element(p, p + 4), true};
+    }
+    case Op::IDIV: case Op::MOD: {
+        Range a = r(0);
+        if (e->src[1]->kind != EK::CONST || e->src[1]->num <= 0 || !a.known || a.lo < 0) return {};
+        int64_t c = int64_t(e->src[1]->num);
+        if (e->op == Op::IDIV) return {a.lo / c, a.hi / c, true};
+        return {0, std::min(a.hi, c - 1), true};
+    }
+    case Op::WHERE: {
+        Range a = r(1), b = r(2);
+        return {std::min(a.lo, b.lo), std::max(a.hi, b.hi), a.known && b.known};
+    }
+    default: return {};
+    }
+}
+
+// An index sum as Σ coef·term + constant.
+struct Linear {
+    std::vector<std::pair<int64_t, ExprP>> terms;
+    int64_t constant = 0;
+    void add(int64_t coef, const ExprP& e) {
+        if (e->kind == EK::CONST) { constant += coef * int64_t(e->num); return; }
+        if (e->kind == EK::ALU && e->dtype == DType::INDEX && e->op == Op::ADD) {
+            add(coef, e->src[0]);
+            add(coef, e->src[1]);
+            return;
+        }
+        if (e->kind == EK::ALU && e->dtype == DType::INDEX && e->op == Op::MUL) {
+            if (e->src[1]->kind == EK::CONST) return add(coef * int64_t(e->src[1]->num), e->src[0]);
+            if (e->src[0]->kind == EK::CONST) return add(coef * int64_t(e->src[0]->num), e->src[1]);
+        }
+        for (auto& t : terms)
+            if (expr_eq(t.second, e)) { t.first += coef; return; }
+        terms.push_back({coef, e});
+    }
+    // (x / c)·c·k + (x % c)·k = x·k
+    bool fold_div_mod() {
+        for (size_t i = 0; i < terms.size(); i++) {
+            const ExprP& d = terms[i].second;
+            if (d->kind != EK::ALU || d->op != Op::IDIV || d->src[1]->kind != EK::CONST) continue;
+            int64_t c = int64_t(d->src[1]->num);
+            for (size_t j = 0; j < terms.size(); j++) {
+                const ExprP& m = terms[j].second;
+                if (m->kind != EK::ALU || m->op != Op::MOD || !is_const(m->src[1], double(c)) ||
+                    !expr_eq(m->src[0], d->src[0]) || terms[i].first != terms[j].first * c)
+                    continue;
+                int64_t k = terms[j].first;
+                ExprP x = d->src[0];
+                terms.erase(terms.begin() + long(std::max(i, j)));
+                terms.erase(terms.begin() + long(std::min(i, j)));
+                add(k, x);
+                return true;
+            }
+        }
+        return false;
+    }
+    ExprP build() const {
+        std::vector<std::pair<int64_t, ExprP>> ts;
+        for (auto& t : terms)
+            if (t.first != 0) ts.push_back(t);
+        std::stable_sort(ts.begin(), ts.end(), [](auto& a, auto& b) {
+            bool va = a.second->kind == EK::VAR, vb = b.second->kind == EK::VAR;
+            if (va != vb) return va;
+            return va && a.second->id < b.second->id;
+        });
+        ExprP out;
+        for (auto& [coef, term] : ts) {
+            ExprP t = coef == 1 ? term : ix_mul(term, coef);
+            out = out ? ix_add(out, t) : t;
+        }
+        if (!out) return ix(constant);
+        return constant ? ix_add(out, ix(constant)) : out;
+    }
+};
+
+static ExprP simplify(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo);
+
+static ExprP simplify_node(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo) {
+    auto again = [&](const ExprP& x) { return simplify(x, memo); };
+    if (e->kind == EK::CHECK) {
+        Range r = range_of(e->src[0]);
+        return r.known && r.lo >= 0 && r.hi < e->bound ? e->src[0] : e;
+    }
+    if (e->kind != EK::ALU) return e;
+    const auto& s = e->src;
+    bool all_const = std::all_of(s.begin(), s.end(), [](const ExprP& x) { return x->kind == EK::CONST; });
+    if (all_const) {
+        double v[3] = {0, 0, 0};
+        for (size_t i = 0; i < s.size(); i++) v[i] = s[i]->num;
+        return ex_const(alu_eval(e->op, e->dtype, v), e->dtype);
+    }
+    switch (e->op) {
+    case Op::WHERE:
+        if (s[0]->kind == EK::CONST) return s[0]->num != 0 ? s[1] : s[2];
+        if (expr_eq(s[1], s[2])) return s[1];
+        return e;
+    case Op::CAST: return s[0]->dtype == e->dtype ? s[0] : e;
+    case Op::NEG: return s[0]->kind == EK::ALU && s[0]->op == Op::NEG ? s[0]->src[0] : e;
+    case Op::CMPLT: {
+        Range a = range_of(s[0]), b = range_of(s[1]);
+        if (a.known && b.known && a.hi < b.lo) return ex_const(1, DType::BOOL);
+        if (a.known && b.known && a.lo >= b.hi) return ex_const(0, DType::BOOL);
+        return e;
+    }
+    default: break;
+    }
+    if (e->dtype != DType::INDEX) {   // float and int arithmetic: only exact identities
+        if (e->op == Op::MUL && is_const(s[1], 1)) return s[0];
+        if (e->op == Op::MUL && is_const(s[0], 1)) return s[1];
+        if (e->op == Op::ADD && is_const(s[1], 0)) return s[0];
+        if (e->op == Op::ADD && is_const(s[0], 0)) return s[1];
+        return e;
+    }
+    if (e->op == Op::ADD || e->op == Op::MUL) {
+        Linear lin;
+        lin.add(1, e);
+        while (lin.fold_div_mod()) {}
+        return lin.build();
+    }
+    if ((e->op != Op::IDIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0) return e;
+    int64_t c = int64_t(s[1]->num);
+    Range r = range_of(s[0]);
+    if (e->op == Op::IDIV && c == 1) return s[0];
+    if (e->op == Op::MOD && c == 1) return ix(0);
+    if (r.known && r.lo >= 0 && r.hi < c) return e->op == Op::IDIV ? ix(0) : s[0];
+    if (!r.known || r.lo < 0) return e;
+    // (x / a) / b = x / (a·b) for x >= 0
+    if (e->op == Op::IDIV && s[0]->kind == EK::ALU && s[0]->op == Op::IDIV && s[0]->src[1]->kind == EK::CONST)
+        return again(ex_alu(Op::IDIV, DType::INDEX, {s[0]->src[0], ix(c * int64_t(s[0]->src[1]->num))}));
+    // (q·c + r) / c = q + r / c and (q·c + r) % c = r % c, for x >= 0 and r >= 0
+    Linear lin, quotient, rest;
+    lin.add(1, s[0]);
+    for (auto& t : lin.terms) {
+        if (t.first % c == 0) quotient.terms.push_back({t.first / c, t.second});
+        else rest.terms.push_back(t);
+    }
+    quotient.constant = lin.constant >= 0 ? lin.constant / c : 0;
+    rest.constant = lin.constant >= 0 ? lin.constant % c : lin.constant;
+    bool moved = !quotient.terms.empty() || quotient.constant != 0;
+    ExprP rest_e = rest.build();
+    Range rr = range_of(rest_e);
+    if (!moved || !rr.known || rr.lo < 0) return e;
+    if (e->op == Op::MOD) return again(ex_alu(Op::MOD, DType::INDEX, {rest_e, ix(c)}));
+    return again(ix_add(quotient.build(), ex_alu(Op::IDIV, DType::INDEX, {rest_e, ix(c)})));
+}
+
+static ExprP simplify(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo) {
+    if (!e) return e;
+    auto it = memo.find(e.get());
+    if (it != memo.end()) return it->second;
+    ExprP cur = e;
+    if (!e->src.empty()) {
+        std::vector<ExprP> src;
+        bool changed = false;
+        for (auto& x : e->src) {
+            src.push_back(simplify(x, memo));
+            changed = changed || src.back() != x;
+        }
+        if (changed) {
+            Expr copy = *e;
+            copy.src = std::move(src);
+            cur = std::make_shared<const Expr>(std::move(copy));
+        }
+    }
+    ExprP out = simplify_node(cur, memo);
+    memo[e.get()] = out;
+    return out;
+}
+
+static void simplify_stmts(std::vector<Stmt>& body, std::unordered_map<const Expr*, ExprP>& memo) {
+    for (Stmt& st : body) {
+        st.idx = simplify(st.idx, memo);
+        st.val = simplify(st.val, memo);
+        simplify_stmts(st.body, memo);
+    }
+}
+
+static void pass_simplify(Program& p) {
+    std::unordered_map<const Expr*, ExprP> memo;   // keys stay alive: the old trees are kept
+    Program old = p;
+    for (Block& b : p.blocks) simplify_stmts(b.body, memo);
+}
+
+// The pipeline's passes in order; each is a function of the whole program.
+static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
+    {"simplify", pass_simplify},
+};
+
+static void run_passes(Program& p) {
+    for (auto& [name, pass] : PASSES) pass(p);
+}
+
+// ---- [INTERP] the reference interpreter over the loop IR ------------------------------ >>interp
+// Executes a Program statement by statement, with alu_eval as the meaning of each op. It is
+// the definition the compiled code must agree with (tests compare them on random graphs) and
+// the device for machines without a C compiler (TG_DEVICE=INTERP).
+
+static double load_value(const void* buf, DType dt, int64_t i) {
+    switch (dt) {
+    case DType::BOOL: return static_cast<const uint8_t*>(buf)[i];
+    case DType::INT32: return static_cast<const int32_t*>(buf)[i];
+    case DType::FLOAT32: return static_cast<const float*>(buf)[i];
+    case DType::FLOAT64: return static_cast<const double*>(buf)[i];
+    case DType::INDEX: return double(static_cast<const int64_t*>(buf)[i]);
+    }
+    return 0;
+}
+static void store_value(void* buf, DType dt, int64_t i, double v) {
+    switch (dt) {
+    case DType::BOOL: static_cast<uint8_t*>(buf)[i] = v != 0; break;
+    case DType::INT32: static_cast<int32_t*>(buf)[i] = int32_t(int64_t(v)); break;
+    case DType::FLOAT32: static_cast<float*>(buf)[i] = float(v); break;
+    case DType::FLOAT64: static_cast<double*>(buf)[i] = v; break;
+    case DType::INDEX: static_cast<int64_t*>(buf)[i] = int64_t(v); break;
+    }
+}
+
+struct Interpreter : Executable {
+    Program prog;
+    void* const* bufs = nullptr;
+    int64_t* err = nullptr;
+    std::vector<double> vars, accs;
+
+    explicit Interpreter(Program p) : prog(std::move(p)) {}
+
+    double eval(const Expr& e) {
+        switch (e.kind) {
+        case EK::CONST: return e.num;
+        case EK::VAR: return vars[size_t(e.id)];
+        case EK::ACC: return accs[size_t(e.id)];
+        case EK::LOAD: return load_value(bufs[e.id], prog.buffers[size_t(e.id)].dtype, int64_t(eval(*e.src[0])));
+        case EK::CHECK: {
+            int64_t i = int64_t(eval(*e.src[0]));
+            if (i >= 0 && i < e.bound) return double(i);
+            if (!err[0]) { err[0] = e.id + 1; err[1] = i; }
+            return 0;
+        }
+        case EK::ALU: break;
+        }
+        if (e.op == Op::WHERE) return eval(*e.src[eval(*e.src[0]) != 0 ? 1 : 2]);   // lazy, like C
+        double a[3] = {0, 0, 0};
+        for (size_t i = 0; i < e.src.size(); i++) a[i] = eval(*e.src[i]);
+        return alu_eval(e.op, e.dtype, a);
+    }
+
+    void exec(const std::vector<Stmt>& body) {
+        for (const Stmt& st : body) {
+            switch (st.kind) {
+            case SK::LOOP:
+                if (vars.size() <= size_t(st.id)) vars.resize(size_t(st.id) + 1);
+                for (int64_t i = 0; i < st.extent; i++) {
+                    vars[size_t(st.id)] = double(i);
+                    exec(st.body);
+                }
+                break;
+            case SK::ACC_INIT:
+                if (accs.size() <= size_t(st.id)) accs.resize(size_t(st.id) + 1);
+                accs[size_t(st.id)] = eval(*st.val);
+                break;
+            case SK::ACC_UPDATE: {
+                double v[2] = {accs[size_t(st.id)], eval(*st.val)};
+                accs[size_t(st.id)] = alu_eval(st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX, st.dtype, v);
+                break;
+            }
+            case SK::STORE:
+                store_value(bufs[st.id], prog.buffers[size_t(st.id)].dtype, int64_t(eval(*st.idx)), eval(*st.val));
+                break;
+            }
+        }
+    }
+
+    void run(void* const* buffers, int64_t* error) override {
+        bufs = buffers;
+        err = error;
+        for (const Block& b : prog.blocks) exec(b.body);
+    }
+};
+
+// ---- [RENDER] loop IR → C source ----------------------------------------------------- >>render
+// One C99 file per program: a helper prelude, one static function per block (named k0, k1, ...
+// with its fused ops and user lines in a comment), and the entry point tg_program(buffers, err).
+// Output is deterministic (no addresses, no counters), so the same program hashes the same in
+// every process. Tests: tests/test_render.cpp (golden C for tiny graphs).
+
+static const char* c_type(DType dt) {
+    switch (dt) {
+    case DType::BOOL: return "uint8_t";
+    case DType::INT32: return "int32_t";
+    case DType::FLOAT32: return "float";
+    case DType::FLOAT64: return "double";
+    case DType::INDEX: return "int64_t";
+    }
+    return "?";
+}
+
+static std::string c_const(double v, DType dt) {
+    std::string s;
+    if (dtype_is_float(dt)) {
+        if (std::isnan(v)) return "NAN";
+        if (std::isinf(v)) return v > 0 ? "INFINITY" : "(-INFINITY)";
+        s = strf(dt == DType::FLOAT32 ? "%.9g" : "%.17g", v);
+        if (s.find_first_of(".e") == std::string::npos) s += ".0";
+        if (dt == DType::FLOAT32) s += "f";
+    } else {
+        s = strf("%lld", (long long)v);
+        if (dt == DType::INDEX && (v > 2147483647.0 || v < -2147483647.0)) s += "LL";
+    }
+    return v < 0 ? "(" + s + ")" : s;
+}
+
+static std::string c_expr(const ExprP& e) {
+    switch (e->kind) {
+    case EK::CONST: return c_const(e->num, e->dtype);
+    case EK::VAR: return strf("i%d", e->id);
+    case EK::ACC: return strf("acc%d", e->id);
+    case EK::LOAD: return strf("buf%d[%s]", e->id, c_expr(e->src[0]).c_str());
+    case EK::CHECK:
+        return strf("tg_check(%s, %lldLL, %d, err)", c_expr(e->src[0]).c_str(), (long long)e->bound, e->id);
+    case EK::ALU: break;
+    }
+    std::string form = op_c_form(e->op);
+    bool is_float = dtype_is_float(e->dtype);
+    if (e->op == Op::MAX && !is_float) form = "tg_imax({0}, {1})";
+    if (e->op == Op::ADD && e->dtype == DType::BOOL) form = "({0} | {1})";
+    if (e->op == Op::MUL && e->dtype == DType::BOOL) form = "({0} & {1})";
+    if (e->op == Op::CAST && e->dtype == DType::BOOL) form = "({0} != 0)";
+    std::string out;
+    for (size_t i = 0; i < form.size(); i++) {
+        if (form[i] != '{') { out += form[i]; continue; }
+        size_t close = form.find('}', i);
+        std::string key = form.substr(i + 1, close - i - 1);
+        if (key == "f") out += e->dtype == DType::FLOAT32 ? "f" : "";
+        else if (key == "t") out += c_type(e->dtype);
+        else out += c_expr(e->src[size_t(key[0] - '0')]);
+        i = close;
+    }
+    return out;
+}
+
+static void c_stmts(const std::vector<Stmt>& body, int depth, std::string& out) {
+    std::string pad(size_t(depth) * 4, ' ');
+    for (const Stmt& st : body) {
+        switch (st.kind) {
+        case SK::LOOP:
+            out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id, st.id,
+                        (long long)st.extent, st.id);
+            c_stmts(st.body, depth + 1, out);
+            out += pad + "}\n";
+            break;
+        case SK::ACC_INIT:
+            out += strf("%s%s acc%d = %s;\n", pad.c_str(), c_type(st.dtype), st.id, c_expr(st.val).c_str());
+            break;
+        case SK::ACC_UPDATE: {
+            std::string v = c_expr(st.val), a = strf("acc%d", st.id);
+            if (st.op == Op::REDUCE_SUM) out += pad + a + " += " + v + ";\n";
+            else if (dtype_is_float(st.dtype))
+                out += pad + a + " = fmax" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a + ", " + v + ");\n";
+            else out += pad + a + " = tg_imax(" + a + ", " + v + ");\n";
+            break;
+        }
+        case SK::STORE:
+            out += strf("%sbuf%d[%s] = %s;\n", pad.c_str(), st.id, c_expr(st.idx).c_str(), c_expr(st.val).c_str());
+            break;
+        }
+    }
+}
+
+// Which buffers a block reads, and whether it has bounds checks.
+static void block_uses(const ExprP& e, std::vector<bool>& reads, bool& checks) {
+    if (!e) return;
+    if (e->kind == EK::LOAD) reads[size_t(e->id)] = true;
+    if (e->kind == EK::CHECK) checks = true;
+    for (auto& s : e->src) block_uses(s, reads, checks);
+}
+static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads, std::vector<bool>& writes, bool& checks) {
+    for (const Stmt& st : body) {
+        block_uses(st.idx, reads, checks);
+        block_uses(st.val, reads, checks);
+        if (st.kind == SK::STORE) writes[size_t(st.id)] = true;
+        block_uses(st.body, reads, writes, checks);
+    }
+}
+
+static std::string render_c(const Program& p) {
+    std::string out =
+        "/* generated by tinygrad.hpp */\n"
+        "#include <math.h>\n#include <stdint.h>\n\n"
+        "static inline int64_t tg_imax(int64_t a, int64_t b) { return a > b ? a : b; }\n"
+        "static inline int64_t tg_check(int64_t i, int64_t n, int site, int64_t *err) {\n"
+        "    if (i >= 0 && i < n) return i;\n"
+        "    if (!err[0]) { err[0] = site + 1; err[1] = i; }\n"
+        "    return 0;\n"
+        "}\n" TG_STRINGIFY(TG_RAND_SOURCE) "\n";
+    std::string calls;
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        const Block& b = p.blocks[k];
+        std::vector<bool> reads(p.buffers.size()), writes(p.buffers.size());
+        bool checks = false;
+        block_uses(b.body, reads, writes, checks);
+        std::string params, args;
+        for (size_t i = 0; i < p.buffers.size(); i++) {
+            if (!reads[i] && !writes[i]) continue;
+            const char* constness = writes[i] ? "" : "const ";
+            params += strf("%s%s%s *restrict buf%zu", params.empty() ? "" : ", ", constness,
+                           c_type(p.buffers[i].dtype), i);
+            args += strf("%s(%s%s *)b[%zu]", args.empty() ? "" : ", ", constness, c_type(p.buffers[i].dtype), i);
+        }
+        if (checks) { params += ", int64_t *err"; args += ", err"; }
+        out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
+        out += strf("static void k%zu(%s) {\n", k, params.c_str());
+        c_stmts(b.body, 1, out);
+        out += "}\n";
+        calls += strf("    k%zu(%s);\n", k, args.c_str());
+    }
+    out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls + "}\n";
+    return out;
+}
+
+// ---- [RUNTIME] compiler, disk cache, dlopen, devices ---------------------------------- >>runtime
+// compile_c: hash(source, compiler, flags) names the cache entry. A hit in this process's
+// table costs nothing; a valid file on disk (its size and hash match its .sum) is dlopened;
+// otherwise the compiler runs once, writing to temporary names that are renamed into place.
+// The .c stays beside the .so so a failed or surprising build can be read. Devices CPU and
+// INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
+
+using ProgramFn = void (*)(void* const*, int64_t*);
+static std::mutex runtime_mutex;
+static Stats global_stats;
+
+static std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+static std::string so_checksum(const std::string& bytes) {
+    return strf("%zu %s\n", bytes.size(), hex16(fnv1a64(bytes)).c_str());
+}
+
+static ProgramFn compile_c(const std::string& src) {
+    std::string cc = env_str("TG_CC", "cc");
+    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native -fPIC -shared");
+    std::string key = hex16(fnv1a64(src + '\0' + cc + '\0' + flags));
+    std::lock_guard<std::mutex> lock(runtime_mutex);
+    static std::unordered_map<std::string, ProgramFn> loaded;
+    auto it = loaded.find(key);
+    if (it != loaded.end()) { global_stats.memory_cache_hits++; return it->second; }
+    std::string dir = cache_dir(), base = dir + "/" + key;
+    std::string so = base + ".so", sum = base + ".sum", c_path = base + ".c", bytes, recorded;
+    bool valid = read_file(so, bytes) && read_file(sum, recorded) && recorded == so_checksum(bytes);
+    if (valid) {
+        global_stats.disk_cache_hits++;
+    } else {
+        auto t0 = std::chrono::steady_clock::now();
+        write_file_atomic(c_path, src);
+        std::string tmp = strf("%s.tmp.%d", so.c_str(), int(getpid())), errs = tmp + ".err";
+        std::string cmd = cc + " " + flags + " -o " + shell_quote(tmp) + " " + shell_quote(c_path) + " -lm";
+        int status = std::system((cmd + " 2>" + shell_quote(errs)).c_str());
+        std::string messages;
+        read_file(errs, messages);
+        std::remove(errs.c_str());
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (status != 0 || !read_file(tmp, bytes)) {
+            std::remove(tmp.c_str());
+            if (code == 127)
+                fail("compile: C compiler '" + cc + "' not found (set TG_CC, or TG_DEVICE=INTERP)\n"
+                     "command: " + cmd + "\n" + messages + "source kept at " + c_path);
+            fail(strf("compile: the C compiler failed (exit status %d)\ncommand: %s\n%s"
+                      "source kept at %s", code, cmd.c_str(), messages.c_str(), c_path.c_str()));
+        }
+        if (std::rename(tmp.c_str(), so.c_str()) != 0) fail("compile: cannot rename " + tmp + " to " + so);
+        write_file_atomic(sum, so_checksum(bytes));
+        global_stats.compiles++;
+        global_stats.compile_seconds += seconds_since(t0);
+    }
+    void* handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) fail("compile: cannot load " + so + ": " + dlerror());
+    auto fn = reinterpret_cast<ProgramFn>(dlsym(handle, "tg_program"));
+    if (!fn) fail("compile: " + so + " has no tg_program");
+    loaded[key] = fn;
+    return fn;
+}
+
+struct CompiledProgram : Executable {
+    ProgramFn fn;
+    explicit CompiledProgram(ProgramFn f) : fn(f) {}
+    void run(void* const* buffers, int64_t* err) override { fn(buffers, err); }
+};
+
+struct HostMemoryDevice : Device {
+    void* alloc(size_t bytes) override {
+        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p) fail(strf("out of memory allocating %zu bytes", bytes));
+        return p;
+    }
+    void free(void* ptr) override { std::free(ptr); }
+    void copy_in(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
+    void copy_out(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
+};
+
+struct CpuDevice : HostMemoryDevice {
+    const char* name() const override { return "CPU"; }
+    std::shared_ptr<Executable> prepare(const Program& p) override {
+        return std::make_shared<CompiledProgram>(compile_c(render_c(p)));
+    }
+};
+
+struct InterpDevice : HostMemoryDevice {
+    const char* name() const override { return "INTERP"; }
+    std::shared_ptr<Executable> prepare(const Program& p) override {
+        return std::make_shared<Interpreter>(p);
+    }
+};
+
+static std::map<std::string, Device*>& device_table() {
+    static CpuDevice cpu;
+    static InterpDevice interp;
+    static std::map<std::string, Device*> table = {{"CPU", &cpu}, {"INTERP", &interp}};
+    return table;
+}
+
+Device& device(const std::string& name) {
+    auto& table = device_table();
+    auto it = table.find(name);
+    if (it == table.end()) {
+        std::string known;
+        for (auto& [n, d] : table) known += (known.empty() ? "" : ", ") + n;
+        fail("device: unknown device '" + name + "' (known: " + known + ")");
+    }
+    return *it->second;
+}
+void register_device(const std::string& name, Device* dev) { device_table()[name] = dev; }
+Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
+
+// ---- [REALIZE] the pipeline as one function of named steps ----------------------------- >>realize
+// schedule → lower → passes → prepare (render + compile, or interpret) → allocate → run →
+// the targets become BUFFER nodes. With TG_DEBUG each step can be watched; >= 2 also keeps
+// the graph, the loop IR and the C of every program in the cache dir as NAME-HASH.*.
+
+static void keep_artifacts(const Program& p, const std::string& graph, const std::string& ir,
+                           const std::string& c_source) {
+    std::string stem = cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(ir)).substr(0, 8);
+    write_file_atomic(stem + ".graph", graph);
+    write_file_atomic(stem + ".ir", ir);
+    if (!c_source.empty()) write_file_atomic(stem + ".c", c_source);
+}
+
+static void realize_nodes(const std::vector<NodeP>& targets) {
+    auto t0 = std::chrono::steady_clock::now();
+    int debug = debug_level();
+    Schedule sched = sched_build(targets);                       // 1. kernels and buffers
+    if (sched.kernels.empty()) return;
+    std::unordered_map<Node*, int> buffer_ids;
+    Program prog = lower_schedule(sched, buffer_ids);            // 2. loop IR
+    std::string before = debug >= 2 ? program_listing(prog) : "";
+    run_passes(prog);                                            // 3. passes
+    Device& dev = default_device();
+    if (debug >= 2) {
+        std::string ir = program_listing(prog);
+        std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(), sched_listing(sched).c_str());
+        if (debug >= 3)
+            std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s", before.c_str(), ir.c_str());
+        std::string c_source = std::string(dev.name()) == "CPU" ? render_c(prog) : "";
+        if (debug >= 4 && !c_source.empty()) std::fprintf(stderr, "[tg] C source:\n%s", c_source.c_str());
+        keep_artifacts(prog, graph_listing(sched.targets), "before passes:\n" + before + "\nafter passes:\n" + ir, c_source);
+    }
+    Stats at_start = stats();
+    std::shared_ptr<Executable> exe = dev.prepare(prog);        // 4. compile (or interpret)
+    std::vector<std::shared_ptr<Buffer>> bufs(prog.buffers.size());
+    std::vector<void*> ptrs(prog.buffers.size());
+    for (auto& [node, id] : buffer_ids) {                        // 5. allocate
+        auto& pb = prog.buffers[size_t(id)];
+        bufs[size_t(id)] = node->buffer ? node->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
+        ptrs[size_t(id)] = bufs[size_t(id)]->ptr;
+    }
+    int64_t err[2] = {0, 0};
+    auto t_run = std::chrono::steady_clock::now();
+    exe->run(ptrs.data(), err);                                  // 6. run
+    double run_s = seconds_since(t_run);
+    {
+        std::lock_guard<std::mutex> lock(runtime_mutex);
+        global_stats.programs_run++;
+        global_stats.run_seconds += run_s;
+    }
+    if (err[0]) fail(prog.checks[size_t(err[0] - 1)] + strf(": got %lld", (long long)err[1]));
+    for (const NodeP& t : sched.targets) {                       // 7. results become buffers
+        t->buffer = bufs[size_t(buffer_ids.at(t.get()))];
+        t->op = Op::BUFFER;
+        t->src.clear();
+        t->arg.clear();
+    }
+    if (debug >= 1) {
+        Stats now = stats();
+        std::fprintf(stderr, "[tg] %-28s %s %2zu kernels  compiles %lld  disk hits %lld  memory hits %lld"
+                     "  compile %.3f s  run %.3f ms  total %.3f ms\n", prog.name.c_str(), dev.name(),
+                     prog.blocks.size(), (long long)(now.compiles - at_start.compiles),
+                     (long long)(now.disk_cache_hits - at_start.disk_cache_hits),
+                     (long long)(now.memory_cache_hits - at_start.memory_cache_hits),
+                     now.compile_seconds - at_start.compile_seconds, run_s * 1e3, seconds_since(t0) * 1e3);
+    }
+}
+
+}  // namespace detail
+
+Stats stats() {
+    std::lock_guard<std::mutex> lock(detail::runtime_mutex);
+    return detail::global_stats;
+}
+
+Stages inspect(const std::vector<Tensor>& tensors) {
+    std::vector<NodeP> nodes;
+    for (const Tensor& t : tensors) nodes.push_back(t.node());
+    Schedule sched = sched_build(nodes);
+    std::unordered_map<Node*, int> buffer_ids;
+    Program prog = lower_schedule(sched, buffer_ids);
+    Stages st;
+    st.graph = graph_listing(nodes);
+    st.schedule = sched_listing(sched);
+    st.loop_ir = program_listing(prog);
+    run_passes(prog);
+    st.optimized_ir = program_listing(prog);
+    st.c_source = render_c(prog);
+    return st;
+}
+
+void realize(const std::vector<Tensor>& tensors) {
+    std::vector<NodeP> nodes;
+    for (const Tensor& t : tensors) nodes.push_back(t.node());
+    realize_nodes(nodes);
+}
+
+Tensor& Tensor::realize() {
+    realize_nodes({node()});
+    return *this;
+}
+
+// ---- [DATA] reading results: item, to_vector, printing --------------------------------- >>data
+
+namespace detail {
+std::vector<double> tensor_values(const Tensor& t) {
+    const NodeP& n = t.node();
+    if (!n->buffer) realize_nodes({n});
+    Buffer& b = *n->buffer;
+    std::vector<char> raw(b.bytes());
+    b.device->copy_out(raw.data(), b.ptr, b.bytes());
+    std::vector<double> out(size_t(b.numel));
+    for (int64_t i = 0; i < b.numel; i++) out[size_t(i)] = load_value(raw.data(), b.dtype, i);
+    return out;
+}
+
+// PyTorch's layout: 4 decimals (or scientific notation for wide ranges), columns aligned,
+// at most 1000 elements before the middle of long axes is elided.
+static std::string format_tensor(const Tensor& t) {
+    std::vector<double> v = tensor_values(t);
+    DType dt = t.dtype();
+    const Shape& shape = t.shape();
+    bool summarize = v.size() > 1000;
+    bool ints = true, sci = false;
+    double max_abs = 0, min_abs = INFINITY;
+    for (double x : v) {
+        if (!std::isfinite(x)) continue;
+        ints = ints && x == std::floor(x);
+        max_abs = std::max(max_abs, std::fabs(x));
+        if (x != 0) min_abs = std::min(min_abs, std::fabs(x));
+    }
+    if (dtype_is_float(dt) && !ints)
+        sci = max_abs >= 1e8 || (min_abs < 1e-4) || (min_abs > 0 && max_abs / min_abs > 1000);
+    if (dtype_is_float(dt) && ints) sci = max_abs >= 1e8;
+    auto fmt = [&](double x) -> std::string {
+        if (dt == DType::BOOL) return x != 0 ? "True" : "False";
+        if (!dtype_is_float(dt)) return strf("%lld", (long long)x);
+        if (std::isnan(x)) return "nan";
+        if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+        if (sci) return strf("%.4e", x);
+        if (ints) return strf("%.0f.", x);
+        return strf("%.4f", x);
+    };
+    size_t width = 0;
+    for (double x : v) width = std::max(width, fmt(x).size());
+    Shape st = contiguous_strides(shape);
+    std::function<std::string(size_t, int64_t)> rec = [&](size_t dim, int64_t offset) -> std::string {
+        if (dim == shape.size()) {
+            std::string s = fmt(v[size_t(offset)]);
+            return std::string(width - s.size(), ' ') + s;
+        }
+        std::string sep = dim + 1 == shape.size()
+                              ? ", "
+                              : "," + std::string(shape.size() - dim - 1, '\n') + std::string(8 + dim, ' ');
+        std::string out = "[";
+        int64_t n = shape[dim];
+        // the last axis wraps to lines of at most 80 columns, like PyTorch
+        size_t per_line = std::max<size_t>(1, (80 - 8 - dim) / (width + 2)), on_line = 0;
+        std::string wrap = ",\n" + std::string(8 + dim, ' ');
+        for (int64_t i = 0; i < n; i++) {
+            if (summarize && n > 6 && i == 3) {
+                out += "..." + sep;
+                i = n - 3;
+            }
+            out += rec(dim + 1, offset + i * st[dim]);
+            if (i + 1 == n) break;
+            bool full = dim + 1 == shape.size() && ++on_line == per_line;
+            out += full ? wrap : sep;
+            if (full) on_line = 0;
+        }
+        return out + "]";
+    };
+    std::string body = v.empty() ? "[]" : rec(0, 0);
+    std::string suffix;
+    if (v.empty() && shape.size() > 1) suffix += ", size=" + shape_str(shape);
+    if (dt == DType::FLOAT64 || dt == DType::INT32) suffix += std::string(", dtype=") + dtype_name(dt);
+    return "tensor(" + body + suffix + ")";
+}
+}  // namespace detail
+
+double Tensor::item() const {
+    if (numel() != 1)
+        fail(strf("item: tensor of shape %s has %lld elements, not 1", shape_str(shape()).c_str(),
+                  (long long)numel()));
+    return tensor_values(*this)[0];
+}
+std::string Tensor::to_string() const { return format_tensor(*this); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+
+}  // namespace tg
+
+#endif  // TINYGRAD_IMPLEMENTATION
+
+/* =============================================================================================
+   Part D: license
+   ---------------------------------------------------------------------------------------------
+   MIT License
+
+   Copyright (c) 2026 the tinygrad.hpp authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+   and associated documentation files (the "Software"), to deal in the Software without
+   restriction, including without limitation the rights to use, copy, modify, merge, publish,
+   distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+   Software is furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all copies or
+   substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING
+   BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+   ============================================================================================= */
