@@ -1,6 +1,7 @@
 // The test harness: TEST registers a case, CHECK* record failures without stopping the case,
-// SKIP ends a case as skipped with a reason. tests/main.cpp runs the cases whose names contain
-// the first argument (all when none) and ends with "N passed, N failed, N skipped".
+// SKIP ends a case as skipped with a reason, TEST_CHILD marks a case that runs only in a child
+// process. tests/main.cpp runs the cases whose names contain the first argument (all when
+// none) and ends with "N passed, N failed, N skipped".
 #pragma once
 #include "../tinygrad.hpp"
 #include <cmath>
@@ -10,15 +11,29 @@
 #include <vector>
 
 namespace th {
-struct Case { const char* name; void (*fn)(); const char* file; };
+struct Case { const char* name; void (*fn)(); const char* file; bool child_only; };
 inline std::vector<Case>& cases() { static std::vector<Case> all; return all; }
 inline int& failures() { static int n = 0; return n; }
-struct Register { Register(const char* n, void (*f)(), const char* file) { cases().push_back({n, f, file}); } };
+struct Register {
+    Register(const char* n, void (*f)(), const char* file, bool child_only = false) {
+        cases().push_back({n, f, file, child_only});
+    }
+};
 struct Skip { std::string reason; };
 
 inline void report(const char* file, int line, const std::string& what) {
     std::fprintf(stderr, "    %s:%d: %s\n", file, line, what.c_str());
     failures()++;
+}
+template <typename T> std::string show(const T& v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+template <typename T> std::string show(const std::vector<T>& v) {
+    std::string s = "{";
+    for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + show(v[i]);
+    return s + "}";
 }
 inline bool near(double a, double b, double tol) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -39,8 +54,8 @@ inline bool near(double a, double b, double tol) {
     do {                                                                                       \
         auto va_ = (a); auto vb_ = (b);                                                        \
         if (!(va_ == vb_)) {                                                                   \
-            std::ostringstream os_; os_ << "CHECK_EQ(" #a ", " #b "): " << va_ << " != " << vb_; \
-            th::report(__FILE__, __LINE__, os_.str());                                         \
+            th::report(__FILE__, __LINE__, "CHECK_EQ(" #a ", " #b "): " + th::show(va_) +      \
+                       " != " + th::show(vb_));                                                \
         }                                                                                      \
     } while (0)
 
@@ -89,5 +104,12 @@ inline bool near(double a, double b, double tol) {
                                m_ + "' lacks '" + want_ + "'");                                \
         }                                                                                      \
     } while (0)
+
+// A case that runs only in a child process started with TG_TEST_CHILD=name (for tests that
+// need a second process, such as the disk cache's).
+#define TEST_CHILD(name)                                                                       \
+    static void test_##name();                                                                 \
+    static th::Register register_##name(#name, test_##name, __FILE__, true);                  \
+    static void test_##name()
 
 #define SKIP(reason) throw th::Skip{reason}
