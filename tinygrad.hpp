@@ -87,8 +87,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -115,11 +117,16 @@ struct Error : std::runtime_error {
 
 // Where the user built a node. Every API call takes it as a defaulted last argument, so the
 // caller's file:line reaches error messages and comments in the generated C.
+// (Not an aggregate, so that a braced list such as sum({0, 2}) never reads as a Loc.)
 struct Loc {
-    const char* file = nullptr;
-    int line = 0;
+    const char* file;
+    int line;
+    constexpr Loc() : file(nullptr), line(0) {}
     static constexpr Loc here(const char* f = __builtin_FILE(), int l = __builtin_LINE()) {
-        return Loc{f, l};
+        Loc loc;
+        loc.file = f;
+        loc.line = l;
+        return loc;
     }
 };
 
@@ -163,9 +170,11 @@ struct Scalar {
     X(SHRINK,      MOVEMENT, "")                                                               \
     X(FLIP,        MOVEMENT, "")                                                               \
     X(GATHER,      INDEXED,  "")                   /* out[i] = src[i with axis := index[i]]  */ \
+    X(SCATTER_ADD, INDEXED,  "")                   /* out[.. index[i] ..] += src[i]; gather' */ \
+    X(ASSIGN,      ASSIGN,   "")                   /* write a value into an existing buffer  */ \
     X(CONTIGUOUS,  SCHEDULE, "")                   /* value unchanged; gets its own buffer   */
 
-enum class OpKind : uint8_t { SOURCE, UNARY, BINARY, TERNARY, REDUCE, MOVEMENT, INDEXED, SCHEDULE };
+enum class OpKind : uint8_t { SOURCE, UNARY, BINARY, TERNARY, REDUCE, MOVEMENT, INDEXED, ASSIGN, SCHEDULE };
 enum class Op : uint8_t {
 #define TG_OP_ENUM(name, kind, c) name,
     TG_OPS(TG_OP_ENUM)
@@ -194,11 +203,11 @@ public:
     static Tensor eye(int64_t n, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
     static Tensor rand(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor randn(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
-    static Tensor from_vector(const std::vector<float>& values, Shape shape = {},
-                              Loc loc = Loc::here());     // shape {} means 1-D of values.size()
-    static Tensor from_vector(const std::vector<double>& values, Shape shape = {},
+    static Tensor from_vector(const std::vector<float>& values, const Shape& shape = {-1},
+                              Loc loc = Loc::here());   // {-1}: 1-D; {}: a scalar
+    static Tensor from_vector(const std::vector<double>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());
-    static Tensor from_vector(const std::vector<int32_t>& values, Shape shape = {},
+    static Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());
     static uint64_t next_seed();                       // the global stream that manual_seed sets
 
@@ -282,6 +291,17 @@ public:
     Tensor operator[](const Tensor& index) const;     // rows: C[X], X [B,T] → [B,T,E]
     Tensor operator[](int64_t i) const;               // x[i]: drops the first axis
 
+    // autograd
+    Tensor& requires_grad(bool on = true);             // a leaf: backward() fills its grad()
+    bool tracks_grad() const;                          // requires grad, itself or through inputs
+    void backward(const Tensor& seed = Tensor()) const;  // seed: d(something)/d(this); scalars: 1
+    Tensor grad() const;                               // undefined until a backward reaches it
+    void zero_grad();                                  // forgets the gradient
+    Tensor detach() const;                             // same values, no gradient history
+
+    // writing into existing storage: the optimizers' in-place update
+    Tensor assign(const Tensor& value, Loc loc = Loc::here()) const;  // lazy; realize it
+
     // running it
     Tensor& realize();                                 // compute now; keeps the result
     double item() const;                               // the one value of a 1-element tensor
@@ -327,6 +347,33 @@ Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc 
 void realize(const std::vector<Tensor>& tensors);    // several results in one program
 void manual_seed(uint64_t seed);
 
+// d output / d inputs as lazy tensors that can be differentiated again (a Hessian-vector
+// product is gradients(sum(gradients(f, {x})[0] * v), {x})); backward() accumulates instead.
+std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs,
+                              const Tensor& seed = Tensor());
+struct NoGrad {                                      // tensors built in this scope track no grad
+    NoGrad();
+    ~NoGrad();
+    NoGrad(const NoGrad&) = delete;
+    NoGrad& operator=(const NoGrad&) = delete;
+};
+
+// A compiled training step. The first call runs step(inputs) while recording every realize
+// (backward, the optimizer's updates, the returned tensor) into one program with one compile.
+// Later calls with inputs of the same shapes run that program on the new inputs: no graph is
+// built and nothing is compiled. step must not read values (item, to_vector) while tracing.
+class Jit {
+public:
+    using Step = std::function<Tensor(const std::vector<Tensor>&)>;
+    explicit Jit(Step step);
+    Tensor operator()(const std::vector<Tensor>& inputs);
+    int64_t replays() const;                         // calls that ran the compiled program
+private:
+    struct State;
+    std::shared_ptr<State> state_;
+};
+inline Jit jit(Jit::Step step) { return Jit(std::move(step)); }
+
 // ---- [INSPECT] every stage as text, for teaching and debugging ----------------------- >>inspect
 struct Stages {
     std::string graph;          // the primitive ops, one per line, with shapes and dtypes
@@ -342,6 +389,152 @@ struct Stats {                  // process-wide counters since start
     double compile_seconds = 0, run_seconds = 0;
 };
 Stats stats();
+
+// ---- [NN] layers, initialisers, losses ------------------------------------------------ >>nn
+namespace nn {
+// A layer. parameters() lists the tensors an optimizer updates; it is complete after the first
+// call for layers that learn their input width then (nn::Linear(out)).
+struct Module {
+    virtual ~Module() = default;
+    virtual Tensor forward(const Tensor& x) = 0;
+    virtual std::vector<Tensor> parameters() { return {}; }
+    Tensor operator()(const Tensor& x) { return forward(x); }
+};
+
+struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
+    Linear(int64_t in_features, int64_t out_features, bool bias = true);
+    explicit Linear(int64_t out_features);  // learns in_features from its first input
+    Tensor forward(const Tensor& x) override;
+    std::vector<Tensor> parameters() override;
+    int64_t in_features = -1, out_features;
+    bool has_bias = true;
+    Tensor weight, bias;
+};
+struct Embedding : Module {                 // rows of weight [num, dim] picked by int32 ids
+    Embedding(int64_t num_embeddings, int64_t embedding_dim);
+    Tensor forward(const Tensor& ids) override;
+    std::vector<Tensor> parameters() override { return {weight}; }
+    Tensor weight;
+};
+struct LayerNorm : Module {                 // over the last axis: (x - mean)/√(var + eps)·w + b
+    explicit LayerNorm(int64_t dim, double eps = 1e-5);
+    Tensor forward(const Tensor& x) override;
+    std::vector<Tensor> parameters() override { return {weight, bias}; }
+    double eps;
+    Tensor weight, bias;
+};
+struct Lambda : Module {                    // any function as a layer
+    explicit Lambda(std::function<Tensor(const Tensor&)> f) : fn(std::move(f)) {}
+    Tensor forward(const Tensor& x) override { return fn(x); }
+    std::function<Tensor(const Tensor&)> fn;
+};
+struct ReLU : Module { Tensor forward(const Tensor& x) override { return x.relu(); } };
+struct Tanh : Module { Tensor forward(const Tensor& x) override { return x.tanh(); } };
+struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.sigmoid(); } };
+struct GELU : Module { Tensor forward(const Tensor& x) override { return x.gelu(); } };
+
+// Layers in order: nn::Sequential mlp(nn::Linear(16), nn::ReLU(), nn::Linear(1));
+struct Sequential : Module {
+    template <typename... Layers> explicit Sequential(Layers... layers) {
+        (add(std::make_shared<Layers>(std::move(layers))), ...);
+    }
+    Sequential& add(std::shared_ptr<Module> layer);
+    Tensor forward(const Tensor& x) override;
+    std::vector<Tensor> parameters() override;
+    std::vector<std::shared_ptr<Module>> layers;
+};
+
+namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
+Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
+Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed = Tensor::next_seed());
+Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed = Tensor::next_seed());
+Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tensor::next_seed());
+}  // namespace init
+
+enum class Reduction { MEAN, SUM, NONE };
+// logits [N, C] (or [..., C]), target int32 [N] (or [...]): -log softmax(logits)[target]
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN);
+// max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction r = Reduction::MEAN);
+Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN);
+// relu(1 - y·score) with labels y = ±1: the margin loss of a support vector machine
+Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN);
+}  // namespace nn
+
+// ---- [OPTIM] optimizers: one program updates every parameter in place ------------------ >>optim
+namespace optim {
+class Optimizer {
+public:
+    Optimizer(std::vector<Tensor> params, double lr);
+    virtual ~Optimizer() = default;
+    void step();                  // all updates in one program, with backward's pending results
+    void zero_grad();
+    void set_lr(double lr);       // writes the lr tensor's buffer: nothing recompiles
+    std::vector<Tensor> params;
+    Tensor lr;                    // a realized float32 scalar read by the update program
+protected:
+    virtual std::vector<Tensor> updates() = 0;   // the assignments of one step
+};
+// OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + d and d = b (Nesterov: d + μ·b);
+// p = p - lr·d
+class SGD : public Optimizer {
+public:
+    SGD(std::vector<Tensor> params, double lr, double momentum = 0, double weight_decay = 0,
+        bool nesterov = false);
+    double momentum, weight_decay;
+    bool nesterov;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<Tensor> buffers;
+};
+// m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr·m̂/(√v̂ + eps) with bias-corrected m̂, v̂;
+// weight_decay adds wd·p to g (Adam) or subtracts lr·wd·p from p (AdamW, decoupled)
+class Adam : public Optimizer {
+public:
+    Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+         double eps = 1e-8, double weight_decay = 0, bool decoupled = false);
+    double beta1, beta2, eps, weight_decay;
+    bool decoupled;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<Tensor> m, v;
+    Tensor t;                     // the step count, a tensor so a jitted step counts too
+};
+class AdamW : public Adam {
+public:
+    AdamW(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+          double eps = 1e-8, double weight_decay = 0.01)
+        : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true) {}
+};
+}  // namespace optim
+
+// ---- [DATA] toy datasets, batches, terminal and SVG plots, safetensors ----------------- >>data
+namespace data {
+struct Dataset { Tensor X, Y; };
+// two interleaved half circles (as sklearn's make_moons), X [n,2] float32, Y [n] = -1 or +1
+Dataset moons(int64_t n, double noise = 0.1, uint64_t seed = 0);
+// a shuffled order of 0..n-1 cut into int32 index tensors of batch_size (a short tail dropped)
+std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed);
+}  // namespace data
+
+namespace plot {
+using Scorer = std::function<Tensor(const Tensor&)>;   // points [N,2] → scores [N] (> 0: +1)
+// regions '.' (score <= 0) and '*' (score > 0), points '#' (label +1) and '+' (label -1)
+std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor& Y,
+                              int width = 72, int height = 28);
+void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X,
+                           const Tensor& Y, int width = 480, int height = 360);
+std::string line_chart(const std::vector<double>& values, int width = 72, int height = 12);
+}  // namespace plot
+
+// The safetensors format: 8-byte little-endian header size, a JSON header naming each
+// tensor's dtype, shape and byte range, then the bytes. float32, float64, int32 and bool.
+namespace safetensors {
+void save(const std::string& path, const std::map<std::string, Tensor>& tensors);
+std::map<std::string, Tensor> load(const std::string& path);   // throws, returning nothing, on any defect
+}  // namespace safetensors
 
 // ---- [DEVICE] where programs run: the seam for backends ------------------------------ >>device
 namespace detail {
@@ -615,17 +808,43 @@ struct Buffer {
     size_t bytes() const { return size_t(numel) * dtype_size(dtype); }
 };
 
-struct Node {
+// Which part of a training step built a node; the generated C says it beside each kernel.
+enum class Phase : uint8_t { FORWARD, BACKWARD, UPDATE };
+static const char* phase_name(Phase p) {
+    return p == Phase::FORWARD ? "forward" : p == Phase::BACKWARD ? "backward" : "update";
+}
+static thread_local Phase current_phase = Phase::FORWARD;
+static thread_local int no_grad_depth = 0;
+struct PhaseScope {
+    Phase saved;
+    explicit PhaseScope(Phase p) : saved(current_phase) { current_phase = p; }
+    ~PhaseScope() { current_phase = saved; }
+};
+
+struct Node : std::enable_shared_from_this<Node> {
     Op op;
     DType dtype;
     Shape shape;
     std::vector<std::shared_ptr<Node>> src;
     std::vector<int64_t> arg;         // axes, a new shape, or (begin,end) pairs, per op
     double value = 0;                 // CONST's value, RAND's seed
-    std::shared_ptr<Buffer> buffer;   // BUFFER: the data
+    std::shared_ptr<Buffer> buffer;   // set once realized (BUFFER nodes have it from the start)
     Loc loc;
+    Phase phase = Phase::FORWARD;
+    bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
+    std::shared_ptr<Node> grad;       // a leaf's accumulated gradient
 };
 using NodeP = std::shared_ptr<Node>;
+
+// Nodes to realize with the next program: backward() puts the loss and the gradients here,
+// so an optimizer step computes them with the parameters before the update (as PyTorch would
+// have them) and in the same program.
+static thread_local std::vector<NodeP> pending_targets;
+
+// While a jit traces its function, realizes are collected instead of run.
+static thread_local std::vector<NodeP>* jit_capture = nullptr;
+
+static void realize_nodes(const std::vector<NodeP>& targets, bool now = false);   // [REALIZE]
 
 static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc loc,
                        std::vector<int64_t> arg = {}, double value = 0) {
@@ -637,6 +856,9 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     n->arg = std::move(arg);
     n->value = value;
     n->loc = loc;
+    n->phase = current_phase;
+    if (no_grad_depth == 0 && dtype_is_float(dt))
+        for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
     return n;
 }
 
@@ -688,7 +910,9 @@ static NodeP graph_reshape(const NodeP& x, const Shape& shape, Loc loc) {
                   shape_str(x->shape).c_str(), (long long)shape_numel(x->shape),
                   shape_str(shape).c_str(), (long long)shape_numel(shape)), loc);
     if (shape == x->shape) return x;
-    const NodeP& base = (x->op == Op::RESHAPE) ? x->src[0] : x;   // reshapes compose
+    // reshapes compose, unless the inner one is a realized value or a detach
+    bool compose = x->op == Op::RESHAPE && !x->buffer && x->requires_grad == x->src[0]->requires_grad;
+    const NodeP& base = compose ? x->src[0] : x;
     if (shape == base->shape) return base;
     return node_make(Op::RESHAPE, x->dtype, shape, {base}, loc);
 }
@@ -783,7 +1007,9 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
 }
 
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
-static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots) {
+// Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
+// history of realized values).
+static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots, bool through_realized = false) {
     std::vector<Node*> order;
     std::unordered_set<Node*> seen;
     std::vector<std::pair<Node*, size_t>> stack;
@@ -792,7 +1018,7 @@ static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots) {
         stack.push_back({r.get(), 0});
         while (!stack.empty()) {
             auto& [n, i] = stack.back();
-            if (i < n->src.size()) {
+            if (i < n->src.size() && (through_realized || !n->buffer)) {
                 Node* s = n->src[i++].get();
                 if (seen.insert(s).second) stack.push_back({s, 0});
             } else {
@@ -811,8 +1037,9 @@ static std::string graph_listing(const std::vector<NodeP>& roots) {
     for (Node* n : order) {
         int k = int(id.size());
         id[n] = k;
-        std::string line = strf("%%%d = %s", k, op_name(n->op));
-        for (auto& s : n->src) line += strf(" %%%d", id[s.get()]);
+        std::string line = strf("%%%d = %s", k, n->buffer ? "BUFFER" : op_name(n->op));
+        for (auto& s : n->src)
+            if (!n->buffer) line += strf(" %%%d", id[s.get()]);
         if (n->op == Op::CONST) line += strf(" %g", n->value);
         if (n->op == Op::RAND) line += strf(" seed=%.0f", n->value);
         if (!n->arg.empty()) {
@@ -933,8 +1160,14 @@ Tensor Tensor::full(const Shape& shape, Scalar value, DType dtype, Loc loc) {
     check_shape(shape, "full", loc);
     return wrap(graph_const(value.value, dtype, shape, loc));
 }
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Loc loc) { return full(shape, 0, dtype, loc); }
-Tensor Tensor::ones(const Shape& shape, DType dtype, Loc loc) { return full(shape, 1, dtype, loc); }
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Loc loc) {
+    check_shape(shape, "zeros", loc);
+    return full(shape, 0, dtype, loc);
+}
+Tensor Tensor::ones(const Shape& shape, DType dtype, Loc loc) {
+    check_shape(shape, "ones", loc);
+    return full(shape, 1, dtype, loc);
+}
 
 Tensor Tensor::arange(Scalar stop, Loc loc) { return arange(0, stop, 1, loc); }
 // start + i·step for i in [0, ceil((stop-start)/step))
@@ -960,14 +1193,15 @@ Tensor Tensor::rand(const Shape& shape, uint64_t seed, Loc loc) {
 
 // Box-Muller: sqrt(-2 ln(1-u1)) · cos(2π u2), with u1, u2 from two streams of the seed
 Tensor Tensor::randn(const Shape& shape, uint64_t seed, Loc loc) {
+    check_shape(shape, "randn", loc);
     Tensor u1 = rand(shape, mix_seed(seed, 0), loc), u2 = rand(shape, mix_seed(seed, 1), loc);
     Tensor r = mul_c(add_c(neg(u1, loc), 1, loc).log(loc), -2, loc).sqrt(loc);
     return mul(r, mul_c(u2, 2 * PI, loc).cos(loc), loc);
 }
 
 template <typename T>
-static Tensor tensor_from_data(const std::vector<T>& values, Shape shape, DType dt, Loc loc) {
-    if (shape.empty() && values.size() != 1) shape = {int64_t(values.size())};
+static Tensor tensor_from_data(const std::vector<T>& values, const Shape& shape_in, DType dt, Loc loc) {
+    Shape shape = shape_in == Shape{-1} ? Shape{int64_t(values.size())} : shape_in;
     check_shape(shape, "from_vector", loc);
     if (shape_numel(shape) != int64_t(values.size()))
         fail(strf("from_vector: %zu values do not fill shape %s", values.size(),
@@ -979,15 +1213,16 @@ static Tensor tensor_from_data(const std::vector<T>& values, Shape shape, DType 
     n->buffer = buf;
     return wrap(n);
 }
-Tensor Tensor::from_vector(const std::vector<float>& v, Shape shape, Loc loc) {
-    return tensor_from_data(v, std::move(shape), DType::FLOAT32, loc);
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape, Loc loc) {
+    return tensor_from_data(v, shape, DType::FLOAT32, loc);
 }
-Tensor Tensor::from_vector(const std::vector<double>& v, Shape shape, Loc loc) {
-    return tensor_from_data(v, std::move(shape), DType::FLOAT64, loc);
+Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape, Loc loc) {
+    return tensor_from_data(v, shape, DType::FLOAT64, loc);
 }
-Tensor Tensor::from_vector(const std::vector<int32_t>& v, Shape shape, Loc loc) {
-    return tensor_from_data(v, std::move(shape), DType::INT32, loc);
+Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& shape, Loc loc) {
+    return tensor_from_data(v, shape, DType::INT32, loc);
 }
+
 
 // -- what it is
 const NodeP& Tensor::node() const {
@@ -1018,12 +1253,15 @@ Tensor operator/(const Tensor& a, const Tensor& b) {                   // a · (
 Tensor operator<(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, a, b, "lt", {}); }
 Tensor operator>(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, b, a, "gt", {}); }
 Tensor operator==(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "eq", {}); }
-Tensor operator!=(const Tensor& a, const Tensor& b) { return (a == b).logical_not(); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "ne", {}).logical_not(); }
 Tensor operator<=(const Tensor& a, const Tensor& b) {                  // (a < b) or (a == b)
     auto [x, y] = operands(a, b, "le", {});
     return (x < y).maximum(x == y);
 }
-Tensor operator>=(const Tensor& a, const Tensor& b) { return b <= a; }
+Tensor operator>=(const Tensor& a, const Tensor& b) {                  // (b < a) or (a == b)
+    auto [x, y] = operands(a, b, "ge", {});
+    return (y < x).maximum(x == y);
+}
 #define TG_SCALAR_OPERATORS(op)                                                                \
     Tensor operator op(const Tensor& a, Scalar b) { return a op scalar_operand(a, b, {}); }   \
     Tensor operator op(Scalar a, const Tensor& b) { return scalar_operand(b, a, {}) op b; }
@@ -1149,6 +1387,7 @@ Tensor Tensor::mean(Loc loc) const { return mean(std::vector<int>{}, false, loc)
 Tensor Tensor::mean(int axis, bool keepdim, Loc loc) const { return mean(std::vector<int>{axis}, keepdim, loc); }
 // mean = sum / (number of elements reduced)
 Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    normalize_axes(axes, shape(), "mean", loc);
     Tensor x = as_float(*this, loc);
     Tensor s = x.sum(axes, keepdim, loc);
     double count = double(numel()) / double(std::max<int64_t>(1, s.numel()));
@@ -1164,6 +1403,7 @@ Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).r
 Tensor Tensor::min(int axis, bool keepdim, Loc loc) const { return min(std::vector<int>{axis}, keepdim, loc); }
 // min x = -max(-x); for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    normalize_axes(axes, shape(), "min", loc);
     if (dtype() == DType::BOOL) return logical_not(loc).max(axes, keepdim, loc).logical_not(loc);
     return neg(neg(*this, loc).max(axes, keepdim, loc), loc);
 }
@@ -1315,6 +1555,13 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
         fail(strf("matmul: %s @ %s: inner dims %lld != %lld", shape_str(shape()).c_str(),
                   shape_str(other.shape()).c_str(), (long long)k, (long long)b.size(-2)), loc);
     Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+    for (size_t i = 0; i < std::max(batch_a.size(), batch_b.size()); i++) {
+        int64_t da = i < batch_a.size() ? batch_a[batch_a.size() - 1 - i] : 1;
+        int64_t db = i < batch_b.size() ? batch_b[batch_b.size() - 1 - i] : 1;
+        if (da != db && da != 1 && db != 1)
+            fail(strf("matmul: %s @ %s: batch dims %s and %s cannot broadcast", shape_str(shape()).c_str(),
+                      shape_str(other.shape()).c_str(), shape_str(batch_a).c_str(), shape_str(batch_b).c_str()), loc);
+    }
     Shape batch = broadcast_shape(batch_a, batch_b, "matmul", loc);
     Shape sa = batch, sb = batch;
     sa.insert(sa.end(), {a.size(-2), k, b.size(-1)});
@@ -1327,12 +1574,14 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
 }
 // softmax x = e^(x - max x) / Σ e^(x - max x)
 Tensor Tensor::softmax(int axis, Loc loc) const {
+    normalize_axis(axis, shape().size(), "softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
     Tensor e = (x - x.max(axis, true, loc)).exp(loc);
     return e / e.sum(axis, true, loc);
 }
 // log_softmax x = (x - max x) - ln Σ e^(x - max x)
 Tensor Tensor::log_softmax(int axis, Loc loc) const {
+    normalize_axis(axis, shape().size(), "log_softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
     Tensor shifted = x - x.max(axis, true, loc);
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
@@ -1485,6 +1734,10 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
             bad(strf("operand %zu has %zu axes, its term names %zu", i, nd, named));
         if (has_ell) ell_rank = std::max(ell_rank, nd - named);
     }
+    std::map<int, int> count;   // for the implicit output: letters written exactly once
+    for (auto& t : terms)
+        for (int l : t)
+            if (l >= 0) count[l]++;
     std::vector<Tensor> xs = operands;
     std::map<int, int64_t> size_of;
     std::vector<int> first_seen;
@@ -1541,12 +1794,9 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
             out.push_back(l);
         }
     } else {
-        std::map<int, int> count;
-        for (auto& t : terms)
-            for (int l : t) count[l]++;
         for (size_t j = 0; j < ell_rank; j++) out.push_back(ELLIPSIS_LABEL + int(j));
         for (auto& [l, c] : count)
-            if (c == 1 && l < ELLIPSIS_LABEL) out.push_back(l);
+            if (c == 1) out.push_back(l);
     }
     std::vector<int> all = out;
     for (int l : first_seen)
@@ -1568,6 +1818,178 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
     std::vector<int> summed;
     for (size_t d = out.size(); d < all.size(); d++) summed.push_back(int(d));
     return summed.empty() ? prod : prod.sum(summed, false, loc);
+}
+
+// ---- [AUTOGRAD] reverse mode over the lazy graph ------------------------------------- >>autograd
+// One backward rule per primitive, in the op table's order, each beside its identity. A rule
+// turns the gradient g of a node's output into gradients of its inputs, using Tensor ops: the
+// gradients are lazy graph like everything else, so they fuse with the forward pass and the
+// update, and (tg::gradients) can be differentiated again. Tests: tests/test_autograd.cpp
+// (central differences in float64 for every op, a Hessian-vector product).
+
+namespace detail {
+static Tensor indicator(const Tensor& cond, DType dt, Loc loc) { return cond.cast(dt, loc); }
+
+static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
+    auto src = [&](size_t i) { return wrap(n->src[i]); };
+    Tensor out = wrap(n);
+    Loc loc = n->loc;
+    DType dt = n->dtype;
+    const Shape& in = n->src.empty() ? n->shape : n->src[0]->shape;
+    switch (n->op) {
+    case Op::NEG: return {neg(g, loc)};                                   // d(-x) = -dx
+    case Op::EXP2: return {mul(g, mul_c(out, LN2, loc), loc)};            // d 2^x = 2^x·ln2 dx
+    case Op::LOG2: return {g / mul_c(src(0), LN2, loc)};                   // d log2 x = dx/(x·ln2)
+    case Op::SIN: return {mul(g, src(0).cos(loc), loc)};                   // d sin x = cos x dx
+    case Op::SQRT: return {g / mul_c(out, 2, loc)};                        // d √x = dx/(2√x)
+    case Op::RECIP: return {neg(mul(g, mul(out, out, loc), loc), loc)};    // d(1/x) = -dx/x²
+    case Op::CAST: return {g.cast(n->src[0]->dtype, loc)};                 // d cast x = dx
+    case Op::ADD: return {g, g};                                           // d(a+b) = da + db
+    case Op::MUL: return {mul(g, src(1), loc), mul(g, src(0), loc)};       // d(ab) = b da + a db
+    case Op::MAX: {   // d max(a,b) = [a>b] da + [a<b] db; a tie splits evenly, as in PyTorch
+        Tensor a = src(0), b = src(1);
+        Tensor share = add(indicator(a > b, dt, loc), mul_c(indicator(a == b, dt, loc), 0.5, loc), loc);
+        return {mul(g, share, loc), mul(g, add_c(neg(share, loc), 1, loc), loc)};
+    }
+    case Op::WHERE:   // d where(c,a,b) = [c] da + [not c] db
+        return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
+    case Op::REDUCE_SUM: return {g.expand(in, loc)};                       // each x_i adds to one sum
+    case Op::REDUCE_MAX: {   // to the maxima; ties share evenly, as PyTorch's amax
+        Tensor hit = indicator(src(0) == out.expand(in, loc), dt, loc);
+        std::vector<int> axes(n->arg.begin(), n->arg.end());
+        Tensor count = hit.sum(axes, true, loc);
+        return {mul(hit, (g / count).expand(in, loc), loc)};
+    }
+    case Op::RESHAPE: return {g.reshape(in, loc)};
+    case Op::PERMUTE: {   // the inverse permutation
+        std::vector<int> inverse(n->arg.size());
+        for (size_t i = 0; i < n->arg.size(); i++) inverse[size_t(n->arg[i])] = int(i);
+        return {g.permute(inverse, loc)};
+    }
+    case Op::EXPAND: {   // a broadcast input receives the sum over its copies
+        std::vector<int> axes;
+        for (size_t d = 0; d < in.size(); d++)
+            if (in[d] == 1 && n->shape[d] != 1) axes.push_back(int(d));
+        return {g.sum(axes, true, loc)};
+    }
+    case Op::PAD: {   // the inside of the padded gradient
+        std::vector<std::pair<int64_t, int64_t>> box;
+        for (size_t d = 0; d < in.size(); d++) box.push_back({n->arg[2 * d], n->arg[2 * d] + in[d]});
+        return {g.shrink(box, loc)};
+    }
+    case Op::SHRINK: {   // zeros where the input was cut away
+        std::vector<std::pair<int64_t, int64_t>> p;
+        for (size_t d = 0; d < in.size(); d++) p.push_back({n->arg[2 * d], in[d] - n->arg[2 * d + 1]});
+        return {g.pad(p, 0, loc)};
+    }
+    case Op::FLIP: return {g.flip(std::vector<int>(n->arg.begin(), n->arg.end()), loc)};
+    case Op::GATHER:   // scatter_add is gather's adjoint: each read sends its gradient back
+        return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), n->src[1]}, loc, n->arg)), Tensor()};
+    case Op::SCATTER_ADD: return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
+    case Op::CONTIGUOUS: return {g};
+    default: return {};   // sources, comparisons, integer division, assignments: no gradient
+    }
+}
+
+// Gradients of output with respect to every node that requires grad, accumulated over paths.
+static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& seed_in) {
+    const NodeP& root = output.node();
+    if (!root->requires_grad)
+        fail("backward: the tensor does not depend on any tensor that requires grad");
+    Tensor seed = seed_in;
+    if (!seed.defined()) {
+        if (output.numel() != 1)
+            fail(strf("backward: output of shape %s is not a scalar: pass a seed gradient of that "
+                      "shape", shape_str(output.shape()).c_str()));
+        seed = Tensor::ones(output.shape(), output.dtype());
+    } else if (seed.shape() != output.shape()) {
+        fail(strf("backward: seed gradient of shape %s does not match the output's shape %s",
+                  shape_str(seed.shape()).c_str(), shape_str(output.shape()).c_str()));
+    }
+    PhaseScope phase(Phase::BACKWARD);
+    std::unordered_map<Node*, Tensor> grads;
+    grads[root.get()] = seed.cast(root->dtype);
+    std::vector<Node*> order = graph_toposort({root}, true);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        Node* n = *it;
+        auto found = grads.find(n);
+        if (!n->requires_grad || found == grads.end() || n->src.empty()) continue;
+        std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), found->second);
+        for (size_t i = 0; i < in_grads.size(); i++) {
+            Node* s = n->src[i].get();
+            if (!in_grads[i].defined() || !s->requires_grad) continue;
+            Tensor g = in_grads[i].cast(s->dtype);
+            auto prev = grads.find(s);
+            grads[s] = prev == grads.end() ? g : add(prev->second, g, s->loc);
+        }
+    }
+    return grads;
+}
+}  // namespace detail
+
+std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs, const Tensor& seed) {
+    auto grads = backpropagate(output, seed);
+    std::vector<Tensor> out;
+    for (const Tensor& x : inputs) {
+        auto it = grads.find(x.node().get());
+        out.push_back(it != grads.end() ? it->second : Tensor::zeros(x.shape(), x.dtype()));
+    }
+    return out;
+}
+
+NoGrad::NoGrad() { no_grad_depth++; }
+NoGrad::~NoGrad() { no_grad_depth--; }
+
+Tensor& Tensor::requires_grad(bool on) {
+    if (on && !dtype_is_float(dtype()))
+        fail(strf("requires_grad: only float tensors can require gradients, got %s", dtype_name(dtype())));
+    if (on && !node()->src.empty()) {   // parameters are data: compute them now
+        realize_nodes({node()}, true);
+        node_->op = Op::BUFFER;
+        node_->src.clear();
+        node_->arg.clear();
+    }
+    node()->requires_grad = on;
+    return *this;
+}
+bool Tensor::tracks_grad() const { return node()->requires_grad; }
+Tensor Tensor::grad() const { return node()->grad ? Tensor(node()->grad) : Tensor(); }
+void Tensor::zero_grad() { node()->grad.reset(); }
+Tensor Tensor::detach() const {
+    NodeP n = node_make(Op::RESHAPE, dtype(), shape(), {node()}, node()->loc);
+    n->requires_grad = false;
+    return wrap(n);
+}
+
+// Accumulates into every leaf's grad(). The output and the new gradients are realized with the
+// next program (normally the optimizer's step), from the parameters before the update.
+void Tensor::backward(const Tensor& seed) const {
+    std::unordered_map<Node*, Tensor> grads;
+    {
+        NoGrad no_grad;
+        grads = backpropagate(*this, seed);
+    }
+    pending_targets.push_back(node());
+    NoGrad no_grad;
+    PhaseScope phase(Phase::BACKWARD);
+    for (auto& [n, g] : grads) {
+        if (!n->src.empty() || n->buffer == nullptr || n->op != Op::BUFFER) continue;   // leaves only
+        n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();
+        pending_targets.push_back(n->grad);
+    }
+}
+
+Tensor Tensor::assign(const Tensor& value, Loc loc) const {
+    if (!value.defined()) fail("assign: value is undefined", loc);
+    broadcast_shape(shape(), value.shape(), "assign", loc);
+    if (broadcast_shape(shape(), value.shape(), "assign", loc) != shape())
+        fail(strf("assign: value of shape %s does not fit target %s", shape_str(value.shape()).c_str(),
+                  shape_str(shape()).c_str()), loc);
+    if (!node()->buffer) realize_nodes({node()}, true);   // the target needs storage
+    Tensor v = value.cast(dtype(), loc).expand(shape(), loc);
+    NodeP a = node_make(Op::ASSIGN, dtype(), shape(), {node(), v.node()}, loc);
+    a->requires_grad = false;
+    return wrap(a);
 }
 
 namespace detail {
@@ -1608,6 +2030,25 @@ static bool is_unit_reshape(const Node* n) {   // a reshape that only adds or dr
     return a == b;
 }
 
+// Materialized nodes and buffers that a kernel reads: its inlined region ends at them.
+static void sched_reads(Node* n, const std::unordered_set<Node*>& materialized, bool is_root,
+                        std::unordered_set<Node*>& seen, std::unordered_set<Node*>& reads) {
+    if (!seen.insert(n).second) return;
+    if (!is_root && (n->buffer || materialized.count(n))) { reads.insert(n); return; }
+    for (auto& src : n->src) sched_reads(src.get(), materialized, false, seen, reads);
+}
+
+// Does value, inlined, read target at another index than the one it writes (through a view)?
+static bool reads_through_view(Node* n, Node* target, const std::unordered_set<Node*>& materialized,
+                               bool below_view, std::unordered_set<Node*>& seen) {
+    if (n == target) return below_view;
+    if (n->buffer || materialized.count(n) || !seen.insert(n).second) return false;
+    bool view = below_view || op_kind(n->op) == OpKind::MOVEMENT || op_kind(n->op) == OpKind::INDEXED;
+    for (auto& src : n->src)
+        if (reads_through_view(src.get(), target, materialized, view, seen)) return true;
+    return false;
+}
+
 static Schedule sched_build(const std::vector<NodeP>& targets) {
     Schedule s;
     std::unordered_set<Node*> is_target;
@@ -1616,7 +2057,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     std::vector<Node*> order = graph_toposort(s.targets);
     std::unordered_map<Node*, std::vector<Node*>> users;
     for (Node* n : order)
-        for (auto& src : n->src) users[src.get()].push_back(n);
+        if (!n->buffer)
+            for (auto& src : n->src) users[src.get()].push_back(n);
     // uses that would compute a node again if it were inlined: views pass their uses through
     std::unordered_map<Node*, int64_t> uses;
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -1636,17 +2078,28 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         OpKind k = op_kind(n->op);
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT;
         if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD ||
             (computed && (uses[n] > 1 || broadcast_read[n])))
             s.materialized.insert(n);
     }
+    // an assignment writes element i after reading element i; a value that reads its target
+    // elsewhere (x.assign(x.flip(0))) is computed into a temporary first
+    for (Node* n : order) {
+        if (n->op != Op::ASSIGN || n->buffer) continue;
+        std::unordered_set<Node*> seen;
+        Node* value = n->src[1].get();
+        if (!value->buffer && reads_through_view(value, n->src[0].get(), s.materialized, false, seen))
+            s.materialized.insert(value);
+    }
     std::unordered_map<Node*, Kernel> fused_into;   // root → kernel with fused reductions
     for (Node* r : order) {
-        if (op_kind(r->op) != OpKind::REDUCE || is_target.count(r) || uses[r] != 1) continue;
+        if (op_kind(r->op) != OpKind::REDUCE || r->buffer || is_target.count(r) || uses[r] != 1) continue;
         Node* cur = r;
         Node* root = nullptr;
         while (users[cur].size() == 1) {
             Node* u = users[cur][0];
-            bool passes = is_elementwise(u) || is_unit_reshape(u) || u->op == Op::CONTIGUOUS;
+            bool passes = is_elementwise(u) || is_unit_reshape(u) || u->op == Op::CONTIGUOUS ||
+                          (u->op == Op::ASSIGN && u->src[1].get() == cur);
             if (!passes) break;
             if (s.materialized.count(u)) { root = u; break; }
             cur = u;
@@ -1658,6 +2111,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         k.fused_reduces.push_back(r);
         s.materialized.erase(r);
     }
+    std::vector<Kernel> kernels;
+    std::unordered_map<Node*, size_t> kernel_of;
     for (Node* n : order) {
         if (!s.materialized.count(n)) continue;
         Kernel k;
@@ -1666,7 +2121,40 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         else if (op_kind(n->op) == OpKind::REDUCE) k.fused_reduces.push_back(n);
         if (k.fused_reduces.empty() || op_kind(n->op) == OpKind::REDUCE) k.loop_shape = n->shape;
         k.root = n;
-        s.kernels.push_back(k);
+        kernel_of[n] = kernels.size();
+        kernels.push_back(k);
+    }
+    // Order: producers before consumers, and every kernel that reads a buffer's old value
+    // before the assignment that overwrites it (Kahn's algorithm, ties in graph order).
+    size_t nk = kernels.size();
+    std::vector<std::vector<size_t>> after(nk);
+    std::vector<int> waiting(nk, 0);
+    std::unordered_map<Node*, std::vector<size_t>> readers;
+    for (size_t i = 0; i < nk; i++) {
+        std::unordered_set<Node*> seen, reads;
+        sched_reads(kernels[i].root, s.materialized, true, seen, reads);
+        for (Node* r : reads) {
+            readers[r].push_back(i);
+            auto p = kernel_of.find(r);
+            if (p != kernel_of.end()) { after[p->second].push_back(i); waiting[i]++; }
+        }
+    }
+    for (size_t i = 0; i < nk; i++) {
+        Node* root = kernels[i].root;
+        if (root->op != Op::ASSIGN) continue;
+        for (size_t r : readers[root->src[0].get()])
+            if (r != i) { after[r].push_back(i); waiting[i]++; }
+    }
+    std::vector<bool> done(nk, false);
+    for (size_t emitted = 0; emitted < nk; emitted++) {
+        size_t next = nk;
+        for (size_t i = 0; i < nk && next == nk; i++)
+            if (!done[i] && waiting[i] == 0) next = i;
+        if (next == nk)
+            fail("assign: a kernel needs both the old and the new value of an assigned buffer");
+        done[next] = true;
+        s.kernels.push_back(kernels[next]);
+        for (size_t j : after[next]) waiting[j]--;
     }
     return s;
 }
@@ -1707,14 +2195,15 @@ struct Expr {
     std::vector<ExprP> src;
 };
 
-enum class SK : uint8_t { LOOP, ACC_INIT, ACC_UPDATE, STORE };
+enum class SK : uint8_t { LOOP, ACC_INIT, ACC_UPDATE, STORE, STORE_ADD, CHECK };
 struct Stmt {
     SK kind;
     int id = 0;             // LOOP: variable, ACC_*: accumulator, STORE: buffer
     int64_t extent = 0;     // LOOP
     Op op = Op::REDUCE_SUM; // ACC_*: REDUCE_SUM or REDUCE_MAX
     DType dtype = DType::FLOAT32;
-    ExprP idx, val;         // STORE: buffer[idx] = val; ACC_UPDATE: acc op= val
+    ExprP idx, val;         // STORE: buffer[idx] = val; STORE_ADD: +=; ACC_UPDATE: acc op= val;
+                            // CHECK: idx is a bounds check whose value nothing reads
     std::vector<Stmt> body; // LOOP
 };
 
@@ -1733,6 +2222,7 @@ struct ProgramBuffer {
 struct Program {
     std::string name;                    // readable: where the user built the last kernel
     std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
+    std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
     std::vector<Block> blocks;
     std::vector<std::string> checks;     // what each bounds-check site guards, for its error
 };
@@ -1842,6 +2332,13 @@ static double acc_identity(Op reduce_op, DType dt) {
     return dt == DType::INT32 ? double(std::numeric_limits<int32_t>::min()) : 0;
 }
 
+static bool expr_contains(const ExprP& e, const Expr* part) {
+    if (e.get() == part) return true;
+    for (auto& s : e->src)
+        if (expr_contains(s, part)) return true;
+    return false;
+}
+
 // -- lowering one kernel of the schedule into a Block
 struct Lowering {
     Program& prog;
@@ -1852,14 +2349,29 @@ struct Lowering {
     std::vector<Stmt>* body = nullptr;     // where accumulator loops go: the innermost loop
     std::vector<Node*> visited;            // for the block's title and origin
 
+    // An assignment stores into its target's buffer, so both nodes name the same buffer.
     int buffer_id(Node* n) {
         auto it = buffer_ids.find(n);
         if (it != buffer_ids.end()) return it->second;
-        int id = int(prog.buffers.size());
-        prog.buffers.push_back({n->buffer ? ProgramBuffer::INPUT : ProgramBuffer::TEMP, n->dtype,
-                                shape_numel(n->shape)});
+        int id;
+        if (n->op == Op::ASSIGN && !n->buffer) {
+            id = buffer_id(n->src[0].get());
+        } else {
+            id = int(prog.buffers.size());
+            prog.buffers.push_back({n->buffer ? ProgramBuffer::INPUT : ProgramBuffer::TEMP, n->dtype,
+                                    shape_numel(n->shape)});
+            prog.buffer_nodes.push_back(n);
+        }
         buffer_ids[n] = id;
         return id;
+    }
+
+    int check_site(Node* n, const Node* src, size_t axis) {
+        prog.checks.push_back(strf("%s: index out of range [0, %lld) for source %s (at %s)",
+                                   n->op == Op::SCATTER_ADD ? "scatter_add" : "gather",
+                                   (long long)src->shape[axis], shape_str(src->shape).c_str(),
+                                   loc_str(n->loc).c_str()));
+        return int(prog.checks.size()) - 1;
     }
 
     ExprP lower(Node* n, const std::vector<ExprP>& idx) {
@@ -1873,6 +2385,7 @@ struct Lowering {
         case Op::RAND:
             return ex_alu(Op::RAND, DType::FLOAT32, {ix(int64_t(n->value)), linear_index(idx, n->shape)});
         case Op::CONTIGUOUS: return lower(s0, idx);
+        case Op::ASSIGN: return lower(n->src[1].get(), idx);   // stored into src[0]'s buffer
         case Op::RESHAPE: return lower(s0, reshape_index(idx, n->shape, s0->shape));
         case Op::PERMUTE: {
             std::vector<ExprP> si(idx.size());
@@ -1897,28 +2410,38 @@ struct Lowering {
             return lower(s0, si);
         }
         case Op::PAD: {   // inside where before <= i < before + size, zero outside
+            // Outside, the source index is clamped to 0 too: where() evaluates both sides, so
+            // every load must stay in bounds.
             std::vector<ExprP> si = idx;
-            for (size_t d = 0; d < idx.size(); d++) si[d] = ix_add(idx[d], ix(-n->arg[2 * d]));
-            ExprP v = lower(s0, si), zero = ex_const(0, n->dtype);
-            for (size_t d = idx.size(); d-- > 0;) {
+            std::vector<std::pair<ExprP, ExprP>> outside;   // (i < before, i < before + size)
+            for (size_t d = 0; d < idx.size(); d++) {
                 int64_t before = n->arg[2 * d], after = n->arg[2 * d + 1];
-                if (after > 0)
-                    v = ex_alu(Op::WHERE, n->dtype, {ix_lt(idx[d], before + s0->shape[d]), v, zero});
-                if (before > 0) v = ex_alu(Op::WHERE, n->dtype, {ix_lt(idx[d], before), zero, v});
+                if (before == 0 && after == 0) continue;
+                ExprP below = before > 0 ? ix_lt(idx[d], before) : nullptr;
+                ExprP inside = after > 0 ? ix_lt(idx[d], before + s0->shape[d]) : nullptr;
+                ExprP i = ix_add(idx[d], ix(-before));
+                if (inside) i = ex_alu(Op::WHERE, DType::INDEX, {inside, i, ix(0)});
+                if (below) i = ex_alu(Op::WHERE, DType::INDEX, {below, ix(0), i});
+                si[d] = i;
+                outside.push_back({below, inside});
+            }
+            ExprP v = lower(s0, si), zero = ex_const(0, n->dtype);
+            for (auto& [below, inside] : outside) {
+                if (inside) v = ex_alu(Op::WHERE, n->dtype, {inside, v, zero});
+                if (below) v = ex_alu(Op::WHERE, n->dtype, {below, zero, v});
             }
             return v;
         }
         case Op::GATHER: {   // the source read at idx with the gather axis taken from the index
             size_t axis = size_t(n->arg[0]);
             ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(n->src[1].get(), idx)});
-            int site = int(prog.checks.size());
-            prog.checks.push_back(strf("%s: index out of range [0, %lld) for source %s (at %s)",
-                                       n->shape.size() == s0->shape.size() ? "gather" : "index",
-                                       (long long)s0->shape[axis], shape_str(s0->shape).c_str(),
-                                       loc_str(n->loc).c_str()));
             std::vector<ExprP> si = idx;
-            si[axis] = ex_check(j, s0->shape[axis], site);
-            return lower(s0, si);
+            ExprP checked = ex_check(j, s0->shape[axis], check_site(n, s0, axis));
+            si[axis] = checked;
+            ExprP v = lower(s0, si);
+            if (!expr_contains(v, checked.get()))   // a source that ignores the index: check anyway
+                body->push_back(Stmt{SK::CHECK, 0, 0, Op::REDUCE_SUM, DType::INDEX, checked, nullptr, {}});
+            return v;
         }
         case Op::REDUCE_SUM:
         case Op::REDUCE_MAX: {
@@ -1967,8 +2490,28 @@ struct Lowering {
         std::vector<ExprP> root_idx = k.loop_shape == root->shape
                                           ? loop_idx
                                           : reshape_index(loop_idx, k.loop_shape, root->shape);
-        ExprP val = lower(root, root_idx);
-        body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), val, {}});
+        if (root->op == Op::SCATTER_ADD) {   // zero the output, then add each value at its index
+            visited.push_back(root);
+            body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), ex_const(0, root->dtype), {}});
+            Node* values = root->src[0].get();
+            body = &blk.body;
+            std::vector<ExprP> vidx;
+            for (int64_t extent : values->shape) {
+                if (extent == 1) { vidx.push_back(ix(0)); continue; }
+                int v = nvars++;
+                body->push_back(Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+                body = &body->back().body;
+                vidx.push_back(ex_var(v, extent));
+            }
+            size_t axis = size_t(root->arg[0]);
+            std::vector<ExprP> oidx = vidx;
+            ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(root->src[1].get(), vidx)});
+            oidx[axis] = ex_check(j, root->shape[axis], check_site(root, root, axis));
+            body->push_back(Stmt{SK::STORE_ADD, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(oidx, root->shape), lower(values, vidx), {}});
+        } else {
+            ExprP val = lower(root, root_idx);
+            body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), val, {}});
+        }
         // title: the computing ops in graph order; origin: the user lines they came from
         std::string ops, origin;
         std::vector<std::string> seen_ops, seen_locs;
@@ -1985,8 +2528,8 @@ struct Lowering {
         std::sort(seen_locs.begin(), seen_locs.end());
         for (auto& o : seen_ops) ops += " " + o;
         for (auto& l : seen_locs) origin += (origin.empty() ? "" : ", ") + l;
-        blk.title = strf("K%zu %s %s:%s", index, dtype_name(root->dtype), shape_str(root->shape).c_str(),
-                         ops.empty() ? " copy" : ops.c_str());
+        blk.title = strf("K%zu %s %s %s:%s", index, phase_name(root->phase), dtype_name(root->dtype),
+                         shape_str(root->shape).c_str(), ops.empty() ? " copy" : ops.c_str());
         blk.origin = origin;
         return blk;
     }
@@ -2068,9 +2611,11 @@ static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out
                         expr_str(st.val).c_str());
             break;
         case SK::STORE:
-            out += strf("%sbuf%d[%s] = %s\n", pad.c_str(), st.id, expr_str(st.idx).c_str(),
-                        expr_str(st.val).c_str());
+        case SK::STORE_ADD:
+            out += strf("%sbuf%d[%s] %s %s\n", pad.c_str(), st.id, expr_str(st.idx).c_str(),
+                        st.kind == SK::STORE ? "=" : "+=", expr_str(st.val).c_str());
             break;
+        case SK::CHECK: out += pad + expr_str(st.idx) + "\n"; break;
         }
     }
 }
@@ -2207,9 +2752,13 @@ struct Linear {
     }
 };
 
-static ExprP simplify(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo);
+// Results by input node. The key's owner is kept alive beside it: a freed temporary's address
+// could otherwise be reused by a new node and hit a stale entry.
+using SimplifyMemo = std::unordered_map<const Expr*, std::pair<ExprP, ExprP>>;
 
-static ExprP simplify_node(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo) {
+static ExprP simplify(const ExprP& e, SimplifyMemo& memo);
+
+static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     auto again = [&](const ExprP& x) { return simplify(x, memo); };
     if (e->kind == EK::CHECK) {
         Range r = range_of(e->src[0]);
@@ -2278,10 +2827,10 @@ static ExprP simplify_node(const ExprP& e, std::unordered_map<const Expr*, ExprP
     return again(ix_add(quotient.build(), ex_alu(Op::IDIV, DType::INDEX, {rest_e, ix(c)})));
 }
 
-static ExprP simplify(const ExprP& e, std::unordered_map<const Expr*, ExprP>& memo) {
+static ExprP simplify(const ExprP& e, SimplifyMemo& memo) {
     if (!e) return e;
     auto it = memo.find(e.get());
-    if (it != memo.end()) return it->second;
+    if (it != memo.end()) return it->second.second;
     ExprP cur = e;
     if (!e->src.empty()) {
         std::vector<ExprP> src;
@@ -2297,21 +2846,23 @@ static ExprP simplify(const ExprP& e, std::unordered_map<const Expr*, ExprP>& me
         }
     }
     ExprP out = simplify_node(cur, memo);
-    memo[e.get()] = out;
+    memo[e.get()] = {e, out};
     return out;
 }
 
-static void simplify_stmts(std::vector<Stmt>& body, std::unordered_map<const Expr*, ExprP>& memo) {
+static void simplify_stmts(std::vector<Stmt>& body, SimplifyMemo& memo) {
     for (Stmt& st : body) {
         st.idx = simplify(st.idx, memo);
         st.val = simplify(st.val, memo);
         simplify_stmts(st.body, memo);
     }
+    body.erase(std::remove_if(body.begin(), body.end(), [](const Stmt& st) {   // cannot fail
+        return st.kind == SK::CHECK && st.idx->kind != EK::CHECK;
+    }), body.end());
 }
 
 static void pass_simplify(Program& p) {
-    std::unordered_map<const Expr*, ExprP> memo;   // keys stay alive: the old trees are kept
-    Program old = p;
+    SimplifyMemo memo;
     for (Block& b : p.blocks) simplify_stmts(b.body, memo);
 }
 
@@ -2371,7 +2922,6 @@ struct Interpreter : Executable {
         }
         case EK::ALU: break;
         }
-        if (e.op == Op::WHERE) return eval(*e.src[eval(*e.src[0]) != 0 ? 1 : 2]);   // lazy, like C
         double a[3] = {0, 0, 0};
         for (size_t i = 0; i < e.src.size(); i++) a[i] = eval(*e.src[i]);
         return alu_eval(e.op, e.dtype, a);
@@ -2397,8 +2947,18 @@ struct Interpreter : Executable {
                 break;
             }
             case SK::STORE:
-                store_value(bufs[st.id], prog.buffers[size_t(st.id)].dtype, int64_t(eval(*st.idx)), eval(*st.val));
+            case SK::STORE_ADD: {
+                DType dt = prog.buffers[size_t(st.id)].dtype;
+                int64_t i = int64_t(eval(*st.idx));
+                double v = eval(*st.val);
+                if (st.kind == SK::STORE_ADD) {
+                    double sum[2] = {load_value(bufs[st.id], dt, i), v};
+                    v = alu_eval(Op::ADD, dt, sum);
+                }
+                store_value(bufs[st.id], dt, i, v);
                 break;
+            }
+            case SK::CHECK: eval(*st.idx); break;
             }
         }
     }
@@ -2460,6 +3020,11 @@ static std::string c_expr(const ExprP& e) {
     if (e->op == Op::ADD && e->dtype == DType::BOOL) form = "({0} | {1})";
     if (e->op == Op::MUL && e->dtype == DType::BOOL) form = "({0} & {1})";
     if (e->op == Op::CAST && e->dtype == DType::BOOL) form = "({0} != 0)";
+    // value selects evaluate both sides (every load is in bounds), so a vectorizing compiler
+    // blends instead of using masked loads
+    if (e->op == Op::WHERE && e->dtype != DType::INDEX)
+        form = e->dtype == DType::FLOAT32 ? "tg_wheref({0}, {1}, {2})"
+             : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})" : "tg_wherei({0}, {1}, {2})";
     std::string out;
     for (size_t i = 0; i < form.size(); i++) {
         if (form[i] != '{') { out += form[i]; continue; }
@@ -2495,8 +3060,11 @@ static void c_stmts(const std::vector<Stmt>& body, int depth, std::string& out) 
             break;
         }
         case SK::STORE:
-            out += strf("%sbuf%d[%s] = %s;\n", pad.c_str(), st.id, c_expr(st.idx).c_str(), c_expr(st.val).c_str());
+        case SK::STORE_ADD:
+            out += strf("%sbuf%d[%s] %s %s;\n", pad.c_str(), st.id, c_expr(st.idx).c_str(),
+                        st.kind == SK::STORE ? "=" : "+=", c_expr(st.val).c_str());
             break;
+        case SK::CHECK: out += pad + "(void)" + c_expr(st.idx) + ";\n"; break;
         }
     }
 }
@@ -2512,7 +3080,7 @@ static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads, 
     for (const Stmt& st : body) {
         block_uses(st.idx, reads, checks);
         block_uses(st.val, reads, checks);
-        if (st.kind == SK::STORE) writes[size_t(st.id)] = true;
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD) writes[size_t(st.id)] = true;
         block_uses(st.body, reads, writes, checks);
     }
 }
@@ -2527,6 +3095,9 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    return 0;\n"
      "}\n"},
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
+    {"tg_wheref(", "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
+    {"tg_whered(", "static inline double tg_whered(int c, double a, double b) { return c ? a : b; }\n"},
+    {"tg_wherei(", "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) { return c ? a : b; }\n"},
 };
 
 static std::string render_c(const Program& p) {
@@ -2687,13 +3258,28 @@ static void keep_artifacts(const Program& p, const std::string& graph, const std
     if (!c_source.empty()) write_file_atomic(stem + ".c", c_source);
 }
 
-static void realize_nodes(const std::vector<NodeP>& targets) {
+// What one run of a program used: the jit keeps it to run the program again.
+struct ProgramRun {
+    std::shared_ptr<Executable> exe;
+    Program prog;
+    std::vector<std::shared_ptr<Buffer>> buffers;   // per program buffer
+    std::unordered_map<Node*, int> buffer_ids;
+    std::vector<NodeP> targets;
+};
+
+static void check_errors(const Program& prog, const int64_t* err) {
+    if (err[0]) fail(prog.checks[size_t(err[0] - 1)] + strf(": got %lld", (long long)err[1]));
+}
+
+static ProgramRun run_program(std::vector<NodeP> targets) {
     auto t0 = std::chrono::steady_clock::now();
     int debug = debug_level();
+    ProgramRun run;
     Schedule sched = sched_build(targets);                       // 1. kernels and buffers
-    if (sched.kernels.empty()) return;
-    std::unordered_map<Node*, int> buffer_ids;
-    Program prog = lower_schedule(sched, buffer_ids);            // 2. loop IR
+    run.targets = sched.targets;
+    if (sched.kernels.empty()) return run;
+    Program& prog = run.prog;
+    prog = lower_schedule(sched, run.buffer_ids);                // 2. loop IR
     std::string before = debug >= 2 ? program_listing(prog) : "";
     run_passes(prog);                                            // 3. passes
     Device& dev = default_device();
@@ -2707,29 +3293,32 @@ static void realize_nodes(const std::vector<NodeP>& targets) {
         keep_artifacts(prog, graph_listing(sched.targets), "before passes:\n" + before + "\nafter passes:\n" + ir, c_source);
     }
     Stats at_start = stats();
-    std::shared_ptr<Executable> exe = dev.prepare(prog);        // 4. compile (or interpret)
-    std::vector<std::shared_ptr<Buffer>> bufs(prog.buffers.size());
+    run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
     std::vector<void*> ptrs(prog.buffers.size());
-    for (auto& [node, id] : buffer_ids) {                        // 5. allocate
-        auto& pb = prog.buffers[size_t(id)];
-        bufs[size_t(id)] = node->buffer ? node->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
-        ptrs[size_t(id)] = bufs[size_t(id)]->ptr;
+    run.buffers.resize(prog.buffers.size());
+    for (size_t i = 0; i < prog.buffers.size(); i++) {           // 5. allocate
+        Node* owner = prog.buffer_nodes[i];
+        auto& pb = prog.buffers[i];
+        run.buffers[i] = owner->buffer ? owner->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
+        ptrs[i] = run.buffers[i]->ptr;
     }
     int64_t err[2] = {0, 0};
     auto t_run = std::chrono::steady_clock::now();
-    exe->run(ptrs.data(), err);                                  // 6. run
+    run.exe->run(ptrs.data(), err);                              // 6. run
     double run_s = seconds_since(t_run);
     {
         std::lock_guard<std::mutex> lock(runtime_mutex);
         global_stats.programs_run++;
         global_stats.run_seconds += run_s;
     }
-    if (err[0]) fail(prog.checks[size_t(err[0] - 1)] + strf(": got %lld", (long long)err[1]));
+    check_errors(prog, err);
     for (const NodeP& t : sched.targets) {                       // 7. results become buffers
-        t->buffer = bufs[size_t(buffer_ids.at(t.get()))];
-        t->op = Op::BUFFER;
-        t->src.clear();
-        t->arg.clear();
+        t->buffer = run.buffers[size_t(run.buffer_ids.at(t.get()))];
+        if (!t->requires_grad) {   // its history is needed only for gradients
+            t->op = Op::BUFFER;
+            t->src.clear();
+            t->arg.clear();
+        }
     }
     if (debug >= 1) {
         Stats now = stats();
@@ -2740,9 +3329,114 @@ static void realize_nodes(const std::vector<NodeP>& targets) {
                      (long long)(now.memory_cache_hits - at_start.memory_cache_hits),
                      now.compile_seconds - at_start.compile_seconds, run_s * 1e3, seconds_since(t0) * 1e3);
     }
+    return run;
 }
 
+// realize: the targets plus whatever backward() left pending, in one program (or, while a
+// jit traces, noted for the jit's program). now skips the jit: for storage made on the way.
+static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
+    std::vector<NodeP> all = targets;
+    if (!now) {
+        all.insert(all.end(), pending_targets.begin(), pending_targets.end());
+        pending_targets.clear();
+        if (jit_capture) {
+            jit_capture->insert(jit_capture->end(), all.begin(), all.end());
+            return;
+        }
+    }
+    run_program(all);
+}
+
+static std::shared_ptr<Buffer> copy_buffer(const Buffer& b) {
+    auto out = std::make_shared<Buffer>(b.device, b.dtype, b.numel);
+    std::vector<char> host(b.bytes());
+    b.device->copy_out(host.data(), b.ptr, b.bytes());
+    out->device->copy_in(out->ptr, host.data(), b.bytes());
+    return out;
+}
 }  // namespace detail
+
+// ---- [JIT] trace a step once, then run its program ------------------------------------ >>jit
+struct Jit::State {
+    Step step;
+    bool traced = false;
+    ProgramRun run;                      // the traced program and every buffer it used
+    std::vector<int> input_slots;        // program buffer of each input (-1: unused)
+    std::vector<Shape> input_shapes;
+    std::vector<DType> input_dtypes;
+    NodeP output;                        // the traced output (a BUFFER after the first run)
+    int output_slot = -1;
+    int64_t replays = 0;
+};
+
+Jit::Jit(Step step) : state_(std::make_shared<State>()) { state_->step = std::move(step); }
+int64_t Jit::replays() const { return state_->replays; }
+
+Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
+    State& st = *state_;
+    for (const Tensor& x : inputs)
+        if (!x.realized()) realize_nodes({x.node()}, true);
+    if (!st.traced) {
+        std::vector<NodeP> captured;
+        jit_capture = &captured;
+        Tensor out;
+        try {
+            out = st.step(inputs);
+        } catch (...) {
+            jit_capture = nullptr;
+            pending_targets.clear();
+            throw;
+        }
+        jit_capture = nullptr;
+        if (!out.defined()) fail("jit: the step function returned an undefined tensor");
+        captured.insert(captured.end(), pending_targets.begin(), pending_targets.end());
+        pending_targets.clear();
+        captured.push_back(out.node());
+        st.run = run_program(captured);
+        for (const Tensor& x : inputs) {
+            auto it = st.run.buffer_ids.find(x.node().get());
+            st.input_slots.push_back(it == st.run.buffer_ids.end() ? -1 : it->second);
+            st.input_shapes.push_back(x.shape());
+            st.input_dtypes.push_back(x.dtype());
+        }
+        st.output = out.node();
+        auto it = st.run.buffer_ids.find(st.output.get());
+        st.output_slot = it == st.run.buffer_ids.end() ? -1 : it->second;
+        st.traced = true;
+        NodeP n = node_make(Op::BUFFER, out.dtype(), out.shape(), {}, out.node()->loc);
+        n->buffer = copy_buffer(*out.node()->buffer);
+        return wrap(n);
+    }
+    if (inputs.size() != st.input_shapes.size())
+        fail(strf("jit: traced with %zu inputs, called with %zu", st.input_shapes.size(), inputs.size()));
+    for (size_t i = 0; i < inputs.size(); i++)
+        if (inputs[i].shape() != st.input_shapes[i] || inputs[i].dtype() != st.input_dtypes[i])
+            fail(strf("jit: input %zu is %s %s, traced as %s %s", i, dtype_name(inputs[i].dtype()),
+                      shape_str(inputs[i].shape()).c_str(), dtype_name(st.input_dtypes[i]),
+                      shape_str(st.input_shapes[i]).c_str()));
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<void*> ptrs;
+    for (auto& b : st.run.buffers) ptrs.push_back(b->ptr);
+    for (size_t i = 0; i < inputs.size(); i++)
+        if (st.input_slots[i] >= 0) ptrs[size_t(st.input_slots[i])] = inputs[i].node()->buffer->ptr;
+    int64_t err[2] = {0, 0};
+    if (st.run.exe) st.run.exe->run(ptrs.data(), err);
+    check_errors(st.run.prog, err);
+    double run_s = seconds_since(t0);
+    {
+        std::lock_guard<std::mutex> lock(runtime_mutex);
+        global_stats.programs_run++;
+        global_stats.run_seconds += run_s;
+    }
+    st.replays++;
+    if (debug_level() >= 1)
+        std::fprintf(stderr, "[tg] jit %-24s replay %lld  compiles 0  run %.3f ms\n",
+                     st.run.prog.name.c_str(), (long long)st.replays, run_s * 1e3);
+    const Buffer& result = st.output_slot >= 0 ? *st.run.buffers[size_t(st.output_slot)] : *st.output->buffer;
+    NodeP n = node_make(Op::BUFFER, st.output->dtype, st.output->shape, {}, st.output->loc);
+    n->buffer = copy_buffer(result);
+    return wrap(n);
+}
 
 Stats stats() {
     std::lock_guard<std::mutex> lock(detail::runtime_mutex);
@@ -2776,11 +3470,13 @@ Tensor& Tensor::realize() {
     return *this;
 }
 
-// ---- [DATA] reading results: item, to_vector, printing --------------------------------- >>data
+// ---- [READ] reading results: item, to_vector, printing --------------------------------- >>read
 
 namespace detail {
 std::vector<double> tensor_values(const Tensor& t) {
     const NodeP& n = t.node();
+    if (jit_capture)
+        fail("a jitted function cannot read values (item, to_vector, printing): return the tensor");
     if (!n->buffer) realize_nodes({n});
     Buffer& b = *n->buffer;
     std::vector<char> raw(b.bytes());
@@ -2790,24 +3486,32 @@ std::vector<double> tensor_values(const Tensor& t) {
     return out;
 }
 
-// PyTorch's layout: 4 decimals (or scientific notation for wide ranges), columns aligned,
-// at most 1000 elements before the middle of long axes is elided.
+// PyTorch's layout: floats with 4 decimals, or "1." when all are integers, or scientific
+// notation when the magnitudes span more than 1000×; columns right-aligned to the widest
+// finite value; lines wrapped at 80 columns; the middle of axes elided past 1000 elements.
 static std::string format_tensor(const Tensor& t) {
     std::vector<double> v = tensor_values(t);
     DType dt = t.dtype();
     const Shape& shape = t.shape();
+    Shape st = contiguous_strides(shape);
     bool summarize = v.size() > 1000;
+    auto shown = [&](size_t dim, int64_t i) { return !summarize || shape[dim] <= 6 || i < 3 || i >= shape[dim] - 3; };
+    std::vector<double> visible;   // the values printed, which decide the format
+    std::function<void(size_t, int64_t)> collect = [&](size_t dim, int64_t offset) {
+        if (dim == shape.size()) { visible.push_back(v[size_t(offset)]); return; }
+        for (int64_t i = 0; i < shape[dim]; i++)
+            if (shown(dim, i)) collect(dim + 1, offset + i * st[dim]);
+    };
+    if (!v.empty()) collect(0, 0);
     bool ints = true, sci = false;
     double max_abs = 0, min_abs = INFINITY;
-    for (double x : v) {
-        if (!std::isfinite(x)) continue;
+    for (double x : visible) {
+        if (!std::isfinite(x) || x == 0) continue;
         ints = ints && x == std::floor(x);
         max_abs = std::max(max_abs, std::fabs(x));
-        if (x != 0) min_abs = std::min(min_abs, std::fabs(x));
+        min_abs = std::min(min_abs, std::fabs(x));
     }
-    if (dtype_is_float(dt) && !ints)
-        sci = max_abs >= 1e8 || (min_abs < 1e-4) || (min_abs > 0 && max_abs / min_abs > 1000);
-    if (dtype_is_float(dt) && ints) sci = max_abs >= 1e8;
+    if (max_abs > 0) sci = max_abs / min_abs > 1000 || max_abs > 1e8 || (!ints && min_abs < 1e-4);
     auto fmt = [&](double x) -> std::string {
         if (dt == DType::BOOL) return x != 0 ? "True" : "False";
         if (!dtype_is_float(dt)) return strf("%lld", (long long)x);
@@ -2818,31 +3522,35 @@ static std::string format_tensor(const Tensor& t) {
         return strf("%.4f", x);
     };
     size_t width = 0;
-    for (double x : v) width = std::max(width, fmt(x).size());
-    Shape st = contiguous_strides(shape);
+    for (double x : visible)
+        if (!dtype_is_float(dt) || (std::isfinite(x) && (x != 0 || max_abs == 0))) width = std::max(width, fmt(x).size());
+    auto cell = [&](double x) {
+        std::string s = fmt(x);
+        return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
+    };
     std::function<std::string(size_t, int64_t)> rec = [&](size_t dim, int64_t offset) -> std::string {
-        if (dim == shape.size()) {
-            std::string s = fmt(v[size_t(offset)]);
-            return std::string(width - s.size(), ' ') + s;
-        }
-        std::string sep = dim + 1 == shape.size()
-                              ? ", "
-                              : "," + std::string(shape.size() - dim - 1, '\n') + std::string(8 + dim, ' ');
-        std::string out = "[";
+        if (dim == shape.size()) return cell(v[size_t(offset)]);
         int64_t n = shape[dim];
-        // the last axis wraps to lines of at most 80 columns, like PyTorch
-        size_t per_line = std::max<size_t>(1, (80 - 8 - dim) / (width + 2)), on_line = 0;
-        std::string wrap = ",\n" + std::string(8 + dim, ' ');
+        size_t indent = 7 + dim;   // "tensor(" and one column per enclosing bracket
+        std::vector<std::string> parts;
         for (int64_t i = 0; i < n; i++) {
-            if (summarize && n > 6 && i == 3) {
-                out += "..." + sep;
-                i = n - 3;
+            if (!shown(dim, i)) {
+                parts.push_back(dim + 1 == shape.size() ? " ..." : "...");
+                i = n - 4;
+                continue;
             }
-            out += rec(dim + 1, offset + i * st[dim]);
-            if (i + 1 == n) break;
-            bool full = dim + 1 == shape.size() && ++on_line == per_line;
-            out += full ? wrap : sep;
-            if (full) on_line = 0;
+            parts.push_back(rec(dim + 1, offset + i * st[dim]));
+        }
+        std::string out = "[";
+        if (dim + 1 == shape.size()) {   // the last axis wraps to lines of at most 80 columns
+            size_t per_line = std::max<size_t>(1, (80 - indent) / (width + 2));
+            for (size_t i = 0; i < parts.size(); i++) {
+                if (i) out += i % per_line ? ", " : ",\n" + std::string(indent + 1, ' ');
+                out += parts[i];
+            }
+        } else {
+            std::string sep = "," + std::string(shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
+            for (size_t i = 0; i < parts.size(); i++) out += (i ? sep : "") + parts[i];
         }
         return out + "]";
     };
@@ -2862,6 +3570,536 @@ double Tensor::item() const {
 }
 std::string Tensor::to_string() const { return format_tensor(*this); }
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+
+// ---- [NN] layers, initialisers, losses ------------------------------------------------ >>nn
+// Compositions of the Tensor API only. Parameters are realized leaves that require grad.
+namespace nn {
+namespace init {
+Tensor uniform(const Shape& shape, double low, double high, uint64_t seed) {
+    return detail::add_c(detail::mul_c(Tensor::rand(shape, seed), high - low, {}), low, {});
+}
+// bound √(6/fan_in): uniform with the variance 2/fan_in that keeps ReLU activations steady
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed) {
+    double b = std::sqrt(6.0 / double(fan_in));
+    return uniform(shape, -b, b, seed);
+}
+Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed) {
+    return detail::mul_c(Tensor::randn(shape, seed), std::sqrt(2.0 / double(fan_in)), {});
+}
+// bound √(6/(fan_in + fan_out)): variance 2/(fan_in + fan_out)
+Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
+    double b = std::sqrt(6.0 / double(fan_in + fan_out));
+    return uniform(shape, -b, b, seed);
+}
+Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
+    return detail::mul_c(Tensor::randn(shape, seed), std::sqrt(2.0 / double(fan_in + fan_out)), {});
+}
+}  // namespace init
+
+Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias(bias) {
+    if (in <= 0 || out <= 0) detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in, (long long)out));
+    in_features = in;
+    // PyTorch's default: U(-1/√in, 1/√in) for the weight and the bias
+    double b = 1 / std::sqrt(double(in));
+    weight = init::uniform({out, in}, -b, b).requires_grad();
+    if (has_bias) this->bias = init::uniform({out}, -b, b).requires_grad();
+}
+Linear::Linear(int64_t out) : out_features(out) {
+    if (out <= 0) detail::fail(strf("Linear: out_features must be positive, got %lld", (long long)out));
+}
+Tensor Linear::forward(const Tensor& x) {
+    if (x.ndim() == 0) detail::fail("Linear: input must have at least one axis");
+    if (in_features < 0) *this = Linear(x.size(-1), out_features, has_bias);
+    if (x.size(-1) != in_features)
+        detail::fail(strf("Linear: input %s does not end in in_features %lld",
+                          shape_str(x.shape()).c_str(), (long long)in_features));
+    Tensor y = x.matmul(weight.transpose(0, 1));
+    return has_bias ? y + bias : y;
+}
+std::vector<Tensor> Linear::parameters() {
+    if (!weight.defined()) return {};
+    return has_bias ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight};
+}
+
+Embedding::Embedding(int64_t num, int64_t dim) : weight(Tensor::randn({num, dim}).requires_grad()) {}
+Tensor Embedding::forward(const Tensor& ids) { return weight[ids]; }
+
+LayerNorm::LayerNorm(int64_t dim, double e)
+    : eps(e), weight(Tensor::ones({dim}).requires_grad()), bias(Tensor::zeros({dim}).requires_grad()) {}
+Tensor LayerNorm::forward(const Tensor& x) {
+    Tensor centered = x - x.mean(-1, true);
+    Tensor var = (centered * centered).mean(-1, true);
+    return centered * (var + eps).rsqrt() * weight + bias;
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> layer) {
+    layers.push_back(std::move(layer));
+    return *this;
+}
+Tensor Sequential::forward(const Tensor& x) {
+    Tensor y = x;
+    for (auto& l : layers) y = l->forward(y);
+    return y;
+}
+std::vector<Tensor> Sequential::parameters() {
+    std::vector<Tensor> out;
+    for (auto& l : layers)
+        for (Tensor& p : l->parameters()) out.push_back(p);
+    return out;
+}
+
+static Tensor reduce_loss(const Tensor& per_item, Reduction r) {
+    if (r == Reduction::MEAN) return per_item.mean();
+    if (r == Reduction::SUM) return per_item.sum();
+    return per_item;
+}
+static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
+    if (a.shape() != b.shape())
+        detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str()));
+}
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r) {
+    if (target.dtype() != DType::INT32)
+        detail::fail(strf("cross_entropy: targets must be int32 class indices, got %s", dtype_name(target.dtype())));
+    Shape lead(logits.shape().begin(), logits.shape().end() - (logits.ndim() ? 1 : 0));
+    if (logits.ndim() == 0 || target.shape() != lead)
+        detail::fail(strf("cross_entropy: logits %s need targets of shape %s, got %s", shape_str(logits.shape()).c_str(),
+                          shape_str(lead).c_str(), shape_str(target.shape()).c_str()));
+    Tensor picked = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
+    return reduce_loss(-picked, r);
+}
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, Reduction r) {
+    check_same_shape("binary_cross_entropy_with_logits", x, t);
+    return reduce_loss(x.relu() - x * t + ((-x.abs()).exp() + 1.0f).log(), r);
+}
+Tensor mse_loss(const Tensor& p, const Tensor& t, Reduction r) {
+    check_same_shape("mse_loss", p, t);
+    Tensor d = p - t;
+    return reduce_loss(d * d, r);
+}
+Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r) {
+    check_same_shape("hinge_loss", s, y);
+    return reduce_loss((1.0f - y * s).relu(), r);
+}
+}  // namespace nn
+
+// ---- [OPTIM] optimizers -------------------------------------------------------------- >>optim
+// step() builds every update as an assignment (in the UPDATE phase, tracking no gradients) and
+// realizes them together, with whatever backward() left pending, as one program. State lives
+// in realized tensors, so a jitted step replays it correctly.
+namespace optim {
+static Tensor scalar_tensor(double v) { return Tensor::from_vector(std::vector<float>{float(v)}, {}); }
+
+Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate) : params(std::move(ps)), lr(scalar_tensor(learning_rate)) {
+    for (const Tensor& p : params)
+        if (!p.tracks_grad()) detail::fail("optimizer: a parameter does not require grad (call requires_grad())");
+}
+void Optimizer::step() {
+    std::vector<Tensor> assigns;
+    {
+        NoGrad no_grad;
+        detail::PhaseScope phase(detail::Phase::UPDATE);
+        assigns = updates();
+    }
+    realize(assigns);
+}
+void Optimizer::zero_grad() {
+    for (Tensor& p : params) p.zero_grad();
+}
+void Optimizer::set_lr(double value) {
+    float v = float(value);
+    lr.node()->buffer->device->copy_in(lr.node()->buffer->ptr, &v, sizeof v);
+}
+
+SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bool nest)
+    : Optimizer(std::move(ps), learning_rate), momentum(mom), weight_decay(wd), nesterov(nest) {
+    if (momentum != 0)
+        for (const Tensor& p : params) buffers.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+}
+std::vector<Tensor> SGD::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        if (!g.defined()) continue;
+        Tensor d = weight_decay != 0 ? g + p * float(weight_decay) : g;
+        if (momentum != 0) {
+            Tensor b = buffers[i].assign(buffers[i] * float(momentum) + d);
+            out.push_back(b);
+            d = nesterov ? d + b * float(momentum) : b;
+        }
+        out.push_back(p.assign(p - lr * d));
+    }
+    return out;
+}
+
+Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e, double wd, bool dec)
+    : Optimizer(std::move(ps), learning_rate), beta1(b1), beta2(b2), eps(e), weight_decay(wd), decoupled(dec),
+      t(scalar_tensor(0)) {
+    for (const Tensor& p : params) {
+        m.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+        v.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+    }
+}
+std::vector<Tensor> Adam::updates() {
+    Tensor step = t.assign(t + 1.0f);
+    std::vector<Tensor> out{step};
+    // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
+    Tensor c1 = 1.0f - (step * float(std::log2(beta1))).exp2();
+    Tensor c2 = 1.0f - (step * float(std::log2(beta2))).exp2();
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = params[i].grad();
+        if (!g.defined()) continue;
+        if (weight_decay != 0 && !decoupled) g = g + p * float(weight_decay);
+        Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
+        Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
+        Tensor update = (mi / c1) / ((vi / c2).sqrt() + float(eps));
+        if (weight_decay != 0 && decoupled) update = update + p * float(weight_decay);
+        out.insert(out.end(), {mi, vi, p.assign(p - lr * update)});
+    }
+    return out;
+}
+}  // namespace optim
+
+// ---- [DATA] toy datasets and batches --------------------------------------------------- >>data
+namespace data {
+// sklearn's make_moons: the upper half circle (label -1) and a lower one shifted right and down
+// (label +1), n/2 points each, plus Gaussian noise from Tensor::randn
+Dataset moons(int64_t n, double noise, uint64_t seed) {
+    if (n < 2) detail::fail(strf("moons: need at least 2 points, got %lld", (long long)n));
+    int64_t n_out = n / 2, n_in = n - n_out;
+    std::vector<float> xy, labels;
+    for (int64_t i = 0; i < n_out; i++) {
+        double t = detail::PI * double(i) / double(std::max<int64_t>(n_out - 1, 1));
+        xy.insert(xy.end(), {float(std::cos(t)), float(std::sin(t))});
+        labels.push_back(-1);
+    }
+    for (int64_t i = 0; i < n_in; i++) {
+        double t = detail::PI * double(i) / double(std::max<int64_t>(n_in - 1, 1));
+        xy.insert(xy.end(), {float(1 - std::cos(t)), float(1 - std::sin(t) - 0.5)});
+        labels.push_back(1);
+    }
+    Tensor X = Tensor::from_vector(xy, {n, 2}) + Tensor::randn({n, 2}, seed) * float(noise);
+    return {X.realize(), Tensor::from_vector(labels, {n})};
+}
+
+std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed) {
+    if (batch_size <= 0) detail::fail(strf("batches: batch_size must be positive, got %lld", (long long)batch_size));
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) order[size_t(i)] = int32_t(i);
+    uint64_t state = seed;
+    for (size_t i = order.size(); i > 1; i--) {   // Fisher-Yates with splitmix64
+        state = detail::mix_seed(state, i);
+        std::swap(order[i - 1], order[size_t(state % i)]);
+    }
+    std::vector<Tensor> out;
+    for (int64_t b = 0; b + batch_size <= n; b += batch_size)
+        out.push_back(Tensor::from_vector(std::vector<int32_t>(order.begin() + b, order.begin() + b + batch_size)));
+    return out;
+}
+}  // namespace data
+
+// ---- [PLOT] terminal and SVG plots ----------------------------------------------------- >>plot
+namespace plot {
+namespace {
+struct Grid {   // the scorer's sign over a width×height grid covering the points, with a margin
+    double x0, x1, y0, y1;
+    std::vector<float> xs, ys, labels, scores;
+};
+Grid grid_scores(const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h) {
+    Grid g;
+    std::vector<float> pts = X.to_vector();
+    g.labels = Y.to_vector();
+    if (X.ndim() != 2 || X.size(1) != 2 || int64_t(g.labels.size()) != X.size(0))
+        detail::fail(strf("plot: points must be [N,2] with N labels, got %s and %s",
+                          shape_str(X.shape()).c_str(), shape_str(Y.shape()).c_str()));
+    g.x0 = g.y0 = INFINITY;
+    g.x1 = g.y1 = -INFINITY;
+    for (size_t i = 0; i < pts.size(); i += 2) {
+        g.xs.push_back(pts[i]);
+        g.ys.push_back(pts[i + 1]);
+        g.x0 = std::min(g.x0, double(pts[i])), g.x1 = std::max(g.x1, double(pts[i]));
+        g.y0 = std::min(g.y0, double(pts[i + 1])), g.y1 = std::max(g.y1, double(pts[i + 1]));
+    }
+    double mx = 0.05 * (g.x1 - g.x0) + 1e-6, my = 0.05 * (g.y1 - g.y0) + 1e-6;
+    g.x0 -= mx, g.x1 += mx, g.y0 -= my, g.y1 += my;
+    std::vector<float> grid;
+    for (int r = 0; r < h; r++)
+        for (int c = 0; c < w; c++)
+            grid.insert(grid.end(), {float(g.x0 + (c + 0.5) * (g.x1 - g.x0) / w),
+                                     float(g.y1 - (r + 0.5) * (g.y1 - g.y0) / h)});
+    NoGrad no_grad;
+    g.scores = score(Tensor::from_vector(grid, {int64_t(w) * h, 2})).reshape({-1}).to_vector();
+    return g;
+}
+}  // namespace
+
+std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h) {
+    Grid g = grid_scores(score, X, Y, w, h);
+    std::vector<std::string> rows(size_t(h), std::string(size_t(w), ' '));
+    for (int r = 0; r < h; r++)
+        for (int c = 0; c < w; c++) rows[size_t(r)][size_t(c)] = g.scores[size_t(r * w + c)] > 0 ? '*' : '.';
+    for (size_t i = 0; i < g.xs.size(); i++) {
+        int c = int((g.xs[i] - g.x0) / (g.x1 - g.x0) * w), r = int((g.y1 - g.ys[i]) / (g.y1 - g.y0) * h);
+        if (c >= 0 && c < w && r >= 0 && r < h) rows[size_t(r)][size_t(c)] = g.labels[i] > 0 ? '#' : '+';
+    }
+    std::string out;
+    for (auto& row : rows) out += row + "\n";
+    return out;
+}
+
+void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h) {
+    const int cell = 6;
+    Grid g = grid_scores(score, X, Y, w / cell, h / cell);
+    std::string svg = strf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">\n", w, h);
+    for (int r = 0; r < h / cell; r++)
+        for (int c = 0; c < w / cell; c++)
+            svg += strf("<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"/>\n", c * cell, r * cell, cell, cell,
+                        g.scores[size_t(r * (w / cell) + c)] > 0 ? "#fde2c4" : "#cfe3f7");
+    for (size_t i = 0; i < g.xs.size(); i++)
+        svg += strf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", (g.xs[i] - g.x0) / (g.x1 - g.x0) * w,
+                    (g.y1 - g.ys[i]) / (g.y1 - g.y0) * h, g.labels[i] > 0 ? "#d9480f" : "#1864ab");
+    detail::write_file_atomic(path, svg + "</svg>\n");
+}
+
+std::string line_chart(const std::vector<double>& values, int w, int h) {
+    if (values.empty() || w < 2 || h < 2) return "";
+    double lo = *std::min_element(values.begin(), values.end()), hi = *std::max_element(values.begin(), values.end());
+    if (hi == lo) hi = lo + 1;
+    std::vector<std::string> rows(size_t(h), std::string(size_t(w), ' '));
+    for (int c = 0; c < w; c++) {
+        size_t i = values.size() == 1 ? 0 : size_t(double(c) / (w - 1) * double(values.size() - 1) + 0.5);
+        int r = int((hi - values[i]) / (hi - lo) * (h - 1) + 0.5);
+        rows[size_t(r)][size_t(c)] = '*';
+    }
+    std::string out;
+    for (int r = 0; r < h; r++)
+        out += strf("%10.4f |", hi - (hi - lo) * r / (h - 1)) + rows[size_t(r)] + "\n";
+    return out + std::string(11, ' ') + "+" + std::string(size_t(w), '-') + "\n";
+}
+}  // namespace plot
+
+// ---- [SAFETENSORS] save and load named tensors ------------------------------------------ >>safetensors
+// The file is checked completely before any tensor is made: a truncated or malformed file
+// throws and returns nothing. Saving writes a temporary file and renames it.
+namespace safetensors {
+namespace {
+const char* code_of(DType dt) {
+    switch (dt) {
+    case DType::FLOAT32: return "F32";
+    case DType::FLOAT64: return "F64";
+    case DType::INT32: return "I32";
+    case DType::BOOL: return "BOOL";
+    default: return nullptr;
+    }
+}
+
+std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += std::string("\\") + c;
+        else if ((unsigned char)c < 0x20) out += strf("\\u%04x", c);
+        else out += c;
+    }
+    return out + "\"";
+}
+
+// The subset of JSON a safetensors header uses: objects, arrays, strings, integers.
+struct Json {
+    enum Kind { OBJECT, ARRAY, STRING, NUMBER } kind = NUMBER;
+    std::vector<std::pair<std::string, Json>> members;
+    std::vector<Json> items;
+    std::string text;
+    double number = 0;
+    const Json* get(const std::string& key) const {
+        for (auto& [k, v] : members)
+            if (k == key) return &v;
+        return nullptr;
+    }
+};
+
+struct JsonParser {
+    const std::string& s;
+    size_t i = 0;
+    std::string where;
+    [[noreturn]] void bad(const std::string& why) {
+        detail::fail(strf("safetensors: %s: malformed header: %s at byte %zu", where.c_str(), why.c_str(), i));
+    }
+    void space() { while (i < s.size() && std::isspace((unsigned char)s[i])) i++; }
+    void expect(char c) {
+        space();
+        if (i >= s.size() || s[i] != c) bad(strf("expected '%c'", c));
+        i++;
+    }
+    std::string string_value() {
+        expect('"');
+        std::string out;
+        while (true) {
+            if (i >= s.size()) bad("unterminated string");
+            char c = s[i++];
+            if (c == '"') return out;
+            if (c != '\\') { out += c; continue; }
+            if (i >= s.size()) bad("unterminated escape");
+            char e = s[i++];
+            if (e == 'u') {
+                if (i + 4 > s.size()) bad("short \\u escape");
+                unsigned code = unsigned(std::strtoul(s.substr(i, 4).c_str(), nullptr, 16));
+                i += 4;
+                if (code < 0x80) out += char(code);
+                else if (code < 0x800) out += {char(0xC0 | (code >> 6)), char(0x80 | (code & 0x3F))};
+                else out += {char(0xE0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3F)), char(0x80 | (code & 0x3F))};
+            } else {
+                const char* from = "\"\\/bfnrt";
+                const char* to = "\"\\/\b\f\n\r\t";
+                const char* at = std::strchr(from, e);
+                if (!at || !e) bad("bad escape");
+                out += to[at - from];
+            }
+        }
+    }
+    Json value(int depth = 0) {
+        if (depth > 16) bad("nested too deeply");
+        space();
+        if (i >= s.size()) bad("unexpected end");
+        Json v;
+        if (s[i] == '{') {
+            v.kind = Json::OBJECT;
+            i++;
+            space();
+            if (i < s.size() && s[i] == '}') { i++; return v; }
+            while (true) {
+                std::string key = string_value();
+                expect(':');
+                v.members.push_back({key, value(depth + 1)});
+                space();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                expect('}');
+                return v;
+            }
+        }
+        if (s[i] == '[') {
+            v.kind = Json::ARRAY;
+            i++;
+            space();
+            if (i < s.size() && s[i] == ']') { i++; return v; }
+            while (true) {
+                v.items.push_back(value(depth + 1));
+                space();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                expect(']');
+                return v;
+            }
+        }
+        if (s[i] == '"') {
+            v.kind = Json::STRING;
+            v.text = string_value();
+            return v;
+        }
+        char* end = nullptr;
+        v.number = std::strtod(s.c_str() + i, &end);
+        if (end == s.c_str() + i) bad("unexpected character");
+        i = size_t(end - s.c_str());
+        return v;
+    }
+};
+
+int64_t whole_number(const Json* v, JsonParser& p, const std::string& what) {
+    if (!v || v->kind != Json::NUMBER || v->number < 0 || v->number != std::floor(v->number) || v->number > 9e15)
+        p.bad(what + " must be a non-negative integer");
+    return int64_t(v->number);
+}
+}  // namespace
+
+void save(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+    std::string header = "{", body;
+    for (auto& [name, t] : tensors) {
+        const char* code = code_of(t.dtype());
+        if (!code) detail::fail("safetensors: " + path + ": tensor '" + name + "' has an unsupported dtype");
+        std::vector<double> values = detail::tensor_values(t);
+        std::string bytes(size_t(t.numel()) * dtype_size(t.dtype()), '\0');
+        for (size_t i = 0; i < values.size(); i++) detail::store_value(bytes.data(), t.dtype(), int64_t(i), values[i]);
+        std::string shape;
+        for (int64_t d : t.shape()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+        header += strf("%s%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}", header.size() > 1 ? "," : "",
+                       json_string(name).c_str(), code, shape.c_str(), body.size(), body.size() + bytes.size());
+        body += bytes;
+    }
+    header += "}";
+    header.append((8 - header.size() % 8) % 8, ' ');   // the data starts 8-byte aligned
+    std::string file(8, '\0');
+    uint64_t n = header.size();
+    for (int b = 0; b < 8; b++) file[size_t(b)] = char((n >> (8 * b)) & 0xff);   // little-endian
+    detail::write_file_atomic(path, file + header + body);
+}
+
+std::map<std::string, Tensor> load(const std::string& path) {
+    std::string file;
+    if (!detail::read_file(path, file)) detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));
+    if (file.size() < 8) detail::fail(strf("safetensors: %s: file of %zu bytes is too short for a header", path.c_str(), file.size()));
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) n = (n << 8) | uint8_t(file[size_t(b)]);
+    if (n > file.size() - 8)
+        detail::fail(strf("safetensors: %s: header of %llu bytes runs past the end of the %zu-byte file",
+                          path.c_str(), (unsigned long long)n, file.size()));
+    std::string header = file.substr(8, size_t(n));
+    JsonParser p{header, 0, path};
+    Json root = p.value();
+    p.space();
+    if (p.i != header.size()) p.bad("trailing characters");
+    if (root.kind != Json::OBJECT) p.bad("the header is not an object");
+    size_t data_start = 8 + size_t(n), data_size = file.size() - data_start;
+    struct Entry { std::string name; DType dtype; Shape shape; int64_t begin, end; };
+    std::vector<Entry> entries;
+    for (auto& [name, v] : root.members) {
+        if (name == "__metadata__") continue;
+        if (v.kind != Json::OBJECT) p.bad("entry '" + name + "' is not an object");
+        const Json* dt = v.get("dtype");
+        const Json* shape = v.get("shape");
+        const Json* offsets = v.get("data_offsets");
+        if (!dt || dt->kind != Json::STRING) p.bad("entry '" + name + "' has no dtype");
+        Entry e{name, DType::FLOAT32, {}, 0, 0};
+        if (dt->text == "F32") e.dtype = DType::FLOAT32;
+        else if (dt->text == "F64") e.dtype = DType::FLOAT64;
+        else if (dt->text == "I32") e.dtype = DType::INT32;
+        else if (dt->text == "BOOL") e.dtype = DType::BOOL;
+        else p.bad("entry '" + name + "' has unsupported dtype " + dt->text);
+        if (!shape || shape->kind != Json::ARRAY) p.bad("entry '" + name + "' has no shape");
+        for (auto& d : shape->items) e.shape.push_back(whole_number(&d, p, "a size in '" + name + "'"));
+        if (!offsets || offsets->kind != Json::ARRAY || offsets->items.size() != 2)
+            p.bad("entry '" + name + "' needs data_offsets [begin, end]");
+        e.begin = whole_number(&offsets->items[0], p, "data_offsets");
+        e.end = whole_number(&offsets->items[1], p, "data_offsets");
+        int64_t bytes = detail::shape_numel(e.shape) * int64_t(dtype_size(e.dtype));
+        if (e.end < e.begin || e.end - e.begin != bytes)
+            p.bad(strf("entry '%s': data_offsets [%lld, %lld] do not hold %lld bytes of %s %s", name.c_str(),
+                       (long long)e.begin, (long long)e.end, (long long)bytes, dtype_name(e.dtype), shape_str(e.shape).c_str()));
+        if (size_t(e.end) > data_size)
+            detail::fail(strf("safetensors: %s: entry '%s' ends at byte %lld of a %zu-byte data section (truncated file?)",
+                              path.c_str(), name.c_str(), (long long)e.end, data_size));
+        entries.push_back(e);
+    }
+    // the data section is covered exactly, without holes or overlaps
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (auto& e : entries) spans.push_back({e.begin, e.end});
+    std::sort(spans.begin(), spans.end());
+    int64_t covered = 0;
+    for (auto& [b, e] : spans) {
+        if (b != covered) p.bad(strf("data byte ranges overlap or leave a hole at byte %lld", (long long)covered));
+        covered = e;
+    }
+    if (size_t(covered) != data_size)
+        detail::fail(strf("safetensors: %s: %zu bytes of data but the header accounts for %lld", path.c_str(),
+                          data_size, (long long)covered));
+    std::map<std::string, Tensor> out;
+    Device& dev = detail::default_device();
+    for (auto& e : entries) {
+        auto buf = std::make_shared<detail::Buffer>(&dev, e.dtype, detail::shape_numel(e.shape));
+        dev.copy_in(buf->ptr, file.data() + data_start + size_t(e.begin), buf->bytes());
+        detail::NodeP node = detail::node_make(Op::BUFFER, e.dtype, e.shape, {}, {});
+        node->buffer = buf;
+        out[e.name] = Tensor(node);
+    }
+    return out;
+}
+}  // namespace safetensors
 
 }  // namespace tg
 

@@ -1,0 +1,242 @@
+// Every invalid call throws tg::Error, and the message names the op and the shapes involved;
+// calls that take a source location also name the caller's file:line. Shape errors are thrown
+// when the graph is built; an index that is out of range is found when the program runs.
+#include "harness.hpp"
+
+using tg::DType;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+// "test_errors.cpp:<line>", the location a call on that line reports
+std::string at(int line) { return "(at test_errors.cpp:" + std::to_string(line) + ")"; }
+Tensor zeros(const Shape& s) { return Tensor::zeros(s); }
+Tensor ints(const std::vector<int32_t>& v, const Shape& s = {-1}) { return Tensor::from_vector(v, s); }
+}  // namespace
+
+TEST(errors_broadcast_mismatch) {
+    Tensor a = zeros({2, 3}), b = zeros({4});
+    CHECK_THROWS(a + b, "add", "[2,3]", "[4]", "broadcast");
+    CHECK_THROWS(a - b, "sub", "[2,3]", "[4]");
+    CHECK_THROWS(a * b, "mul", "[2,3]", "[4]");
+    CHECK_THROWS(a / b, "div", "[2,3]", "[4]");
+    CHECK_THROWS(a < b, "lt", "[2,3]", "[4]");
+    CHECK_THROWS(a > b, "gt", "[2,3]", "[4]");
+    CHECK_THROWS(a <= b, "le", "[2,3]", "[4]");
+    CHECK_THROWS(a >= b, "ge", "[2,3]", "[4]");
+    CHECK_THROWS(a == b, "eq", "[2,3]", "[4]");
+    CHECK_THROWS(a != b, "ne", "[2,3]", "[4]");
+    CHECK_THROWS(zeros({2, 3, 4}) + zeros({3, 1, 5}), "add", "[2,3,4]", "[3,1,5]");
+    CHECK_THROWS(a.pow(b), "pow", "[2,3]", "[4]");
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(a.maximum(b), "maximum", "[2,3]", "[4]", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a.minimum(b), "minimum", "[2,3]", "[4]", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(tg::where(a > 0, a, b), "where", "[2,3]", "[4]", here.c_str());
+    CHECK_THROWS(tg::where(b > 0, a, 1.0f), "where", "[4]", "[2,3]");
+}
+
+TEST(errors_matmul) {
+    Tensor a = zeros({32, 30}), b = zeros({20, 200});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(a.matmul(b), "matmul", "[32,30]", "[20,200]", "inner dims 30 != 20", "test_errors.cpp", here.c_str());
+    CHECK_THROWS(zeros({3}).matmul(zeros({4})), "matmul", "[3]", "[4]", "inner dims 3 != 4");
+    CHECK_THROWS(zeros({3}).matmul(zeros({4, 5})), "matmul", "[3]", "[4,5]");
+    CHECK_THROWS(zeros({2, 3}).matmul(zeros({2})), "matmul", "[2,3]", "[2]");
+    CHECK_THROWS(Tensor::zeros({}).matmul(zeros({3})), "matmul", "[]", "[3]");
+    // batch axes that cannot broadcast: the message names both operands' shapes
+    CHECK_THROWS(zeros({2, 3, 4}).matmul(zeros({3, 4, 5})), "matmul", "[2,3,4]", "[3,4,5]");
+}
+
+TEST(errors_axis_out_of_range) {
+    Tensor x = zeros({2, 3});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(x.sum(2), "sum", "axis 2", "[2,3]", "out of range", here.c_str());
+    CHECK_THROWS(x.sum(-3), "sum", "axis -3", "[2,3]");
+    CHECK_THROWS(x.sum(std::vector<int>{0, 5}), "sum", "axis 5", "[2,3]");
+    CHECK_THROWS(x.sum(std::vector<int>{1, -1}), "sum", "repeated", "[2,3]");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.max(-3), "max", "axis -3", "[2,3]", here.c_str());
+    CHECK_THROWS(x.min(2), "min", "axis 2", "[2,3]");
+    CHECK_THROWS(x.mean(5), "mean", "axis 5", "[2,3]");
+    CHECK_THROWS(x.argmax(2), "argmax", "axis 2", "[2,3]");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.transpose(0, 2), "transpose", "axis 2", "[2,3]", here.c_str());
+    CHECK_THROWS(x.unsqueeze(3), "unsqueeze", "axis 3", "[2,3]");
+    CHECK_THROWS(x.unsqueeze(-4), "unsqueeze", "axis -4", "[2,3]");
+    CHECK_THROWS(x.squeeze(2), "squeeze", "axis 2", "[2,3]");
+    CHECK_THROWS(x.flatten(0, 2), "flatten", "axis 2", "[2,3]");
+    CHECK_THROWS(x.flip(2), "flip", "axis 2", "[2,3]");
+    CHECK_THROWS(x.softmax(2), "softmax", "axis 2", "[2,3]");
+    CHECK_THROWS(x.log_softmax(-3), "log_softmax", "axis -3", "[2,3]");
+    CHECK_THROWS(x.size(2), "axis 2", "[2,3]");
+    CHECK_THROWS(x.slice(2, 0, 1), "slice", "axis 2", "[2,3]");
+    CHECK_THROWS(tg::cat({x, x}, 2), "cat", "axis 2", "[2,3]");
+    CHECK_THROWS(tg::stack({x, x}, 3), "stack", "axis 3", "[2,3]");
+    CHECK_THROWS(x.gather(2, ints({0, 0, 0, 0, 0, 0}, {2, 3})), "gather", "axis 2", "[2,3]");
+    CHECK_THROWS(x.index_select(-3, ints({0})), "index_select", "axis -3", "[2,3]");
+    CHECK_THROWS(Tensor::zeros({}).sum(1), "sum", "axis 1", "[]");
+}
+
+TEST(errors_reshape_expand_permute) {
+    Tensor x = zeros({2, 3});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(x.reshape({4, 2}), "reshape", "[2,3]", "[4,2]", here.c_str());
+    CHECK_THROWS(x.reshape({4, -1}), "reshape", "[2,3]", "[4,-1]");
+    CHECK_THROWS(x.reshape({-1, -1}), "reshape", "-1");
+    CHECK_THROWS(x.reshape({-2, -3}), "reshape", "negative");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.view({7}), "reshape", "[2,3]", "[7]", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.permute({0, 0}), "permute", "[0,0]", "[2,3]", "not a permutation", here.c_str());
+    CHECK_THROWS(x.permute({0}), "permute", "[0]", "[2,3]");
+    CHECK_THROWS(x.permute({0, 1, 2}), "permute", "[0,1,2]", "[2,3]");
+    CHECK_THROWS(x.permute({0, 2}), "permute", "[0,2]", "[2,3]");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.expand({4, 3}), "expand", "[2,3]", "[4,3]", here.c_str());
+    CHECK_THROWS(x.expand({3}), "expand", "[2,3]", "[3]");
+    CHECK_THROWS(zeros({3, 1}).expand({3, -2}), "expand", "[3,1]");
+}
+
+TEST(errors_einsum) {
+    Tensor a = zeros({2, 3}), b = zeros({4, 5}), c = zeros({3, 5});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(tg::einsum("ij,jk->ik", {a}), "einsum", "ij,jk->ik", "[2,3]", "2 terms for 1 operands", here.c_str());
+    CHECK_THROWS(tg::einsum("ij->ij", {a, c}), "einsum", "1 terms for 2 operands");
+    CHECK_THROWS(tg::einsum("i1,jk->ik", {a, c}), "einsum", "unexpected character '1'");
+    CHECK_THROWS(tg::einsum("ij,jk->ik", {a, b}), "einsum", "[2,3]", "[4,5]", "letter 'j' has sizes 3 and 4");
+    CHECK_THROWS(tg::einsum("ij,jk->iz", {a, c}), "einsum", "output letter 'z' is not in any input");
+    CHECK_THROWS(tg::einsum("ij,jk->ii", {a, c}), "einsum", "output letter 'i' repeated");
+    CHECK_THROWS(tg::einsum("ijk,jk->i", {a, c}), "einsum", "operand 0 has 2 axes, its term names 3");
+    CHECK_THROWS(tg::einsum("ii->i", {a}), "einsum", "letter 'i' has sizes 2 and 3");
+    CHECK_THROWS(tg::einsum("...i...,j->ij", {a, c}), "einsum", "more than one '...'");
+    CHECK_THROWS(tg::einsum("...ij,...jk->...ik", {zeros({2, 2, 3}), zeros({3, 3, 5})}), "einsum", "'...'", "broadcast");
+}
+
+TEST(errors_gather_index_dtype_and_shape) {
+    Tensor src = zeros({3, 4});
+    Tensor fidx = Tensor::from_vector(std::vector<float>{0, 1, 2, 0}, {1, 4});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(src.gather(0, fidx), "gather", "int32", "float32", "[3,4]", "[1,4]", here.c_str());
+    CHECK_THROWS(src.gather(0, fidx.cast(DType::FLOAT64)), "gather", "int32", "float64");
+    CHECK_THROWS(src.gather(0, fidx > 0), "gather", "int32", "bool");
+    CHECK_THROWS(src.index_select(0, Tensor::from_vector(std::vector<float>{0, 1})), "index_select", "int32", "float32");
+    CHECK_THROWS(src[Tensor::from_vector(std::vector<float>{0, 1})], "index", "int32", "float32");
+    CHECK_THROWS(src.gather(0, ints({0, 1, 2})), "gather", "[3]", "[3,4]");          // rank differs
+    CHECK_THROWS(src.gather(0, ints(std::vector<int32_t>(10, 0), {2, 5})), "gather", "[2,5]", "[3,4]");
+    CHECK_THROWS(src.index_select(0, ints({0, 1, 0, 1}, {2, 2})), "index_select", "1-D", "[2,2]");
+}
+
+TEST(errors_gather_index_out_of_range_at_run_time) {
+    Tensor src = Tensor::from_vector(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+    // building the graph is fine: index values are only known when the program runs
+    Tensor g = src.gather(0, ints({0, 1, 3, 2}, {1, 4}));
+    std::string here = at(__LINE__ - 1);
+    CHECK_THROWS(g.to_vector(), "gather", "out of range", "[3,4]", "got 3", here.c_str());
+    Tensor neg = src.gather(1, ints({0, -1, 2}, {1, 3}));
+    CHECK_THROWS(neg.to_vector(), "out of range", "got -1");
+    Tensor sel = src.index_select(1, ints({0, 7}));
+    CHECK_THROWS(sel.realize(), "out of range", "got 7");
+    Tensor C = Tensor::from_vector(std::vector<float>(15, 1.0f), {5, 3});
+    Tensor emb = C[ints({1, 4, 5, 0}, {2, 2})];
+    CHECK(emb.shape() == Shape({2, 2, 3}));
+    CHECK_THROWS(emb.to_vector(), "out of range", "[5,3]", "got 5");
+    // the index is checked whatever the source is: here a constant, and a computed tensor
+    CHECK_THROWS(zeros({5, 3})[ints({1, 4, 5, 0}, {2, 2})].to_vector(), "out of range", "got 5");
+    CHECK_THROWS(zeros({3, 4}).gather(0, ints({0, 1, 3, 2}, {1, 4})).to_vector(), "out of range", "got 3");
+    CHECK_THROWS(Tensor::arange(15).reshape({5, 3})[ints({6})].to_vector(), "out of range", "got 6");
+    CHECK_THROWS(tg::realize({src.gather(0, ints({9, 0, 0, 0}, {1, 4}))}), "out of range", "got 9");
+    // the library stays usable after a failed run
+    Tensor ok = src.gather(0, ints({2, 1, 0, 2}, {1, 4}));
+    CHECK_ALL_NEAR(ok.to_vector(), (std::vector<double>{8, 5, 2, 11}), 0);
+}
+
+TEST(errors_pad_shrink_slice) {
+    Tensor x = zeros({3, 4});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS((x.pad({{-1, 0}, {0, 0}})), "pad", "(-1,0)", "[3,4]", here.c_str());
+    CHECK_THROWS((x.pad({{1, 1}})), "pad", "(1,1)", "[3,4]");
+    CHECK_THROWS((x.pad({{0, 0}, {0, 0}, {1, 1}})), "pad", "[3,4]");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS((x.shrink({{0, 4}, {0, 4}})), "shrink", "(0,4)", "[3,4]", "out of range", here.c_str());
+    CHECK_THROWS((x.shrink({{2, 1}, {0, 4}})), "shrink", "(2,1)", "[3,4]");
+    CHECK_THROWS((x.shrink({{-1, 2}, {0, 4}})), "shrink", "(-1,2)", "[3,4]");
+    CHECK_THROWS((x.shrink({{0, 1}})), "shrink", "[3,4]");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.slice(0, 0, 5), "slice", "[0:5]", "[3,4]", "out of range", here.c_str());
+    CHECK_THROWS(x.slice(1, -6, 2), "slice", "[-6:2]", "[3,4]");
+    CHECK_THROWS(x.slice(0, 2, 1), "slice", "[2:1]", "[3,4]");
+    CHECK_THROWS(x.slice(0, 0, 3, 0), "slice", "step");
+    CHECK_THROWS(x.slice(0, 0, 3, -1), "slice", "step");
+    CHECK_THROWS(x[3], "index", "3", "[3,4]");
+    CHECK_THROWS(x[-4], "index", "-4", "[3,4]");
+    CHECK_THROWS(Tensor::zeros({})[0], "index");
+}
+
+TEST(errors_item_and_queries) {
+    CHECK_THROWS(zeros({2, 3}).item(), "item", "[2,3]", "6 elements");
+    CHECK_THROWS(zeros({0}).item(), "item", "[0]");
+    CHECK_THROWS(Tensor().shape(), "undefined");
+    CHECK_THROWS(Tensor().to_vector(), "undefined");
+    CHECK_THROWS(Tensor() + zeros({2}), "undefined");
+}
+
+TEST(errors_creation) {
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}), "from_vector", "3 values", "[2,2]", here.c_str());
+    CHECK_THROWS(Tensor::from_vector(std::vector<int32_t>{1, 2}, {3}), "from_vector", "2 values", "[3]");
+    CHECK_THROWS(Tensor::from_vector(std::vector<double>{1, 2}, {-1, -2}), "from_vector", "negative");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(Tensor::zeros({-1, 2}), "negative", "[-1,2]", here.c_str());
+    CHECK_THROWS(Tensor::full({2, -3}, 1.0), "full", "negative", "[2,-3]");
+    CHECK_THROWS(Tensor::rand({-4}, 1), "rand", "negative", "[-4]");
+    CHECK_THROWS(Tensor::randn({-4}, 1), "randn", "negative", "[-4]");
+    CHECK_THROWS(Tensor::arange(0, 10, 0), "arange", "step");
+    CHECK_THROWS(Tensor::eye(-1), "eye", "-1");
+}
+
+TEST(errors_dtypes) {
+    Tensor b = zeros({2}) > 0;
+    CHECK_THROWS(b - b, "sub", "bool");
+    CHECK_THROWS(-b, "neg", "bool");
+    CHECK_THROWS(zeros({2}).cast(DType::INDEX), "cast", "index");
+}
+
+TEST(errors_cat_stack) {
+    Tensor a = zeros({2, 3}), b = zeros({2, 4});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(tg::cat({a, b}, 0), "cat", "[2,3]", "[2,4]", here.c_str());
+    CHECK_THROWS(tg::cat({a, zeros({3})}, 0), "cat", "[2,3]", "[3]");
+    CHECK_THROWS(tg::cat({}, 0), "cat");
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(tg::stack({a, zeros({3, 2})}), "stack", "[2,3]", "[3,2]", here.c_str());
+    CHECK_THROWS(tg::stack({}), "stack");
+}
+
+TEST(errors_name_callers_file) {
+    // every method that takes a location reports the caller's file:line
+    Tensor x = zeros({2, 3});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(x.sum(7), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.mean(7), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.reshape({5}), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.matmul(x), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.softmax(3), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.gather(0, x), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.index_select(0, x), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(tg::einsum("ij,jk", {x, x}), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.slice(0, 0, 9), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.flip(5), here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(x.pow(zeros({4})), here.c_str());
+}

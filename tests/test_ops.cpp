@@ -1,0 +1,1479 @@
+// Every op and dtype against a reference computed here, by plain loops in double precision.
+// Inputs come from a small deterministic generator; results are read back with to_vector and
+// compared elementwise (float32: ~1e-5 relative, float64: 1e-12). Several results are realized
+// in one program with tg::realize({...}) to keep the number of compiles small.
+#include "harness.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <sstream>
+
+using tg::DType;
+using tg::Shape;
+using tg::Tensor;
+
+namespace {
+
+using Vec = std::vector<double>;
+using Idx = std::vector<int64_t>;
+
+const double F32 = 1e-5;    // float32 tolerance (relative + absolute)
+const double F64 = 1e-12;   // float64 tolerance
+
+// ---- deterministic inputs -------------------------------------------------------------------
+
+struct Lcg {
+    uint64_t s;
+    explicit Lcg(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+    double next() {   // uniform [0, 1)
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return double(s >> 11) / 9007199254740992.0;
+    }
+};
+
+std::vector<float> randf(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+    Lcg g(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = float(lo + (hi - lo) * g.next());
+    return v;
+}
+std::vector<double> randd(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+    Lcg g(seed);
+    std::vector<double> v(n);
+    for (double& x : v) x = lo + (hi - lo) * g.next();
+    return v;
+}
+std::vector<int32_t> randi(size_t n, uint64_t seed, int lo, int hi) {   // [lo, hi]
+    Lcg g(seed);
+    std::vector<int32_t> v(n);
+    for (int32_t& x : v) x = int32_t(lo + int(g.next() * (hi - lo + 1)));
+    return v;
+}
+template <typename T> Vec D(const std::vector<T>& v) { return Vec(v.begin(), v.end()); }
+Vec vals(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<int> ivals(const Tensor& t) { return t.to_vector<int>(); }
+
+// ---- index helpers ----------------------------------------------------------------------------
+
+int64_t count(const Shape& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+}
+Idx unravel(int64_t flat, const Shape& s) {
+    Idx idx(s.size());
+    for (size_t i = s.size(); i-- > 0;) {
+        idx[i] = flat % s[i];
+        flat /= s[i];
+    }
+    return idx;
+}
+int64_t ravel(const Idx& idx, const Shape& s) {
+    int64_t f = 0;
+    for (size_t i = 0; i < s.size(); i++) f = f * s[i] + idx[i];
+    return f;
+}
+// the value of a (shape sa) seen through NumPy broadcasting at output index idx
+double bread(const Vec& a, const Shape& sa, const Idx& idx) {
+    size_t lead = idx.size() - sa.size();
+    int64_t f = 0;
+    for (size_t i = 0; i < sa.size(); i++) f = f * sa[i] + (sa[i] == 1 ? 0 : idx[lead + i]);
+    return a[size_t(f)];
+}
+Shape bshape(const Shape& a, const Shape& b) {
+    size_t n = std::max(a.size(), b.size());
+    Shape out(n);
+    for (size_t i = 0; i < n; i++) {
+        int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+        int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+        out[i] = da == 1 ? db : da;
+    }
+    return out;
+}
+Vec ref_unary(const Vec& a, const std::function<double(double)>& f) {
+    Vec out;
+    for (double x : a) out.push_back(f(x));
+    return out;
+}
+Vec ref_binary(const Vec& a, const Shape& sa, const Vec& b, const Shape& sb,
+               const std::function<double(double, double)>& f) {
+    Shape s = bshape(sa, sb);
+    Vec out(size_t(count(s)));
+    for (int64_t i = 0; i < count(s); i++) {
+        Idx idx = unravel(i, s);
+        out[size_t(i)] = f(bread(a, sa, idx), bread(b, sb, idx));
+    }
+    return out;
+}
+// reduce over the given (non-negative) axes; the result is in row-major order of the kept axes
+enum class Red { SUM, MAX, MIN, MEAN };
+Vec ref_reduce(const Vec& a, const Shape& s, const std::vector<int>& axes, Red op) {
+    Shape ks = s;
+    for (int ax : axes) ks[size_t(ax)] = 1;
+    size_t n = size_t(count(ks));
+    Vec out(n, op == Red::MAX ? -INFINITY : op == Red::MIN ? INFINITY : 0.0);
+    for (int64_t i = 0; i < count(s); i++) {
+        Idx idx = unravel(i, s);
+        for (int ax : axes) idx[size_t(ax)] = 0;
+        double& o = out[size_t(ravel(idx, ks))];
+        double x = a[size_t(i)];
+        if (op == Red::MAX) o = std::max(o, x);
+        else if (op == Red::MIN) o = std::min(o, x);
+        else o += x;
+    }
+    if (op == Red::MEAN)
+        for (double& o : out) o /= double(count(s) / int64_t(n));
+    return out;
+}
+// a [..., n, k] @ b [..., k, m] with broadcast batch axes (both at least 2-D)
+Vec ref_matmul(const Vec& a, const Shape& sa, const Vec& b, const Shape& sb, Shape* out_shape) {
+    Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2), batch = bshape(ba, bb);
+    int64_t n = sa[sa.size() - 2], k = sa.back(), m = sb.back();
+    Shape os = batch;
+    os.push_back(n);
+    os.push_back(m);
+    Vec out(size_t(count(os)));
+    for (int64_t bi = 0; bi < count(batch); bi++) {
+        Idx bidx = unravel(bi, batch);
+        auto offset = [&](const Shape& bs) {   // flat batch index into an operand
+            size_t lead = batch.size() - bs.size();
+            int64_t f = 0;
+            for (size_t i = 0; i < bs.size(); i++) f = f * bs[i] + (bs[i] == 1 ? 0 : bidx[lead + i]);
+            return f;
+        };
+        int64_t oa = offset(ba) * n * k, ob = offset(bb) * k * m;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < m; j++) {
+                double acc = 0;
+                for (int64_t p = 0; p < k; p++) acc += a[size_t(oa + i * k + p)] * b[size_t(ob + p * m + j)];
+                out[size_t((bi * n + i) * m + j)] = acc;
+            }
+    }
+    if (out_shape) *out_shape = os;
+    return out;
+}
+// permute: out[idx] = a[idx mapped back through order]
+Vec ref_permute(const Vec& a, const Shape& s, const std::vector<int>& order, Shape* out_shape) {
+    Shape os;
+    for (int o : order) os.push_back(s[size_t(o)]);
+    Vec out(a.size());
+    for (int64_t i = 0; i < count(os); i++) {
+        Idx oi = unravel(i, os), si(s.size());
+        for (size_t d = 0; d < order.size(); d++) si[size_t(order[d])] = oi[d];
+        out[size_t(i)] = a[size_t(ravel(si, s))];
+    }
+    if (out_shape) *out_shape = os;
+    return out;
+}
+double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+double gelu_erf(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh(double x) {
+    const double pi = 3.14159265358979323846;
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / pi) * (x + 0.044715 * x * x * x)));
+}
+Shape S(std::initializer_list<int64_t> s) { return Shape(s); }
+
+// Whether x.sum({0, 2}) (a braced list of axes starting with 0) compiles: the list must not be
+// ambiguous with the defaulted source-location argument.
+template <typename T> auto sum_list_ok(int) -> decltype(std::declval<const T&>().sum({0, 2}), true) { return true; }
+template <typename T> bool sum_list_ok(...) { return false; }
+template <typename T> auto max_list_ok(int) -> decltype(std::declval<const T&>().max({0, 1}), true) { return true; }
+template <typename T> bool max_list_ok(...) { return false; }
+
+}  // namespace
+
+// =============================================================================== creation
+
+TEST(ops_zeros_ones_full) {
+    Tensor z = Tensor::zeros({2, 3}), o = Tensor::ones({4}, DType::INT32),
+           f = Tensor::full({2, 2}, 3.5), fi = Tensor::full({3}, 7, DType::INT32),
+           fd = Tensor::full({2}, 0.1, DType::FLOAT64), zs = Tensor::zeros({}),
+           ob = Tensor::ones({2}, DType::BOOL);
+    CHECK(z.shape() == S({2, 3}));
+    CHECK(z.dtype() == DType::FLOAT32);
+    CHECK(o.dtype() == DType::INT32);
+    CHECK(f.dtype() == DType::FLOAT32);
+    CHECK(fi.dtype() == DType::INT32);
+    CHECK(fd.dtype() == DType::FLOAT64);
+    CHECK(ob.dtype() == DType::BOOL);
+    CHECK_EQ(zs.ndim(), 0);
+    tg::realize({z, o, f, fi, fd, zs, ob});
+    CHECK_ALL_NEAR(vals(z), Vec(6, 0.0), 0);
+    CHECK_ALL_NEAR(vals(o), Vec(4, 1.0), 0);
+    CHECK_ALL_NEAR(vals(f), Vec(4, 3.5), 0);
+    CHECK_ALL_NEAR(vals(fi), Vec(3, 7.0), 0);
+    CHECK_ALL_NEAR(vals(fd), Vec(2, 0.1), 1e-16);   // float64 keeps 0.1 exactly as double
+    CHECK_EQ(zs.item(), 0.0);
+    CHECK_ALL_NEAR(ivals(ob), (std::vector<int>{1, 1}), 0);
+}
+
+TEST(ops_arange) {
+    Tensor a = Tensor::arange(5);
+    Tensor b = Tensor::arange(5.0);
+    Tensor c = Tensor::arange(2, 10, 3);
+    Tensor d = Tensor::arange(0.0, 1.0, 0.25);
+    Tensor e = Tensor::arange(5, 0, -2);
+    Tensor f = Tensor::arange(1.5, 4);
+    Tensor g = Tensor::arange(-1.0, 1.0, 0.1);
+    CHECK(a.dtype() == DType::INT32);
+    CHECK(b.dtype() == DType::FLOAT32);
+    CHECK(c.dtype() == DType::INT32);
+    CHECK(d.dtype() == DType::FLOAT32);
+    CHECK(e.dtype() == DType::INT32);
+    CHECK(f.dtype() == DType::FLOAT32);
+    CHECK(c.shape() == S({3}));
+    CHECK(g.shape() == S({20}));
+    CHECK_EQ(Tensor::arange(0).numel(), 0);
+    CHECK_EQ(Tensor::arange(3, 3).numel(), 0);
+    tg::realize({a, b, c, d, e, f, g});
+    CHECK_ALL_NEAR(vals(a), (Vec{0, 1, 2, 3, 4}), 0);
+    CHECK_ALL_NEAR(vals(b), (Vec{0, 1, 2, 3, 4}), 0);
+    CHECK_ALL_NEAR(vals(c), (Vec{2, 5, 8}), 0);
+    CHECK_ALL_NEAR(vals(d), (Vec{0, 0.25, 0.5, 0.75}), 0);
+    CHECK_ALL_NEAR(vals(e), (Vec{5, 3, 1}), 0);
+    CHECK_ALL_NEAR(vals(f), (Vec{1.5, 2.5, 3.5}), 0);
+    Vec want;
+    for (int i = 0; i < 20; i++) want.push_back(-1.0 + 0.1 * i);
+    CHECK_ALL_NEAR(vals(g), want, F32);
+}
+
+TEST(ops_eye) {
+    Tensor a = Tensor::eye(3), b = Tensor::eye(4, DType::INT32), c = Tensor::eye(2, DType::FLOAT64);
+    CHECK(a.shape() == S({3, 3}));
+    CHECK(a.dtype() == DType::FLOAT32);
+    CHECK(b.dtype() == DType::INT32);
+    CHECK(c.dtype() == DType::FLOAT64);
+    tg::realize({a, b, c});
+    auto eye = [](int n) {
+        Vec v;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) v.push_back(i == j);
+        return v;
+    };
+    CHECK_ALL_NEAR(vals(a), eye(3), 0);
+    CHECK_ALL_NEAR(vals(b), eye(4), 0);
+    CHECK_ALL_NEAR(vals(c), eye(2), 0);
+}
+
+TEST(ops_rand) {
+    Tensor a = Tensor::rand({10000}, 42), b = Tensor::rand({10000}, 42), c = Tensor::rand({10000}, 43);
+    Tensor m = Tensor::rand({100, 100}, 42);
+    CHECK(a.dtype() == DType::FLOAT32);
+    CHECK(m.shape() == S({100, 100}));
+    tg::realize({a, b, c, m});
+    Vec va = vals(a), vb = vals(b), vc = vals(c), vm = vals(m);
+    double lo = 1, hi = 0, sum = 0;
+    for (double x : va) { lo = std::min(lo, x); hi = std::max(hi, x); sum += x; }
+    CHECK(lo >= 0);
+    CHECK(hi < 1);
+    CHECK_NEAR(sum / 10000, 0.5, 0.02);
+    CHECK(va == vb);   // same seed, same values
+    CHECK(va == vm);   // the values depend on the seed and the flat index, not the shape
+    int same = 0;
+    for (size_t i = 0; i < va.size(); i++) same += va[i] == vc[i];
+    CHECK(same < 10);  // a different seed gives different values
+    int distinct_neighbours = 0;
+    for (size_t i = 1; i < va.size(); i++) distinct_neighbours += va[i] != va[i - 1];
+    CHECK(distinct_neighbours > 9990);
+    // the default seed comes from a global stream: two calls differ, manual_seed replays
+    tg::manual_seed(7);
+    Tensor d1 = Tensor::rand({64});
+    Tensor d2 = Tensor::rand({64});
+    tg::manual_seed(7);
+    Tensor d3 = Tensor::rand({64});
+    tg::realize({d1, d2, d3});
+    CHECK(vals(d1) != vals(d2));
+    CHECK(vals(d1) == vals(d3));
+}
+
+TEST(ops_randn) {
+    Tensor a = Tensor::randn({10000}, 5), b = Tensor::randn({10000}, 5);
+    CHECK(a.dtype() == DType::FLOAT32);
+    tg::realize({a, b});
+    Vec v = vals(a);
+    double sum = 0, sq = 0;
+    bool finite = true;
+    for (double x : v) { sum += x; finite = finite && std::isfinite(x); }
+    double mean = sum / double(v.size());
+    for (double x : v) sq += (x - mean) * (x - mean);
+    double sd = std::sqrt(sq / double(v.size() - 1));
+    CHECK(finite);
+    CHECK(std::fabs(mean) < 0.05);
+    CHECK(std::fabs(sd - 1) < 0.05);
+    CHECK(v == vals(b));
+    int beyond3 = 0;   // about 0.27% of a normal sample lies beyond 3 sigma
+    for (double x : v) beyond3 += std::fabs(x) > 3;
+    CHECK(beyond3 > 5 && beyond3 < 60);
+}
+
+TEST(ops_from_vector) {
+    Tensor f = Tensor::from_vector(std::vector<float>{1.5f, -2, 3.25f, 4, 5, 6}, {2, 3});
+    Tensor d = Tensor::from_vector(std::vector<double>{0.1, 1e-300, -3});
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{-7, 0, 2147483647, -2147483647 - 1}, {2, 2});
+    CHECK(f.dtype() == DType::FLOAT32);
+    CHECK(d.dtype() == DType::FLOAT64);
+    CHECK(i.dtype() == DType::INT32);
+    CHECK(f.shape() == S({2, 3}));
+    CHECK(d.shape() == S({3}));
+    CHECK(i.shape() == S({2, 2}));
+    CHECK_ALL_NEAR(vals(f), (Vec{1.5, -2, 3.25, 4, 5, 6}), 0);
+    CHECK_ALL_NEAR(vals(d), (Vec{0.1, 1e-300, -3}), 0);
+    CHECK(d.to_vector<double>()[1] == 1e-300);
+    CHECK_ALL_NEAR(i.to_vector<int64_t>(), (std::vector<int64_t>{-7, 0, 2147483647, -2147483648LL}), 0);
+    // one value and no shape: 1-D of size 1, like torch.tensor([x]); shape {} asks for a scalar
+    CHECK(Tensor::from_vector(std::vector<float>{0.5f}).shape() == S({1}));
+    CHECK(Tensor::from_vector(std::vector<int32_t>{3}).shape() == S({1}));
+    Tensor scalar = Tensor::from_vector(std::vector<float>{2.5f}, {});
+    CHECK(scalar.shape() == S({}));
+    CHECK_EQ(scalar.item(), 2.5);
+    // an explicit shape of one element
+    CHECK(Tensor::from_vector(std::vector<double>{2}, {1, 1}).shape() == S({1, 1}));
+    // a computed result of a float64 input stays float64
+    Tensor d2 = d * 3;
+    CHECK(d2.dtype() == DType::FLOAT64);
+    CHECK_ALL_NEAR(vals(d2), (Vec{0.1 * 3, 3e-300, -9}), F64);
+}
+
+// =============================================================================== elementwise
+
+TEST(ops_binary_tensor_tensor) {
+    std::vector<float> av = randf(64, 1, -3, 3), bv = randf(64, 2, 0.5, 4);
+    for (size_t i = 0; i < bv.size(); i += 3) bv[i] = -bv[i];   // some negative divisors
+    Tensor a = Tensor::from_vector(av, {8, 8}), b = Tensor::from_vector(bv, {8, 8});
+    Tensor add = a + b, sub = a - b, mul = a * b, div = a / b;
+    tg::realize({add, sub, mul, div});
+    Vec A = D(av), B = D(bv);
+    Shape s = {8, 8};
+    CHECK(add.shape() == s);
+    CHECK(div.dtype() == DType::FLOAT32);
+    CHECK_ALL_NEAR(vals(add), ref_binary(A, s, B, s, [](double x, double y) { return x + y; }), F32);
+    CHECK_ALL_NEAR(vals(sub), ref_binary(A, s, B, s, [](double x, double y) { return x - y; }), F32);
+    CHECK_ALL_NEAR(vals(mul), ref_binary(A, s, B, s, [](double x, double y) { return x * y; }), F32);
+    CHECK_ALL_NEAR(vals(div), ref_binary(A, s, B, s, [](double x, double y) { return x / y; }), F32);
+}
+
+TEST(ops_binary_float64) {
+    std::vector<double> av = randd(50, 3, -3, 3), bv = randd(50, 4, 0.5, 4);
+    Tensor a = Tensor::from_vector(av), b = Tensor::from_vector(bv);
+    Tensor add = a + b, sub = a - b, mul = a * b, div = a / b, neg = -a, sdiv = 1.0 / b;
+    tg::realize({add, sub, mul, div, neg, sdiv});
+    CHECK(div.dtype() == DType::FLOAT64);
+    Vec A = av, B = bv, r_add, r_sub, r_mul, r_div, r_neg, r_sdiv;
+    for (size_t i = 0; i < A.size(); i++) {
+        r_add.push_back(A[i] + B[i]);
+        r_sub.push_back(A[i] - B[i]);
+        r_mul.push_back(A[i] * B[i]);
+        r_div.push_back(A[i] / B[i]);
+        r_neg.push_back(-A[i]);
+        r_sdiv.push_back(1.0 / B[i]);
+    }
+    CHECK_ALL_NEAR(vals(add), r_add, F64);
+    CHECK_ALL_NEAR(vals(sub), r_sub, F64);
+    CHECK_ALL_NEAR(vals(mul), r_mul, F64);
+    CHECK_ALL_NEAR(vals(div), r_div, F64);
+    CHECK_ALL_NEAR(vals(neg), r_neg, F64);
+    CHECK_ALL_NEAR(vals(sdiv), r_sdiv, F64);
+}
+
+TEST(ops_binary_scalar_both_sides) {
+    std::vector<float> tv = randf(24, 5, 0.5, 3);
+    for (size_t i = 0; i < tv.size(); i += 2) tv[i] = -tv[i];
+    Tensor t = Tensor::from_vector(tv, {4, 6});
+    std::vector<Tensor> outs = {t + 2,    2 + t,    t - 2,    2.0f - t, t * 3,  3 * t,
+                                t / 3,    3 / t,    t + 0.5,  -1.5 * t, 2.5 / t, t - 0.25f};
+    std::vector<std::function<double(double)>> refs = {
+        [](double x) { return x + 2; },   [](double x) { return 2 + x; },
+        [](double x) { return x - 2; },   [](double x) { return 2 - x; },
+        [](double x) { return x * 3; },   [](double x) { return 3 * x; },
+        [](double x) { return x / 3; },   [](double x) { return 3 / x; },
+        [](double x) { return x + 0.5; }, [](double x) { return -1.5 * x; },
+        [](double x) { return 2.5 / x; }, [](double x) { return x - 0.25; }};
+    tg::realize(outs);
+    for (size_t k = 0; k < outs.size(); k++) {
+        CHECK(outs[k].dtype() == DType::FLOAT32);
+        CHECK(outs[k].shape() == S({4, 6}));
+        CHECK_ALL_NEAR(vals(outs[k]), ref_unary(D(tv), refs[k]), F32);
+    }
+}
+
+TEST(ops_unary_minus) {
+    Tensor f = Tensor::from_vector(std::vector<float>{1.5f, -2, 0});
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{3, -4, 0});
+    Tensor nf = -f, ni = -i;
+    CHECK(ni.dtype() == DType::INT32);
+    tg::realize({nf, ni});
+    CHECK_ALL_NEAR(vals(nf), (Vec{-1.5, 2, 0}), 0);
+    CHECK_ALL_NEAR(vals(ni), (Vec{-3, 4, 0}), 0);
+}
+
+TEST(ops_unary_math_float32) {
+    std::vector<float> wide = randf(200, 11, -5, 5), pos = randf(200, 12, 0.05, 20);
+    std::vector<float> trig = randf(200, 13, -7, 7);
+    wide[0] = 0;
+    wide[1] = -0.0f;
+    Tensor w = Tensor::from_vector(wide), p = Tensor::from_vector(pos), tr = Tensor::from_vector(trig);
+    struct Case { const char* name; Tensor out; Vec want; double tol; };
+    Vec W = D(wide), P = D(pos), T = D(trig);
+    std::vector<Case> cases = {
+        {"exp", w.exp(), ref_unary(W, [](double x) { return std::exp(x); }), F32},
+        {"log", p.log(), ref_unary(P, [](double x) { return std::log(x); }), F32},
+        {"exp2", w.exp2(), ref_unary(W, [](double x) { return std::exp2(x); }), F32},
+        {"log2", p.log2(), ref_unary(P, [](double x) { return std::log2(x); }), F32},
+        {"sqrt", p.sqrt(), ref_unary(P, [](double x) { return std::sqrt(x); }), F32},
+        {"rsqrt", p.rsqrt(), ref_unary(P, [](double x) { return 1 / std::sqrt(x); }), F32},
+        {"reciprocal", p.reciprocal(), ref_unary(P, [](double x) { return 1 / x; }), F32},
+        {"sin", tr.sin(), ref_unary(T, [](double x) { return std::sin(x); }), F32},
+        {"cos", tr.cos(), ref_unary(T, [](double x) { return std::cos(x); }), F32},
+        {"tanh", w.tanh(), ref_unary(W, [](double x) { return std::tanh(x); }), F32},
+        {"sigmoid", (w * 2).sigmoid(), ref_unary(W, [](double x) { return sigmoid(2 * x); }), F32},
+        {"relu", w.relu(), ref_unary(W, [](double x) { return x > 0 ? x : 0.0; }), 0},
+        {"gelu", w.gelu(), ref_unary(W, gelu_erf), 1e-6},
+        {"gelu_tanh", w.gelu(true), ref_unary(W, gelu_tanh), F32},
+        {"abs", w.abs(), ref_unary(W, [](double x) { return std::fabs(x); }), 0},
+    };
+    std::vector<Tensor> outs;
+    for (auto& c : cases) outs.push_back(c.out);
+    tg::realize(outs);
+    for (auto& c : cases) {
+        CHECK(c.out.dtype() == DType::FLOAT32);
+        CHECK(c.out.shape() == S({200}));
+        Vec got = vals(c.out);
+        CHECK_EQ(got.size(), c.want.size());
+        for (size_t i = 0; i < got.size() && i < c.want.size(); i++) {
+            if (th::near(got[i], c.want[i], c.tol)) continue;
+            std::ostringstream os;
+            os.precision(9);
+            os << c.name << "(" << W[i] << " / " << P[i] << " / " << T[i] << ") at " << i << ": got "
+               << got[i] << ", want " << c.want[i];
+            th::report(__FILE__, __LINE__, os.str());
+            break;
+        }
+    }
+}
+
+TEST(ops_unary_edge_values) {
+    Tensor x = Tensor::from_vector(std::vector<float>{0, 1, 4, 100});
+    Tensor big = Tensor::from_vector(std::vector<float>{-100, -20, 20, 100});
+    Tensor lg = x.log(), sq = x.sqrt(), sg = big.sigmoid(), th_ = big.tanh(), ex = big.exp();
+    tg::realize({lg, sq, sg, th_, ex});
+    Vec l = vals(lg);
+    CHECK(std::isinf(l[0]) && l[0] < 0);   // log 0 = -inf
+    CHECK_NEAR(l[1], 0, F32);
+    CHECK_ALL_NEAR(vals(sq), (Vec{0, 1, 2, 10}), F32);
+    CHECK_ALL_NEAR(vals(sg), (Vec{sigmoid(-100), sigmoid(-20), sigmoid(20), 1}), F32);
+    CHECK_ALL_NEAR(vals(th_), (Vec{-1, -1, 1, 1}), F32);
+    Vec e = vals(ex);
+    CHECK_NEAR(e[1], std::exp(-20.0), F32);
+    CHECK_NEAR(e[2] / std::exp(20.0), 1, F32);
+    CHECK(std::isinf(e[3]));                // e^100 overflows float32
+}
+
+TEST(ops_unary_math_float64) {
+    std::vector<double> wide = randd(100, 21, -5, 5), pos = randd(100, 22, 0.05, 20);
+    Tensor w = Tensor::from_vector(wide), p = Tensor::from_vector(pos);
+    std::vector<Tensor> outs = {w.exp(), p.log(), p.sqrt(), w.sin(),     w.cos(), w.tanh(),
+                                w.sigmoid(), p.rsqrt(), w.exp2(), p.log2(), w.abs(), w.relu()};
+    std::vector<Vec> want = {
+        ref_unary(wide, [](double x) { return std::exp(x); }),
+        ref_unary(pos, [](double x) { return std::log(x); }),
+        ref_unary(pos, [](double x) { return std::sqrt(x); }),
+        ref_unary(wide, [](double x) { return std::sin(x); }),
+        ref_unary(wide, [](double x) { return std::cos(x); }),
+        ref_unary(wide, [](double x) { return std::tanh(x); }),
+        ref_unary(wide, sigmoid),
+        ref_unary(pos, [](double x) { return 1 / std::sqrt(x); }),
+        ref_unary(wide, [](double x) { return std::exp2(x); }),
+        ref_unary(pos, [](double x) { return std::log2(x); }),
+        ref_unary(wide, [](double x) { return std::fabs(x); }),
+        ref_unary(wide, [](double x) { return std::max(x, 0.0); })};
+    tg::realize(outs);
+    for (size_t k = 0; k < outs.size(); k++) {
+        CHECK(outs[k].dtype() == DType::FLOAT64);
+        CHECK_ALL_NEAR(vals(outs[k]), want[k], F64);
+    }
+    // gelu in float64 is limited by its erf approximation (|error| < 1.5e-7)
+    Tensor g = w.gelu();
+    CHECK(g.dtype() == DType::FLOAT64);
+    CHECK_ALL_NEAR(vals(g), ref_unary(wide, gelu_erf), 1e-6);
+}
+
+TEST(ops_unary_int_inputs) {
+    // transcendental functions of integers give float32; abs/relu/neg keep int32
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{-3, -1, 0, 2, 5});
+    Tensor e = i.exp(), s = i.sqrt(), a = i.abs(), r = i.relu(), sg = i.sigmoid();
+    CHECK(e.dtype() == DType::FLOAT32);
+    CHECK(s.dtype() == DType::FLOAT32);
+    CHECK(sg.dtype() == DType::FLOAT32);
+    CHECK(a.dtype() == DType::INT32);
+    CHECK(r.dtype() == DType::INT32);
+    tg::realize({e, s, a, r, sg});
+    Vec I = {-3, -1, 0, 2, 5};
+    CHECK_ALL_NEAR(vals(e), ref_unary(I, [](double x) { return std::exp(x); }), F32);
+    Vec sv = vals(s);
+    CHECK(std::isnan(sv[0]) && std::isnan(sv[1]));
+    CHECK_NEAR(sv[3], std::sqrt(2.0), F32);
+    CHECK_ALL_NEAR(vals(a), (Vec{3, 1, 0, 2, 5}), 0);
+    CHECK_ALL_NEAR(vals(r), (Vec{0, 0, 0, 2, 5}), 0);
+    CHECK_ALL_NEAR(vals(sg), ref_unary(I, sigmoid), F32);
+}
+
+TEST(ops_pow_tensor_exponent) {
+    std::vector<float> base = {-2, -2, -3, 2, 0, 0, 1.5f, -1.5f, 4, -2, 3, 0.5f, -1, 2};
+    std::vector<float> expo = {3, 2, 0, 0.5f, 0, 2, 2, 2.5f, -0.5f, -1, -2, 3, 7, 10};
+    Tensor b = Tensor::from_vector(base), e = Tensor::from_vector(expo);
+    Tensor p = b.pow(e);
+    CHECK(p.dtype() == DType::FLOAT32);
+    Vec want;
+    for (size_t i = 0; i < base.size(); i++) want.push_back(std::pow(double(base[i]), double(expo[i])));
+    CHECK(std::isnan(want[7]));   // negative base, fractional exponent
+    CHECK_ALL_NEAR(vals(p), want, F32);
+    // float64 and broadcasting of the exponent
+    std::vector<double> bd = randd(12, 31, 0.1, 3);
+    Tensor x = Tensor::from_vector(bd, {3, 4});
+    Tensor ex = Tensor::from_vector(std::vector<double>{0.5, 1, 2, -1.5}, {4});
+    Tensor px = x.pow(ex);
+    CHECK(px.dtype() == DType::FLOAT64);
+    CHECK(px.shape() == S({3, 4}));
+    CHECK_ALL_NEAR(vals(px), ref_binary(bd, {3, 4}, {0.5, 1, 2, -1.5}, {4},
+                                        [](double u, double v) { return std::pow(u, v); }),
+                   F64);
+}
+
+TEST(ops_pow_scalar_exponent) {
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{1, 2, 3, -4, 0});
+    Tensor i2 = i.pow(2), i3 = i.pow(3), i0 = i.pow(0), ih = i.pow(0.5);
+    CHECK(i2.dtype() == DType::INT32);   // int ^ small int stays int32
+    CHECK(i3.dtype() == DType::INT32);
+    CHECK(i0.dtype() == DType::INT32);
+    CHECK(ih.dtype() == DType::FLOAT32);
+    std::vector<float> fv = {0.5f, 1, 2.5f, -1.5f, 3};
+    Tensor f = Tensor::from_vector(fv);
+    Tensor f3 = f.pow(3), fm1 = f.pow(-1), f25 = f.pow(2.5), fh = f.pow(0.5), f0 = f.pow(0), fm2 = f.pow(-2);
+    std::vector<Tensor> outs = {i2, i3, i0, ih, f3, fm1, f25, fh, f0, fm2};
+    tg::realize(outs);
+    CHECK_ALL_NEAR(vals(i2), (Vec{1, 4, 9, 16, 0}), 0);
+    CHECK_ALL_NEAR(vals(i3), (Vec{1, 8, 27, -64, 0}), 0);
+    CHECK_ALL_NEAR(vals(i0), (Vec{1, 1, 1, 1, 1}), 0);
+    Vec h = vals(ih);
+    CHECK_NEAR(h[1], std::sqrt(2.0), F32);
+    CHECK(std::isnan(h[3]));
+    Vec F = D(fv);
+    auto powr = [&](double e) { return ref_unary(F, [e](double x) { return std::pow(x, e); }); };
+    CHECK_ALL_NEAR(vals(f3), powr(3), F32);
+    CHECK_ALL_NEAR(vals(fm1), powr(-1), F32);
+    CHECK_ALL_NEAR(vals(f25), powr(2.5), F32);   // NaN for -1.5
+    CHECK_ALL_NEAR(vals(fh), powr(0.5), F32);
+    CHECK_ALL_NEAR(vals(f0), powr(0), F32);
+    CHECK_ALL_NEAR(vals(fm2), powr(-2), F32);
+}
+
+TEST(ops_maximum_minimum) {
+    std::vector<float> av = randf(30, 41, -2, 2), bv = randf(30, 42, -2, 2);
+    av[3] = bv[3];
+    Tensor a = Tensor::from_vector(av, {5, 6}), b = Tensor::from_vector(bv, {5, 6});
+    Tensor c = Tensor::from_vector(std::vector<float>{-1, 0, 1, 0.5f, -0.5f, 2}, {6});
+    Tensor ia = Tensor::from_vector(std::vector<int32_t>{-5, 3, 7, 0}),
+           ib = Tensor::from_vector(std::vector<int32_t>{2, 3, -8, 1});
+    std::vector<Tensor> outs = {a.maximum(b), a.minimum(b), a.maximum(0.25), a.minimum(-0.5),
+                                a.maximum(c), ia.maximum(ib), ia.minimum(ib), ia.maximum(1)};
+    tg::realize(outs);
+    Vec A = D(av), B = D(bv);
+    auto mx = [](double x, double y) { return std::max(x, y); };
+    auto mn = [](double x, double y) { return std::min(x, y); };
+    CHECK_ALL_NEAR(vals(outs[0]), ref_binary(A, {5, 6}, B, {5, 6}, mx), 0);
+    CHECK_ALL_NEAR(vals(outs[1]), ref_binary(A, {5, 6}, B, {5, 6}, mn), 0);
+    CHECK_ALL_NEAR(vals(outs[2]), ref_unary(A, [](double x) { return std::max(x, 0.25); }), 0);
+    CHECK_ALL_NEAR(vals(outs[3]), ref_unary(A, [](double x) { return std::min(x, -0.5); }), 0);
+    CHECK_ALL_NEAR(vals(outs[4]), ref_binary(A, {5, 6}, {-1, 0, 1, 0.5, -0.5, 2}, {6}, mx), 0);
+    CHECK(outs[5].dtype() == DType::INT32);
+    CHECK(outs[7].dtype() == DType::INT32);
+    CHECK_ALL_NEAR(vals(outs[5]), (Vec{2, 3, 7, 1}), 0);
+    CHECK_ALL_NEAR(vals(outs[6]), (Vec{-5, 3, -8, 0}), 0);
+    CHECK_ALL_NEAR(vals(outs[7]), (Vec{1, 3, 7, 1}), 0);
+}
+
+TEST(ops_where) {
+    std::vector<float> av = randf(12, 51), bv = randf(12, 52);
+    Tensor a = Tensor::from_vector(av, {3, 4}), b = Tensor::from_vector(bv, {3, 4});
+    Tensor cond = a > b;
+    Tensor rowc = Tensor::from_vector(std::vector<int32_t>{1, 0, 1}, {3, 1}) == 1;   // broadcast cond
+    std::vector<Tensor> outs = {tg::where(cond, a, b), tg::where(cond, 1.0f, b), tg::where(cond, a, 0),
+                                tg::where(rowc, a, b), tg::where(a > 0, a, -1.5)};
+    tg::realize(outs);
+    Vec A = D(av), B = D(bv), w0, w1, w2, w3, w4;
+    for (size_t i = 0; i < 12; i++) {
+        bool c = A[i] > B[i], r = (i / 4) != 1;
+        w0.push_back(c ? A[i] : B[i]);
+        w1.push_back(c ? 1.0 : B[i]);
+        w2.push_back(c ? A[i] : 0.0);
+        w3.push_back(r ? A[i] : B[i]);
+        w4.push_back(A[i] > 0 ? A[i] : -1.5);
+    }
+    CHECK(outs[3].shape() == S({3, 4}));
+    CHECK_ALL_NEAR(vals(outs[0]), w0, 0);
+    CHECK_ALL_NEAR(vals(outs[1]), w1, 0);
+    CHECK_ALL_NEAR(vals(outs[2]), w2, 0);
+    CHECK_ALL_NEAR(vals(outs[3]), w3, 0);
+    CHECK_ALL_NEAR(vals(outs[4]), w4, 0);
+    // dtypes: int branches stay int, int/float promote
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{1, 2, 3});
+    Tensor f = Tensor::from_vector(std::vector<float>{0.5f, 1.5f, 2.5f});
+    Tensor m = Tensor::from_vector(std::vector<int32_t>{1, 0, 1}) != 0;
+    Tensor wi = tg::where(m, i, 0), wf = tg::where(m, i, f);
+    CHECK(wi.dtype() == DType::INT32);
+    CHECK(wf.dtype() == DType::FLOAT32);
+    tg::realize({wi, wf});
+    CHECK_ALL_NEAR(vals(wi), (Vec{1, 0, 3}), 0);
+    CHECK_ALL_NEAR(vals(wf), (Vec{1, 1.5, 3}), 0);
+}
+
+TEST(ops_comparisons) {
+    std::vector<float> av = {1, 2, 3, 4, -1, 0, 2.5f, 7}, bv = {1, 3, 2, 4, 0, 0, 2, 8};
+    Tensor a = Tensor::from_vector(av), b = Tensor::from_vector(bv);
+    std::vector<Tensor> outs = {a < b, a <= b, a > b, a >= b, a == b, a != b,
+                                a < 2, 2 < a, a >= 2.5, a == 4, a != 0, 3 > a};
+    tg::realize(outs);
+    for (const Tensor& t : outs) CHECK(t.dtype() == DType::BOOL);
+    std::vector<std::function<bool(double, double)>> f = {
+        [](double x, double y) { return x < y; },  [](double x, double y) { return x <= y; },
+        [](double x, double y) { return x > y; },  [](double x, double y) { return x >= y; },
+        [](double x, double y) { return x == y; }, [](double x, double y) { return x != y; }};
+    for (size_t k = 0; k < f.size(); k++) {
+        std::vector<int> want;
+        for (size_t i = 0; i < av.size(); i++) want.push_back(f[k](av[i], bv[i]));
+        CHECK_ALL_NEAR(ivals(outs[k]), want, 0);
+    }
+    std::vector<std::function<bool(double)>> g = {
+        [](double x) { return x < 2; },   [](double x) { return 2 < x; },
+        [](double x) { return x >= 2.5; }, [](double x) { return x == 4; },
+        [](double x) { return x != 0; },  [](double x) { return 3 > x; }};
+    for (size_t k = 0; k < g.size(); k++) {
+        std::vector<int> want;
+        for (float x : av) want.push_back(g[k](x));
+        CHECK_ALL_NEAR(ivals(outs[6 + k]), want, 0);
+    }
+    // int32 against float scalar, broadcasting comparisons, logical_not
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{1, 2, 3});
+    Tensor c1 = i < 2.5, c2 = i.reshape({3, 1}) == i, c3 = (i > 1).logical_not();
+    CHECK(c2.shape() == S({3, 3}));
+    tg::realize({c1, c2, c3});
+    CHECK_ALL_NEAR(ivals(c1), (std::vector<int>{1, 1, 0}), 0);
+    CHECK_ALL_NEAR(ivals(c2), (std::vector<int>{1, 0, 0, 0, 1, 0, 0, 0, 1}), 0);
+    CHECK_ALL_NEAR(ivals(c3), (std::vector<int>{1, 0, 0}), 0);
+}
+
+// =============================================================================== broadcasting
+
+TEST(ops_broadcasting) {
+    std::vector<float> a31 = randf(3, 61), b4 = randf(4, 62), c234 = randf(24, 63), d31 = randf(3, 64),
+                       e14 = randf(4, 65), f = randf(6, 66);
+    Tensor A = Tensor::from_vector(a31, {3, 1}), B = Tensor::from_vector(b4, {4}),
+           C = Tensor::from_vector(c234, {2, 3, 4}), Dt = Tensor::from_vector(d31, {3, 1}),
+           E = Tensor::from_vector(e14, {1, 4}), F = Tensor::from_vector(f, {2, 3});
+    Tensor s = Tensor::full({}, 2.5);
+    Tensor r1 = A + B, r2 = C * Dt, r3 = E - A, r4 = s * F, r5 = C / (B + 3), r6 = C.maximum(A);
+    tg::realize({r1, r2, r3, r4, r5, r6});
+    CHECK(r1.shape() == S({3, 4}));
+    CHECK(r2.shape() == S({2, 3, 4}));
+    CHECK(r3.shape() == S({3, 4}));
+    CHECK(r4.shape() == S({2, 3}));
+    CHECK(r5.shape() == S({2, 3, 4}));
+    CHECK(r6.shape() == S({2, 3, 4}));
+    auto add = [](double x, double y) { return x + y; };
+    auto mul = [](double x, double y) { return x * y; };
+    CHECK_ALL_NEAR(vals(r1), ref_binary(D(a31), {3, 1}, D(b4), {4}, add), F32);
+    CHECK_ALL_NEAR(vals(r2), ref_binary(D(c234), {2, 3, 4}, D(d31), {3, 1}, mul), F32);
+    CHECK_ALL_NEAR(vals(r3), ref_binary(D(e14), {1, 4}, D(a31), {3, 1}, [](double x, double y) { return x - y; }), F32);
+    CHECK_ALL_NEAR(vals(r4), ref_unary(D(f), [](double x) { return 2.5 * x; }), F32);
+    CHECK_ALL_NEAR(vals(r5), ref_binary(D(c234), {2, 3, 4}, D(b4), {4}, [](double x, double y) { return x / (y + 3); }), F32);
+    CHECK_ALL_NEAR(vals(r6), ref_binary(D(c234), {2, 3, 4}, D(a31), {3, 1}, [](double x, double y) { return std::max(x, y); }), 0);
+}
+
+// =============================================================================== reductions
+
+TEST(ops_reduce_sum_mean) {
+    std::vector<float> xv = randf(60, 71, -2, 2);
+    Shape s = {3, 4, 5};
+    Tensor x = Tensor::from_vector(xv, s);
+    Vec X = D(xv);
+    struct R { Tensor t; Shape shape; Vec want; };
+    std::vector<R> rs = {
+        {x.sum(), {}, ref_reduce(X, s, {0, 1, 2}, Red::SUM)},
+        {x.sum(0), {4, 5}, ref_reduce(X, s, {0}, Red::SUM)},
+        {x.sum(1, true), {3, 1, 5}, ref_reduce(X, s, {1}, Red::SUM)},
+        {x.sum(-1), {3, 4}, ref_reduce(X, s, {2}, Red::SUM)},
+        {x.sum(std::vector<int>{0, 2}), {4}, ref_reduce(X, s, {0, 2}, Red::SUM)},
+        {x.sum({-1, 0}, true), {1, 4, 1}, ref_reduce(X, s, {0, 2}, Red::SUM)},
+        {x.mean(), {}, ref_reduce(X, s, {0, 1, 2}, Red::MEAN)},
+        {x.mean(1), {3, 5}, ref_reduce(X, s, {1}, Red::MEAN)},
+        {x.mean(-3, true), {1, 4, 5}, ref_reduce(X, s, {0}, Red::MEAN)},
+        {x.mean({1, 2}), {3}, ref_reduce(X, s, {1, 2}, Red::MEAN)},
+        {x.mean({0, 1}, true), {1, 1, 5}, ref_reduce(X, s, {0, 1}, Red::MEAN)},
+    };
+    std::vector<Tensor> outs;
+    for (auto& r : rs) outs.push_back(r.t);
+    tg::realize(outs);
+    for (size_t k = 0; k < rs.size(); k++) {
+        CHECK(rs[k].t.shape() == rs[k].shape);
+        CHECK(rs[k].t.dtype() == DType::FLOAT32);
+        CHECK_ALL_NEAR(vals(rs[k].t), rs[k].want, F32);
+    }
+    CHECK_NEAR(rs[0].t.item(), ref_reduce(X, s, {0, 1, 2}, Red::SUM)[0], F32);
+}
+
+TEST(ops_reduce_max_min) {
+    std::vector<float> xv = randf(60, 72, -2, 2);
+    Shape s = {3, 4, 5};
+    Tensor x = Tensor::from_vector(xv, s);
+    Vec X = D(xv);
+    struct R { Tensor t; Shape shape; Vec want; };
+    std::vector<R> rs = {
+        {x.max(), {}, ref_reduce(X, s, {0, 1, 2}, Red::MAX)},
+        {x.max(0), {4, 5}, ref_reduce(X, s, {0}, Red::MAX)},
+        {x.max(-2, true), {3, 1, 5}, ref_reduce(X, s, {1}, Red::MAX)},
+        {x.max(std::vector<int>{0, 2}), {4}, ref_reduce(X, s, {0, 2}, Red::MAX)},
+        {x.min(), {}, ref_reduce(X, s, {0, 1, 2}, Red::MIN)},
+        {x.min(2), {3, 4}, ref_reduce(X, s, {2}, Red::MIN)},
+        {x.min(1, true), {3, 1, 5}, ref_reduce(X, s, {1}, Red::MIN)},
+        {x.min({-1, -2}, true), {3, 1, 1}, ref_reduce(X, s, {1, 2}, Red::MIN)},
+    };
+    std::vector<Tensor> outs;
+    for (auto& r : rs) outs.push_back(r.t);
+    tg::realize(outs);
+    for (size_t k = 0; k < rs.size(); k++) {
+        CHECK(rs[k].t.shape() == rs[k].shape);
+        CHECK_ALL_NEAR(vals(rs[k].t), rs[k].want, 0);
+    }
+    // all-negative input: the max is not 0 (the identity must be -inf, not 0)
+    Tensor neg = Tensor::from_vector(std::vector<float>{-3, -1.5f, -2});
+    Tensor pos = Tensor::from_vector(std::vector<float>{3, 1.5f, 2});
+    Tensor nm = neg.max(), pm = pos.min();
+    tg::realize({nm, pm});
+    CHECK_EQ(nm.item(), -1.5);
+    CHECK_EQ(pm.item(), 1.5);
+}
+
+TEST(ops_reduce_axis_list_braces) {
+    // PyTorch users write x.sum({0, 2}); it must pick the list-of-axes overload
+    CHECK(sum_list_ok<Tensor>(0));
+    CHECK(max_list_ok<Tensor>(0));
+}
+
+TEST(ops_reduce_int_and_double) {
+    std::vector<int32_t> iv = randi(24, 73, -50, 50);
+    Tensor i = Tensor::from_vector(iv, {4, 6});
+    std::vector<double> dv = randd(24, 74, -1, 1);
+    Tensor d = Tensor::from_vector(dv, {4, 6});
+    Tensor is = i.sum(1), im = i.max(0), imn = i.min(), imean = i.mean(1), ds = d.sum(0), dm = d.mean();
+    CHECK(is.dtype() == DType::INT32);
+    CHECK(im.dtype() == DType::INT32);
+    CHECK(imn.dtype() == DType::INT32);
+    CHECK(imean.dtype() == DType::FLOAT32);
+    CHECK(ds.dtype() == DType::FLOAT64);
+    CHECK(dm.dtype() == DType::FLOAT64);
+    tg::realize({is, im, imn, imean, ds, dm});
+    Vec I = D(iv);
+    CHECK_ALL_NEAR(vals(is), ref_reduce(I, {4, 6}, {1}, Red::SUM), 0);
+    CHECK_ALL_NEAR(vals(im), ref_reduce(I, {4, 6}, {0}, Red::MAX), 0);
+    CHECK_ALL_NEAR(vals(imn), ref_reduce(I, {4, 6}, {0, 1}, Red::MIN), 0);
+    CHECK_ALL_NEAR(vals(imean), ref_reduce(I, {4, 6}, {1}, Red::MEAN), F32);
+    CHECK_ALL_NEAR(vals(ds), ref_reduce(dv, {4, 6}, {0}, Red::SUM), F64);
+    CHECK_ALL_NEAR(vals(dm), ref_reduce(dv, {4, 6}, {0, 1}, Red::MEAN), F64);
+}
+
+TEST(ops_reduce_large_sum) {
+    std::vector<float> xv = randf(4096, 75, 0, 1);
+    Tensor x = Tensor::from_vector(xv, {64, 64});
+    Tensor all = x.sum(), rows = x.sum(1), m = x.mean();
+    tg::realize({all, rows, m});
+    Vec X = D(xv);
+    CHECK_NEAR(all.item(), ref_reduce(X, {64, 64}, {0, 1}, Red::SUM)[0], 1e-5);
+    CHECK_ALL_NEAR(vals(rows), ref_reduce(X, {64, 64}, {1}, Red::SUM), F32);
+    CHECK_NEAR(m.item(), ref_reduce(X, {64, 64}, {0, 1}, Red::MEAN)[0], F32);
+}
+
+TEST(ops_argmax) {
+    // ties: the first maximum wins
+    std::vector<float> xv = {1, 3, 3, 0, 5, 5, 0, 5, 2, 1, 2, -1};
+    Tensor x = Tensor::from_vector(xv, {3, 4});
+    Tensor all = x.argmax(), a0 = x.argmax(0), a1 = x.argmax(1), a1k = x.argmax(-1, true);
+    Tensor a0k = x.argmax(0, true);
+    CHECK(all.dtype() == DType::INT32);
+    CHECK(a1.dtype() == DType::INT32);
+    CHECK(all.shape() == S({}));
+    CHECK(a0.shape() == S({4}));
+    CHECK(a1.shape() == S({3}));
+    CHECK(a1k.shape() == S({3, 1}));
+    CHECK(a0k.shape() == S({1, 4}));
+    tg::realize({all, a0, a1, a1k, a0k});
+    CHECK_EQ(all.item(), 4.0);   // flat index of the first 5
+    // reference by loops
+    std::vector<int> w0(4), w1(3);
+    for (int j = 0; j < 4; j++)
+        for (int i = 1; i < 3; i++)
+            if (xv[size_t(i * 4 + j)] > xv[size_t(w0[size_t(j)] * 4 + j)]) w0[size_t(j)] = i;
+    for (int i = 0; i < 3; i++)
+        for (int j = 1; j < 4; j++)
+            if (xv[size_t(i * 4 + j)] > xv[size_t(i * 4 + w1[size_t(i)])]) w1[size_t(i)] = j;
+    CHECK_ALL_NEAR(ivals(a0), w0, 0);
+    CHECK_ALL_NEAR(ivals(a1), w1, 0);
+    CHECK_ALL_NEAR(ivals(a1k), w1, 0);
+    CHECK_ALL_NEAR(ivals(a0k), w0, 0);
+    // random data, 3-D, middle axis; int32 input
+    std::vector<float> rv = randf(60, 76);
+    Tensor r = Tensor::from_vector(rv, {3, 4, 5});
+    Tensor ri = Tensor::from_vector(std::vector<int32_t>{4, -2, 9, 9, 1});
+    Tensor am = r.argmax(1), ai = ri.argmax();
+    tg::realize({am, ai});
+    std::vector<int> wm;
+    for (int a = 0; a < 3; a++)
+        for (int c = 0; c < 5; c++) {
+            int best = 0;
+            for (int b = 1; b < 4; b++)
+                if (rv[size_t((a * 4 + b) * 5 + c)] > rv[size_t((a * 4 + best) * 5 + c)]) best = b;
+            wm.push_back(best);
+        }
+    CHECK(am.shape() == S({3, 5}));
+    CHECK_ALL_NEAR(ivals(am), wm, 0);
+    CHECK_EQ(ai.item(), 2.0);
+}
+
+// =============================================================================== movement
+
+TEST(ops_reshape_view) {
+    std::vector<float> xv = randf(24, 81);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 4});
+    Tensor r1 = x.reshape({4, -1}), r2 = x.view({-1}), r3 = x.reshape({3, 8}).reshape({2, 12}),
+           r4 = x.reshape({2, 1, 12, 1});
+    CHECK(r1.shape() == S({4, 6}));
+    CHECK(r2.shape() == S({24}));
+    CHECK(r3.shape() == S({2, 12}));
+    CHECK(r4.shape() == S({2, 1, 12, 1}));
+    Tensor s1 = r1 + 0, s3 = r3 * 1, s4 = r4 + 0;
+    tg::realize({s1, s3, s4});
+    CHECK_ALL_NEAR(vals(s1), D(xv), 0);
+    CHECK_ALL_NEAR(vals(r2), D(xv), 0);
+    CHECK_ALL_NEAR(vals(s3), D(xv), 0);
+    CHECK_ALL_NEAR(vals(s4), D(xv), 0);
+}
+
+TEST(ops_permute_transpose) {
+    std::vector<float> xv = randf(24, 82);
+    Shape s = {2, 3, 4};
+    Tensor x = Tensor::from_vector(xv, s);
+    Vec X = D(xv);
+    Shape ps, ts, t02s, pns;
+    Vec p = ref_permute(X, s, {2, 0, 1}, &ps), t = ref_permute(X, s, {0, 2, 1}, &ts),
+        t02 = ref_permute(X, s, {2, 1, 0}, &t02s), pn = ref_permute(X, s, {1, 2, 0}, &pns);
+    Tensor tp = x.permute({2, 0, 1}), tt = x.transpose(), tt02 = x.transpose(0, 2), tpn = x.permute({-2, -1, 0});
+    tg::realize({tp, tt, tt02, tpn});
+    CHECK(tp.shape() == ps);
+    CHECK(tt.shape() == ts);
+    CHECK(tt02.shape() == t02s);
+    CHECK(tpn.shape() == pns);
+    CHECK_ALL_NEAR(vals(tp), p, 0);
+    CHECK_ALL_NEAR(vals(tt), t, 0);
+    CHECK_ALL_NEAR(vals(tt02), t02, 0);
+    CHECK_ALL_NEAR(vals(tpn), pn, 0);
+    // a reshape of a permuted tensor, then a permute of that
+    Tensor y = x.permute({1, 0, 2}).reshape({6, 4}).transpose();
+    Shape s1;
+    Vec p1 = ref_permute(X, s, {1, 0, 2}, &s1);
+    Vec want = ref_permute(p1, {6, 4}, {1, 0}, nullptr);
+    CHECK(y.shape() == S({4, 6}));
+    CHECK_ALL_NEAR(vals(y), want, 0);
+}
+
+TEST(ops_expand) {
+    std::vector<float> av = randf(3, 83), bv = randf(4, 84);
+    Tensor a = Tensor::from_vector(av, {3, 1}), b = Tensor::from_vector(bv, {4});
+    Tensor e1 = a.expand({3, 4}), e2 = b.expand({2, 3, 4}), e3 = a.expand({2, -1, 5});
+    tg::realize({e1, e2, e3});
+    CHECK(e1.shape() == S({3, 4}));
+    CHECK(e2.shape() == S({2, 3, 4}));
+    CHECK(e3.shape() == S({2, 3, 5}));
+    Vec w1, w2, w3;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) w1.push_back(av[size_t(i)]);
+    for (int k = 0; k < 6; k++)
+        for (int j = 0; j < 4; j++) w2.push_back(bv[size_t(j)]);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 5; j++) w3.push_back(av[size_t(i)]);
+    CHECK_ALL_NEAR(vals(e1), w1, 0);
+    CHECK_ALL_NEAR(vals(e2), w2, 0);
+    CHECK_ALL_NEAR(vals(e3), w3, 0);
+}
+
+TEST(ops_pad_shrink) {
+    std::vector<float> xv = randf(12, 85);
+    Tensor x = Tensor::from_vector(xv, {3, 4});
+    Tensor p0 = x.pad({{1, 2}, {0, 1}}), p9 = x.pad({{0, 1}, {2, 0}}, 9.5), s = x.shrink({{1, 3}, {1, 4}});
+    Tensor pi = Tensor::from_vector(std::vector<int32_t>{1, 2, 3}).pad({{2, 1}}, -4);
+    tg::realize({p0, p9, s, pi});
+    CHECK(p0.shape() == S({6, 5}));
+    CHECK(p9.shape() == S({4, 6}));
+    CHECK(s.shape() == S({2, 3}));
+    CHECK(pi.dtype() == DType::INT32);
+    Vec w0, w9, ws;
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 5; j++) {
+            int si = i - 1, sj = j;
+            w0.push_back(si >= 0 && si < 3 && sj < 4 ? double(xv[size_t(si * 4 + sj)]) : 0.0);
+        }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) {
+            int si = i, sj = j - 2;
+            w9.push_back(si < 3 && sj >= 0 ? double(xv[size_t(si * 4 + sj)]) : 9.5);
+        }
+    for (int i = 1; i < 3; i++)
+        for (int j = 1; j < 4; j++) ws.push_back(xv[size_t(i * 4 + j)]);
+    CHECK_ALL_NEAR(vals(p0), w0, 0);
+    CHECK_ALL_NEAR(vals(p9), w9, 0);
+    CHECK_ALL_NEAR(vals(s), ws, 0);
+    CHECK_ALL_NEAR(vals(pi), (Vec{-4, -4, 1, 2, 3, -4}), 0);
+}
+
+TEST(ops_slice) {
+    std::vector<float> xv = randf(42, 86);
+    Tensor x = Tensor::from_vector(xv, {6, 7});
+    auto ref = [&](int axis, int64_t b, int64_t e, int64_t step) {
+        Vec out;
+        for (int64_t i = 0; i < 6; i++)
+            for (int64_t j = 0; j < 7; j++) {
+                int64_t k = axis == 0 ? i : j;
+                if (k >= b && k < e && (k - b) % step == 0) out.push_back(xv[size_t(i * 7 + j)]);
+            }
+        return out;
+    };
+    Tensor s1 = x.slice(0, 1, 4), s2 = x.slice(1, 0, 7, 2), s3 = x.slice(1, 1, 6, 3),
+           s4 = x.slice(0, -2, 6), s5 = x.slice(1, -5, -1, 2), s6 = x.slice(0, 0, 6, 4),
+           s7 = x.slice(1, 2, 3);
+    tg::realize({s1, s2, s3, s4, s5, s6, s7});
+    CHECK(s1.shape() == S({3, 7}));
+    CHECK(s2.shape() == S({6, 4}));
+    CHECK(s3.shape() == S({6, 2}));
+    CHECK(s4.shape() == S({2, 7}));
+    CHECK(s5.shape() == S({6, 2}));
+    CHECK(s6.shape() == S({2, 7}));
+    CHECK(s7.shape() == S({6, 1}));
+    CHECK_ALL_NEAR(vals(s1), ref(0, 1, 4, 1), 0);
+    CHECK_ALL_NEAR(vals(s2), ref(1, 0, 7, 2), 0);
+    CHECK_ALL_NEAR(vals(s3), ref(1, 1, 6, 3), 0);
+    CHECK_ALL_NEAR(vals(s4), ref(0, 4, 6, 1), 0);
+    CHECK_ALL_NEAR(vals(s5), ref(1, 2, 6, 2), 0);
+    CHECK_ALL_NEAR(vals(s6), ref(0, 0, 6, 4), 0);
+    CHECK_ALL_NEAR(vals(s7), ref(1, 2, 3, 1), 0);
+    // x[i] drops the first axis; negative i counts from the end
+    Tensor r1 = x[1], rl = x[-1];
+    tg::realize({r1, rl});
+    CHECK(r1.shape() == S({7}));
+    CHECK_ALL_NEAR(vals(r1), ref(0, 1, 2, 1), 0);
+    CHECK_ALL_NEAR(vals(rl), ref(0, 5, 6, 1), 0);
+}
+
+TEST(ops_flip) {
+    std::vector<float> xv = randf(24, 87);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 4});
+    Tensor f0 = x.flip(0), f2 = x.flip(-1), f12 = x.flip({1, 2});
+    tg::realize({f0, f2, f12});
+    Vec w0, w2, w12;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 4; c++) {
+                w0.push_back(xv[size_t(((1 - a) * 3 + b) * 4 + c)]);
+                w2.push_back(xv[size_t((a * 3 + b) * 4 + (3 - c))]);
+                w12.push_back(xv[size_t((a * 3 + (2 - b)) * 4 + (3 - c))]);
+            }
+    CHECK(f12.shape() == S({2, 3, 4}));
+    CHECK_ALL_NEAR(vals(f0), w0, 0);
+    CHECK_ALL_NEAR(vals(f2), w2, 0);
+    CHECK_ALL_NEAR(vals(f12), w12, 0);
+}
+
+TEST(ops_squeeze_unsqueeze_flatten_contiguous) {
+    std::vector<float> xv = randf(12, 88);
+    Tensor x = Tensor::from_vector(xv, {1, 3, 1, 4});
+    CHECK(x.squeeze().shape() == S({3, 4}));
+    CHECK(x.squeeze(0).shape() == S({3, 1, 4}));
+    CHECK(x.squeeze(-2).shape() == S({1, 3, 4}));
+    CHECK(x.squeeze(1).shape() == S({1, 3, 1, 4}));   // size 3: unchanged, like PyTorch
+    CHECK(x.unsqueeze(0).shape() == S({1, 1, 3, 1, 4}));
+    CHECK(x.unsqueeze(-1).shape() == S({1, 3, 1, 4, 1}));
+    CHECK(x.unsqueeze(2).shape() == S({1, 3, 1, 1, 4}));
+    CHECK(x.flatten().shape() == S({12}));
+    CHECK(x.flatten(1, 2).shape() == S({1, 3, 4}));
+    CHECK(x.flatten(-2).shape() == S({1, 3, 4}));
+    Tensor t = Tensor::from_vector(xv, {3, 4});
+    Tensor c = t.transpose().contiguous(), sq = x.squeeze(), fl = t.transpose().flatten();
+    Tensor cc = c + 1;
+    tg::realize({c, sq, fl, cc});
+    Vec tr = ref_permute(D(xv), {3, 4}, {1, 0}, nullptr);
+    CHECK(c.shape() == S({4, 3}));
+    CHECK_ALL_NEAR(vals(c), tr, 0);
+    CHECK_ALL_NEAR(vals(sq), D(xv), 0);
+    CHECK_ALL_NEAR(vals(fl), tr, 0);
+    CHECK_ALL_NEAR(vals(cc), ref_unary(tr, [](double v) { return v + 1; }), F32);
+}
+
+TEST(ops_cat_stack) {
+    std::vector<float> av = randf(6, 89), bv = randf(4, 90), cv = randf(6, 91);
+    Tensor a = Tensor::from_vector(av, {2, 3}), b = Tensor::from_vector(bv, {2, 2}),
+           c = Tensor::from_vector(cv, {2, 3});
+    Tensor c1 = tg::cat({a, b, c}, 1), c0 = tg::cat({a, c}, 0), cn = tg::cat({a, c, a}, -2);
+    Tensor st0 = tg::stack({a, c}), st1 = tg::stack({a, c}, 1), stl = tg::stack({a, c}, -1);
+    Tensor mixed = tg::cat({Tensor::from_vector(std::vector<int32_t>{1, 2}), Tensor::from_vector(std::vector<float>{0.5f, 4})});
+    tg::realize({c1, c0, cn, st0, st1, stl, mixed});
+    CHECK(c1.shape() == S({2, 8}));
+    CHECK(c0.shape() == S({4, 3}));
+    CHECK(cn.shape() == S({6, 3}));
+    CHECK(st0.shape() == S({2, 2, 3}));
+    CHECK(st1.shape() == S({2, 2, 3}));
+    CHECK(stl.shape() == S({2, 3, 2}));
+    CHECK(mixed.dtype() == DType::FLOAT32);
+    Vec w1, w0, wn, ws0, ws1, wsl;
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 3; j++) w1.push_back(av[size_t(i * 3 + j)]);
+        for (int j = 0; j < 2; j++) w1.push_back(bv[size_t(i * 2 + j)]);
+        for (int j = 0; j < 3; j++) w1.push_back(cv[size_t(i * 3 + j)]);
+    }
+    w0 = D(av);
+    w0.insert(w0.end(), cv.begin(), cv.end());
+    wn = w0;
+    wn.insert(wn.end(), av.begin(), av.end());
+    ws0 = w0;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 3; j++) ws1.push_back(k == 0 ? av[size_t(i * 3 + j)] : cv[size_t(i * 3 + j)]);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++) wsl.push_back(k == 0 ? av[size_t(i * 3 + j)] : cv[size_t(i * 3 + j)]);
+    CHECK_ALL_NEAR(vals(c1), w1, 0);
+    CHECK_ALL_NEAR(vals(c0), w0, 0);
+    CHECK_ALL_NEAR(vals(cn), wn, 0);
+    CHECK_ALL_NEAR(vals(st0), ws0, 0);
+    CHECK_ALL_NEAR(vals(st1), ws1, 0);
+    CHECK_ALL_NEAR(vals(stl), wsl, 0);
+    CHECK_ALL_NEAR(vals(mixed), (Vec{1, 2, 0.5, 4}), 0);
+}
+
+// =============================================================================== matmul, einsum
+
+TEST(ops_matmul_shapes) {
+    std::vector<float> v3 = randf(3, 101), v4 = randf(4, 102), m34 = randf(12, 103), m45 = randf(20, 104),
+                       b234 = randf(24, 105), b2134 = randf(24, 106), b542 = randf(40, 107);
+    Tensor V3 = Tensor::from_vector(v3), V4 = Tensor::from_vector(v4), V3b = Tensor::from_vector(randf(3, 108)),
+           M34 = Tensor::from_vector(m34, {3, 4}), M45 = Tensor::from_vector(m45, {4, 5}),
+           B234 = Tensor::from_vector(b234, {2, 3, 4}), B2134 = Tensor::from_vector(b2134, {2, 1, 3, 4}),
+           B542 = Tensor::from_vector(b542, {5, 4, 2});
+    Tensor dot = V3.matmul(V3b), vm = V3.matmul(M34), mv = M34.matmul(V4), mm = M34.matmul(M45),
+           bm = B234.matmul(M45), bb = B2134.matmul(B542);
+    CHECK(dot.shape() == S({}));
+    CHECK(vm.shape() == S({4}));
+    CHECK(mv.shape() == S({3}));
+    CHECK(mm.shape() == S({3, 5}));
+    CHECK(bm.shape() == S({2, 3, 5}));
+    CHECK(bb.shape() == S({2, 5, 3, 2}));
+    tg::realize({dot, vm, mv, mm, bm, bb});
+    Vec v3b = vals(V3b);
+    CHECK_ALL_NEAR(vals(dot), ref_matmul(D(v3), {1, 3}, v3b, {3, 1}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(vm), ref_matmul(D(v3), {1, 3}, D(m34), {3, 4}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(mv), ref_matmul(D(m34), {3, 4}, D(v4), {4, 1}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(mm), ref_matmul(D(m34), {3, 4}, D(m45), {4, 5}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(bm), ref_matmul(D(b234), {2, 3, 4}, D(m45), {4, 5}, nullptr), F32);
+    Shape os;
+    Vec wbb = ref_matmul(D(b2134), {2, 1, 3, 4}, D(b542), {5, 4, 2}, &os);
+    CHECK(os == S({2, 5, 3, 2}));
+    CHECK_ALL_NEAR(vals(bb), wbb, F32);
+}
+
+TEST(ops_matmul_larger_and_dtypes) {
+    std::vector<float> av = randf(33 * 47, 111), bv = randf(47 * 29, 112);
+    Tensor a = Tensor::from_vector(av, {33, 47}), b = Tensor::from_vector(bv, {47, 29});
+    std::vector<double> ad = randd(6 * 7, 113), bd = randd(7 * 5, 114);
+    Tensor A = Tensor::from_vector(ad, {6, 7}), B = Tensor::from_vector(bd, {7, 5});
+    std::vector<int32_t> ai = randi(12, 115, -9, 9), bi = randi(12, 116, -9, 9);
+    Tensor Ai = Tensor::from_vector(ai, {3, 4}), Bi = Tensor::from_vector(bi, {4, 3});
+    Tensor mf = a.matmul(b), md = A.matmul(B), mi = Ai.matmul(Bi), mix = Ai.matmul(Tensor::from_vector(bd, {7, 5}).shrink({{0, 4}, {0, 5}}));
+    CHECK(mf.dtype() == DType::FLOAT32);
+    CHECK(md.dtype() == DType::FLOAT64);
+    CHECK(mi.dtype() == DType::INT32);
+    CHECK(mix.dtype() == DType::FLOAT64);
+    // matmul + bias + relu, fused
+    Tensor bias = Tensor::from_vector(randf(29, 117));
+    Tensor fused = (a.matmul(b) + bias).relu();
+    tg::realize({mf, md, mi, mix, fused});
+    Vec wf = ref_matmul(D(av), {33, 47}, D(bv), {47, 29}, nullptr);
+    CHECK_ALL_NEAR(vals(mf), wf, F32);
+    CHECK_ALL_NEAR(vals(md), ref_matmul(ad, {6, 7}, bd, {7, 5}, nullptr), F64);
+    CHECK_ALL_NEAR(vals(mi), ref_matmul(D(ai), {3, 4}, D(bi), {4, 3}, nullptr), 0);
+    Vec bd4(bd.begin(), bd.begin() + 20);
+    CHECK_ALL_NEAR(vals(mix), ref_matmul(D(ai), {3, 4}, bd4, {4, 5}, nullptr), F64);
+    Vec bb = vals(bias), wfused = ref_binary(wf, {33, 29}, bb, {29}, [](double x, double y) { return std::max(x + y, 0.0); });
+    CHECK_ALL_NEAR(vals(fused), wfused, F32);
+}
+
+TEST(ops_einsum) {
+    std::vector<float> m34 = randf(12, 121), m45 = randf(20, 122), b234 = randf(24, 123),
+                       b245 = randf(40, 124), sq = randf(16, 125), v5 = randf(5, 126), w5 = randf(5, 127);
+    Tensor M34 = Tensor::from_vector(m34, {3, 4}), M45 = Tensor::from_vector(m45, {4, 5}),
+           B234 = Tensor::from_vector(b234, {2, 3, 4}), B245 = Tensor::from_vector(b245, {2, 4, 5}),
+           SQ = Tensor::from_vector(sq, {4, 4}), V = Tensor::from_vector(v5), W = Tensor::from_vector(w5);
+    Tensor e1 = tg::einsum("ij,jk->ik", {M34, M45}), e2 = tg::einsum("ij,jk", {M34, M45}),
+           e3 = tg::einsum("bij,bjk->bik", {B234, B245}), e4 = tg::einsum("...ij,...jk->...ik", {B234, B245}),
+           e5 = tg::einsum("ii->i", {SQ}), e6 = tg::einsum("ii", {SQ}), e7 = tg::einsum("i,i->", {V, W}),
+           e8 = tg::einsum("ij->ji", {M34}), e9 = tg::einsum("...ij,jk->...ik", {B234, M45}),
+           e10 = tg::einsum("ij,ij->ij", {M34, M34}), e11 = tg::einsum("ij->", {M34}),
+           e12 = tg::einsum("i,j->ij", {V, W}), e13 = tg::einsum("ba,bc->ac", {M34, M34}),
+           e14 = tg::einsum("bij -> bji", {B234});
+    CHECK(e1.shape() == S({3, 5}));
+    CHECK(e2.shape() == S({3, 5}));
+    CHECK(e3.shape() == S({2, 3, 5}));
+    CHECK(e4.shape() == S({2, 3, 5}));
+    CHECK(e5.shape() == S({4}));
+    CHECK(e6.shape() == S({}));
+    CHECK(e7.shape() == S({}));
+    CHECK(e8.shape() == S({4, 3}));
+    CHECK(e9.shape() == S({2, 3, 5}));
+    CHECK(e11.shape() == S({}));
+    CHECK(e12.shape() == S({5, 5}));
+    CHECK(e13.shape() == S({4, 4}));
+    CHECK(e14.shape() == S({2, 4, 3}));
+    tg::realize({e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14});
+    Vec mm = ref_matmul(D(m34), {3, 4}, D(m45), {4, 5}, nullptr);
+    Vec bmm = ref_matmul(D(b234), {2, 3, 4}, D(b245), {2, 4, 5}, nullptr);
+    CHECK_ALL_NEAR(vals(e1), mm, F32);
+    CHECK_ALL_NEAR(vals(e2), mm, F32);
+    CHECK_ALL_NEAR(vals(e3), bmm, F32);
+    CHECK_ALL_NEAR(vals(e4), bmm, F32);
+    Vec diag;
+    double trace = 0, dot = 0, total = 0;
+    for (int i = 0; i < 4; i++) { diag.push_back(sq[size_t(i * 5)]); trace += sq[size_t(i * 5)]; }
+    for (int i = 0; i < 5; i++) dot += double(v5[size_t(i)]) * w5[size_t(i)];
+    for (float x : m34) total += x;
+    CHECK_ALL_NEAR(vals(e5), diag, 0);
+    CHECK_ALL_NEAR(vals(e6), (Vec{trace}), F32);   // implicit "ii" is the trace, like NumPy and PyTorch
+    CHECK_NEAR(e7.item(), dot, F32);
+    CHECK_ALL_NEAR(vals(e8), ref_permute(D(m34), {3, 4}, {1, 0}, nullptr), 0);
+    CHECK_ALL_NEAR(vals(e9), ref_matmul(D(b234), {2, 3, 4}, D(m45), {4, 5}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(e10), ref_unary(D(m34), [](double x) { return x * x; }), F32);
+    CHECK_NEAR(e11.item(), total, F32);
+    Vec outer, ata = ref_matmul(ref_permute(D(m34), {3, 4}, {1, 0}, nullptr), {4, 3}, D(m34), {3, 4}, nullptr);
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++) outer.push_back(double(v5[size_t(i)]) * w5[size_t(j)]);
+    CHECK_ALL_NEAR(vals(e12), outer, F32);
+    CHECK_ALL_NEAR(vals(e13), ata, F32);
+    CHECK_ALL_NEAR(vals(e14), ref_permute(D(b234), {2, 3, 4}, {0, 2, 1}, nullptr), 0);
+}
+
+// =============================================================================== indexing, softmax
+
+TEST(ops_gather) {
+    std::vector<float> sv = randf(12, 131);
+    Tensor src = Tensor::from_vector(sv, {3, 4});
+    std::vector<int32_t> i0 = {2, 0, 1, 2, 0, 0, 2, 1};           // [2,4], axis 0
+    std::vector<int32_t> i1 = {3, 0, 1, 1, 2, 2, 0, 3, 3};        // [3,3], axis 1
+    std::vector<int32_t> i2 = {1, 0, 2, 3, 2, 1};                 // [2,3], axis 1 (fewer rows/cols)
+    Tensor I0 = Tensor::from_vector(i0, {2, 4}), I1 = Tensor::from_vector(i1, {3, 3}), I2 = Tensor::from_vector(i2, {2, 3});
+    Tensor g0 = src.gather(0, I0), g1 = src.gather(1, I1), g2 = src.gather(-1, I2);
+    CHECK(g0.shape() == S({2, 4}));
+    CHECK(g1.shape() == S({3, 3}));
+    CHECK(g2.shape() == S({2, 3}));
+    CHECK(g0.dtype() == DType::FLOAT32);
+    tg::realize({g0, g1, g2});
+    Vec w0, w1, w2;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) w0.push_back(sv[size_t(i0[size_t(i * 4 + j)] * 4 + j)]);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) w1.push_back(sv[size_t(i * 4 + i1[size_t(i * 3 + j)])]);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) w2.push_back(sv[size_t(i * 4 + i2[size_t(i * 3 + j)])]);
+    CHECK_ALL_NEAR(vals(g0), w0, 0);
+    CHECK_ALL_NEAR(vals(g1), w1, 0);
+    CHECK_ALL_NEAR(vals(g2), w2, 0);
+    // int32 source, 3-D, middle axis
+    std::vector<int32_t> s3 = randi(24, 132, -100, 100), ix = randi(2 * 5 * 4, 133, 0, 2);
+    Tensor g3 = Tensor::from_vector(s3, {2, 3, 4}).gather(1, Tensor::from_vector(ix, {2, 5, 4}));
+    CHECK(g3.dtype() == DType::INT32);
+    CHECK(g3.shape() == S({2, 5, 4}));
+    Vec w3;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 5; b++)
+            for (int c = 0; c < 4; c++) w3.push_back(s3[size_t((a * 3 + ix[size_t((a * 5 + b) * 4 + c)]) * 4 + c)]);
+    CHECK_ALL_NEAR(vals(g3), w3, 0);
+}
+
+TEST(ops_index_select_embedding) {
+    std::vector<float> sv = randf(20, 141);
+    Tensor src = Tensor::from_vector(sv, {4, 5});
+    Tensor idx = Tensor::from_vector(std::vector<int32_t>{3, 0, 3});
+    Tensor r0 = src.index_select(0, idx), r1 = src.index_select(1, idx), rn = src.index_select(-1, idx);
+    // embedding: C [V=5, E=3], X [B=2, T=3]
+    std::vector<float> cv = randf(15, 142);
+    std::vector<int32_t> xv = {4, 0, 2, 2, 1, 4};
+    Tensor C = Tensor::from_vector(cv, {5, 3}), X = Tensor::from_vector(xv, {2, 3});
+    Tensor emb = C[X], emb1 = C[Tensor::from_vector(std::vector<int32_t>{1, 3})];
+    CHECK(r0.shape() == S({3, 5}));
+    CHECK(r1.shape() == S({4, 3}));
+    CHECK(emb.shape() == S({2, 3, 3}));
+    CHECK(emb1.shape() == S({2, 3}));
+    tg::realize({r0, r1, rn, emb, emb1});
+    Vec w0, w1, we, we1;
+    for (int k : {3, 0, 3})
+        for (int j = 0; j < 5; j++) w0.push_back(sv[size_t(k * 5 + j)]);
+    for (int i = 0; i < 4; i++)
+        for (int k : {3, 0, 3}) w1.push_back(sv[size_t(i * 5 + k)]);
+    for (int32_t t : xv)
+        for (int e = 0; e < 3; e++) we.push_back(cv[size_t(t * 3 + e)]);
+    for (int t : {1, 3})
+        for (int e = 0; e < 3; e++) we1.push_back(cv[size_t(t * 3 + e)]);
+    CHECK_ALL_NEAR(vals(r0), w0, 0);
+    CHECK_ALL_NEAR(vals(r1), w1, 0);
+    CHECK_ALL_NEAR(vals(rn), w1, 0);
+    CHECK_ALL_NEAR(vals(emb), we, 0);
+    CHECK_ALL_NEAR(vals(emb1), we1, 0);
+}
+
+TEST(ops_softmax_log_softmax) {
+    std::vector<float> xv = randf(24, 151, -4, 4);
+    xv[0] = 100;   // large values must not overflow
+    xv[1] = 101;
+    Tensor x = Tensor::from_vector(xv, {4, 6});
+    Tensor s1 = x.softmax(), s0 = x.softmax(0), l1 = x.log_softmax(-1), l0 = x.log_softmax(0);
+    Tensor rows = s1.sum(1);
+    std::vector<double> dv = randd(12, 152, -3, 3);
+    Tensor xd = Tensor::from_vector(dv, {3, 4});
+    Tensor sd = xd.softmax(1), ld = xd.log_softmax(1);
+    Tensor si = Tensor::from_vector(std::vector<int32_t>{1, 2, 3}).softmax();
+    CHECK(si.dtype() == DType::FLOAT32);
+    CHECK(sd.dtype() == DType::FLOAT64);
+    CHECK(s1.shape() == S({4, 6}));
+    tg::realize({s1, s0, l1, l0, rows, sd, ld, si});
+    auto ref = [](const Vec& v, const Shape& s, int axis, bool log) {
+        Vec out(v.size());
+        int64_t n = s[size_t(axis)], outer = axis == 0 ? 1 : s[0], inner = axis == 0 ? s[1] : 1;
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t in = 0; in < inner; in++) {
+                double m = -INFINITY, z = 0;
+                for (int64_t k = 0; k < n; k++) m = std::max(m, v[size_t((o * n + k) * inner + in)]);
+                for (int64_t k = 0; k < n; k++) z += std::exp(v[size_t((o * n + k) * inner + in)] - m);
+                for (int64_t k = 0; k < n; k++) {
+                    double x = v[size_t((o * n + k) * inner + in)] - m;
+                    out[size_t((o * n + k) * inner + in)] = log ? x - std::log(z) : std::exp(x) / z;
+                }
+            }
+        return out;
+    };
+    Vec X = D(xv);
+    CHECK_ALL_NEAR(vals(s1), ref(X, {4, 6}, 1, false), F32);
+    CHECK_ALL_NEAR(vals(s0), ref(X, {4, 6}, 0, false), F32);
+    CHECK_ALL_NEAR(vals(l1), ref(X, {4, 6}, 1, true), F32);
+    CHECK_ALL_NEAR(vals(l0), ref(X, {4, 6}, 0, true), F32);
+    CHECK_ALL_NEAR(vals(rows), Vec(4, 1.0), F32);
+    CHECK_ALL_NEAR(vals(sd), ref(dv, {3, 4}, 1, false), F64);
+    CHECK_ALL_NEAR(vals(ld), ref(dv, {3, 4}, 1, true), F64);
+    CHECK_ALL_NEAR(vals(si), ref({1, 2, 3}, {1, 3}, 1, false), F32);
+}
+
+// =============================================================================== dtypes
+
+TEST(ops_dtype_promotion) {
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{7, -7, 3, 0});
+    Tensor j = Tensor::from_vector(std::vector<int32_t>{2, 2, -4, 5});
+    Tensor f = Tensor::from_vector(std::vector<float>{0.5f, 1.5f, -2, 0.25f});
+    Tensor d = Tensor::from_vector(std::vector<double>{0.1, 0.2, 0.3, 1.0 / 3});
+    Tensor if_ = i + f, fd = f + d, i1 = i + 1, i15 = i + 1.5, idiv = i / j, ii = i * j, isub = i - j,
+           id = i * d, r1 = 1 - i, idiv2 = i / 2, fi = f * i;
+    CHECK(if_.dtype() == DType::FLOAT32);
+    CHECK(fi.dtype() == DType::FLOAT32);
+    CHECK(fd.dtype() == DType::FLOAT64);
+    CHECK(i1.dtype() == DType::INT32);
+    CHECK(r1.dtype() == DType::INT32);
+    CHECK(i15.dtype() == DType::FLOAT32);
+    CHECK(idiv.dtype() == DType::FLOAT32);
+    CHECK(idiv2.dtype() == DType::FLOAT32);
+    CHECK(ii.dtype() == DType::INT32);
+    CHECK(isub.dtype() == DType::INT32);
+    CHECK(id.dtype() == DType::FLOAT64);
+    tg::realize({if_, fd, i1, i15, idiv, ii, isub, id, r1, idiv2, fi});
+    CHECK_ALL_NEAR(vals(if_), (Vec{7.5, -5.5, 1, 0.25}), 0);
+    CHECK_ALL_NEAR(vals(fi), (Vec{3.5, -10.5, -6, 0}), 0);
+    // float32 values widen exactly, then add in float64
+    CHECK_ALL_NEAR(vals(fd), (Vec{0.5 + 0.1, 1.5 + 0.2, -2 + 0.3, 0.25 + 1.0 / 3}), F64);
+    CHECK_ALL_NEAR(vals(i1), (Vec{8, -6, 4, 1}), 0);
+    CHECK_ALL_NEAR(vals(r1), (Vec{-6, 8, -2, 1}), 0);
+    CHECK_ALL_NEAR(vals(i15), (Vec{8.5, -5.5, 4.5, 1.5}), 0);
+    CHECK_ALL_NEAR(vals(idiv), (Vec{3.5, -3.5, -0.75, 0}), F32);   // true division
+    CHECK_ALL_NEAR(vals(idiv2), (Vec{3.5, -3.5, 1.5, 0}), F32);
+    CHECK_ALL_NEAR(vals(ii), (Vec{14, -14, -12, 0}), 0);
+    CHECK_ALL_NEAR(vals(isub), (Vec{5, -9, 7, -5}), 0);
+    CHECK_ALL_NEAR(vals(id), (Vec{0.7, -1.4, 0.9, 0}), F64);
+}
+
+TEST(ops_dtype_bool) {
+    Tensor a = Tensor::from_vector(std::vector<int32_t>{0, 0, 1, 1}) != 0;
+    Tensor b = Tensor::from_vector(std::vector<int32_t>{0, 1, 0, 1}) != 0;
+    CHECK(a.dtype() == DType::BOOL);
+    Tensor add = a + b, mul = a * b, s = a.sum(), sb = (a == b).sum(), mx = a.maximum(b), mn = a.minimum(b),
+           bf = a.cast(DType::FLOAT32) + 0.5, bi = a + Tensor::from_vector(std::vector<int32_t>{5, 5, 5, 5}),
+           bmax = a.max(), bmin = a.min();
+    CHECK(add.dtype() == DType::BOOL);     // like PyTorch: bool + bool is bool (logical or)
+    CHECK(mul.dtype() == DType::BOOL);
+    CHECK(s.dtype() == DType::INT32);       // sum of bool counts
+    CHECK(sb.dtype() == DType::INT32);
+    CHECK(mx.dtype() == DType::BOOL);
+    CHECK(bf.dtype() == DType::FLOAT32);
+    CHECK(bi.dtype() == DType::INT32);
+    CHECK(bmax.dtype() == DType::BOOL);
+    tg::realize({add, mul, s, sb, mx, mn, bf, bi, bmax, bmin});
+    CHECK_ALL_NEAR(ivals(add), (std::vector<int>{0, 1, 1, 1}), 0);
+    CHECK_ALL_NEAR(ivals(mul), (std::vector<int>{0, 0, 0, 1}), 0);
+    CHECK_EQ(s.item(), 2.0);
+    CHECK_EQ(sb.item(), 2.0);
+    CHECK_ALL_NEAR(ivals(mx), (std::vector<int>{0, 1, 1, 1}), 0);
+    CHECK_ALL_NEAR(ivals(mn), (std::vector<int>{0, 0, 0, 1}), 0);
+    CHECK_ALL_NEAR(vals(bf), (Vec{0.5, 0.5, 1.5, 1.5}), 0);
+    CHECK_ALL_NEAR(vals(bi), (Vec{5, 5, 6, 6}), 0);
+    CHECK_EQ(bmax.item(), 1.0);
+    CHECK_EQ(bmin.item(), 0.0);
+    // a bool tensor of a comparison, summed along an axis
+    Tensor m = Tensor::from_vector(std::vector<float>{1, -1, 2, -2, 3, -3}, {2, 3}) > 0;
+    Tensor per_row = m.sum(1);
+    CHECK(per_row.dtype() == DType::INT32);
+    CHECK_ALL_NEAR(vals(per_row), (Vec{2, 1}), 0);
+}
+
+TEST(ops_cast) {
+    Tensor f = Tensor::from_vector(std::vector<float>{-1.7f, -0.5f, 0.5f, 1.7f, 2.999f, -0.0f, 100.25f});
+    Tensor fi = f.cast(DType::INT32), fb = f.cast(DType::BOOL), fd = f.cast(DType::FLOAT64);
+    Tensor d = Tensor::from_vector(std::vector<double>{1.0 / 3, 1e-50, 16777217});
+    Tensor df = d.cast(DType::FLOAT32), di = d.cast(DType::INT32);
+    Tensor i = Tensor::from_vector(std::vector<int32_t>{-3, 0, 16777217});
+    Tensor if_ = i.cast(DType::FLOAT32), ib = i.cast(DType::BOOL), id = i.cast(DType::FLOAT64);
+    Tensor b = Tensor::from_vector(std::vector<int32_t>{0, 2}) != 0;
+    Tensor bi = b.cast(DType::INT32), bfl = b.cast(DType::FLOAT32), same = f.cast(DType::FLOAT32);
+    CHECK(fi.dtype() == DType::INT32);
+    CHECK(fb.dtype() == DType::BOOL);
+    CHECK(fd.dtype() == DType::FLOAT64);
+    CHECK(df.dtype() == DType::FLOAT32);
+    CHECK(bi.dtype() == DType::INT32);
+    CHECK(same.dtype() == DType::FLOAT32);
+    tg::realize({fi, fb, fd, df, di, if_, ib, id, bi, bfl});
+    CHECK_ALL_NEAR(vals(fi), (Vec{-1, 0, 0, 1, 2, 0, 100}), 0);   // truncation toward zero
+    CHECK_ALL_NEAR(ivals(fb), (std::vector<int>{1, 1, 1, 1, 1, 0, 1}), 0);
+    CHECK_ALL_NEAR(vals(fd), (Vec{double(-1.7f), -0.5, 0.5, double(1.7f), double(2.999f), 0, 100.25}), 0);
+    CHECK_ALL_NEAR(vals(df), (Vec{double(float(1.0 / 3)), double(float(1e-50)), 16777216}), 0);
+    CHECK_ALL_NEAR(vals(di), (Vec{0, 0, 16777217}), 0);
+    CHECK_ALL_NEAR(vals(if_), (Vec{-3, 0, 16777216}), 0);   // rounded to float32
+    CHECK_ALL_NEAR(ivals(ib), (std::vector<int>{1, 0, 1}), 0);
+    CHECK_ALL_NEAR(vals(id), (Vec{-3, 0, 16777217}), 0);
+    CHECK_ALL_NEAR(vals(bi), (Vec{0, 1}), 0);
+    CHECK_ALL_NEAR(vals(bfl), (Vec{0, 1}), 0);
+}
+
+// =============================================================================== inspection, running
+
+TEST(ops_shape_queries_item_realize) {
+    Tensor x = Tensor::zeros({2, 3, 4});
+    CHECK(x.shape() == S({2, 3, 4}));
+    CHECK_EQ(x.ndim(), 3);
+    CHECK_EQ(x.numel(), 24);
+    CHECK_EQ(x.size(0), 2);
+    CHECK_EQ(x.size(-1), 4);
+    CHECK(x.dtype() == DType::FLOAT32);
+    CHECK(x.defined());
+    CHECK(!Tensor().defined());
+    Tensor s = Tensor::full({}, 2.5);
+    CHECK_EQ(s.ndim(), 0);
+    CHECK_EQ(s.numel(), 1);
+    CHECK_EQ(s.item(), 2.5);
+    CHECK_EQ(Tensor::full({1, 1}, -3).item(), -3.0);
+    CHECK_EQ(Tensor::full({1}, 7, DType::INT32).item(), 7.0);
+    // realize() keeps the result; reading twice gives the same values
+    std::vector<float> v = randf(6, 161);
+    Tensor y = Tensor::from_vector(v, {2, 3}) * 2;
+    Tensor& same = y.realize();
+    CHECK(&same == &y);
+    Vec first = vals(y), second = vals(y);
+    CHECK(first == second);
+    CHECK_ALL_NEAR(first, ref_unary(D(v), [](double t) { return 2 * t; }), F32);
+    CHECK(y.shape() == S({2, 3}));
+    // a realized tensor feeds later computations
+    Tensor z = y + 1;
+    CHECK_ALL_NEAR(vals(z), ref_unary(D(v), [](double t) { return 2 * t + 1; }), F32);
+    // to_vector in other element types
+    Tensor k = Tensor::from_vector(std::vector<int32_t>{1, -2, 3});
+    CHECK(k.to_vector<int32_t>() == (std::vector<int32_t>{1, -2, 3}));
+    CHECK(k.to_vector<double>() == (Vec{1, -2, 3}));
+    CHECK(k.to_vector() == (std::vector<float>{1, -2, 3}));
+    // several results in one program, sharing an input
+    Tensor a = Tensor::from_vector(v), p = a.exp(), q = a.sum(), r = a * a;
+    tg::realize({p, q, r});
+    CHECK_ALL_NEAR(vals(p), ref_unary(D(v), [](double t) { return std::exp(t); }), F32);
+    CHECK_NEAR(q.item(), ref_reduce(D(v), {6}, {0}, Red::SUM)[0], F32);
+    CHECK_ALL_NEAR(vals(r), ref_unary(D(v), [](double t) { return t * t; }), F32);
+}
+
+TEST(ops_print_basic) {
+    Tensor a = Tensor::from_vector(std::vector<float>{1.5f, 2, 3});
+    CHECK_EQ(a.to_string(), std::string("tensor([1.5000, 2.0000, 3.0000])"));
+    std::ostringstream os;
+    os << a;
+    CHECK_EQ(os.str(), a.to_string());
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{1, 2}).to_string(), std::string("tensor([1., 2.])"));
+    CHECK_EQ(Tensor::from_vector(std::vector<int32_t>{1, 2}).to_string(), std::string("tensor([1, 2], dtype=int32)"));
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2}).to_string(),
+             std::string("tensor([[1., 2.],\n        [3., 4.]])"));
+    Tensor b = Tensor::from_vector(std::vector<int32_t>{1, 0}) != 0;
+    CHECK_EQ(b.to_string(), std::string("tensor([ True, False])"));
+    CHECK_EQ(Tensor::full({}, 3.5).to_string(), std::string("tensor(3.5000)"));
+    CHECK_EQ(Tensor::full({}, 4, DType::INT32).to_string(), std::string("tensor(4, dtype=int32)"));
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{-1.5f, 2}).to_string(), std::string("tensor([-1.5000,  2.0000])"));
+    CHECK_EQ(Tensor::from_vector(std::vector<double>{1.25, 2}).to_string(),
+             std::string("tensor([1.2500, 2.0000], dtype=float64)"));
+    CHECK_EQ(Tensor::from_vector(std::vector<int32_t>{1, -10, 100}).to_string(),
+             std::string("tensor([  1, -10, 100], dtype=int32)"));
+    CHECK_EQ(Tensor::arange(8).reshape({2, 2, 2}).to_string(),
+             std::string("tensor([[[0, 1],\n         [2, 3]],\n\n        [[4, 5],\n         [6, 7]]], dtype=int32)"));
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{1e-5f, 1}).to_string(),
+             std::string("tensor([1.0000e-05, 1.0000e+00])"));
+    CHECK_EQ(Tensor::zeros({3}).to_string(), std::string("tensor([0., 0., 0.])"));
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{-0.5f, 0.25f}).to_string(), std::string("tensor([-0.5000,  0.2500])"));
+    Tensor special = Tensor::from_vector(std::vector<float>{1, INFINITY, NAN});
+    CHECK_EQ(special.to_string(), std::string("tensor([1., inf, nan])"));
+    CHECK_EQ(Tensor::zeros({0}).to_string(), std::string("tensor([])"));
+}
+
+TEST(ops_print_wrapping) {
+    // a long vector wraps at 80 columns with an 8-space indent, like PyTorch
+    CHECK_EQ(Tensor::arange(30.0).to_string(),
+             std::string("tensor([ 0.,  1.,  2.,  3.,  4.,  5.,  6.,  7.,  8.,  9., 10., 11., 12., 13.,\n"
+                         "        14., 15., 16., 17., 18., 19., 20., 21., 22., 23., 24., 25., 26., 27.,\n"
+                         "        28., 29.])"));
+    // rows of a matrix: PyTorch fits floor((80 - 8) / (width + 2)) = 9 elements of width 6 per line
+    Tensor m = Tensor::full({2, 10}, 0.5);
+    std::string row = "0.5000, 0.5000, 0.5000, 0.5000, 0.5000, 0.5000, 0.5000, 0.5000, 0.5000,\n         0.5000";
+    CHECK_EQ(m.to_string(), "tensor([[" + row + "],\n        [" + row + "]])");
+}
+
+TEST(ops_print_sci_int_valued) {
+    // PyTorch uses scientific notation for integer-valued floats too when max/min > 1000
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{1, 2000}).to_string(),
+             std::string("tensor([1.0000e+00, 2.0000e+03])"));
+    CHECK_EQ(Tensor::from_vector(std::vector<float>{10, 2000}).to_string(), std::string("tensor([  10., 2000.])"));
+}
+
+TEST(ops_print_summarized) {
+    // more than 1000 elements: first and last three, with PyTorch's " ..." element
+    CHECK_EQ(Tensor::arange(2000).to_string(),
+             std::string("tensor([   0,    1,    2,  ..., 1997, 1998, 1999], dtype=int32)"));
+    // rows are elided with a "..." line
+    CHECK_EQ(Tensor::arange(2000).reshape({1000, 2}).to_string(),
+             std::string("tensor([[   0,    1],\n        [   2,    3],\n        [   4,    5],\n        ...,\n"
+                         "        [1994, 1995],\n        [1996, 1997],\n        [1998, 1999]], dtype=int32)"));
+    // the format is chosen from the elements shown, not the elided middle
+    std::vector<float> ones(2000, 1.0f);
+    ones[1000] = 123456;
+    CHECK_EQ(Tensor::from_vector(ones).to_string(), std::string("tensor([1., 1., 1.,  ..., 1., 1., 1.])"));
+}
