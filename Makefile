@@ -40,6 +40,14 @@ test: $(BUILD)/run_tests $(EXAMPLES)
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
 
+$(BUILD)/bench: bench/bench.cpp tinygrad.hpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+
+# Speed figures: W1 and W2 of shared/bench/WORKLOADS.md (a private compile cache per run).
+bench: $(BUILD)/bench
+	@dir=$$(mktemp -d /tmp/tg-bench-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/bench; rc=$$?; rm -rf $$dir; exit $$rc
+
 loc:
 	@wc -l tinygrad.hpp
 

@@ -14,14 +14,29 @@
            Tensor a = Tensor::randn({64, 32}, 1), b = Tensor::randn({32, 16}, 2);
            Tensor c = (a.matmul(b) + 1.0f).relu().sum(1);   // lazy: nothing has run yet
            std::vector<float> v = c.to_vector();            // schedule, loop IR, C, cc, dlopen, run
-           std::cout << c << "\n";                           // tensor([15.2631, ...])
+           std::cout << c << "\n";                           // tensor([33.9993, ...])
        }
    Build: c++ -std=c++17 -O2 main.cpp -ldl        Other files include it without the define.
+
+ TRAINING (examples/03_moons.cpp in full)
+       tg::nn::Sequential mlp(tg::nn::Linear(2, 16), tg::nn::ReLU(), tg::nn::Linear(16, 1));
+       tg::optim::SGD opt(mlp.parameters(), 0.1);
+       tg::Jit step([&](const std::vector<Tensor>& in) {       // in[0]: a batch of indices
+           Tensor loss = tg::nn::hinge_loss(mlp(X[in[0]]).reshape({-1}), Y[in[0]]);
+           opt.zero_grad();
+           loss.backward();                                      // lazy gradients
+           opt.step();                                           // in-place updates
+           return loss;
+       });
+       for (const Tensor& idx : tg::data::batches(n, 32, epoch)) step({idx});
+   The first call traces forward, backward and update into one program (one compile); later
+   calls only run it. Without the jit the same code runs eagerly, one program per step.
 
  HOW IT WORKS (sections of Part C, in pipeline order; grep the >>tag)
    Tensor API ──► graph of primitive ops          [GRAPH] >>graph, [COMPOSED] >>composed
                   (shapes inferred, errors thrown here)
-                          │ realize()
+                          │ + autograd: more graph          [AUTOGRAD] >>autograd
+                          │ realize() / jit                 [REALIZE] >>realize, [JIT] >>jit
                           ▼
                   scheduler: which nodes get buffers, kernels     [SCHEDULE] >>schedule
                           ▼
@@ -30,7 +45,8 @@
                           ▼
                   INTERP: interpreter over the IR, or             [INTERP] >>interp
                   C renderer → cc → disk cache → dlopen → run     [RENDER] [RUNTIME]
-   Data flows down; nothing below knows about anything above it.
+   Data flows down; nothing below knows about anything above it. On top of the Tensor API
+   only: [NN] layers and losses, [OPTIM], [DATA] datasets, [PLOT], [SAFETENSORS].
 
  DEFINITIONS
    shape     dimensions of a tensor, outermost first; [] is a scalar.
@@ -48,6 +64,14 @@
    loop IR   a program: blocks (one per kernel) of loops, accumulators and stores, with small
              expression trees for values and indices.
    program   all kernels of one realize: one C file, one compiler call, one dlopen.
+   gradient  backward() applies one rule per primitive, building more lazy graph: gradients
+             fuse with the forward pass and the update and can be differentiated again.
+             The loss and the new gradients are realized with the next program (the
+             optimizer's step), computed from the parameters before the update.
+   assign    x.assign(v) writes v into x's buffer when realized: optimizers update in place.
+   jit       tg::Jit records every realize of a step function into one program and replays
+             it on new inputs, building no graph. A learning rate or step count that changes
+             lives in a tensor, so replays see it.
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no compiler)
@@ -76,7 +100,7 @@
    A failing compile reports the command, the compiler's output and the kept source path.
 
  NOT YET
-   autograd, nn, optimizers, jit; loop fusion across kernels, tiling, threads; CUDA.
+   loop fusion across kernels, tiling, vectorization and threads (one core today); CUDA.
 */
 
 /* =============================================================================================
@@ -294,7 +318,7 @@ public:
     // autograd
     Tensor& requires_grad(bool on = true);             // a leaf: backward() fills its grad()
     bool tracks_grad() const;                          // requires grad, itself or through inputs
-    void backward(const Tensor& seed = Tensor()) const;  // seed: d(something)/d(this); scalars: 1
+    void backward(const Tensor& seed = Tensor(), Loc loc = Loc::here()) const;  // scalars: seed 1
     Tensor grad() const;                               // undefined until a backward reaches it
     void zero_grad();                                  // forgets the gradient
     Tensor detach() const;                             // same values, no gradient history
@@ -398,7 +422,7 @@ struct Module {
     virtual ~Module() = default;
     virtual Tensor forward(const Tensor& x) = 0;
     virtual std::vector<Tensor> parameters() { return {}; }
-    Tensor operator()(const Tensor& x) { return forward(x); }
+    Tensor operator()(const Tensor& x, Loc loc = Loc::here());
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
@@ -454,13 +478,16 @@ Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tens
 
 enum class Reduction { MEAN, SUM, NONE };
 // logits [N, C] (or [..., C]), target int32 [N] (or [...]): -log softmax(logits)[target]
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN);
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN,
+                     Loc loc = Loc::here());
 // max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
-                                        Reduction r = Reduction::MEAN);
-Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN);
+                                        Reduction r = Reduction::MEAN, Loc loc = Loc::here());
+Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
+                Loc loc = Loc::here());
 // relu(1 - y·score) with labels y = ±1: the margin loss of a support vector machine
-Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN);
+Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN,
+                  Loc loc = Loc::here());
 }  // namespace nn
 
 // ---- [OPTIM] optimizers: one program updates every parameter in place ------------------ >>optim
@@ -469,7 +496,7 @@ class Optimizer {
 public:
     Optimizer(std::vector<Tensor> params, double lr);
     virtual ~Optimizer() = default;
-    void step();                  // all updates in one program, with backward's pending results
+    void step(Loc loc = Loc::here());   // all updates in one program, with backward's results
     void zero_grad();
     void set_lr(double lr);       // writes the lr tensor's buffer: nothing recompiles
     std::vector<Tensor> params;
@@ -616,7 +643,21 @@ static std::string loc_str(Loc loc) {
     return strf("%s:%d", base ? base + 1 : loc.file, loc.line);
 }
 
+// Where the user called the library function that is running: nodes that the library builds
+// for itself (inside nn, optim, backward, or through an operator) are attributed to that line.
+static thread_local Loc user_loc;
+static bool is_library_loc(Loc l) { return !l.file || std::strcmp(l.file, __FILE__) == 0; }
+struct UserLocScope {
+    Loc saved;
+    explicit UserLocScope(Loc l) : saved(user_loc) {
+        if (!is_library_loc(l)) user_loc = l;
+    }
+    ~UserLocScope() { user_loc = saved; }
+};
+
+// Errors name the user's line; a location inside the library is replaced by the caller's.
 [[noreturn]] static void fail(const std::string& msg, Loc loc = {}) {
+    if (is_library_loc(loc)) loc = user_loc;
     throw Error(loc.file ? msg + " (at " + loc_str(loc) + ")" : msg);
 }
 
@@ -855,7 +896,7 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     n->src = std::move(src);
     n->arg = std::move(arg);
     n->value = value;
-    n->loc = loc;
+    n->loc = is_library_loc(loc) && user_loc.file ? user_loc : loc;
     n->phase = current_phase;
     if (no_grad_depth == 0 && dtype_is_float(dt))
         for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
@@ -1290,15 +1331,20 @@ Tensor Tensor::log(Loc loc) const { return mul_c(log2(loc), LN2, loc); }
 // cos x = sin(x + π/2)
 Tensor Tensor::cos(Loc loc) const { return add_c(as_float(*this, loc), PI / 2, loc).sin(loc); }
 Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
-// σ(x) = 1 / (1 + e^-x)
+// σ(x) = 1/(1 + e^-x) for x >= 0 and e^x/(1 + e^x) below: no exponential ever overflows, so
+// the gradient stays finite where σ saturates
 Tensor Tensor::sigmoid(Loc loc) const {
-    return add_c(neg(as_float(*this, loc), loc).exp(loc), 1, loc).reciprocal(loc);
+    Tensor x = as_float(*this, loc), zero = full_like(x, 0, x.dtype(), loc);
+    Tensor below = x < 0;
+    Tensor a = where(below, x, zero, loc).exp(loc), b = where(below, zero, neg(x, loc), loc).exp(loc);
+    return where(below, a / add_c(a, 1, loc), add_c(b, 1, loc).reciprocal(loc), loc);
 }
 // tanh x = 2σ(2x) - 1
 Tensor Tensor::tanh(Loc loc) const {
     return add_c(mul_c(mul_c(as_float(*this, loc), 2, loc).sigmoid(loc), 2, loc), -1, loc);
 }
-Tensor Tensor::relu(Loc loc) const { return maximum(0, loc); }
+// relu x = x where x > 0, else 0 (so relu'(0) = 0, as in PyTorch)
+Tensor Tensor::relu(Loc loc) const { return where(*this > 0, *this, 0, loc); }
 // gelu x = x/2 · (1 + erf(x/√2)); erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7):
 //   erf z = sign(z)·(1 - t(a1 + t(a2 + t(a3 + t(a4 + t a5))))·e^(-z²)),  t = 1/(1 + p|z|)
 // tanh_approximation: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))
@@ -1337,10 +1383,14 @@ Tensor Tensor::logical_not(Loc loc) const {
     return wrap(graph_binary(Op::CMPEQ, node(), graph_const(0, dtype(), shape(), loc), loc));
 }
 // x^y = 2^(y·log2|x|), negated for x < 0 and odd integer y, NaN for x < 0 and fractional y;
-// 0^0 = 1
+// at x = 0: 1 for y = 0, 0 for y > 0, ∞ for y < 0 (the logarithm sees 1 there, so the
+// gradients at a zero base are 0, not NaN)
 Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     auto [x, y] = operands(*this, exponent, "pow", loc, true);
-    Tensor mag = mul(y, x.abs(loc).log2(loc), loc).exp2(loc);
+    Tensor ax = x.abs(loc), zero = ax == 0;
+    Tensor one = full_like(x, 1, x.dtype(), loc);
+    Tensor at_zero = where(y > 0, 0, where(y < 0, full_like(x, INFINITY, x.dtype(), loc), one, loc), loc);
+    Tensor mag = where(zero, at_zero, mul(y, where(zero, one, ax, loc).log2(loc), loc).exp2(loc), loc);
     Tensor yi = y.cast(DType::INT32, loc);
     Tensor is_int = yi.cast(y.dtype(), loc) == y;
     Tensor odd = wrap(graph_binary(Op::MOD, N(yi), graph_const(2, DType::INT32, yi.shape(), loc), loc)) != 0;
@@ -1348,15 +1398,17 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     Tensor negative = where(is_int, where(odd, neg(mag, loc), mag, loc), nan, loc);
     return where(y == 0, full_like(x, 1, x.dtype(), loc), where(x < 0, negative, mag, loc), loc);
 }
-// Small non-negative integer powers by repeated squaring keep integer tensors integer.
+// Whole exponents up to 64 by repeated squaring: exact, integer tensors stay integer (for an
+// int exponent), and x^-k = 1/x^k.
 Tensor Tensor::pow(Scalar e, Loc loc) const {
-    if (!e.is_float && e.value >= 0 && e.value <= 64) {
-        Tensor result = full_like(*this, 1, scalar_dtype(dtype(), e), loc), base = *this;
-        for (int64_t k = int64_t(e.value); k > 0; k >>= 1) {
+    if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 && (e.value >= 0 || e.is_float)) {
+        DType dt = scalar_dtype(dtype(), e);
+        Tensor result = full_like(*this, 1, dt, loc), base = cast(dt, loc);
+        for (int64_t k = int64_t(std::fabs(e.value)); k > 0; k >>= 1) {
             if (k & 1) result = mul(result, base, loc);
             if (k > 1) base = mul(base, base, loc);
         }
-        return result;
+        return e.value < 0 ? result.reciprocal(loc) : result;
     }
     if (e.value == 0.5) return as_float(*this, loc).sqrt(loc);
     return pow(scalar_operand(*this, e, loc), loc);
@@ -1851,6 +1903,8 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
         Tensor share = add(indicator(a > b, dt, loc), mul_c(indicator(a == b, dt, loc), 0.5, loc), loc);
         return {mul(g, share, loc), mul(g, add_c(neg(share, loc), 1, loc), loc)};
     }
+    case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
+        return {};
     case Op::WHERE:   // d where(c,a,b) = [c] da + [not c] db
         return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
     case Op::REDUCE_SUM: return {g.expand(in, loc)};                       // each x_i adds to one sum
@@ -1886,8 +1940,9 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     case Op::GATHER:   // scatter_add is gather's adjoint: each read sends its gradient back
         return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), n->src[1]}, loc, n->arg)), Tensor()};
     case Op::SCATTER_ADD: return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
+    case Op::ASSIGN: return {};                                            // writes, not math
     case Op::CONTIGUOUS: return {g};
-    default: return {};   // sources, comparisons, integer division, assignments: no gradient
+    default: return {};                                                    // sources: leaves
     }
 }
 
@@ -1914,6 +1969,7 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, con
         Node* n = *it;
         auto found = grads.find(n);
         if (!n->requires_grad || found == grads.end() || n->src.empty()) continue;
+        UserLocScope at(n->loc);
         std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), found->second);
         for (size_t i = 0; i < in_grads.size(); i++) {
             Node* s = n->src[i].get();
@@ -1963,7 +2019,8 @@ Tensor Tensor::detach() const {
 
 // Accumulates into every leaf's grad(). The output and the new gradients are realized with the
 // next program (normally the optimizer's step), from the parameters before the update.
-void Tensor::backward(const Tensor& seed) const {
+void Tensor::backward(const Tensor& seed, Loc loc) const {
+    UserLocScope at(loc);
     std::unordered_map<Node*, Tensor> grads;
     {
         NoGrad no_grad;
@@ -1996,13 +2053,15 @@ namespace detail {
 
 // ---- [SCHEDULE] which nodes get buffers; one kernel per stored node -------------------- >>schedule
 // Input: the nodes to realize. Output: kernels in dependency order. A node is materialized
-// (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, a reduction, or
-// computed and read by more than one consumer or through a broadcast (looking through views).
-// Everything else is
-// inlined into the kernels that read it, so elementwise chains fuse and broadcast operands
-// stay stride-0 reads. A reduction whose only consumer chain is elementwise (or a reshape that only
-// adds or drops unit axes) up to a materialized root fuses into that root's kernel: the loop
-// nest runs over the reduction's keepdim shape and the accumulator feeds the store.
+// (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, a reduction, an
+// assignment or scatter, or computed and read by more than one consumer or through a
+// broadcast (looking through views). Everything else is inlined into the kernels that read it,
+// so elementwise chains fuse and broadcast operands stay stride-0 reads. A reduction whose
+// only consumer chain is elementwise (or a reshape that only adds or drops unit axes) up to a
+// materialized root fuses into that root's kernel: the loop nest runs over the reduction's
+// keepdim shape and the accumulator feeds the store. An ASSIGN stores into its target's
+// buffer: kernels that read the target's old value run before it, and a value that reads
+// the target through a view is computed into a temporary first.
 // Tests: tests/test_schedule.cpp (kernel counts for canonical graphs).
 
 struct Kernel {
@@ -2049,6 +2108,11 @@ static bool reads_through_view(Node* n, Node* target, const std::unordered_set<N
     return false;
 }
 
+// Reads its operand at the index it writes: sharing such a path keeps one element per element.
+static bool same_index_op(const Node* n) {
+    return is_elementwise(n) || is_unit_reshape(n) || n->op == Op::CONTIGUOUS;
+}
+
 static Schedule sched_build(const std::vector<NodeP>& targets) {
     Schedule s;
     std::unordered_set<Node*> is_target;
@@ -2059,57 +2123,61 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     for (Node* n : order)
         if (!n->buffer)
             for (auto& src : n->src) users[src.get()].push_back(n);
-    // uses that would compute a node again if it were inlined: views pass their uses through
-    std::unordered_map<Node*, int64_t> uses;
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        Node* n = *it;
-        int64_t u = is_target.count(n) ? 1 : 0;
-        for (Node* user : users[n]) u += op_kind(user->op) == OpKind::MOVEMENT ? uses[user] : 1;
-        uses[n] = u;
-    }
-    // read through a broadcast: inlining would compute each element once per copy
-    std::unordered_map<Node*, bool> broadcast_read;
-    for (auto it = order.rbegin(); it != order.rend(); ++it)
-        for (Node* user : users[*it])
-            if (user->op == Op::EXPAND || (op_kind(user->op) == OpKind::MOVEMENT && broadcast_read[user]))
-                broadcast_read[*it] = true;
-    for (Node* n : order) {
-        if (n->buffer) continue;
-        OpKind k = op_kind(n->op);
-        bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT;
-        if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
-            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD ||
-            (computed && (uses[n] > 1 || broadcast_read[n])))
-            s.materialized.insert(n);
-    }
+    // Decide users before sources. Where a node's value goes: the kernels (roots) it would be
+    // inlined into, whether every path there reads it at the root's own index (elementwise
+    // ops only), whether a path goes through a broadcast, and how many paths there are.
+    struct Reach {
+        std::unordered_set<Node*> roots;
+        bool same_index = true, broadcast = false;
+        int64_t paths = 0;
+    };
+    std::unordered_map<Node*, Reach> reach;
+    std::unordered_map<Node*, Kernel> fused_into;   // root → its fused reductions
     // an assignment writes element i after reading element i; a value that reads its target
     // elsewhere (x.assign(x.flip(0))) is computed into a temporary first
-    for (Node* n : order) {
-        if (n->op != Op::ASSIGN || n->buffer) continue;
-        std::unordered_set<Node*> seen;
-        Node* value = n->src[1].get();
-        if (!value->buffer && reads_through_view(value, n->src[0].get(), s.materialized, false, seen))
-            s.materialized.insert(value);
-    }
-    std::unordered_map<Node*, Kernel> fused_into;   // root → kernel with fused reductions
-    for (Node* r : order) {
-        if (op_kind(r->op) != OpKind::REDUCE || r->buffer || is_target.count(r) || uses[r] != 1) continue;
-        Node* cur = r;
-        Node* root = nullptr;
-        while (users[cur].size() == 1) {
-            Node* u = users[cur][0];
-            bool passes = is_elementwise(u) || is_unit_reshape(u) || u->op == Op::CONTIGUOUS ||
-                          (u->op == Op::ASSIGN && u->src[1].get() == cur);
-            if (!passes) break;
-            if (s.materialized.count(u)) { root = u; break; }
-            cur = u;
+    std::unordered_set<Node*> forced;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        Node* n = *it;
+        if (n->buffer) continue;
+        if (n->op == Op::ASSIGN) {
+            std::unordered_set<Node*> seen;
+            Node* value = n->src[1].get();
+            if (reads_through_view(value, n->src[0].get(), {}, false, seen)) forced.insert(value);
         }
-        if (!root) continue;
-        Kernel& k = fused_into[root];
-        if (!k.fused_reduces.empty() && k.loop_shape != r->shape) continue;
-        k.loop_shape = r->shape;
-        k.fused_reduces.push_back(r);
-        s.materialized.erase(r);
+        Reach r;
+        for (Node* u : users[n]) {
+            if (s.materialized.count(u)) {
+                r.roots.insert(u);
+                r.same_index = r.same_index && op_kind(u->op) != OpKind::INDEXED;
+                r.paths++;
+                continue;
+            }
+            const Reach& ru = reach[u];
+            r.roots.insert(ru.roots.begin(), ru.roots.end());
+            r.same_index = r.same_index && ru.same_index && same_index_op(u);
+            r.broadcast = r.broadcast || ru.broadcast || u->op == Op::EXPAND;
+            r.paths += ru.paths;
+        }
+        if (is_target.count(n)) r.paths++;
+        reach[n] = r;
+        OpKind k = op_kind(n->op);
+        bool one_root = r.roots.size() == 1 && r.same_index && !is_target.count(n) && !forced.count(n);
+        if (one_root) reach[n].paths = 1;   // computed once per element of its root
+        if (k == OpKind::REDUCE && one_root) {   // fuse into the root's loop nest?
+            Node* root = *r.roots.begin();
+            bool root_ok = same_index_op(root) || (root->op == Op::ASSIGN && root->src[0].get() != n);
+            Kernel& kr = fused_into[root];
+            if (root_ok && (kr.fused_reduces.empty() || kr.loop_shape == n->shape)) {
+                kr.loop_shape = n->shape;
+                kr.fused_reduces.push_back(n);
+                continue;
+            }
+        }
+        bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
+        bool inline_ok = one_root || (r.paths <= 1 && !r.broadcast);
+        if (is_target.count(n) || forced.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || (computed && !inline_ok))
+            s.materialized.insert(n);
     }
     std::vector<Kernel> kernels;
     std::unordered_map<Node*, size_t> kernel_of;
@@ -2332,6 +2400,12 @@ static double acc_identity(Op reduce_op, DType dt) {
     return dt == DType::INT32 ? double(std::numeric_limits<int32_t>::min()) : 0;
 }
 
+// How many times each node of a DAG is read (its first reading visits its operands).
+static void count_uses(const Expr* e, std::unordered_map<const Expr*, int>& uses) {
+    if (uses[e]++) return;
+    for (auto& s : e->src) count_uses(s.get(), uses);
+}
+
 static bool expr_contains(const ExprP& e, const Expr* part) {
     if (e.get() == part) return true;
     for (auto& s : e->src)
@@ -2348,6 +2422,9 @@ struct Lowering {
     int nvars = 0, naccs = 0;
     std::vector<Stmt>* body = nullptr;     // where accumulator loops go: the innermost loop
     std::vector<Node*> visited;            // for the block's title and origin
+    // a node read twice at one index is lowered once: the expressions form a DAG (the
+    // renderer names shared parts); the stored index keeps the key's pointers alive
+    std::map<std::pair<Node*, std::vector<const Expr*>>, std::pair<std::vector<ExprP>, ExprP>> lowered;
 
     // An assignment stores into its target's buffer, so both nodes name the same buffer.
     int buffer_id(Node* n) {
@@ -2377,6 +2454,16 @@ struct Lowering {
     ExprP lower(Node* n, const std::vector<ExprP>& idx) {
         if (n != root && (n->buffer || sched.materialized.count(n)))
             return ex_load(buffer_id(n), n->dtype, linear_index(idx, n->shape));
+        std::pair<Node*, std::vector<const Expr*>> key{n, {}};
+        for (auto& e : idx) key.second.push_back(e.get());
+        auto hit = lowered.find(key);
+        if (hit != lowered.end()) return hit->second.second;
+        ExprP e = lower_new(n, idx);
+        lowered[key] = {idx, e};
+        return e;
+    }
+
+    ExprP lower_new(Node* n, const std::vector<ExprP>& idx) {
         visited.push_back(n);
         Node* s0 = n->src.empty() ? nullptr : n->src[0].get();
         switch (n->op) {
@@ -2476,6 +2563,7 @@ struct Lowering {
         root = k.root;
         nvars = naccs = 0;
         visited.clear();
+        lowered.clear();
         int out = buffer_id(root);
         Block blk;
         body = &blk.body;
@@ -2537,7 +2625,7 @@ struct Lowering {
 
 static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, int>& buffer_ids) {
     Program prog;
-    Lowering low{prog, sched, buffer_ids, nullptr, 0, 0, nullptr, {}};
+    Lowering low{prog, sched, buffer_ids, nullptr, 0, 0, nullptr, {}, {}};
     for (size_t i = 0; i < sched.kernels.size(); i++) {
         const Kernel& k = sched.kernels[i];
         int out = low.buffer_id(k.root);
@@ -2905,10 +2993,32 @@ struct Interpreter : Executable {
     void* const* bufs = nullptr;
     int64_t* err = nullptr;
     std::vector<double> vars, accs;
+    std::unordered_set<const Expr*> shared;        // used twice within one statement
+    std::unordered_map<const Expr*, double> known;  // their values in the current statement
 
-    explicit Interpreter(Program p) : prog(std::move(p)) {}
+    explicit Interpreter(Program p) : prog(std::move(p)) {
+        for (const Block& b : prog.blocks) find_shared(b.body);
+    }
+
+    void find_shared(const std::vector<Stmt>& body) {
+        for (const Stmt& st : body) {
+            std::unordered_map<const Expr*, int> uses;
+            for (const ExprP& e : {st.idx, st.val})
+                if (e) count_uses(e.get(), uses);
+            for (auto& [e, n] : uses)
+                if (n > 1 && e->kind == EK::ALU) shared.insert(e);
+            find_shared(st.body);
+        }
+    }
 
     double eval(const Expr& e) {
+        if (!shared.count(&e)) return compute(e);
+        auto it = known.find(&e);
+        if (it != known.end()) return it->second;
+        return known[&e] = compute(e);
+    }
+
+    double compute(const Expr& e) {
         switch (e.kind) {
         case EK::CONST: return e.num;
         case EK::VAR: return vars[size_t(e.id)];
@@ -2929,6 +3039,7 @@ struct Interpreter : Executable {
 
     void exec(const std::vector<Stmt>& body) {
         for (const Stmt& st : body) {
+            known.clear();
             switch (st.kind) {
             case SK::LOOP:
                 if (vars.size() <= size_t(st.id)) vars.resize(size_t(st.id) + 1);
@@ -3002,57 +3113,94 @@ static std::string c_const(double v, DType dt) {
     return v < 0 ? "(" + s + ")" : s;
 }
 
-static std::string c_expr(const ExprP& e) {
-    switch (e->kind) {
-    case EK::CONST: return c_const(e->num, e->dtype);
-    case EK::VAR: return strf("i%d", e->id);
-    case EK::ACC: return strf("acc%d", e->id);
-    case EK::LOAD: return strf("buf%d[%s]", e->id, c_expr(e->src[0]).c_str());
-    case EK::CHECK:
-        return strf("tg_check(%s, %lldLL, %d, err)", c_expr(e->src[0]).c_str(), (long long)e->bound, e->id);
-    case EK::ALU: break;
-    }
-    if (e->op == Op::ADD && e->dtype != DType::BOOL)
-        return "(" + unparen_sum(e->src[0], c_expr(e->src[0])) + " + " + c_expr(e->src[1]) + ")";
-    std::string form = op_c_form(e->op);
-    bool is_float = dtype_is_float(e->dtype);
-    if (e->op == Op::MAX && !is_float) form = "tg_imax({0}, {1})";
-    if (e->op == Op::ADD && e->dtype == DType::BOOL) form = "({0} | {1})";
-    if (e->op == Op::MUL && e->dtype == DType::BOOL) form = "({0} & {1})";
-    if (e->op == Op::CAST && e->dtype == DType::BOOL) form = "({0} != 0)";
-    // value selects evaluate both sides (every load is in bounds), so a vectorizing compiler
-    // blends instead of using masked loads
-    if (e->op == Op::WHERE && e->dtype != DType::INDEX)
-        form = e->dtype == DType::FLOAT32 ? "tg_wheref({0}, {1}, {2})"
-             : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})" : "tg_wherei({0}, {1}, {2})";
-    std::string out;
-    for (size_t i = 0; i < form.size(); i++) {
-        if (form[i] != '{') { out += form[i]; continue; }
-        size_t close = form.find('}', i);
-        std::string key = form.substr(i + 1, close - i - 1);
-        if (key == "f") out += e->dtype == DType::FLOAT32 ? "f" : "";
-        else if (key == "t") out += c_type(e->dtype);
-        else out += c_expr(e->src[size_t(key[0] - '0')]);
-        i = close;
-    }
-    return out;
+// Expressions are DAGs: a value used twice in one statement (relu's x in x > 0 ? x : 0) is
+// computed once into a local t0, t1, ... declared just before the statement.
+static bool worth_a_name(const Expr* e) {
+    return e->kind == EK::ALU && (e->dtype != DType::INDEX || e->op == Op::WHERE);
 }
 
-static void c_stmts(const std::vector<Stmt>& body, int depth, std::string& out) {
+struct CExprs {
+    std::unordered_map<const Expr*, std::string> names;
+    int& next_tmp;
+
+    std::string str(const ExprP& e) {
+        auto named = names.find(e.get());
+        if (named != names.end()) return named->second;
+        switch (e->kind) {
+        case EK::CONST: return c_const(e->num, e->dtype);
+        case EK::VAR: return strf("i%d", e->id);
+        case EK::ACC: return strf("acc%d", e->id);
+        case EK::LOAD: return strf("buf%d[%s]", e->id, str(e->src[0]).c_str());
+        case EK::CHECK:
+            return strf("tg_check(%s, %lldLL, %d, err)", str(e->src[0]).c_str(), (long long)e->bound, e->id);
+        case EK::ALU: break;
+        }
+        if (e->op == Op::ADD && e->dtype != DType::BOOL)
+            return "(" + unparen_sum(e->src[0], str(e->src[0])) + " + " + str(e->src[1]) + ")";
+        std::string form = op_c_form(e->op);
+        bool is_float = dtype_is_float(e->dtype);
+        if (e->op == Op::MAX && !is_float) form = "tg_imax({0}, {1})";
+        if (e->op == Op::ADD && e->dtype == DType::BOOL) form = "({0} | {1})";
+        if (e->op == Op::MUL && e->dtype == DType::BOOL) form = "({0} & {1})";
+        if (e->op == Op::CAST && e->dtype == DType::BOOL) form = "({0} != 0)";
+        // value selects evaluate both sides (every load is in bounds), so a vectorizing
+        // compiler blends instead of using masked loads
+        if (e->op == Op::WHERE && e->dtype != DType::INDEX)
+            form = e->dtype == DType::FLOAT32 ? "tg_wheref({0}, {1}, {2})"
+                 : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})" : "tg_wherei({0}, {1}, {2})";
+        std::string out;
+        for (size_t i = 0; i < form.size(); i++) {
+            if (form[i] != '{') { out += form[i]; continue; }
+            size_t close = form.find('}', i);
+            std::string key = form.substr(i + 1, close - i - 1);
+            if (key == "f") out += e->dtype == DType::FLOAT32 ? "f" : "";
+            else if (key == "t") out += c_type(e->dtype);
+            else out += str(e->src[size_t(key[0] - '0')]);
+            i = close;
+        }
+        return out;
+    }
+
+    // declarations of the shared parts of exprs, operands before their users
+    std::string declare_shared(const std::vector<ExprP>& exprs, const std::string& pad) {
+        std::unordered_map<const Expr*, int> uses;
+        for (auto& e : exprs)
+            if (e) count_uses(e.get(), uses);
+        std::string out;
+        std::unordered_set<const Expr*> done;
+        std::function<void(const ExprP&)> visit = [&](const ExprP& e) {
+            if (!done.insert(e.get()).second) return;
+            for (auto& s : e->src) visit(s);
+            if (uses[e.get()] > 1 && worth_a_name(e.get())) {
+                std::string name = strf("t%d", next_tmp++);
+                out += pad + c_type(e->dtype) + " " + name + " = " + str(e) + ";\n";
+                names[e.get()] = name;
+            }
+        };
+        for (auto& e : exprs)
+            if (e) visit(e);
+        return out;
+    }
+};
+
+static void c_stmts(const std::vector<Stmt>& body, int depth, int& next_tmp, std::string& out) {
     std::string pad(size_t(depth) * 4, ' ');
     for (const Stmt& st : body) {
-        switch (st.kind) {
-        case SK::LOOP:
+        if (st.kind == SK::LOOP) {
             out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id, st.id,
                         (long long)st.extent, st.id);
-            c_stmts(st.body, depth + 1, out);
+            c_stmts(st.body, depth + 1, next_tmp, out);
             out += pad + "}\n";
-            break;
+            continue;
+        }
+        CExprs cx{{}, next_tmp};
+        out += cx.declare_shared({st.idx, st.val}, pad);
+        switch (st.kind) {
         case SK::ACC_INIT:
-            out += strf("%s%s acc%d = %s;\n", pad.c_str(), c_type(st.dtype), st.id, c_expr(st.val).c_str());
+            out += strf("%s%s acc%d = %s;\n", pad.c_str(), c_type(st.dtype), st.id, cx.str(st.val).c_str());
             break;
         case SK::ACC_UPDATE: {
-            std::string v = c_expr(st.val), a = strf("acc%d", st.id);
+            std::string v = cx.str(st.val), a = strf("acc%d", st.id);
             if (st.op == Op::REDUCE_SUM) out += pad + a + " += " + v + ";\n";
             else if (dtype_is_float(st.dtype))
                 out += pad + a + " = fmax" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a + ", " + v + ");\n";
@@ -3061,10 +3209,11 @@ static void c_stmts(const std::vector<Stmt>& body, int depth, std::string& out) 
         }
         case SK::STORE:
         case SK::STORE_ADD:
-            out += strf("%sbuf%d[%s] %s %s;\n", pad.c_str(), st.id, c_expr(st.idx).c_str(),
-                        st.kind == SK::STORE ? "=" : "+=", c_expr(st.val).c_str());
+            out += strf("%sbuf%d[%s] %s %s;\n", pad.c_str(), st.id, cx.str(st.idx).c_str(),
+                        st.kind == SK::STORE ? "=" : "+=", cx.str(st.val).c_str());
             break;
-        case SK::CHECK: out += pad + "(void)" + c_expr(st.idx) + ";\n"; break;
+        case SK::CHECK: out += pad + "(void)" + cx.str(st.idx) + ";\n"; break;
+        case SK::LOOP: break;
         }
     }
 }
@@ -3118,7 +3267,8 @@ static std::string render_c(const Program& p) {
         if (checks) { params += ", int64_t *err"; args += ", err"; }
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         out += strf("static void k%zu(%s) {\n", k, params.c_str());
-        c_stmts(b.body, 1, out);
+        int next_tmp = 0;
+        c_stmts(b.body, 1, next_tmp, out);
         out += "}\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
     }
@@ -3596,6 +3746,11 @@ Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64
 }
 }  // namespace init
 
+Tensor Module::operator()(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return forward(x);
+}
+
 Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias(bias) {
     if (in <= 0 || out <= 0) detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in, (long long)out));
     in_features = in;
@@ -3657,7 +3812,8 @@ static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
     if (a.shape() != b.shape())
         detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str()));
 }
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
     if (target.dtype() != DType::INT32)
         detail::fail(strf("cross_entropy: targets must be int32 class indices, got %s", dtype_name(target.dtype())));
     Shape lead(logits.shape().begin(), logits.shape().end() - (logits.ndim() ? 1 : 0));
@@ -3667,16 +3823,24 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r) {
     Tensor picked = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
     return reduce_loss(-picked, r);
 }
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, Reduction r) {
+// (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
+// min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
     check_same_shape("binary_cross_entropy_with_logits", x, t);
-    return reduce_loss(x.relu() - x * t + ((-x.abs()).exp() + 1.0f).log(), r);
+    Tensor below = x < 0;
+    Tensor min0 = where(below, x, 0), abs = where(below, -x, x);
+    Tensor log_sigmoid = min0 - ((-abs).exp() + 1.0f).log();
+    return reduce_loss((1.0f - t) * x - log_sigmoid, r);
 }
-Tensor mse_loss(const Tensor& p, const Tensor& t, Reduction r) {
+Tensor mse_loss(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
     check_same_shape("mse_loss", p, t);
     Tensor d = p - t;
     return reduce_loss(d * d, r);
 }
-Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r) {
+Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
     check_same_shape("hinge_loss", s, y);
     return reduce_loss((1.0f - y * s).relu(), r);
 }
@@ -3693,7 +3857,8 @@ Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate) : params(std:
     for (const Tensor& p : params)
         if (!p.tracks_grad()) detail::fail("optimizer: a parameter does not require grad (call requires_grad())");
 }
-void Optimizer::step() {
+void Optimizer::step(Loc loc) {
+    detail::UserLocScope at(loc);
     std::vector<Tensor> assigns;
     {
         NoGrad no_grad;
@@ -3782,7 +3947,9 @@ Dataset moons(int64_t n, double noise, uint64_t seed) {
 }
 
 std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed) {
-    if (batch_size <= 0) detail::fail(strf("batches: batch_size must be positive, got %lld", (long long)batch_size));
+    if (batch_size <= 0 || n < 0)
+        detail::fail(strf("batches: need n >= 0 and batch_size > 0, got n %lld, batch_size %lld", (long long)n,
+                          (long long)batch_size));
     std::vector<int32_t> order(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; i++) order[size_t(i)] = int32_t(i);
     uint64_t state = seed;
@@ -3905,13 +4072,13 @@ std::string json_string(const std::string& s) {
 // The subset of JSON a safetensors header uses: objects, arrays, strings, integers.
 struct Json {
     enum Kind { OBJECT, ARRAY, STRING, NUMBER } kind = NUMBER;
-    std::vector<std::pair<std::string, Json>> members;
-    std::vector<Json> items;
+    std::vector<std::string> keys;   // OBJECT: keys[i] names items[i]
+    std::vector<Json> items;         // OBJECT members, ARRAY elements
     std::string text;
     double number = 0;
     const Json* get(const std::string& key) const {
-        for (auto& [k, v] : members)
-            if (k == key) return &v;
+        for (size_t i = 0; i < keys.size(); i++)
+            if (keys[i] == key) return &items[i];
         return nullptr;
     }
 };
@@ -3966,9 +4133,9 @@ struct JsonParser {
             space();
             if (i < s.size() && s[i] == '}') { i++; return v; }
             while (true) {
-                std::string key = string_value();
+                v.keys.push_back(string_value());
                 expect(':');
-                v.members.push_back({key, value(depth + 1)});
+                v.items.push_back(value(depth + 1));
                 space();
                 if (i < s.size() && s[i] == ',') { i++; continue; }
                 expect('}');
@@ -4048,7 +4215,9 @@ std::map<std::string, Tensor> load(const std::string& path) {
     size_t data_start = 8 + size_t(n), data_size = file.size() - data_start;
     struct Entry { std::string name; DType dtype; Shape shape; int64_t begin, end; };
     std::vector<Entry> entries;
-    for (auto& [name, v] : root.members) {
+    for (size_t m = 0; m < root.keys.size(); m++) {
+        const std::string& name = root.keys[m];
+        const Json& v = root.items[m];
         if (name == "__metadata__") continue;
         if (v.kind != Json::OBJECT) p.bad("entry '" + name + "' is not an object");
         const Json* dt = v.get("dtype");
@@ -4062,12 +4231,16 @@ std::map<std::string, Tensor> load(const std::string& path) {
         else if (dt->text == "BOOL") e.dtype = DType::BOOL;
         else p.bad("entry '" + name + "' has unsupported dtype " + dt->text);
         if (!shape || shape->kind != Json::ARRAY) p.bad("entry '" + name + "' has no shape");
-        for (auto& d : shape->items) e.shape.push_back(whole_number(&d, p, "a size in '" + name + "'"));
+        int64_t bytes = int64_t(dtype_size(e.dtype));
+        for (auto& d : shape->items) {
+            e.shape.push_back(whole_number(&d, p, "a size in '" + name + "'"));
+            if (__builtin_mul_overflow(bytes, e.shape.back(), &bytes))
+                p.bad(strf("entry '%s': shape %s is too large", name.c_str(), shape_str(e.shape).c_str()));
+        }
         if (!offsets || offsets->kind != Json::ARRAY || offsets->items.size() != 2)
             p.bad("entry '" + name + "' needs data_offsets [begin, end]");
         e.begin = whole_number(&offsets->items[0], p, "data_offsets");
         e.end = whole_number(&offsets->items[1], p, "data_offsets");
-        int64_t bytes = detail::shape_numel(e.shape) * int64_t(dtype_size(e.dtype));
         if (e.end < e.begin || e.end - e.begin != bytes)
             p.bad(strf("entry '%s': data_offsets [%lld, %lld] do not hold %lld bytes of %s %s", name.c_str(),
                        (long long)e.begin, (long long)e.end, (long long)bytes, dtype_name(e.dtype), shape_str(e.shape).c_str()));

@@ -1,0 +1,99 @@
+// bench.cpp — speed of training steps on the workloads of shared/bench/WORKLOADS.md.
+//
+// Prints one line per workload: microseconds per step as the median and the minimum over
+// blocks of steps (after warm-up steps), and the number of threads the kernels ran on. Each
+// step is a tg::jit replay: one compiled program for forward, backward and update. Compare with
+// reference_torch.py run on the same machine in the same session, as a ratio.
+//
+// Build and run: make bench      (or: c++ -std=c++17 -O2 bench/bench.cpp -o bench -ldl)
+#define TINYGRAD_IMPLEMENTATION
+#include "../tinygrad.hpp"
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+using tg::Tensor;
+namespace nn = tg::nn;
+
+struct Timing { double median_us, min_us; };
+
+// blocks of `steps` calls of step(), after `warmup` calls; per-step times of each block
+template <typename F> static Timing time_blocks(F&& step, int warmup, int steps, int blocks) {
+    for (int i = 0; i < warmup; i++) step();
+    std::vector<double> per_step;
+    for (int b = 0; b < blocks; b++) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < steps; i++) step();
+        per_step.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps);
+    }
+    std::sort(per_step.begin(), per_step.end());
+    return {per_step[per_step.size() / 2], per_step.front()};
+}
+
+static std::vector<int32_t> random_batch(std::mt19937& rng, int64_t n, int64_t size) {
+    std::uniform_int_distribution<int32_t> pick(0, int32_t(n - 1));
+    std::vector<int32_t> b(static_cast<size_t>(size));
+    for (auto& x : b) x = pick(rng);
+    return b;
+}
+
+// W1: half moons, 1024 points, MLP 2→16→16→1 ReLU, hinge loss, SGD lr 0.1 wd 1e-4, batch 32;
+// 10 epochs of warm-up, 9 timed blocks of 10 epochs; accuracy after all 100 epochs
+static void w1() {
+    const int64_t n = 1024, batch = 32, steps_per_epoch = n / batch;
+    tg::manual_seed(1337);
+    tg::data::Dataset d = tg::data::moons(n, 0.1, 1337);
+    nn::Sequential mlp(nn::Linear(2, 16), nn::ReLU(), nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 1));
+    tg::optim::SGD opt(mlp.parameters(), 0.1, 0, 1e-4);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::hinge_loss(mlp(d.X[in[0]]).reshape({-1}), d.Y[in[0]]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    std::mt19937 rng(1);
+    auto one = [&] { step({Tensor::from_vector(random_batch(rng, n, batch))}); };
+    Timing t = time_blocks(one, int(10 * steps_per_epoch), int(10 * steps_per_epoch), 9);
+    double acc = ((mlp(d.X).reshape({-1}) > 0) == (d.Y > 0)).cast(tg::DType::FLOAT32).mean().item();
+    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads 1  accuracy %.4f\n",
+                t.median_us, t.min_us, acc);
+}
+
+// W2: Bengio char MLP, V=27 T=3 E=10 D=200 B=32, no biases, tanh, cross-entropy, SGD lr 0.01;
+// 20 warm-up steps, 7 blocks of 200
+static void w2() {
+    const int V = 27, T = 3, E = 10, D = 200, B = 32, pool = 32768;
+    std::mt19937 rng(1337);
+    std::uniform_int_distribution<int32_t> ch(0, V - 1);
+    std::vector<int32_t> xs(size_t(pool) * T), ys(pool);
+    for (auto& x : xs) x = ch(rng);
+    for (auto& y : ys) y = ch(rng);
+    Tensor X = Tensor::from_vector(xs, {pool, T}), Y = Tensor::from_vector(ys, {pool});
+    tg::manual_seed(1337);
+    Tensor C = Tensor::randn({V, E}).requires_grad();
+    nn::Sequential mlp(nn::Linear(T * E, D, false), nn::Tanh(), nn::Linear(D, D, false), nn::Tanh(),
+                       nn::Linear(D, V, false));
+    std::vector<Tensor> params = mlp.parameters();
+    params.push_back(C);
+    tg::optim::SGD opt(params, 0.01);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::cross_entropy(mlp(C[X[in[0]]].reshape({B, T * E})), Y[in[0]]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    Tensor last;
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
+    Timing t = time_blocks(one, 20, 200, 7);
+    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads 1  final loss %.4f\n",
+                t.median_us, t.min_us, last.item());
+}
+
+int main() {
+    w1();
+    w2();
+    return 0;
+}

@@ -1,0 +1,1413 @@
+// Training: nn layers and initialisers, losses, optimizers, the jit, data, plots and
+// safetensors. Every numeric result is compared with a reference computed here by plain loops
+// in double precision; the jit is compared bit for bit with the same steps run eagerly; the
+// safetensors files are checked byte by byte against the format's specification.
+#include "harness.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+using tg::DType;
+using tg::Shape;
+using tg::Tensor;
+namespace nn = tg::nn;
+namespace optim = tg::optim;
+
+namespace {
+
+using Vec = std::vector<double>;
+const double F32 = 1e-5;   // float32 results against double references
+
+// ---- deterministic inputs ---------------------------------------------------------------------
+
+struct Lcg {
+    uint64_t s;
+    explicit Lcg(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+    double next() {   // uniform [0, 1)
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return double(s >> 11) / 9007199254740992.0;
+    }
+};
+std::vector<float> randf(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+    Lcg g(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = float(lo + (hi - lo) * g.next());
+    return v;
+}
+std::vector<int32_t> randi(size_t n, uint64_t seed, int lo, int hi) {   // [lo, hi]
+    Lcg g(seed);
+    std::vector<int32_t> v(n);
+    for (int32_t& x : v) x = int32_t(lo + int(g.next() * (hi - lo + 1)));
+    return v;
+}
+template <typename T> Vec D(const std::vector<T>& v) { return Vec(v.begin(), v.end()); }
+Vec vals(const Tensor& t) { return t.to_vector<double>(); }
+Tensor fv(const std::vector<float>& v, const Shape& s = {-1}) { return Tensor::from_vector(v, s); }
+
+// y[r, o] = sum_i x[r, i] W[o, i] + b[o]   (x [rows, in], W [out, in])
+Vec linear_ref(const Vec& x, const Vec& W, const Vec& b, int64_t rows, int64_t in, int64_t out) {
+    Vec y(size_t(rows * out));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) {
+            double acc = b.empty() ? 0 : b[size_t(o)];
+            for (int64_t i = 0; i < in; i++) acc += x[size_t(r * in + i)] * W[size_t(o * in + i)];
+            y[size_t(r * out + o)] = acc;
+        }
+    return y;
+}
+
+struct Moments { double mean, sd, min, max; };
+Moments moments(const Vec& v) {
+    double s = 0, mn = v[0], mx = v[0];
+    for (double x : v) s += x, mn = std::min(mn, x), mx = std::max(mx, x);
+    double mean = s / double(v.size()), ss = 0;
+    for (double x : v) ss += (x - mean) * (x - mean);
+    return {mean, std::sqrt(ss / double(v.size())), mn, mx};
+}
+
+bool same_node(const Tensor& a, const Tensor& b) { return a.node().get() == b.node().get(); }
+
+// ---- files ------------------------------------------------------------------------------------
+
+std::vector<std::string> dir_entries(const std::string& dir);
+// a fresh directory under /tmp, removed with its files at the end of the scope
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char tmpl[] = "/tmp/tg-training-XXXXXX";
+        path = mkdtemp(tmpl) ? std::string(tmpl) : std::string("/tmp");
+    }
+    ~TempDir() {
+        if (path == "/tmp") return;
+        for (const std::string& n : dir_entries(path)) std::remove((path + "/" + n).c_str());
+        rmdir(path.c_str());
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+};
+std::vector<std::string> dir_entries(const std::string& dir) {
+    std::vector<std::string> out;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n != "." && n != "..") out.push_back(n);
+        }
+        closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+std::string le64(uint64_t n) {
+    std::string s(8, '\0');
+    for (int b = 0; b < 8; b++) s[size_t(b)] = char((n >> (8 * b)) & 0xff);
+    return s;
+}
+std::string le_f32(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    std::string s(4, '\0');
+    for (int b = 0; b < 4; b++) s[size_t(b)] = char((bits >> (8 * b)) & 0xff);
+    return s;
+}
+std::string le_f64(double f) {
+    uint64_t bits;
+    std::memcpy(&bits, &f, 8);
+    std::string s(8, '\0');
+    for (int b = 0; b < 8; b++) s[size_t(b)] = char((bits >> (8 * b)) & 0xff);
+    return s;
+}
+std::string le_i32(int32_t v) {
+    uint32_t bits = uint32_t(v);
+    std::string s(4, '\0');
+    for (int b = 0; b < 4; b++) s[size_t(b)] = char((bits >> (8 * b)) & 0xff);
+    return s;
+}
+// a safetensors file: the header's length, the header, the data
+std::string st_file(const std::string& header, const std::string& data) {
+    return le64(header.size()) + header + data;
+}
+
+// ---- a small, strict JSON reader (RFC 8259), independent of the library's -------------------
+
+struct Json {
+    char kind = 'n';   // o(bject) a(rray) s(tring) d (number) t f n
+    std::vector<std::pair<std::string, Json>> members;
+    std::vector<Json> items;
+    std::string text;
+    double number = 0;
+    const Json* at(const std::string& key) const {
+        for (auto& kv : members)
+            if (kv.first == key) return &kv.second;
+        return nullptr;
+    }
+};
+struct JsonReader {
+    const std::string& s;
+    size_t i = 0;
+    void ws() { while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++; }
+    bool lit(const char* w) {
+        size_t n = std::strlen(w);
+        if (s.compare(i, n, w) != 0) return false;
+        i += n;
+        return true;
+    }
+    bool str(std::string& out) {
+        if (i >= s.size() || s[i] != '"') return false;
+        i++;
+        while (i < s.size() && s[i] != '"') {
+            if ((unsigned char)s[i] < 0x20) return false;
+            if (s[i] == '\\') {
+                if (++i >= s.size()) return false;
+                char e = s[i];
+                if (e == 'u') {
+                    if (i + 4 >= s.size()) return false;
+                    for (int k = 1; k <= 4; k++)
+                        if (!std::isxdigit((unsigned char)s[i + size_t(k)])) return false;
+                    out += '?';
+                    i += 4;
+                } else if (std::strchr("\"\\/bfnrt", e) && e) {
+                    out += e;
+                } else {
+                    return false;
+                }
+                i++;
+                continue;
+            }
+            out += s[i++];
+        }
+        if (i >= s.size()) return false;
+        i++;
+        return true;
+    }
+    bool num(double& out) {
+        size_t start = i;
+        if (i < s.size() && s[i] == '-') i++;
+        if (i >= s.size() || !std::isdigit((unsigned char)s[i])) return false;
+        if (s[i] == '0') i++;
+        else while (i < s.size() && std::isdigit((unsigned char)s[i])) i++;
+        if (i < s.size() && s[i] == '.') {
+            i++;
+            if (i >= s.size() || !std::isdigit((unsigned char)s[i])) return false;
+            while (i < s.size() && std::isdigit((unsigned char)s[i])) i++;
+        }
+        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+            i++;
+            if (i < s.size() && (s[i] == '+' || s[i] == '-')) i++;
+            if (i >= s.size() || !std::isdigit((unsigned char)s[i])) return false;
+            while (i < s.size() && std::isdigit((unsigned char)s[i])) i++;
+        }
+        out = std::strtod(s.substr(start, i - start).c_str(), nullptr);
+        return true;
+    }
+    bool value(Json& v, int depth = 0) {
+        if (depth > 32) return false;
+        ws();
+        if (i >= s.size()) return false;
+        if (s[i] == '{') {
+            v.kind = 'o';
+            i++;
+            ws();
+            if (i < s.size() && s[i] == '}') { i++; return true; }
+            while (true) {
+                ws();
+                std::string key;
+                if (!str(key)) return false;
+                ws();
+                if (i >= s.size() || s[i] != ':') return false;
+                i++;
+                Json member;
+                if (!value(member, depth + 1)) return false;
+                v.members.push_back({key, member});
+                ws();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                if (i < s.size() && s[i] == '}') { i++; return true; }
+                return false;
+            }
+        }
+        if (s[i] == '[') {
+            v.kind = 'a';
+            i++;
+            ws();
+            if (i < s.size() && s[i] == ']') { i++; return true; }
+            while (true) {
+                Json item;
+                if (!value(item, depth + 1)) return false;
+                v.items.push_back(item);
+                ws();
+                if (i < s.size() && s[i] == ',') { i++; continue; }
+                if (i < s.size() && s[i] == ']') { i++; return true; }
+                return false;
+            }
+        }
+        if (s[i] == '"') { v.kind = 's'; return str(v.text); }
+        if (lit("true")) { v.kind = 't'; return true; }
+        if (lit("false")) { v.kind = 'f'; return true; }
+        if (lit("null")) { v.kind = 'n'; return true; }
+        v.kind = 'd';
+        return num(v.number);
+    }
+};
+// the whole text is one JSON value (whitespace around it allowed)
+bool parse_json(const std::string& text, Json& out) {
+    JsonReader r{text};
+    if (!r.value(out)) return false;
+    r.ws();
+    return r.i == text.size();
+}
+std::vector<double> json_numbers(const Json* a) {
+    std::vector<double> out;
+    if (a && a->kind == 'a')
+        for (const Json& x : a->items) out.push_back(x.kind == 'd' ? x.number : -1e300);
+    return out;
+}
+
+}  // namespace
+
+// =============================================================================================
+// nn: layers and initialisers
+// =============================================================================================
+
+TEST(nn_linear_shapes_and_pytorch_init_range) {
+    tg::manual_seed(101);
+    nn::Linear small(50, 7);
+    CHECK_EQ(small.in_features, int64_t(50));
+    CHECK_EQ(small.out_features, int64_t(7));
+    CHECK_EQ(small.weight.shape(), (Shape{7, 50}));
+    CHECK_EQ(small.bias.shape(), (Shape{7}));
+    CHECK(small.weight.dtype() == DType::FLOAT32);
+    CHECK(small.weight.tracks_grad() && small.bias.tracks_grad());
+    CHECK(small.weight.realized() && small.bias.realized());
+    std::vector<Tensor> ps = small.parameters();
+    CHECK_EQ(ps.size(), size_t(2));
+    if (ps.size() == 2) CHECK(same_node(ps[0], small.weight) && same_node(ps[1], small.bias));
+    double b = 1 / std::sqrt(50.0);
+    for (double x : vals(small.bias)) CHECK(x >= -b && x <= b);
+
+    // 20000 weights: U(-1/√in, 1/√in) fills the range, sd = bound/√3, mean 0
+    nn::Linear big(100, 200);
+    double bound = 0.1;
+    Moments m = moments(vals(big.weight));
+    CHECK(m.min >= -bound && m.max <= bound);
+    CHECK(m.max > 0.99 * bound && m.min < -0.99 * bound);
+    CHECK_NEAR(m.sd, bound / std::sqrt(3.0), 0.03 * bound / std::sqrt(3.0));
+    CHECK(std::fabs(m.mean) < 0.03 * m.sd);
+    Moments mb = moments(vals(big.bias));
+    CHECK(mb.min >= -bound && mb.max <= bound);
+    CHECK(mb.max - mb.min > bound);   // 200 biases spread over the range
+    CHECK(vals(big.weight) != vals(nn::Linear(100, 200).weight));   // fresh seeds each layer
+}
+
+TEST(nn_linear_forward_matches_loop) {
+    tg::manual_seed(7);
+    nn::Linear lin(5, 3);
+    std::vector<float> xs = randf(4 * 5, 1, -2, 2);
+    Tensor x = fv(xs, {4, 5});
+    Tensor y = lin(x);
+    CHECK_EQ(y.shape(), (Shape{4, 3}));
+    Vec want = linear_ref(D(xs), vals(lin.weight), vals(lin.bias), 4, 5, 3);
+    CHECK_ALL_NEAR(vals(y), want, F32);
+    // leading batch axes are kept: [2,2,5] → [2,2,3], same rows
+    Tensor y3 = lin(fv(xs, {2, 2, 5}));
+    CHECK_EQ(y3.shape(), (Shape{2, 2, 3}));
+    CHECK_ALL_NEAR(vals(y3), want, F32);
+    CHECK_THROWS(lin(Tensor::zeros({4, 6})), "Linear", "[4,6]", "in_features 5");
+}
+
+TEST(nn_linear_deferred_learns_in_features) {
+    tg::manual_seed(8);
+    nn::Linear lin(4);
+    CHECK(lin.parameters().empty());
+    CHECK_EQ(lin.in_features, int64_t(-1));
+    CHECK_EQ(lin.out_features, int64_t(4));
+    std::vector<float> xs = randf(6 * 3, 2);
+    Tensor y = lin(fv(xs, {6, 3}));
+    CHECK_EQ(y.shape(), (Shape{6, 4}));
+    CHECK_EQ(lin.in_features, int64_t(3));
+    CHECK_EQ(lin.parameters().size(), size_t(2));
+    CHECK_EQ(lin.weight.shape(), (Shape{4, 3}));
+    CHECK_EQ(lin.bias.shape(), (Shape{4}));
+    CHECK(lin.weight.tracks_grad() && lin.bias.tracks_grad());
+    double b = 1 / std::sqrt(3.0);
+    for (double w : vals(lin.weight)) CHECK(w >= -b && w <= b);
+    CHECK_ALL_NEAR(vals(y), linear_ref(D(xs), vals(lin.weight), vals(lin.bias), 6, 3, 4), F32);
+    // the width is fixed now
+    Tensor w_before = lin.weight;
+    CHECK_THROWS(lin(Tensor::zeros({2, 5})), "Linear", "in_features 3");
+    CHECK(same_node(lin.weight, w_before));
+    CHECK_THROWS(nn::Linear(0), "Linear");
+    CHECK_THROWS(nn::Linear(3, 0), "Linear");
+}
+
+TEST(nn_linear_without_bias) {
+    tg::manual_seed(9);
+    nn::Linear lin(3, 2, false);
+    std::vector<Tensor> ps = lin.parameters();
+    CHECK_EQ(ps.size(), size_t(1));
+    if (ps.size() == 1) CHECK(same_node(ps[0], lin.weight));
+    CHECK(!lin.bias.defined());
+    std::vector<float> xs = randf(5 * 3, 3);
+    CHECK_ALL_NEAR(vals(lin(fv(xs, {5, 3}))), linear_ref(D(xs), vals(lin.weight), {}, 5, 3, 2), F32);
+}
+
+TEST(nn_embedding_picks_rows) {
+    tg::manual_seed(10);
+    nn::Embedding emb(10, 4);
+    CHECK_EQ(emb.weight.shape(), (Shape{10, 4}));
+    CHECK(emb.weight.tracks_grad());
+    CHECK_EQ(emb.parameters().size(), size_t(1));
+    std::vector<int32_t> ids = {3, 0, 9, 3, 7, 1};
+    Tensor out = emb(Tensor::from_vector(ids, {2, 3}));
+    CHECK_EQ(out.shape(), (Shape{2, 3, 4}));
+    Vec W = vals(emb.weight), want;
+    for (int32_t id : ids)
+        for (int64_t d = 0; d < 4; d++) want.push_back(W[size_t(id * 4 + d)]);
+    CHECK_ALL_NEAR(vals(out), want, 0);
+    // randn initialisation: not all equal, roughly unit scale
+    Moments m = moments(W);
+    CHECK(m.sd > 0.3 && m.sd < 3);
+}
+
+TEST(nn_layernorm_normalizes_last_axis) {
+    const int64_t rows = 5, dim = 8;
+    std::vector<float> xs = randf(size_t(rows * dim), 4, -3, 5);
+    for (size_t i = 0; i < xs.size(); i++) xs[i] = xs[i] * float(1 + i / size_t(dim)) + float(i / size_t(dim));
+    nn::LayerNorm ln(dim);
+    CHECK_EQ(ln.parameters().size(), size_t(2));
+    Vec y = vals(ln(fv(xs, {rows, dim})));
+    for (int64_t r = 0; r < rows; r++) {
+        Vec row(y.begin() + r * dim, y.begin() + (r + 1) * dim);
+        Moments m = moments(row);
+        CHECK_NEAR(m.mean, 0, 1e-5);
+        CHECK_NEAR(m.sd * m.sd, 1, 1e-3);
+    }
+    // with a weight and a bias, against (x - mean)/√(var + eps)·w + b over [2,5,8]
+    std::vector<float> w = randf(size_t(dim), 5, 0.5, 2), bb = randf(size_t(dim), 6);
+    nn::LayerNorm ln2(dim, 1e-3);
+    ln2.weight = fv(w).requires_grad();
+    ln2.bias = fv(bb).requires_grad();
+    std::vector<float> x3 = randf(size_t(2 * rows * dim), 7, -1, 1);
+    Tensor out = ln2(fv(x3, {2, rows, dim}));
+    CHECK_EQ(out.shape(), (Shape{2, rows, dim}));
+    Vec want;
+    for (int64_t r = 0; r < 2 * rows; r++) {
+        double mean = 0, var = 0;
+        for (int64_t d = 0; d < dim; d++) mean += x3[size_t(r * dim + d)];
+        mean /= double(dim);
+        for (int64_t d = 0; d < dim; d++) var += (x3[size_t(r * dim + d)] - mean) * (x3[size_t(r * dim + d)] - mean);
+        var /= double(dim);
+        for (int64_t d = 0; d < dim; d++)
+            want.push_back((x3[size_t(r * dim + d)] - mean) / std::sqrt(var + 1e-3) * w[size_t(d)] + bb[size_t(d)]);
+    }
+    CHECK_ALL_NEAR(vals(out), want, F32);
+}
+
+TEST(nn_sequential_chains_and_collects_parameters) {
+    tg::manual_seed(12);
+    nn::Sequential net(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2), nn::Tanh());
+    CHECK_EQ(net.layers.size(), size_t(4));
+    std::vector<Tensor> ps = net.parameters();
+    CHECK_EQ(ps.size(), size_t(4));
+    auto l1 = std::dynamic_pointer_cast<nn::Linear>(net.layers[0]);
+    auto l2 = std::dynamic_pointer_cast<nn::Linear>(net.layers[2]);
+    CHECK(l1 && l2);
+    if (!l1 || !l2 || ps.size() != 4) return;
+    CHECK(same_node(ps[0], l1->weight) && same_node(ps[1], l1->bias));
+    CHECK(same_node(ps[2], l2->weight) && same_node(ps[3], l2->bias));
+    std::vector<float> xs = randf(6 * 3, 13, -2, 2);
+    Vec h = linear_ref(D(xs), vals(l1->weight), vals(l1->bias), 6, 3, 4);
+    for (double& v : h) v = std::max(v, 0.0);
+    Vec want = linear_ref(h, vals(l2->weight), vals(l2->bias), 6, 4, 2);
+    for (double& v : want) v = std::tanh(v);
+    CHECK_ALL_NEAR(vals(net(fv(xs, {6, 3}))), want, F32);
+
+    // deferred layers inside: parameters appear after the first call
+    nn::Sequential lazy(nn::Linear(5), nn::ReLU(), nn::Linear(2));
+    CHECK(lazy.parameters().empty());
+    CHECK_EQ(lazy(Tensor::ones({3, 7})).shape(), (Shape{3, 2}));
+    std::vector<Tensor> lp = lazy.parameters();
+    CHECK_EQ(lp.size(), size_t(4));
+    if (lp.size() == 4) {
+        CHECK_EQ(lp[0].shape(), (Shape{5, 7}));
+        CHECK_EQ(lp[2].shape(), (Shape{2, 5}));
+    }
+    // add() appends
+    nn::Sequential built;
+    built.add(std::make_shared<nn::Linear>(2, 3)).add(std::make_shared<nn::Sigmoid>());
+    CHECK_EQ(built.parameters().size(), size_t(2));
+    for (double v : vals(built(Tensor::ones({4, 2})))) CHECK(v > 0 && v < 1);
+}
+
+TEST(nn_init_bounds_and_standard_deviations) {
+    const Shape shape{100, 200};   // 20000 samples
+    // kaiming_uniform: U(-b, b), b = √(6/fan_in)
+    {
+        double b = std::sqrt(6.0 / 50);
+        Moments m = moments(vals(nn::init::kaiming_uniform(shape, 50, 1)));
+        CHECK(m.min >= -b && m.max <= b);
+        CHECK(m.max > 0.98 * b && m.min < -0.98 * b);
+        CHECK_NEAR(m.sd, b / std::sqrt(3.0), 0.03 * b);
+        CHECK(std::fabs(m.mean) < 0.03 * m.sd);
+    }
+    // kaiming_normal: N(0, 2/fan_in)
+    {
+        double sd = std::sqrt(2.0 / 50);
+        Moments m = moments(vals(nn::init::kaiming_normal(shape, 50, 2)));
+        CHECK_NEAR(m.sd, sd, 0.03 * sd);
+        CHECK(std::fabs(m.mean) < 0.03 * sd);
+        CHECK(m.max > 3 * sd && m.min < -3 * sd);   // a normal, not a uniform, tail
+    }
+    // xavier_uniform: U(-b, b), b = √(6/(fan_in + fan_out))
+    {
+        double b = std::sqrt(6.0 / (30 + 70));
+        Moments m = moments(vals(nn::init::xavier_uniform(shape, 30, 70, 3)));
+        CHECK(m.min >= -b && m.max <= b);
+        CHECK(m.max > 0.98 * b && m.min < -0.98 * b);
+        CHECK_NEAR(m.sd, b / std::sqrt(3.0), 0.03 * b);
+    }
+    // xavier_normal: N(0, 2/(fan_in + fan_out))
+    {
+        double sd = std::sqrt(2.0 / (30 + 70));
+        Moments m = moments(vals(nn::init::xavier_normal(shape, 30, 70, 4)));
+        CHECK_NEAR(m.sd, sd, 0.03 * sd);
+        CHECK(std::fabs(m.mean) < 0.03 * sd);
+    }
+    // uniform(low, high)
+    {
+        Moments m = moments(vals(nn::init::uniform(shape, 2, 5, 5)));
+        CHECK(m.min >= 2 && m.max <= 5);
+        CHECK_NEAR(m.mean, 3.5, 0.01);
+    }
+    // the seed decides the values
+    CHECK(vals(nn::init::kaiming_normal({64}, 8, 21)) == vals(nn::init::kaiming_normal({64}, 8, 21)));
+    CHECK(vals(nn::init::kaiming_normal({64}, 8, 21)) != vals(nn::init::kaiming_normal({64}, 8, 22)));
+}
+
+// =============================================================================================
+// losses
+// =============================================================================================
+
+TEST(loss_cross_entropy_matches_loop) {
+    const int64_t N = 6, C = 5;
+    std::vector<float> logits = randf(size_t(N * C), 20, -3, 3);
+    std::vector<int32_t> target = randi(size_t(N), 21, 0, int(C - 1));
+    Vec per(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; n++) {
+        double mx = -1e300, s = 0;
+        for (int64_t c = 0; c < C; c++) mx = std::max(mx, double(logits[size_t(n * C + c)]));
+        for (int64_t c = 0; c < C; c++) s += std::exp(logits[size_t(n * C + c)] - mx);
+        per[size_t(n)] = mx + std::log(s) - logits[size_t(n * C + target[size_t(n)])];
+    }
+    double sum = 0;
+    for (double v : per) sum += v;
+    Tensor L = fv(logits, {N, C}), T = Tensor::from_vector(target);
+    Tensor none = nn::cross_entropy(L, T, nn::Reduction::NONE);
+    CHECK_EQ(none.shape(), (Shape{N}));
+    CHECK_ALL_NEAR(vals(none), per, F32);
+    Tensor mean = nn::cross_entropy(L, T), total = nn::cross_entropy(L, T, nn::Reduction::SUM);
+    CHECK_EQ(mean.shape(), Shape{});
+    CHECK_EQ(total.shape(), Shape{});
+    CHECK_NEAR(mean.item(), sum / double(N), F32);
+    CHECK_NEAR(total.item(), sum, F32);
+    // [..., C] logits with [...] targets
+    Tensor none3 = nn::cross_entropy(fv(logits, {2, 3, C}), Tensor::from_vector(target, {2, 3}), nn::Reduction::NONE);
+    CHECK_EQ(none3.shape(), (Shape{2, 3}));
+    CHECK_ALL_NEAR(vals(none3), per, F32);
+    // the gradient of the mean: (softmax - onehot) / N
+    Tensor Lp = fv(logits, {N, C}).requires_grad();
+    Vec g = vals(tg::gradients(nn::cross_entropy(Lp, T), {Lp})[0]), gwant;
+    for (int64_t n = 0; n < N; n++) {
+        double mx = -1e300, s = 0;
+        for (int64_t c = 0; c < C; c++) mx = std::max(mx, double(logits[size_t(n * C + c)]));
+        for (int64_t c = 0; c < C; c++) s += std::exp(logits[size_t(n * C + c)] - mx);
+        for (int64_t c = 0; c < C; c++)
+            gwant.push_back((std::exp(logits[size_t(n * C + c)] - mx) / s - (c == target[size_t(n)])) / double(N));
+    }
+    CHECK_ALL_NEAR(g, gwant, F32);
+    // errors
+    CHECK_THROWS(nn::cross_entropy(L, fv({0, 1, 2, 3, 4, 0})), "cross_entropy", "int32", "float32");
+    CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(std::vector<int32_t>{0, 1, 2})), "cross_entropy",
+                 "[6,5]", "[6]", "[3]");
+    CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(target, {6, 1})), "cross_entropy", "[6,1]");
+    CHECK_THROWS(nn::cross_entropy(Tensor::zeros({}), Tensor::from_vector(std::vector<int32_t>{0}, {})),
+                 "cross_entropy");
+}
+
+TEST(loss_bce_with_logits_matches_loop_and_stays_finite) {
+    std::vector<float> x = {-1000, -100, -30, -2.5f, -0.3f, 0, 0.7f, 3, 40, 100, 1000, 88.5f};
+    std::vector<float> t = {0, 1, 0.5f, 1, 0, 0.25f, 1, 0, 1, 0, 1, 0.5f};
+    Vec per;
+    for (size_t i = 0; i < x.size(); i++) {
+        double xi = x[i];
+        per.push_back(std::max(xi, 0.0) - xi * t[i] + std::log1p(std::exp(-std::fabs(xi))));
+    }
+    double sum = 0;
+    for (double v : per) sum += v;
+    Tensor X = fv(x, {3, 4}), T = fv(t, {3, 4});
+    Tensor none = nn::binary_cross_entropy_with_logits(X, T, nn::Reduction::NONE);
+    CHECK_EQ(none.shape(), (Shape{3, 4}));
+    Vec got = vals(none);
+    for (double v : got) CHECK(std::isfinite(v));
+    CHECK_ALL_NEAR(got, per, F32);
+    CHECK_NEAR(nn::binary_cross_entropy_with_logits(X, T).item(), sum / 12, F32);
+    CHECK_NEAR(nn::binary_cross_entropy_with_logits(X, T, nn::Reduction::SUM).item(), sum, F32);
+    // the gradient, sigmoid(x) - t over N, is finite too
+    Tensor xp = fv(x, {3, 4}).requires_grad();
+    Vec g = vals(tg::gradients(nn::binary_cross_entropy_with_logits(xp, T), {xp})[0]);
+    for (size_t i = 0; i < x.size(); i++) {
+        CHECK(std::isfinite(g[i]));
+        CHECK_NEAR(g[i], (1 / (1 + std::exp(-double(x[i]))) - t[i]) / 12, F32);
+    }
+    CHECK_THROWS(nn::binary_cross_entropy_with_logits(X, fv(t, {4, 3})), "binary_cross_entropy_with_logits",
+                 "[3,4]", "[4,3]");
+}
+
+TEST(loss_mse_and_hinge_match_loop) {
+    std::vector<float> p = randf(12, 30, -2, 2), t = randf(12, 31, -2, 2);
+    Vec sq;
+    double sum = 0;
+    for (size_t i = 0; i < p.size(); i++) {
+        double d = double(p[i]) - double(t[i]);
+        sq.push_back(d * d);
+        sum += d * d;
+    }
+    Tensor P = fv(p, {3, 4}), T = fv(t, {3, 4});
+    CHECK_ALL_NEAR(vals(nn::mse_loss(P, T, nn::Reduction::NONE)), sq, F32);
+    CHECK_EQ(nn::mse_loss(P, T, nn::Reduction::NONE).shape(), (Shape{3, 4}));
+    CHECK_NEAR(nn::mse_loss(P, T).item(), sum / 12, F32);
+    CHECK_NEAR(nn::mse_loss(P, T, nn::Reduction::SUM).item(), sum, F32);
+    CHECK_THROWS(nn::mse_loss(P, fv(t, {4, 3})), "mse_loss", "[3,4]", "[4,3]");
+    CHECK_THROWS(nn::mse_loss(P, fv(t)), "mse_loss", "[3,4]", "[12]");
+
+    std::vector<float> s = {-2, -0.5f, 0, 0.5f, 1, 1.5f, 3, -1, 0.25f, 2};
+    std::vector<float> y = {1, 1, -1, -1, 1, -1, 1, -1, 1, -1};
+    Vec h;
+    double hs = 0;
+    for (size_t i = 0; i < s.size(); i++) {
+        h.push_back(std::max(0.0, 1 - double(y[i]) * s[i]));
+        hs += h.back();
+    }
+    Tensor S = fv(s), Y = fv(y);
+    CHECK_ALL_NEAR(vals(nn::hinge_loss(S, Y, nn::Reduction::NONE)), h, F32);
+    CHECK_NEAR(nn::hinge_loss(S, Y).item(), hs / 10, F32);
+    CHECK_NEAR(nn::hinge_loss(S, Y, nn::Reduction::SUM).item(), hs, F32);
+    CHECK_THROWS(nn::hinge_loss(S, fv(y, {10, 1})), "hinge_loss", "[10]", "[10,1]");
+}
+
+// =============================================================================================
+// optimizers
+// =============================================================================================
+
+namespace {
+// loss(p) = ½ Σ w (p - c)²  →  grad = w (p - c)
+struct Quadratic {
+    std::vector<float> p0, c, w;
+    explicit Quadratic(size_t n, uint64_t seed)
+        : p0(randf(n, seed, -1, 1)), c(randf(n, seed + 1, -1, 1)), w(randf(n, seed + 2, 0.5, 2)) {}
+    Tensor loss(const Tensor& p) const {
+        Tensor d = p - fv(c, p.shape());
+        return (d * d * fv(w, p.shape())).sum() * 0.5f;
+    }
+    double grad(const Vec& p, size_t i) const { return double(w[i]) * (p[i] - double(c[i])); }
+};
+// one training step, eagerly: zero_grad, forward, backward, step
+void quad_step(const Quadratic& q, const Tensor& p, optim::Optimizer& opt) {
+    opt.zero_grad();
+    Tensor loss = q.loss(p);
+    loss.backward();
+    opt.step();
+}
+// p [2,3]: a matrix parameter
+Tensor quad_param(const Quadratic& q) { return fv(q.p0, {2, 3}).requires_grad(); }
+}  // namespace
+
+TEST(optim_sgd_one_step_matches_hand_computation) {
+    Quadratic q(6, 40);
+    const double lr = 0.05, wd = 0.1;
+    Tensor p = quad_param(q), alias = p;
+    optim::SGD opt({p}, lr, 0, wd);
+    Tensor loss = q.loss(p);
+    opt.zero_grad();
+    loss.backward();
+    CHECK(!loss.realized());   // pending until the step's program
+    opt.step();
+    CHECK(loss.realized());
+    Vec p0 = D(q.p0), want, g;
+    double l = 0;
+    for (size_t i = 0; i < 6; i++) {
+        g.push_back(q.grad(p0, i));
+        want.push_back(p0[i] - lr * (g[i] + wd * p0[i]));
+        l += 0.5 * q.w[i] * (p0[i] - q.c[i]) * (p0[i] - q.c[i]);
+    }
+    CHECK_NEAR(loss.item(), l, F32);       // the loss of the parameters before the update
+    CHECK_ALL_NEAR(vals(p.grad()), g, F32);
+    CHECK_ALL_NEAR(vals(p), want, F32);
+    CHECK_EQ(p.shape(), (Shape{2, 3}));
+    // in place: a handle copied before the step sees the new values
+    CHECK(vals(alias) == vals(p));
+    CHECK(same_node(alias, p));
+    // without zero_grad, a second backward adds to the gradient
+    Tensor p2 = quad_param(q);
+    optim::SGD acc({p2}, lr);
+    q.loss(p2).backward();
+    q.loss(p2).backward();
+    acc.step();
+    Vec g2, twice;
+    for (size_t i = 0; i < 6; i++) {
+        g2.push_back(2 * g[i]);
+        twice.push_back(p0[i] - lr * g2[i]);
+    }
+    CHECK_ALL_NEAR(vals(p2.grad()), g2, F32);
+    CHECK_ALL_NEAR(vals(p2), twice, F32);
+    // a parameter that has no gradient is left alone
+    Tensor unused = fv({1, 2}).requires_grad();
+    optim::SGD opt2({p, unused}, lr);
+    quad_step(q, p, opt2);
+    CHECK_EQ(vals(unused), (Vec{1, 2}));
+}
+
+namespace {
+void check_sgd_momentum(bool nesterov) {
+    Quadratic q(6, 50);
+    const double lr = 0.1, mu = 0.9, wd = 0.01;
+    Tensor p = quad_param(q);
+    optim::SGD opt({p}, lr, mu, wd, nesterov);
+    CHECK(opt.nesterov == nesterov);
+    Vec ref = D(q.p0), buf(6, 0.0);
+    for (int step = 0; step < 3; step++) {
+        quad_step(q, p, opt);
+        Vec next = ref;
+        for (size_t i = 0; i < 6; i++) {   // OCANNL's sgd_one
+            double d = q.grad(ref, i) + wd * ref[i];
+            buf[i] = mu * buf[i] + d;
+            d = nesterov ? d + mu * buf[i] : buf[i];
+            next[i] = ref[i] - lr * d;
+        }
+        ref = next;
+        CHECK_ALL_NEAR(vals(p), ref, F32);
+    }
+    // momentum makes a difference: plain SGD after 3 steps is elsewhere
+    Vec plain = D(q.p0);
+    for (int step = 0; step < 3; step++) {
+        Vec next = plain;
+        for (size_t i = 0; i < 6; i++) next[i] = plain[i] - lr * (q.grad(plain, i) + wd * plain[i]);
+        plain = next;
+    }
+    double diff = 0;
+    for (size_t i = 0; i < 6; i++) diff = std::max(diff, std::fabs(plain[i] - ref[i]));
+    CHECK(diff > 1e-3);
+}
+}  // namespace
+
+TEST(optim_sgd_momentum_three_steps) { check_sgd_momentum(false); }
+TEST(optim_sgd_nesterov_three_steps) { check_sgd_momentum(true); }
+
+namespace {
+// PyTorch's Adam / AdamW with bias correction, in double
+Vec adam_reference(const Quadratic& q, int steps, double lr, double b1, double b2, double eps, double wd,
+                   bool decoupled) {
+    Vec p = D(q.p0), m(p.size(), 0.0), v(p.size(), 0.0);
+    for (int t = 1; t <= steps; t++) {
+        Vec next = p;
+        for (size_t i = 0; i < p.size(); i++) {
+            double g = q.grad(p, i);
+            if (!decoupled) g += wd * p[i];
+            m[i] = b1 * m[i] + (1 - b1) * g;
+            v[i] = b2 * v[i] + (1 - b2) * g * g;
+            double mhat = m[i] / (1 - std::pow(b1, t)), vhat = v[i] / (1 - std::pow(b2, t));
+            double upd = mhat / (std::sqrt(vhat) + eps);
+            if (decoupled) upd += wd * p[i];
+            next[i] = p[i] - lr * upd;
+        }
+        p = next;
+    }
+    return p;
+}
+}  // namespace
+
+TEST(optim_adam_three_steps_match_reference) {
+    Quadratic q(6, 60);
+    {
+        Tensor p = quad_param(q);
+        optim::Adam opt({p}, 0.1);
+        for (int s = 1; s <= 3; s++) {
+            quad_step(q, p, opt);
+            CHECK_ALL_NEAR(vals(p), adam_reference(q, s, 0.1, 0.9, 0.999, 1e-8, 0, false), 1e-5);
+        }
+    }
+    {   // other betas, eps and an L2 weight decay added to the gradient
+        Tensor p = quad_param(q);
+        optim::Adam opt({p}, 0.05, 0.8, 0.99, 1e-6, 0.2);
+        for (int s = 1; s <= 3; s++) quad_step(q, p, opt);
+        CHECK_ALL_NEAR(vals(p), adam_reference(q, 3, 0.05, 0.8, 0.99, 1e-6, 0.2, false), 1e-5);
+    }
+}
+
+TEST(optim_adamw_three_steps_match_reference) {
+    Quadratic q(6, 70);
+    Tensor p = quad_param(q);
+    optim::AdamW opt({p}, 0.1, 0.9, 0.999, 1e-8, 0.3);
+    CHECK(opt.decoupled);
+    for (int s = 1; s <= 3; s++) {
+        quad_step(q, p, opt);
+        CHECK_ALL_NEAR(vals(p), adam_reference(q, s, 0.1, 0.9, 0.999, 1e-8, 0.3, true), 1e-5);
+    }
+    // decoupled decay differs from Adam's L2 decay
+    Vec coupled = adam_reference(q, 3, 0.1, 0.9, 0.999, 1e-8, 0.3, false);
+    Vec got = vals(p);
+    double diff = 0;
+    for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, std::fabs(got[i] - coupled[i]));
+    CHECK(diff > 1e-3);
+}
+
+TEST(optim_set_lr_changes_step_without_recompiling) {
+    // loss = Σ c·p: the gradient is c whatever p is, so each step moves p by -lr·c
+    std::vector<float> c = {1, -2, 0.5f, 4};
+    Tensor p = fv({0, 0, 0, 0}).requires_grad();
+    optim::SGD opt({p}, 0.1);
+    auto step = [&] {
+        opt.zero_grad();
+        (p * fv(c)).sum().backward();
+        opt.step();
+    };
+    step();
+    Vec after1 = vals(p);
+    CHECK_ALL_NEAR(after1, (Vec{-0.1, 0.2, -0.05, -0.4}), F32);
+    opt.set_lr(0.5);
+    CHECK_NEAR(opt.lr.item(), 0.5, 0);
+    tg::Stats before = tg::stats();
+    step();
+    tg::Stats after = tg::stats();
+    CHECK_EQ(after.compiles, before.compiles);
+    // not found on disk either: the very program of the first step ran again
+    CHECK_EQ(after.disk_cache_hits, before.disk_cache_hits);
+    CHECK_EQ(after.programs_run, before.programs_run + 1);
+    Vec after2 = vals(p);
+    for (size_t i = 0; i < 4; i++) CHECK_NEAR(after2[i] - after1[i], -0.5 * c[i], F32);
+    opt.set_lr(0);
+    step();
+    CHECK(vals(p) == after2);
+}
+
+TEST(optim_updates_module_parameters_in_place) {
+    tg::manual_seed(80);
+    nn::Linear lin(3, 2);
+    Tensor w_alias = lin.weight, b_alias = lin.bias;
+    Vec w0 = vals(lin.weight), b0 = vals(lin.bias);
+    optim::SGD opt(lin.parameters(), 0.1);
+    Tensor x = fv(randf(12, 81), {4, 3});
+    Tensor loss = lin(x).sum();
+    loss.backward();
+    opt.step();
+    // d loss/dW[o,i] = Σ_r x[r,i], d loss/db[o] = 4
+    Vec xs = vals(x), w1 = vals(lin.weight), b1 = vals(lin.bias);
+    for (size_t o = 0; o < 2; o++) {
+        for (size_t i = 0; i < 3; i++) {
+            double g = 0;
+            for (size_t r = 0; r < 4; r++) g += xs[r * 3 + i];
+            CHECK_NEAR(w1[o * 3 + i], w0[o * 3 + i] - 0.1 * g, F32);
+        }
+        CHECK_NEAR(b1[o], b0[o] - 0.4, F32);
+    }
+    CHECK(same_node(lin.weight, w_alias) && same_node(opt.params[0], w_alias));
+    CHECK(vals(w_alias) == w1 && vals(b_alias) == b1);
+    CHECK(w1 != w0);
+    CHECK_THROWS(optim::SGD({Tensor::zeros({2})}, 0.1), "optimizer", "require grad");
+}
+
+// =============================================================================================
+// jit
+// =============================================================================================
+
+namespace {
+struct Model {
+    std::shared_ptr<nn::Sequential> net;
+    std::unique_ptr<optim::Optimizer> opt;
+};
+Model make_model(uint64_t seed, bool adam) {
+    tg::manual_seed(seed);
+    Model m;
+    m.net = std::make_shared<nn::Sequential>(nn::Linear(2, 8), nn::ReLU(), nn::Linear(8, 8), nn::Tanh(),
+                                             nn::Linear(8, 1));
+    if (adam) m.opt = std::make_unique<optim::Adam>(m.net->parameters(), 0.01);
+    else m.opt = std::make_unique<optim::SGD>(m.net->parameters(), 0.05, 0.9, 1e-3);
+    return m;
+}
+// the step that runs eagerly and under the jit: the hinge loss of a batch of points
+Tensor train_step(Model& m, const tg::data::Dataset& d, const Tensor& idx) {
+    Tensor x = d.X[idx], y = d.Y[idx];
+    Tensor loss = nn::hinge_loss((*m.net)(x).reshape({-1}), y);
+    m.opt->zero_grad();
+    loss.backward();
+    m.opt->step();
+    return loss;
+}
+int64_t prepared(const tg::Stats& s) { return s.compiles + s.disk_cache_hits + s.memory_cache_hits; }
+
+void check_jit_matches_eager(bool adam) {
+    tg::data::Dataset d = tg::data::moons(64, 0.1, 5);
+    std::vector<Tensor> batches = tg::data::batches(64, 16, 1), more = tg::data::batches(64, 16, 2);
+    batches.insert(batches.end(), more.begin(), more.end());
+    Model eager = make_model(300, adam), jitted = make_model(300, adam);
+    std::vector<Tensor> pe = eager.net->parameters(), pj = jitted.net->parameters();
+    CHECK_EQ(pe.size(), size_t(6));
+    std::vector<Vec> start;
+    for (size_t i = 0; i < pe.size(); i++) {
+        start.push_back(vals(pe[i]));
+        CHECK(vals(pj[i]) == start.back());   // the same start
+    }
+    tg::Jit step([&](const std::vector<Tensor>& in) { return train_step(jitted, d, in[0]); });
+    const int N = 5;
+    std::vector<double> le, lj;
+    for (int s = 0; s < N; s++) {
+        Tensor l = train_step(eager, d, batches[size_t(s)]);
+        le.push_back(l.item());
+        lj.push_back(step({batches[size_t(s)]}).item());
+    }
+    CHECK_EQ(step.replays(), int64_t(N - 1));
+    CHECK_EQ(lj, le);
+    for (size_t i = 0; i < pe.size(); i++) {
+        CHECK_EQ(pj[i].to_vector(), pe[i].to_vector());
+        CHECK(vals(pj[i]) != start[i]);   // it was updated
+    }
+    CHECK(le.front() != le.back());   // it did train
+}
+}  // namespace
+
+TEST(jit_first_call_compiles_one_program_then_replays) {
+    tg::manual_seed(200);
+    // a structure used nowhere else: widths 2→5→1, sigmoid, AdamW
+    nn::Sequential net(nn::Linear(2, 5), nn::Sigmoid(), nn::Linear(5, 1));
+    optim::AdamW opt(net.parameters(), 0.02);
+    std::vector<float> xs = randf(8 * 2, 201), ys(8);
+    for (size_t i = 0; i < 8; i++) ys[i] = xs[2 * i] > 0 ? 1.0f : -1.0f;
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::mse_loss(net(in[0]).reshape({-1}), in[1]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    std::vector<Tensor> ps = net.parameters();
+    Vec w_before = vals(ps[0]);
+    tg::Stats s0 = tg::stats();
+    Tensor first = step({fv(xs, {8, 2}), fv(ys)});
+    tg::Stats s1 = tg::stats();
+    CHECK(s1.compiles - s0.compiles <= 1);
+    CHECK_EQ(prepared(s1) - prepared(s0), int64_t(1));   // one program prepared ...
+    CHECK_EQ(s1.programs_run - s0.programs_run, int64_t(1));   // ... and run once
+    CHECK_EQ(step.replays(), int64_t(0));
+    CHECK(first.realized());
+    CHECK_EQ(first.shape(), Shape{});
+    double l0 = first.item();
+    CHECK(vals(ps[0]) != w_before);   // the update ran
+    Vec last_w = vals(ps[0]);
+    double last_loss = l0;
+    bool losses_differ = false;
+    for (int k = 1; k <= 4; k++) {
+        std::vector<float> nx = randf(8 * 2, 210 + uint64_t(k)), ny(8);
+        for (size_t i = 0; i < 8; i++) ny[i] = nx[2 * i] > 0 ? 1.0f : -1.0f;
+        Tensor X = fv(nx, {8, 2}), Y = fv(ny);
+        tg::Stats a = tg::stats();
+        Tensor l = step({X, Y});
+        tg::Stats b = tg::stats();
+        CHECK_EQ(b.compiles, a.compiles);
+        CHECK_EQ(prepared(b), prepared(a));   // no program prepared: no graph was lowered
+        CHECK_EQ(b.programs_run, a.programs_run + 1);
+        CHECK_EQ(step.replays(), int64_t(k));
+        CHECK(l.realized());
+        // the replay computed the loss of the new data with the current parameters
+        double lk = l.item();
+        losses_differ = losses_differ || lk != last_loss;
+        last_loss = lk;
+        Vec w = vals(ps[0]);
+        CHECK(w != last_w);
+        last_w = w;
+    }
+    CHECK(losses_differ);
+    // the returned tensor does not alias the program's buffer: old results keep their values
+    CHECK_EQ(first.item(), l0);
+}
+
+TEST(jit_replays_see_set_lr) {
+    // loss = Σ c·p under the jit: each replay moves p by -lr·c with the lr of that moment
+    std::vector<float> c = {2, -1, 0.5f};
+    Tensor p = fv({1, 1, 1}).requires_grad();
+    optim::SGD opt({p}, 0.1);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = (p * in[0]).sum();
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    step({fv(c)});
+    CHECK_ALL_NEAR(vals(p), (Vec{0.8, 1.1, 0.95}), F32);
+    tg::Stats before = tg::stats();
+    opt.set_lr(0);
+    step({fv(c)});
+    CHECK_ALL_NEAR(vals(p), (Vec{0.8, 1.1, 0.95}), F32);
+    opt.set_lr(1);
+    double l = step({fv(c)}).item();
+    CHECK_NEAR(l, 2 * 0.8 - 1.1 + 0.5 * 0.95, F32);   // the loss before this update
+    CHECK_ALL_NEAR(vals(p), (Vec{-1.2, 2.1, 0.45}), F32);
+    tg::Stats after = tg::stats();
+    CHECK_EQ(prepared(after), prepared(before));
+    CHECK_EQ(step.replays(), int64_t(2));
+}
+
+TEST(jit_matches_eager_bit_for_bit_sgd_momentum) { check_jit_matches_eager(false); }
+TEST(jit_matches_eager_bit_for_bit_adam) { check_jit_matches_eager(true); }
+
+TEST(jit_rejects_other_shapes_and_reads_while_tracing) {
+    tg::manual_seed(220);
+    nn::Linear lin(3, 1);
+    optim::SGD opt(lin.parameters(), 0.01);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = lin(in[0]).sum();
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    step({Tensor::ones({4, 3})});
+    CHECK_THROWS(step({Tensor::ones({5, 3})}), "jit", "[5,3]", "[4,3]");
+    CHECK_THROWS(step({Tensor::ones({4, 3}, DType::FLOAT64)}), "jit");
+    CHECK_THROWS(step({Tensor::ones({4, 3}), Tensor::ones({4, 3})}), "jit");
+    CHECK_THROWS(step({}), "jit");
+    CHECK_EQ(step.replays(), int64_t(0));
+    step({Tensor::ones({4, 3})});   // still usable with the traced shape
+    CHECK_EQ(step.replays(), int64_t(1));
+
+    // reading a value while tracing throws, and leaves nothing half-done
+    tg::Jit reads([&](const std::vector<Tensor>& in) {
+        Tensor loss = lin(in[0]).sum();
+        if (loss.item() > 1e30) return loss;
+        return loss * 2.0f;
+    });
+    CHECK_THROWS(reads({Tensor::ones({2, 3})}), "jit");
+    tg::Jit reads_vector([&](const std::vector<Tensor>& in) {
+        Tensor y = in[0] * 2.0f;
+        return y.to_vector().empty() ? y : y + 1.0f;
+    });
+    CHECK_THROWS(reads_vector({Tensor::ones({2})}), "jit");
+    CHECK_EQ((Tensor::arange(3) + 1).to_vector<int>(), (std::vector<int>{1, 2, 3}));   // eager works again
+    CHECK_EQ(step.replays(), int64_t(1));
+}
+
+// =============================================================================================
+// data
+// =============================================================================================
+
+TEST(data_moons_shapes_labels_determinism) {
+    tg::data::Dataset d = tg::data::moons(100, 0.1, 3);
+    CHECK_EQ(d.X.shape(), (Shape{100, 2}));
+    CHECK(d.X.dtype() == DType::FLOAT32);
+    CHECK_EQ(d.Y.shape(), (Shape{100}));
+    Vec y = vals(d.Y);
+    int pos = 0, neg = 0;
+    for (double v : y) {
+        CHECK(v == 1 || v == -1);
+        pos += v == 1, neg += v == -1;
+    }
+    CHECK_EQ(pos, 50);
+    CHECK_EQ(neg, 50);
+    CHECK(vals(tg::data::moons(100, 0.1, 3).X) == vals(d.X));
+    CHECK(vals(tg::data::moons(100, 0.1, 3).Y) == y);
+    CHECK(vals(tg::data::moons(100, 0.1, 4).X) != vals(d.X));
+    // without noise: label -1 on the unit circle's upper half, +1 on the lower one around (1, 0.5)
+    tg::data::Dataset clean = tg::data::moons(40, 0, 0);
+    Vec X = vals(clean.X), Y = vals(clean.Y);
+    for (size_t i = 0; i < 40; i++) {
+        double px = X[2 * i], py = X[2 * i + 1];
+        if (Y[i] < 0) {
+            CHECK_NEAR(px * px + py * py, 1, 1e-5);
+            CHECK(py >= -1e-6);
+        } else {
+            CHECK_NEAR((px - 1) * (px - 1) + (py - 0.5) * (py - 0.5), 1, 1e-5);
+            CHECK(py <= 0.5 + 1e-6);
+        }
+    }
+    // noise moves the points off the circles
+    Vec noisy = vals(tg::data::moons(40, 0.1, 0).X);
+    double moved = 0;
+    for (size_t i = 0; i < noisy.size(); i++) moved += std::fabs(noisy[i] - X[i]);
+    CHECK(moved / 80 > 0.03 && moved / 80 < 0.2);
+    CHECK_THROWS(tg::data::moons(1), "moons");
+}
+
+TEST(data_batches_partition_and_shuffle) {
+    std::vector<Tensor> b = tg::data::batches(100, 16, 5);
+    CHECK_EQ(b.size(), size_t(6));   // the short tail is dropped
+    std::vector<int> all;
+    for (const Tensor& t : b) {
+        CHECK(t.dtype() == DType::INT32);
+        CHECK_EQ(t.shape(), (Shape{16}));
+        for (int v : t.to_vector<int>()) all.push_back(v);
+    }
+    std::set<int> distinct(all.begin(), all.end());
+    CHECK_EQ(distinct.size(), all.size());
+    CHECK(*distinct.begin() >= 0 && *distinct.rbegin() < 100);
+    // an exact multiple: a permutation of 0..n-1
+    std::vector<Tensor> full = tg::data::batches(96, 16, 5);
+    CHECK_EQ(full.size(), size_t(6));
+    std::vector<int> perm;
+    for (const Tensor& t : full)
+        for (int v : t.to_vector<int>()) perm.push_back(v);
+    std::vector<int> sorted = perm;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> iota(96);
+    for (int i = 0; i < 96; i++) iota[size_t(i)] = i;
+    CHECK(sorted == iota);
+    CHECK(perm != iota);   // shuffled
+    // the seed decides the order
+    auto order = [](uint64_t seed) {
+        std::vector<int> o;
+        for (const Tensor& t : tg::data::batches(96, 16, seed))
+            for (int v : t.to_vector<int>()) o.push_back(v);
+        return o;
+    };
+    CHECK(order(5) == perm);
+    CHECK(order(6) != perm);
+    CHECK(order(7) != order(6));
+    CHECK_EQ(tg::data::batches(10, 16, 1).size(), size_t(0));
+    CHECK_THROWS(tg::data::batches(10, 0, 1), "batches");
+    CHECK_THROWS(tg::data::batches(-5, 4, 1), "batches");   // last: another exception would end the case
+}
+
+// =============================================================================================
+// plots
+// =============================================================================================
+
+namespace {
+std::vector<std::string> lines_of(const std::string& s) {
+    std::vector<std::string> out;
+    std::istringstream in(s);
+    std::string line;
+    while (std::getline(in, line)) out.push_back(line);
+    return out;
+}
+Tensor score_x0(const Tensor& pts) { return pts.slice(1, 0, 1).reshape({-1}) - 0.5f; }
+}  // namespace
+
+TEST(plot_decision_boundary_text) {
+    tg::data::Dataset d = tg::data::moons(200, 0.1, 11);
+    std::string out = tg::plot::decision_boundary(score_x0, d.X, d.Y, 60, 20);
+    CHECK(!out.empty() && out.back() == '\n');
+    std::vector<std::string> rows = lines_of(out);
+    CHECK_EQ(rows.size(), size_t(20));
+    std::string seen;
+    for (const std::string& r : rows) {
+        CHECK_EQ(r.size(), size_t(60));
+        for (char c : r) {
+            CHECK(c == '.' || c == '*' || c == '#' || c == '+');
+            if (seen.find(c) == std::string::npos) seen += c;
+        }
+    }
+    for (char c : std::string(".*#+")) CHECK(seen.find(c) != std::string::npos);
+    // score x0 - 0.5: '.' on the left (x small), '*' on the right
+    for (const std::string& r : rows) {
+        if (r.size() != 60) continue;
+        if (r[0] != '#' && r[0] != '+') CHECK_EQ(r[0], '.');
+        if (r[59] != '#' && r[59] != '+') CHECK_EQ(r[59], '*');
+    }
+    // the default size
+    CHECK_EQ(lines_of(tg::plot::decision_boundary(score_x0, d.X, d.Y)).size(), size_t(28));
+    CHECK_THROWS(tg::plot::decision_boundary(score_x0, Tensor::zeros({5, 3}), Tensor::zeros({5})), "plot");
+}
+
+TEST(plot_decision_boundary_svg_file) {
+    TempDir tmp;
+    std::string dir = tmp.path, path = dir + "/moons.svg";
+    tg::data::Dataset d = tg::data::moons(50, 0.1, 12);
+    tg::plot::decision_boundary_svg(path, score_x0, d.X, d.Y);
+    std::string svg = slurp(path);
+    CHECK(svg.rfind("<svg", 0) == 0);
+    CHECK(svg.find("</svg>") != std::string::npos);
+    size_t circles = 0;
+    for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) circles++;
+    CHECK_EQ(circles, size_t(50));
+    CHECK(svg.find("<rect") != std::string::npos);
+    CHECK_EQ(dir_entries(dir), (std::vector<std::string>{"moons.svg"}));   // no temporary left
+}
+
+TEST(plot_line_chart_lines) {
+    std::vector<double> v = {5, 4, 3, 2.5, 2, 1.5, 1};
+    std::string chart = tg::plot::line_chart(v, 30, 8);
+    std::vector<std::string> rows = lines_of(chart);
+    CHECK_EQ(rows.size(), size_t(9));   // 8 rows and the axis
+    size_t stars = 0;
+    for (size_t r = 0; r < rows.size(); r++)
+        for (char c : rows[r]) stars += c == '*';
+    CHECK_EQ(stars, size_t(30));   // one per column
+    if (rows.size() == 9) {
+        CHECK(rows[0].find("5.0000") != std::string::npos);   // the maximum labels the top row
+        CHECK(rows[7].find("1.0000") != std::string::npos);   // the minimum the bottom row
+        size_t bar = rows[0].find('|');
+        CHECK(bar != std::string::npos);
+        if (bar != std::string::npos) {
+            CHECK_EQ(rows[0].size(), bar + 1 + 30);
+            CHECK_EQ(rows[0][bar + 1], '*');                     // the first value is the highest
+            CHECK_EQ(rows[7][rows[7].size() - 1], '*');          // the last the lowest
+        }
+        CHECK(rows[8].find('+') != std::string::npos);
+        CHECK_EQ(rows[8].size(), size_t(11 + 1 + 30));
+    }
+    CHECK_EQ(lines_of(tg::plot::line_chart(v)).size(), size_t(13));
+    CHECK_EQ(tg::plot::line_chart({}), std::string());
+    CHECK_EQ(lines_of(tg::plot::line_chart({2, 2, 2}, 10, 4)).size(), size_t(5));   // flat: no division by 0
+}
+
+// =============================================================================================
+// safetensors
+// =============================================================================================
+
+TEST(safetensors_round_trip) {
+    TempDir tmp;
+    std::string dir = tmp.path, path = dir + "/model.safetensors";
+    std::vector<float> w = randf(6, 90);
+    std::vector<double> f64 = {1.0 / 3, -2.5e-300, 1e300, 0};
+    std::vector<int32_t> i32 = {-7, 0, 2147483647, -2147483647 - 1};
+    std::map<std::string, Tensor> in = {
+        {"layer.weight", fv(w, {2, 3})},
+        {"f64", Tensor::from_vector(f64)},
+        {"ids", Tensor::from_vector(i32, {2, 2})},
+        {"scalar", Tensor::from_vector(std::vector<float>{3.5f}, {})},
+        {"lazy", Tensor::arange(5) * 3},                    // realized by save
+        {"empty", Tensor::zeros({0, 4})},
+        {"mask", Tensor::arange(4) > 1},
+        {"quote\"back\\slash\ttab/é", Tensor::ones({1})},   // names are JSON-escaped
+    };
+    tg::safetensors::save(path, in);
+    std::map<std::string, Tensor> out = tg::safetensors::load(path);
+    CHECK_EQ(out.size(), in.size());
+    for (auto& [name, t] : in) {
+        auto it = out.find(name);
+        CHECK(it != out.end());
+        if (it == out.end()) continue;
+        CHECK_EQ(it->second.shape(), t.shape());
+        CHECK(it->second.dtype() == t.dtype());
+        CHECK(it->second.realized());
+        CHECK(it->second.to_vector<double>() == t.to_vector<double>());
+    }
+    if (out.count("f64")) CHECK(out["f64"].to_vector<double>() == f64);
+    if (out.count("ids")) CHECK(out["ids"].to_vector<int32_t>() == i32);
+    if (out.count("scalar")) {
+        CHECK_EQ(out["scalar"].ndim(), 0);
+        CHECK_EQ(out["scalar"].item(), 3.5);
+    }
+    // a loaded tensor computes like any other
+    if (out.count("layer.weight")) CHECK_NEAR((out["layer.weight"] * 2.0f).sum().item(), 2 * (w[0] + w[1] + w[2] + w[3] + w[4] + w[5]), F32);
+    // an empty map round-trips too
+    tg::safetensors::save(dir + "/empty.safetensors", {});
+    CHECK(tg::safetensors::load(dir + "/empty.safetensors").empty());
+}
+
+TEST(safetensors_file_follows_the_specification) {
+    TempDir tmp;
+    std::string dir = tmp.path, path = dir + "/x.safetensors";
+    std::vector<float> x = {1.5f, -2.0f, 0.1f};
+    std::vector<double> y = {-0.25, 1e-10};
+    tg::safetensors::save(path, {{"x", fv(x)}, {"y", Tensor::from_vector(y, {1, 2})}});
+    std::string f = slurp(path);
+    CHECK(f.size() >= 8);
+    if (f.size() < 8) return;
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) n = (n << 8) | uint8_t(f[size_t(b)]);   // little-endian u64
+    CHECK_EQ(f.size(), size_t(8 + n + 12 + 16));
+    if (f.size() != 8 + n + 12 + 16) return;
+    std::string header = f.substr(8, size_t(n));
+    CHECK(header.find("\"dtype\":\"F32\"") != std::string::npos);
+    CHECK(header.find("\"dtype\":\"F64\"") != std::string::npos);
+    CHECK(header.find("\"shape\"") != std::string::npos);
+    CHECK(header.find("\"data_offsets\"") != std::string::npos);
+    Json root;
+    CHECK(parse_json(header, root));
+    CHECK_EQ(root.kind, 'o');
+    const Json* jx = root.at("x");
+    const Json* jy = root.at("y");
+    CHECK(jx && jy);
+    if (!jx || !jy) return;
+    CHECK(jx->at("dtype") && jx->at("dtype")->text == "F32");
+    CHECK(jy->at("dtype") && jy->at("dtype")->text == "F64");
+    CHECK_EQ(json_numbers(jx->at("shape")), (Vec{3}));
+    CHECK_EQ(json_numbers(jy->at("shape")), (Vec{1, 2}));
+    Vec ox = json_numbers(jx->at("data_offsets")), oy = json_numbers(jy->at("data_offsets"));
+    CHECK_EQ(ox.size(), size_t(2));
+    CHECK_EQ(oy.size(), size_t(2));
+    if (ox.size() != 2 || oy.size() != 2) return;
+    CHECK_EQ(ox[1] - ox[0], 12.0);
+    CHECK_EQ(oy[1] - oy[0], 16.0);
+    CHECK((ox[0] == 0 && oy[0] == 12) || (oy[0] == 0 && ox[0] == 16));   // contiguous
+    // the data section starts at 8 + N, raw little-endian values
+    std::string data = f.substr(size_t(8 + n));
+    std::string want_x = le_f32(x[0]) + le_f32(x[1]) + le_f32(x[2]), want_y = le_f64(y[0]) + le_f64(y[1]);
+    CHECK(data.substr(size_t(ox[0]), 12) == want_x);
+    CHECK(data.substr(size_t(oy[0]), 16) == want_y);
+    // an int32 tensor: "I32", two's complement little-endian
+    tg::safetensors::save(path, {{"i", Tensor::from_vector(std::vector<int32_t>{-2, 258})}});
+    f = slurp(path);
+    n = 0;
+    for (int b = 7; b >= 0; b--) n = (n << 8) | uint8_t(f[size_t(b)]);
+    CHECK(f.substr(8, size_t(n)).find("\"dtype\":\"I32\"") != std::string::npos);
+    CHECK(f.size() >= 8 + n && f.substr(size_t(8 + n)) == le_i32(-2) + le_i32(258));
+}
+
+TEST(safetensors_loads_files_written_by_hand) {
+    TempDir tmp;
+    std::string dir = tmp.path;
+    // the minimal example: no padding, no metadata
+    std::string p1 = dir + "/a.safetensors";
+    write_bytes(p1, st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", le_f32(1.25f) + le_f32(-3.5f)));
+    std::map<std::string, Tensor> a = tg::safetensors::load(p1);
+    CHECK_EQ(a.size(), size_t(1));
+    if (a.count("a")) {
+        CHECK_EQ(a["a"].shape(), (Shape{2}));
+        CHECK(a["a"].dtype() == DType::FLOAT32);
+        CHECK_EQ(a["a"].to_vector(), (std::vector<float>{1.25f, -3.5f}));
+    }
+    // __metadata__, whitespace, space padding, entries listed in another order than their data,
+    // a 0-d tensor, F64, I32 and BOOL
+    std::string p2 = dir + "/b.safetensors";
+    std::string header = "{ \"__metadata__\": {\"format\": \"pt\"},\n"
+                         "  \"b\": {\"dtype\": \"I32\", \"shape\": [3], \"data_offsets\": [8, 20]},\n"
+                         "  \"s\": {\"dtype\": \"F64\", \"shape\": [], \"data_offsets\": [0, 8]},\n"
+                         "  \"m\": {\"dtype\": \"BOOL\", \"shape\": [2, 1], \"data_offsets\": [20, 22]} }";
+    header.append((8 - header.size() % 8) % 8, ' ');
+    write_bytes(p2, st_file(header, le_f64(-0.75) + le_i32(5) + le_i32(-6) + le_i32(70000) + std::string("\x01\x00", 2)));
+    std::map<std::string, Tensor> b = tg::safetensors::load(p2);
+    CHECK_EQ(b.size(), size_t(3));
+    CHECK(!b.count("__metadata__"));
+    if (b.count("b") && b.count("s") && b.count("m")) {
+        CHECK(b["b"].dtype() == DType::INT32);
+        CHECK_EQ(b["b"].to_vector<int32_t>(), (std::vector<int32_t>{5, -6, 70000}));
+        CHECK(b["s"].dtype() == DType::FLOAT64);
+        CHECK_EQ(b["s"].shape(), Shape{});
+        CHECK_EQ(b["s"].item(), -0.75);
+        CHECK(b["m"].dtype() == DType::BOOL);
+        CHECK_EQ(b["m"].shape(), (Shape{2, 1}));
+        CHECK_EQ(b["m"].to_vector<int>(), (std::vector<int>{1, 0}));
+    }
+}
+
+TEST(safetensors_rejects_malformed_files) {
+    TempDir tmp;
+    std::string dir = tmp.path;
+    const std::string two_f32 = le_f32(1) + le_f32(2);
+    auto path_of = [&](const std::string& name, const std::string& bytes) {
+        std::string p = dir + "/" + name + ".safetensors";
+        write_bytes(p, bytes);
+        return p;
+    };
+    std::string p;
+    p = dir + "/missing.safetensors";
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("short", std::string("\x05\x00\x00", 3));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "short");
+    p = path_of("empty", "");
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "short");
+    p = path_of("header_too_long", le64(1000) + std::string(R"({"a":1})"));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "header");
+    p = path_of("header_huge", le64(~0ull) + std::string(R"({})"));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "header");
+    p = path_of("truncated", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", le_f32(1)));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "truncated");
+    p = path_of("bad_json", st_file(R"({"a":{"dtype":"F32","shape":[2],)", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "header");
+    p = path_of("bad_json2", st_file(R"({"a" {"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "header");
+    p = path_of("not_object", st_file(R"([1,2])", ""));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("trailing", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}x)", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("unknown_dtype", st_file(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "dtype", "Q7");
+    p = path_of("no_dtype", st_file(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "dtype");
+    p = path_of("offsets_vs_shape", st_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "data_offsets", "'a'");
+    p = path_of("offsets_reversed", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "data_offsets");
+    p = path_of("negative_size", st_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    // sizes whose byte count overflows 64 bits must not pass as 0 bytes
+    p = path_of("overflow", st_file(R"({"a":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", ""));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("overflow2", st_file(R"({"a":{"dtype":"F32","shape":[4503599627370496,4096],"data_offsets":[0,0]}})", ""));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("overlap", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                   two_f32 + le_f32(3)));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "overlap");
+    p = path_of("hole", st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                two_f32 + le_f32(3)));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "hole");
+    p = path_of("extra_bytes", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32 + "zzzz"));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+}
+
+TEST(safetensors_save_is_atomic) {
+    TempDir tmp;
+    std::string dir = tmp.path, path = dir + "/ckpt.safetensors";
+    tg::safetensors::save(path, {{"a", fv({1, 2, 3})}});
+    tg::safetensors::save(path, {{"a", fv({4, 5})}, {"b", Tensor::ones({2, 2})}});   // replaces it
+    CHECK_EQ(dir_entries(dir), (std::vector<std::string>{"ckpt.safetensors"}));
+    std::map<std::string, Tensor> got = tg::safetensors::load(path);
+    CHECK_EQ(got.size(), size_t(2));
+    if (got.count("a")) CHECK_EQ(got["a"].to_vector(), (std::vector<float>{4, 5}));
+    // a failing save (a directory that does not exist) leaves the old file as it was
+    CHECK_THROWS(tg::safetensors::save(dir + "/no/such/dir/x.safetensors", {{"a", fv({1})}}), dir.c_str());
+    CHECK_EQ(dir_entries(dir), (std::vector<std::string>{"ckpt.safetensors"}));
+}
+
+// =============================================================================================
+// training smoke test
+// =============================================================================================
+
+TEST(training_moons_mlp_sgd_under_jit_fits) {
+    const int64_t n = 256, batch = 32;
+    tg::manual_seed(1);
+    tg::data::Dataset moons = tg::data::moons(n, 0.1, 7);
+    nn::Sequential mlp(nn::Linear(2, 16), nn::ReLU(), nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 1));
+    optim::SGD opt(mlp.parameters(), 0.1, 0.9, 1e-4);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor x = moons.X[in[0]], y = moons.Y[in[0]];
+        Tensor loss = nn::hinge_loss(mlp(x).reshape({-1}), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    const int epochs = 40;
+    double first = 0, last = 0;
+    for (int epoch = 0; epoch < epochs; epoch++) {
+        opt.set_lr(0.05 * (1.0 - 0.9 * epoch / epochs));
+        double total = 0;
+        std::vector<Tensor> bs = tg::data::batches(n, batch, uint64_t(epoch));
+        for (const Tensor& idx : bs) total += step({idx}).item();
+        if (epoch == 0) first = total / double(bs.size());
+        last = total / double(bs.size());
+    }
+    CHECK_EQ(step.replays(), int64_t(epochs * (n / batch) - 1));
+    CHECK(last < first);
+    Tensor scores = mlp(moons.X).reshape({-1});
+    double accuracy = ((scores > 0) == (moons.Y > 0)).cast(DType::FLOAT32).mean().item();
+    CHECK(accuracy >= 0.95);
+    if (accuracy < 0.95) std::fprintf(stderr, "    accuracy %.4f, loss %.4f -> %.4f\n", accuracy, first, last);
+}
