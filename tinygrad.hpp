@@ -646,7 +646,11 @@ static std::string loc_str(Loc loc) {
 // Where the user called the library function that is running: nodes that the library builds
 // for itself (inside nn, optim, backward, or through an operator) are attributed to that line.
 static thread_local Loc user_loc;
-static bool is_library_loc(Loc l) { return !l.file || std::strcmp(l.file, __FILE__) == 0; }
+static bool is_library_loc(Loc l) {   // this file, however the includer spelled its path
+    if (!l.file) return true;
+    const char* base = std::strrchr(l.file, '/');
+    return std::strcmp(base ? base + 1 : l.file, "tinygrad.hpp") == 0;
+}
 struct UserLocScope {
     Loc saved;
     explicit UserLocScope(Loc l) : saved(user_loc) {
@@ -1331,17 +1335,25 @@ Tensor Tensor::log(Loc loc) const { return mul_c(log2(loc), LN2, loc); }
 // cos x = sin(x + π/2)
 Tensor Tensor::cos(Loc loc) const { return add_c(as_float(*this, loc), PI / 2, loc).sin(loc); }
 Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
-// σ(x) = 1/(1 + e^-x) for x >= 0 and e^x/(1 + e^x) below: no exponential ever overflows, so
-// the gradient stays finite where σ saturates
-Tensor Tensor::sigmoid(Loc loc) const {
-    Tensor x = as_float(*this, loc), zero = full_like(x, 0, x.dtype(), loc);
-    Tensor below = x < 0;
-    Tensor a = where(below, x, zero, loc).exp(loc), b = where(below, zero, neg(x, loc), loc).exp(loc);
-    return where(below, a / add_c(a, 1, loc), add_c(b, 1, loc).reciprocal(loc), loc);
+// With e = e^-|x| <= 1 nothing overflows, so values and gradients stay finite where these
+// saturate; |x| is where(x < 0, -x, x), taking the same side at 0 as the final where.
+static Tensor abs_and_sign_side(const Tensor& x, Tensor& below, Loc loc) {
+    below = x < 0;
+    return where(below, neg(x, loc), x, loc);
 }
-// tanh x = 2σ(2x) - 1
+// σ(x) = 1/(1 + e) for x >= 0, e/(1 + e) for x < 0
+Tensor Tensor::sigmoid(Loc loc) const {
+    Tensor x = as_float(*this, loc), below;
+    Tensor e = neg(abs_and_sign_side(x, below, loc), loc).exp(loc);
+    Tensor r = add_c(e, 1, loc).reciprocal(loc);
+    return where(below, mul(e, r, loc), r, loc);
+}
+// tanh x = ±(1 - e²)/(1 + e²), the sign of x
 Tensor Tensor::tanh(Loc loc) const {
-    return add_c(mul_c(mul_c(as_float(*this, loc), 2, loc).sigmoid(loc), 2, loc), -1, loc);
+    Tensor x = as_float(*this, loc), below;
+    Tensor e2 = mul_c(abs_and_sign_side(x, below, loc), -2, loc).exp(loc);
+    Tensor t = add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc);
+    return where(below, neg(t, loc), t, loc);
 }
 // relu x = x where x > 0, else 0 (so relu'(0) = 0, as in PyTorch)
 Tensor Tensor::relu(Loc loc) const { return where(*this > 0, *this, 0, loc); }
@@ -2133,17 +2145,9 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     };
     std::unordered_map<Node*, Reach> reach;
     std::unordered_map<Node*, Kernel> fused_into;   // root → its fused reductions
-    // an assignment writes element i after reading element i; a value that reads its target
-    // elsewhere (x.assign(x.flip(0))) is computed into a temporary first
-    std::unordered_set<Node*> forced;
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
         Node* n = *it;
         if (n->buffer) continue;
-        if (n->op == Op::ASSIGN) {
-            std::unordered_set<Node*> seen;
-            Node* value = n->src[1].get();
-            if (reads_through_view(value, n->src[0].get(), {}, false, seen)) forced.insert(value);
-        }
         Reach r;
         for (Node* u : users[n]) {
             if (s.materialized.count(u)) {
@@ -2161,7 +2165,7 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         if (is_target.count(n)) r.paths++;
         reach[n] = r;
         OpKind k = op_kind(n->op);
-        bool one_root = r.roots.size() == 1 && r.same_index && !is_target.count(n) && !forced.count(n);
+        bool one_root = r.roots.size() == 1 && r.same_index && !is_target.count(n);
         if (one_root) reach[n].paths = 1;   // computed once per element of its root
         if (k == OpKind::REDUCE && one_root) {   // fuse into the root's loop nest?
             Node* root = *r.roots.begin();
@@ -2174,10 +2178,29 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             }
         }
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
-        bool inline_ok = one_root || (r.paths <= 1 && !r.broadcast);
-        if (is_target.count(n) || forced.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+        // a comparison, negation or cast costs less to compute again than to store and load
+        bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG || n->op == Op::CAST;
+        bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast);
+        if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
             k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || (computed && !inline_ok))
             s.materialized.insert(n);
+    }
+    // An assignment writes element i after reading element i. A value that reads its target
+    // elsewhere (x.assign(x.flip(0))) gets a buffer of its own, taking the assignment's fused
+    // reductions with it: they all lie below the value.
+    for (Node* n : order) {
+        Node* value = n->src.empty() ? nullptr : n->src.back().get();
+        if (n->op != Op::ASSIGN || n->buffer || value->buffer || s.materialized.count(value)) continue;
+        std::unordered_set<Node*> seen;
+        if (!reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) continue;
+        auto fused = fused_into.find(n);
+        if (fused != fused_into.end()) {
+            std::vector<Node*>& rs = fused->second.fused_reduces;
+            rs.erase(std::remove(rs.begin(), rs.end(), value), rs.end());
+            if (!rs.empty()) fused_into[value] = fused->second;
+            fused_into.erase(n);
+        }
+        s.materialized.insert(value);
     }
     std::vector<Kernel> kernels;
     std::unordered_map<Node*, size_t> kernel_of;

@@ -111,3 +111,23 @@ TEST(golden_c_for_matvec_relu) {
     CHECK_EQ(tg::inspect({y}).c_source, want);
     CHECK_ALL_NEAR(y.to_vector(), (std::vector<double>{14, 32}), 0);
 }
+
+// assign writes into the target's own buffer; readers of the old value run first, and a value
+// that reads the target through a view is computed into a temporary before the write.
+TEST(assign_writes_in_place_and_orders_readers) {
+    Tensor p = Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
+    Tensor alias = p.reshape({2, 2});                  // a view: sees the write only in place
+    Tensor old_sum = p.sum();                          // reads p before the update
+    tg::realize({p.assign(p * 2.0f + 1.0f), old_sum});
+    CHECK_EQ(p.to_vector(), (std::vector<float>{3, 5, 7, 9}));
+    CHECK_EQ(alias.to_vector(), (std::vector<float>{3, 5, 7, 9}));   // realized after the write
+    CHECK_EQ(old_sum.item(), 10.0);
+    p.assign(p.flip(0)).realize();                     // reads other elements than it writes
+    CHECK_EQ(p.to_vector(), (std::vector<float>{9, 7, 5, 3}));
+    p.assign(p - p.max()).realize();                   // a reduction of the target itself
+    CHECK_EQ(p.to_vector(), (std::vector<float>{0, -2, -4, -6}));
+    Tensor m = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+    m.assign(m.transpose(0, 1).reshape({2, 3})).realize();
+    CHECK_EQ(m.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+    CHECK_THROWS(p.assign(Tensor::zeros({3})), "assign", "[3]", "[4]");
+}
