@@ -76,7 +76,7 @@
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no compiler)
    TG_CC         C compiler                                   default: cc
-   TG_CFLAGS     compiler flags                               default: -O3 -march=native -fPIC -shared
+   TG_CFLAGS     compiler flags                      default: -O3 -march=native -fPIC -shared
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
    TG_DEBUG      1 programs, compiles, cache hits, timings     2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
@@ -124,7 +124,7 @@
 
 namespace tg {
 
-// ---- [TYPES] dtypes, shapes, errors, source locations ------------------------------- >>types
+// ---- [TYPES] dtypes, shapes, errors, source locations ----------------------------------- >>types
 
 // Ordered by promotion. INDEX is the loop IR's int64 index arithmetic, never a tensor dtype.
 enum class DType : uint8_t { BOOL, INT32, FLOAT32, FLOAT64, INDEX };
@@ -162,7 +162,7 @@ struct Scalar {
     Scalar(T v) : value(static_cast<double>(v)), is_float(std::is_floating_point_v<T>) {}
 };
 
-// ---- [OPS] the primitive op set, described once ------------------------------------- >>ops
+// ---- [OPS] the primitive op set, described once ------------------------------------------- >>ops
 // Everything else (matmul, softmax, einsum, ...) is composed from these. The C column is the
 // renderer's form: {0} {1} {2} operands, {f} the libm suffix ("f" for float32), {t} the C type.
 #define TG_OPS(X)                                                                              \
@@ -198,7 +198,9 @@ struct Scalar {
     X(ASSIGN,      ASSIGN,   "")                   /* write a value into an existing buffer  */ \
     X(CONTIGUOUS,  SCHEDULE, "")                   /* value unchanged; gets its own buffer   */
 
-enum class OpKind : uint8_t { SOURCE, UNARY, BINARY, TERNARY, REDUCE, MOVEMENT, INDEXED, ASSIGN, SCHEDULE };
+enum class OpKind : uint8_t {
+    SOURCE, UNARY, BINARY, TERNARY, REDUCE, MOVEMENT, INDEXED, ASSIGN, SCHEDULE
+};
 enum class Op : uint8_t {
 #define TG_OP_ENUM(name, kind, c) name,
     TG_OPS(TG_OP_ENUM)
@@ -209,7 +211,7 @@ OpKind op_kind(Op op);
 
 namespace detail { struct Node; }
 
-// ---- [TENSOR] the lazy tensor -------------------------------------------------------- >>tensor
+// ---- [TENSOR] the lazy tensor ---------------------------------------------------------- >>tensor
 // A Tensor is a handle to a graph node; copying it is cheap and shares the node. Every method
 // builds graph; nothing runs until realize(), item(), to_vector() or printing.
 class Tensor {
@@ -398,7 +400,7 @@ private:
 };
 inline Jit jit(Jit::Step step) { return Jit(std::move(step)); }
 
-// ---- [INSPECT] every stage as text, for teaching and debugging ----------------------- >>inspect
+// ---- [INSPECT] every stage as text, for teaching and debugging ------------------------ >>inspect
 struct Stages {
     std::string graph;          // the primitive ops, one per line, with shapes and dtypes
     std::string schedule;       // the kernels and the buffers they store
@@ -414,7 +416,7 @@ struct Stats {                  // process-wide counters since start
 };
 Stats stats();
 
-// ---- [NN] layers, initialisers, losses ------------------------------------------------ >>nn
+// ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 namespace nn {
 // A layer. parameters() lists the tensors an optimizer updates; it is complete after the first
 // call for layers that learn their input width then (nn::Linear(out)).
@@ -471,8 +473,10 @@ struct Sequential : Module {
 namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
 Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
 Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
-Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed = Tensor::next_seed());
-Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed = Tensor::next_seed());
+Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out,
+                      uint64_t seed = Tensor::next_seed());
+Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out,
+                     uint64_t seed = Tensor::next_seed());
 Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tensor::next_seed());
 }  // namespace init
 
@@ -490,7 +494,7 @@ Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Redu
                   Loc loc = Loc::here());
 }  // namespace nn
 
-// ---- [OPTIM] optimizers: one program updates every parameter in place ------------------ >>optim
+// ---- [OPTIM] optimizers: one program updates every parameter in place ------------------- >>optim
 namespace optim {
 class Optimizer {
 public:
@@ -537,7 +541,7 @@ public:
 };
 }  // namespace optim
 
-// ---- [DATA] toy datasets, batches, terminal and SVG plots, safetensors ----------------- >>data
+// ---- [DATA] toy datasets and batches ----------------------------------------------------- >>data
 namespace data {
 struct Dataset { Tensor X, Y; };
 // two interleaved half circles (as sklearn's make_moons), X [n,2] float32, Y [n] = -1 or +1
@@ -546,6 +550,7 @@ Dataset moons(int64_t n, double noise = 0.1, uint64_t seed = 0);
 std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed);
 }  // namespace data
 
+// ---- [PLOT] terminal and SVG plots ------------------------------------------------------- >>plot
 namespace plot {
 using Scorer = std::function<Tensor(const Tensor&)>;   // points [N,2] → scores [N] (> 0: +1)
 // regions '.' (score <= 0) and '*' (score > 0), points '#' (label +1) and '+' (label -1)
@@ -556,14 +561,16 @@ void decision_boundary_svg(const std::string& path, const Scorer& score, const T
 std::string line_chart(const std::vector<double>& values, int width = 72, int height = 12);
 }  // namespace plot
 
+// ---- [SAFETENSORS] save and load named tensors ------------------------------------ >>safetensors
 // The safetensors format: 8-byte little-endian header size, a JSON header naming each
 // tensor's dtype, shape and byte range, then the bytes. float32, float64, int32 and bool.
 namespace safetensors {
 void save(const std::string& path, const std::map<std::string, Tensor>& tensors);
-std::map<std::string, Tensor> load(const std::string& path);   // throws, returning nothing, on any defect
+// throws, returning nothing, on any defect
+std::map<std::string, Tensor> load(const std::string& path);
 }  // namespace safetensors
 
-// ---- [DEVICE] where programs run: the seam for backends ------------------------------ >>device
+// ---- [DEVICE] where programs run: the seam for backends -------------------------------- >>device
 namespace detail {
 struct Program;
 // A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
@@ -620,7 +627,7 @@ Device& default_device();                              // $TG_DEVICE, else CPU
 namespace tg {
 namespace detail {
 
-// ---- [UTIL] strings, errors, environment, hashing, files ----------------------------- >>util
+// ---- [UTIL] strings, errors, environment, hashing, files --------------------------------- >>util
 // Small helpers used by every later section. Files are written to a temporary name and
 // renamed, so a crash never leaves half a file under the real name.
 
@@ -728,7 +735,7 @@ static double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace detail
 
-// ---- [SHAPES] dtypes, shapes, broadcasting, axes -------------------------------------- >>shapes
+// ---- [SHAPES] dtypes, shapes, broadcasting, axes --------------------------------------- >>shapes
 // Shape rules in one place: every error names the op and the shapes involved.
 
 const char* dtype_name(DType dt) {
@@ -801,7 +808,8 @@ static Shape contiguous_strides(const Shape& s) {
 static int normalize_axis(int axis, size_t ndim, const char* op, const Shape& shape, Loc loc) {
     int n = int(ndim);
     if (axis < -n || axis >= n || (n == 0 && axis != 0 && axis != -1))
-        fail(strf("%s: axis %d out of range for shape %s", op, axis, shape_str(shape).c_str()), loc);
+        fail(strf("%s: axis %d out of range for shape %s", op, axis, shape_str(shape).c_str()),
+             loc);
     return n == 0 ? 0 : (axis < 0 ? axis + n : axis);
 }
 
@@ -834,7 +842,7 @@ static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc
 
 static DType promote(DType a, DType b) { return std::max(a, b); }
 
-// ---- [GRAPH] nodes, buffers and the primitive builders --------------------------------- >>graph
+// ---- [GRAPH] nodes, buffers and the primitive builders ---------------------------------- >>graph
 // A Node is one primitive op with its inferred shape and dtype. Builders here check their
 // arguments and infer the result, so every later stage can trust shapes. A realized node
 // becomes a BUFFER node holding its data; its sources are released.
@@ -956,7 +964,8 @@ static NodeP graph_reshape(const NodeP& x, const Shape& shape, Loc loc) {
                   shape_str(shape).c_str(), (long long)shape_numel(shape)), loc);
     if (shape == x->shape) return x;
     // reshapes compose, unless the inner one is a realized value or a detach
-    bool compose = x->op == Op::RESHAPE && !x->buffer && x->requires_grad == x->src[0]->requires_grad;
+    bool compose =
+        x->op == Op::RESHAPE && !x->buffer && x->requires_grad == x->src[0]->requires_grad;
     const NodeP& base = compose ? x->src[0] : x;
     if (shape == base->shape) return base;
     return node_make(Op::RESHAPE, x->dtype, shape, {base}, loc);
@@ -983,7 +992,8 @@ static NodeP graph_permute(const NodeP& x, const std::vector<int>& order, Loc lo
         identity = identity && order[i] == int(i);
     }
     if (identity) return x;
-    return node_make(Op::PERMUTE, x->dtype, out, {x}, loc, std::vector<int64_t>(order.begin(), order.end()));
+    return node_make(Op::PERMUTE, x->dtype, out, {x}, loc,
+                     std::vector<int64_t>(order.begin(), order.end()));
 }
 
 // Same rank; each axis keeps its size or grows from 1.
@@ -1022,7 +1032,8 @@ static NodeP graph_pad(const NodeP& x, const std::vector<std::pair<int64_t, int6
     return node_make(Op::PAD, x->dtype, out, {x}, loc, arg);
 }
 
-static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) {
+static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, int64_t>>& p,
+                          Loc loc) {
     bool ok = p.size() == x->shape.size(), full = true;
     for (size_t i = 0; ok && i < p.size(); i++) {
         ok = 0 <= p[i].first && p[i].first <= p[i].second && p[i].second <= x->shape[i];
@@ -1054,7 +1065,8 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
 // Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
 // history of realized values).
-static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots, bool through_realized = false) {
+static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
+                                         bool through_realized = false) {
     std::vector<Node*> order;
     std::unordered_set<Node*> seen;
     std::vector<std::pair<Node*, size_t>> stack;
@@ -1102,7 +1114,7 @@ static std::string graph_listing(const std::vector<NodeP>& roots) {
 
 }  // namespace detail
 
-// ---- [COMPOSED] the Tensor API: creation, elementwise, reductions, movement, composed -- >>composed
+// ---- [COMPOSED] the Tensor API: creation, elementwise, reductions, movement ------ >>composed
 // Each method checks its arguments (errors name the op and the shapes), broadcasts and
 // promotes dtypes like PyTorch, and composes primitives. The formula sits beside each one.
 
@@ -1159,8 +1171,12 @@ static Tensor add_c(const Tensor& x, double c, Loc loc) {
 static Tensor mul_c(const Tensor& x, double c, Loc loc) {
     return wrap(graph_binary(Op::MUL, N(x), graph_const(c, x.dtype(), x.shape(), loc), loc));
 }
-static Tensor add(const Tensor& a, const Tensor& b, Loc loc) { return bin(Op::ADD, a, b, "add", loc); }
-static Tensor mul(const Tensor& a, const Tensor& b, Loc loc) { return bin(Op::MUL, a, b, "mul", loc); }
+static Tensor add(const Tensor& a, const Tensor& b, Loc loc) {
+    return bin(Op::ADD, a, b, "add", loc);
+}
+static Tensor mul(const Tensor& a, const Tensor& b, Loc loc) {
+    return bin(Op::MUL, a, b, "mul", loc);
+}
 static Tensor neg(const Tensor& x, Loc loc) { return un(Op::NEG, x, loc); }
 
 static std::atomic<uint64_t> seed_counter{0};
@@ -1245,7 +1261,8 @@ Tensor Tensor::randn(const Shape& shape, uint64_t seed, Loc loc) {
 }
 
 template <typename T>
-static Tensor tensor_from_data(const std::vector<T>& values, const Shape& shape_in, DType dt, Loc loc) {
+static Tensor tensor_from_data(const std::vector<T>& values, const Shape& shape_in, DType dt,
+                               Loc loc) {
     Shape shape = shape_in == Shape{-1} ? Shape{int64_t(values.size())} : shape_in;
     check_shape(shape, "from_vector", loc);
     if (shape_numel(shape) != int64_t(values.size()))
@@ -1298,7 +1315,9 @@ Tensor operator/(const Tensor& a, const Tensor& b) {                   // a · (
 Tensor operator<(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, a, b, "lt", {}); }
 Tensor operator>(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, b, a, "gt", {}); }
 Tensor operator==(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "eq", {}); }
-Tensor operator!=(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "ne", {}).logical_not(); }
+Tensor operator!=(const Tensor& a, const Tensor& b) {
+    return bin(Op::CMPEQ, a, b, "ne", {}).logical_not();
+}
 Tensor operator<=(const Tensor& a, const Tensor& b) {                  // (a < b) or (a == b)
     auto [x, y] = operands(a, b, "le", {});
     return (x < y).maximum(x == y);
@@ -1377,20 +1396,27 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     Tensor erf = where(z < 0, neg(erf_abs, loc), erf_abs, loc);
     return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
 }
-// |x| = max(x, -x)
+// |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (fmax may pick either zero); |x|'(0) = 0
 Tensor Tensor::abs(Loc loc) const {
     if (dtype() == DType::BOOL) return *this;
-    return maximum(neg(*this, loc), loc);
+    Tensor m = maximum(neg(*this, loc), loc);
+    return dtype_is_float(dtype()) ? add_c(m, 0, loc) : m;
 }
-Tensor Tensor::maximum(const Tensor& o, Loc loc) const { return bin(Op::MAX, *this, o, "maximum", loc); }
-Tensor Tensor::maximum(Scalar o, Loc loc) const { return maximum(scalar_operand(*this, o, loc), loc); }
+Tensor Tensor::maximum(const Tensor& o, Loc loc) const {
+    return bin(Op::MAX, *this, o, "maximum", loc);
+}
+Tensor Tensor::maximum(Scalar o, Loc loc) const {
+    return maximum(scalar_operand(*this, o, loc), loc);
+}
 // min(a, b) = -max(-a, -b); for bool, a and b = a·b
 Tensor Tensor::minimum(const Tensor& o, Loc loc) const {
     auto [x, y] = operands(*this, o, "minimum", loc);
     if (x.dtype() == DType::BOOL) return mul(x, y, loc);
     return neg(neg(x, loc).maximum(neg(y, loc), loc), loc);
 }
-Tensor Tensor::minimum(Scalar o, Loc loc) const { return minimum(scalar_operand(*this, o, loc), loc); }
+Tensor Tensor::minimum(Scalar o, Loc loc) const {
+    return minimum(scalar_operand(*this, o, loc), loc);
+}
 Tensor Tensor::logical_not(Loc loc) const {
     return wrap(graph_binary(Op::CMPEQ, node(), graph_const(0, dtype(), shape(), loc), loc));
 }
@@ -1401,11 +1427,14 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     auto [x, y] = operands(*this, exponent, "pow", loc, true);
     Tensor ax = x.abs(loc), zero = ax == 0;
     Tensor one = full_like(x, 1, x.dtype(), loc);
-    Tensor at_zero = where(y > 0, 0, where(y < 0, full_like(x, INFINITY, x.dtype(), loc), one, loc), loc);
-    Tensor mag = where(zero, at_zero, mul(y, where(zero, one, ax, loc).log2(loc), loc).exp2(loc), loc);
+    Tensor at_zero =
+        where(y > 0, 0, where(y < 0, full_like(x, INFINITY, x.dtype(), loc), one, loc), loc);
+    Tensor mag =
+        where(zero, at_zero, mul(y, where(zero, one, ax, loc).log2(loc), loc).exp2(loc), loc);
     Tensor yi = y.cast(DType::INT32, loc);
     Tensor is_int = yi.cast(y.dtype(), loc) == y;
-    Tensor odd = wrap(graph_binary(Op::MOD, N(yi), graph_const(2, DType::INT32, yi.shape(), loc), loc)) != 0;
+    Tensor odd =
+        wrap(graph_binary(Op::MOD, N(yi), graph_const(2, DType::INT32, yi.shape(), loc), loc)) != 0;
     Tensor nan = full_like(x, NAN, x.dtype(), loc);
     Tensor negative = where(is_int, where(odd, neg(mag, loc), mag, loc), nan, loc);
     return where(y == 0, full_like(x, 1, x.dtype(), loc), where(x < 0, negative, mag, loc), loc);
@@ -1413,7 +1442,8 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
 // Whole exponents up to 64 by repeated squaring: exact, integer tensors stay integer (for an
 // int exponent), and x^-k = 1/x^k.
 Tensor Tensor::pow(Scalar e, Loc loc) const {
-    if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 && (e.value >= 0 || e.is_float)) {
+    if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 &&
+        (e.value >= 0 || e.is_float)) {
         DType dt = scalar_dtype(dtype(), e);
         Tensor result = full_like(*this, 1, dt, loc), base = cast(dt, loc);
         for (int64_t k = int64_t(std::fabs(e.value)); k > 0; k >>= 1) {
@@ -1431,7 +1461,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
                               "where", loc);
     DType dt = promote(a.dtype(), b.dtype());
     Tensor c = cond.cast(DType::BOOL, loc).expand(s, loc);
-    return wrap(graph_where(N(c), N(a.cast(dt, loc).expand(s, loc)), N(b.cast(dt, loc).expand(s, loc)), loc));
+    return wrap(graph_where(N(c), N(a.cast(dt, loc).expand(s, loc)),
+                            N(b.cast(dt, loc).expand(s, loc)), loc));
 }
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc) {
     return where(cond, scalar_operand(b, a, loc), b, loc);
@@ -1442,13 +1473,17 @@ Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
 
 // -- reductions
 Tensor Tensor::sum(Loc loc) const { return sum(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::sum(int axis, bool keepdim, Loc loc) const { return sum(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::sum(int axis, bool keepdim, Loc loc) const {
+    return sum(std::vector<int>{axis}, keepdim, loc);
+}
 Tensor Tensor::sum(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     Tensor x = dtype() == DType::BOOL ? cast(DType::INT32, loc) : *this;
     return reduce(Op::REDUCE_SUM, x, axes, axes.empty(), keepdim, "sum", loc);
 }
 Tensor Tensor::mean(Loc loc) const { return mean(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::mean(int axis, bool keepdim, Loc loc) const { return mean(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::mean(int axis, bool keepdim, Loc loc) const {
+    return mean(std::vector<int>{axis}, keepdim, loc);
+}
 // mean = sum / (number of elements reduced)
 Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     normalize_axes(axes, shape(), "mean", loc);
@@ -1459,12 +1494,16 @@ Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return mul_c(s, 1 / count, loc);
 }
 Tensor Tensor::max(Loc loc) const { return max(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::max(int axis, bool keepdim, Loc loc) const { return max(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::max(int axis, bool keepdim, Loc loc) const {
+    return max(std::vector<int>{axis}, keepdim, loc);
+}
 Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return reduce(Op::REDUCE_MAX, *this, axes, axes.empty(), keepdim, "max", loc);
 }
 Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::min(int axis, bool keepdim, Loc loc) const { return min(std::vector<int>{axis}, keepdim, loc); }
+Tensor Tensor::min(int axis, bool keepdim, Loc loc) const {
+    return min(std::vector<int>{axis}, keepdim, loc);
+}
 // min x = -max(-x); for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     normalize_axes(axes, shape(), "min", loc);
@@ -1500,8 +1539,9 @@ Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
     }
     if (infer >= 0) {
         if (known == 0 || numel() % known != 0)
-            fail(strf("reshape: cannot reshape %s (%lld elements) to %s", shape_str(shape()).c_str(),
-                      (long long)numel(), shape_str(shape_in).c_str()), loc);
+            fail(strf("reshape: cannot reshape %s (%lld elements) to %s",
+                      shape_str(shape()).c_str(), (long long)numel(), shape_str(shape_in).c_str()),
+                 loc);
         s[size_t(infer)] = numel() / known;
     }
     return wrap(graph_reshape(node(), s, loc));
@@ -1610,27 +1650,32 @@ Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc)
 // gets a unit axis (front for a, back for b) that is removed from the result.
 Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
     if (ndim() == 0 || other.ndim() == 0)
-        fail(strf("matmul: %s @ %s: both operands need at least one axis", shape_str(shape()).c_str(),
-                  shape_str(other.shape()).c_str()), loc);
+        fail(strf("matmul: %s @ %s: both operands need at least one axis",
+                  shape_str(shape()).c_str(), shape_str(other.shape()).c_str()),
+             loc);
     Tensor a = ndim() == 1 ? unsqueeze(0, loc) : *this;
     Tensor b = other.ndim() == 1 ? other.unsqueeze(1, loc) : other;
     int64_t k = a.size(-1);
     if (k != b.size(-2))
         fail(strf("matmul: %s @ %s: inner dims %lld != %lld", shape_str(shape()).c_str(),
                   shape_str(other.shape()).c_str(), (long long)k, (long long)b.size(-2)), loc);
-    Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+    Shape batch_a(a.shape().begin(), a.shape().end() - 2),
+        batch_b(b.shape().begin(), b.shape().end() - 2);
     for (size_t i = 0; i < std::max(batch_a.size(), batch_b.size()); i++) {
         int64_t da = i < batch_a.size() ? batch_a[batch_a.size() - 1 - i] : 1;
         int64_t db = i < batch_b.size() ? batch_b[batch_b.size() - 1 - i] : 1;
         if (da != db && da != 1 && db != 1)
-            fail(strf("matmul: %s @ %s: batch dims %s and %s cannot broadcast", shape_str(shape()).c_str(),
-                      shape_str(other.shape()).c_str(), shape_str(batch_a).c_str(), shape_str(batch_b).c_str()), loc);
+            fail(strf("matmul: %s @ %s: batch dims %s and %s cannot broadcast",
+                      shape_str(shape()).c_str(), shape_str(other.shape()).c_str(),
+                      shape_str(batch_a).c_str(), shape_str(batch_b).c_str()),
+                 loc);
     }
     Shape batch = broadcast_shape(batch_a, batch_b, "matmul", loc);
     Shape sa = batch, sb = batch;
     sa.insert(sa.end(), {a.size(-2), k, b.size(-1)});
     sb.insert(sb.end(), {a.size(-2), k, b.size(-1)});
-    Tensor prod = mul(a.unsqueeze(-1, loc).expand(sa, loc), b.unsqueeze(-3, loc).expand(sb, loc), loc);
+    Tensor prod =
+        mul(a.unsqueeze(-1, loc).expand(sa, loc), b.unsqueeze(-3, loc).expand(sb, loc), loc);
     Tensor out = prod.sum(-2, false, loc);
     if (ndim() == 1) out = out.squeeze(-2, loc);
     if (other.ndim() == 1) out = out.squeeze(-1, loc);
@@ -1672,7 +1717,8 @@ Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     check_index(*this, index, "index_select", loc);
     int ax = normalize_axis(axis, shape().size(), "index_select", shape(), loc);
     if (index.ndim() != 1)
-        fail(strf("index_select: index must be 1-D, got %s", shape_str(index.shape()).c_str()), loc);
+        fail(strf("index_select: index must be 1-D, got %s", shape_str(index.shape()).c_str()),
+             loc);
     Shape along(size_t(ndim()), 1), out = shape();
     along[size_t(ax)] = out[size_t(ax)] = index.numel();
     return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
@@ -1687,7 +1733,8 @@ Tensor Tensor::operator[](int64_t i) const {
     if (ndim() == 0) fail("index: cannot index a 0-d tensor");
     int64_t n = shape()[0], j = wrap_index(i, n);
     if (j < 0 || j >= n)
-        fail(strf("index: %lld out of range for shape %s", (long long)i, shape_str(shape()).c_str()));
+        fail(strf("index: %lld out of range for shape %s", (long long)i,
+                  shape_str(shape()).c_str()));
     return slice(0, j, j + 1, 1, {}).squeeze(0, {});
 }
 
@@ -1701,8 +1748,9 @@ Tensor cat(const std::vector<Tensor>& ts, int axis, Loc loc) {
         bool ok = t.ndim() == ts[0].ndim();
         for (int d = 0; ok && d < t.ndim(); d++) ok = d == ax || t.size(d) == ts[0].size(d);
         if (!ok)
-            fail(strf("cat: shapes %s and %s differ outside axis %d", shape_str(ts[0].shape()).c_str(),
-                      shape_str(t.shape()).c_str(), ax), loc);
+            fail(strf("cat: shapes %s and %s differ outside axis %d",
+                      shape_str(ts[0].shape()).c_str(), shape_str(t.shape()).c_str(), ax),
+                 loc);
         total += t.size(ax);
         dt = promote(dt, t.dtype());
     }
@@ -1769,7 +1817,8 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
             if (c >= 'A' && c <= 'Z') labels.push_back(c - 'A');
             else if (c >= 'a' && c <= 'z') labels.push_back(26 + c - 'a');
             else if (term.compare(i, 3, "...") == 0) {
-                if (std::count(labels.begin(), labels.end(), -1)) bad("more than one '...' in a term");
+                if (std::count(labels.begin(), labels.end(), -1))
+                    bad("more than one '...' in a term");
                 labels.push_back(-1);
                 i += 2;
             } else bad(strf("unexpected character '%c'", c));
@@ -1811,15 +1860,17 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
         size_t mine = size_t(xs[i].ndim()) - named;
         for (int l : terms[i]) {
             if (l != -1) { labels.push_back(l); continue; }
-            for (size_t j = 0; j < mine; j++) labels.push_back(ELLIPSIS_LABEL + int(ell_rank - mine + j));
+            for (size_t j = 0; j < mine; j++)
+                labels.push_back(ELLIPSIS_LABEL + int(ell_rank - mine + j));
         }
         // a repeated letter: move the pair to the end and take the diagonal
         for (size_t a = 0; a < labels.size(); a++) {
             for (size_t b = a + 1; b < labels.size(); b++) {
                 if (labels[a] != labels[b]) continue;
                 if (xs[i].size(int(a)) != xs[i].size(int(b)))
-                    bad(strf("letter '%c' has sizes %lld and %lld in operand %zu", letter(labels[a]),
-                             (long long)xs[i].size(int(a)), (long long)xs[i].size(int(b)), i));
+                    bad(strf("letter '%c' has sizes %lld and %lld in operand %zu",
+                             letter(labels[a]), (long long)xs[i].size(int(a)),
+                             (long long)xs[i].size(int(b)), i));
                 std::vector<int> order;
                 std::vector<int> rest;
                 for (size_t d = 0; d < labels.size(); d++)
@@ -1854,7 +1905,8 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
                 continue;
             }
             if (!size_of.count(l)) bad(strf("output letter '%c' is not in any input", letter(l)));
-            if (std::count(out.begin(), out.end(), l)) bad(strf("output letter '%c' repeated", letter(l)));
+            if (std::count(out.begin(), out.end(), l))
+                bad(strf("output letter '%c' repeated", letter(l)));
             out.push_back(l);
         }
     } else {
@@ -1912,14 +1964,15 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     case Op::MUL: return {mul(g, src(1), loc), mul(g, src(0), loc)};       // d(ab) = b da + a db
     case Op::MAX: {   // d max(a,b) = [a>b] da + [a<b] db; a tie splits evenly, as in PyTorch
         Tensor a = src(0), b = src(1);
-        Tensor share = add(indicator(a > b, dt, loc), mul_c(indicator(a == b, dt, loc), 0.5, loc), loc);
+        Tensor share =
+            add(indicator(a > b, dt, loc), mul_c(indicator(a == b, dt, loc), 0.5, loc), loc);
         return {mul(g, share, loc), mul(g, add_c(neg(share, loc), 1, loc), loc)};
     }
     case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
         return {};
     case Op::WHERE:   // d where(c,a,b) = [c] da + [not c] db
         return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
-    case Op::REDUCE_SUM: return {g.expand(in, loc)};                       // each x_i adds to one sum
+    case Op::REDUCE_SUM: return {g.expand(in, loc)}; // each x_i adds to one sum
     case Op::REDUCE_MAX: {   // to the maxima; ties share evenly, as PyTorch's amax
         Tensor hit = indicator(src(0) == out.expand(in, loc), dt, loc);
         std::vector<int> axes(n->arg.begin(), n->arg.end());
@@ -1940,18 +1993,22 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     }
     case Op::PAD: {   // the inside of the padded gradient
         std::vector<std::pair<int64_t, int64_t>> box;
-        for (size_t d = 0; d < in.size(); d++) box.push_back({n->arg[2 * d], n->arg[2 * d] + in[d]});
+        for (size_t d = 0; d < in.size(); d++)
+            box.push_back({n->arg[2 * d], n->arg[2 * d] + in[d]});
         return {g.shrink(box, loc)};
     }
     case Op::SHRINK: {   // zeros where the input was cut away
         std::vector<std::pair<int64_t, int64_t>> p;
-        for (size_t d = 0; d < in.size(); d++) p.push_back({n->arg[2 * d], in[d] - n->arg[2 * d + 1]});
+        for (size_t d = 0; d < in.size(); d++)
+            p.push_back({n->arg[2 * d], in[d] - n->arg[2 * d + 1]});
         return {g.pad(p, 0, loc)};
     }
     case Op::FLIP: return {g.flip(std::vector<int>(n->arg.begin(), n->arg.end()), loc)};
     case Op::GATHER:   // scatter_add is gather's adjoint: each read sends its gradient back
-        return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), n->src[1]}, loc, n->arg)), Tensor()};
-    case Op::SCATTER_ADD: return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
+        return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), n->src[1]}, loc, n->arg)),
+                Tensor()};
+    case Op::SCATTER_ADD:
+        return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
     case Op::ASSIGN: return {};                                            // writes, not math
     case Op::CONTIGUOUS: return {g};
     default: return {};                                                    // sources: leaves
@@ -1959,7 +2016,8 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
 }
 
 // Gradients of output with respect to every node that requires grad, accumulated over paths.
-static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& seed_in) {
+static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output,
+                                                       const Tensor& seed_in) {
     const NodeP& root = output.node();
     if (!root->requires_grad)
         fail("backward: the tensor does not depend on any tensor that requires grad");
@@ -1995,7 +2053,8 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, con
 }
 }  // namespace detail
 
-std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs, const Tensor& seed) {
+std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs,
+                              const Tensor& seed) {
     auto grads = backpropagate(output, seed);
     std::vector<Tensor> out;
     for (const Tensor& x : inputs) {
@@ -2010,7 +2069,8 @@ NoGrad::~NoGrad() { no_grad_depth--; }
 
 Tensor& Tensor::requires_grad(bool on) {
     if (on && !dtype_is_float(dtype()))
-        fail(strf("requires_grad: only float tensors can require gradients, got %s", dtype_name(dtype())));
+        fail(strf("requires_grad: only float tensors can require gradients, got %s",
+                  dtype_name(dtype())));
     if (on && !node()->src.empty()) {   // parameters are data: compute them now
         realize_nodes({node()}, true);
         node_->op = Op::BUFFER;
@@ -2042,7 +2102,7 @@ void Tensor::backward(const Tensor& seed, Loc loc) const {
     NoGrad no_grad;
     PhaseScope phase(Phase::BACKWARD);
     for (auto& [n, g] : grads) {
-        if (!n->src.empty() || n->buffer == nullptr || n->op != Op::BUFFER) continue;   // leaves only
+        if (!n->src.empty() || n->buffer == nullptr || n->op != Op::BUFFER) continue; // leaves only
         n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();
         pending_targets.push_back(n->grad);
     }
@@ -2050,10 +2110,10 @@ void Tensor::backward(const Tensor& seed, Loc loc) const {
 
 Tensor Tensor::assign(const Tensor& value, Loc loc) const {
     if (!value.defined()) fail("assign: value is undefined", loc);
-    broadcast_shape(shape(), value.shape(), "assign", loc);
     if (broadcast_shape(shape(), value.shape(), "assign", loc) != shape())
-        fail(strf("assign: value of shape %s does not fit target %s", shape_str(value.shape()).c_str(),
-                  shape_str(shape()).c_str()), loc);
+        fail(strf("assign: value of shape %s does not fit target %s",
+                  shape_str(value.shape()).c_str(), shape_str(shape()).c_str()),
+             loc);
     if (!node()->buffer) realize_nodes({node()}, true);   // the target needs storage
     Tensor v = value.cast(dtype(), loc).expand(shape(), loc);
     NodeP a = node_make(Op::ASSIGN, dtype(), shape(), {node(), v.node()}, loc);
@@ -2063,7 +2123,7 @@ Tensor Tensor::assign(const Tensor& value, Loc loc) const {
 
 namespace detail {
 
-// ---- [SCHEDULE] which nodes get buffers; one kernel per stored node -------------------- >>schedule
+// ---- [SCHEDULE] which nodes get buffers; one kernel per stored node ------------------ >>schedule
 // Input: the nodes to realize. Output: kernels in dependency order. A node is materialized
 // (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, a reduction, an
 // assignment or scatter, or computed and read by more than one consumer or through a
@@ -2114,7 +2174,8 @@ static bool reads_through_view(Node* n, Node* target, const std::unordered_set<N
                                bool below_view, std::unordered_set<Node*>& seen) {
     if (n == target) return below_view;
     if (n->buffer || materialized.count(n) || !seen.insert(n).second) return false;
-    bool view = below_view || op_kind(n->op) == OpKind::MOVEMENT || op_kind(n->op) == OpKind::INDEXED;
+    bool view =
+        below_view || op_kind(n->op) == OpKind::MOVEMENT || op_kind(n->op) == OpKind::INDEXED;
     for (auto& src : n->src)
         if (reads_through_view(src.get(), target, materialized, view, seen)) return true;
     return false;
@@ -2169,7 +2230,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         if (one_root) reach[n].paths = 1;   // computed once per element of its root
         if (k == OpKind::REDUCE && one_root) {   // fuse into the root's loop nest?
             Node* root = *r.roots.begin();
-            bool root_ok = same_index_op(root) || (root->op == Op::ASSIGN && root->src[0].get() != n);
+            bool root_ok =
+                same_index_op(root) || (root->op == Op::ASSIGN && root->src[0].get() != n);
             Kernel& kr = fused_into[root];
             if (root_ok && (kr.fused_reduces.empty() || kr.loop_shape == n->shape)) {
                 kr.loop_shape = n->shape;
@@ -2179,7 +2241,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         }
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
         // a comparison, negation or cast costs less to compute again than to store and load
-        bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG || n->op == Op::CAST;
+        bool cheap =
+            n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG || n->op == Op::CAST;
         bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast);
         if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
             k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || (computed && !inline_ok))
@@ -2190,7 +2253,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     // reductions with it: they all lie below the value.
     for (Node* n : order) {
         Node* value = n->src.empty() ? nullptr : n->src.back().get();
-        if (n->op != Op::ASSIGN || n->buffer || value->buffer || s.materialized.count(value)) continue;
+        if (n->op != Op::ASSIGN || n->buffer || value->buffer || s.materialized.count(value))
+            continue;
         std::unordered_set<Node*> seen;
         if (!reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) continue;
         auto fused = fused_into.find(n);
@@ -2264,7 +2328,7 @@ static std::string sched_listing(const Schedule& s) {
     return out;
 }
 
-// ---- [LOOPIR] loops, accumulators, stores; lowering kernels into them --------------- >>loopir
+// ---- [LOOPIR] loops, accumulators, stores; lowering kernels into them ------------------ >>loopir
 // A Program is blocks (one per kernel) of statements: LOOP over a variable, ACC_INIT/ACC_UPDATE
 // of a local accumulator, STORE of a value into a buffer at an index. Values and indices are
 // expression trees (Expr), immutable and shared. Lowering walks a kernel's graph from its root
@@ -2334,12 +2398,19 @@ static ExprP ex_alu(Op op, DType dt, std::vector<ExprP> src) {
     return std::make_shared<const Expr>(Expr{EK::ALU, op, dt, 0, 0, 0, std::move(src)});
 }
 static ExprP ex_check(ExprP i, int64_t bound, int site) {
-    return std::make_shared<const Expr>(Expr{EK::CHECK, Op::CONST, DType::INDEX, 0, site, bound, {std::move(i)}});
+    return std::make_shared<const Expr>(
+        Expr{EK::CHECK, Op::CONST, DType::INDEX, 0, site, bound, {std::move(i)}});
 }
 static ExprP ix(int64_t v) { return ex_const(double(v), DType::INDEX); }
-static ExprP ix_add(ExprP a, ExprP b) { return ex_alu(Op::ADD, DType::INDEX, {std::move(a), std::move(b)}); }
-static ExprP ix_mul(ExprP a, int64_t c) { return ex_alu(Op::MUL, DType::INDEX, {std::move(a), ix(c)}); }
-static ExprP ix_lt(ExprP a, int64_t c) { return ex_alu(Op::CMPLT, DType::BOOL, {std::move(a), ix(c)}); }
+static ExprP ix_add(ExprP a, ExprP b) {
+    return ex_alu(Op::ADD, DType::INDEX, {std::move(a), std::move(b)});
+}
+static ExprP ix_mul(ExprP a, int64_t c) {
+    return ex_alu(Op::MUL, DType::INDEX, {std::move(a), ix(c)});
+}
+static ExprP ix_lt(ExprP a, int64_t c) {
+    return ex_alu(Op::CMPLT, DType::BOOL, {std::move(a), ix(c)});
+}
 
 static ExprP linear_index(const std::vector<ExprP>& idx, const Shape& shape) {
     Shape st = contiguous_strides(shape);
@@ -2352,7 +2423,8 @@ static ExprP linear_index(const std::vector<ExprP>& idx, const Shape& shape) {
 // The index into `to` of the element that a reshape from `to` to `from` puts at `idx`:
 // linearize over `from`, then split over `to`. The simplifier turns this back into plain
 // variables whenever the reshape only splits or merges axes.
-static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Shape& from, const Shape& to) {
+static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Shape& from,
+                                        const Shape& to) {
     ExprP lin = linear_index(idx, from);
     Shape st = contiguous_strides(to);
     std::vector<ExprP> out;
@@ -2404,7 +2476,8 @@ static double alu_eval(Op op, DType dt, const double* a) {
     case Op::CAST:
         if (dt == DType::INT32 || dt == DType::INDEX) return round_to(dt, std::trunc(a[0]));
         return round_to(dt, a[0]);
-    case Op::ADD: return dt == DType::BOOL ? double(a[0] != 0 || a[1] != 0) : round_to(dt, a[0] + a[1]);
+    case Op::ADD:
+        return dt == DType::BOOL ? double(a[0] != 0 || a[1] != 0) : round_to(dt, a[0] + a[1]);
     case Op::MUL: return round_to(dt, a[0] * a[1]);
     case Op::MAX: return round_to(dt, std::fmax(a[0], a[1]));
     case Op::CMPLT: return a[0] < a[1];
@@ -2447,7 +2520,8 @@ struct Lowering {
     std::vector<Node*> visited;            // for the block's title and origin
     // a node read twice at one index is lowered once: the expressions form a DAG (the
     // renderer names shared parts); the stored index keeps the key's pointers alive
-    std::map<std::pair<Node*, std::vector<const Expr*>>, std::pair<std::vector<ExprP>, ExprP>> lowered;
+    std::map<std::pair<Node*, std::vector<const Expr*>>, std::pair<std::vector<ExprP>, ExprP>>
+        lowered;
 
     // An assignment stores into its target's buffer, so both nodes name the same buffer.
     int buffer_id(Node* n) {
@@ -2458,8 +2532,8 @@ struct Lowering {
             id = buffer_id(n->src[0].get());
         } else {
             id = int(prog.buffers.size());
-            prog.buffers.push_back({n->buffer ? ProgramBuffer::INPUT : ProgramBuffer::TEMP, n->dtype,
-                                    shape_numel(n->shape)});
+            prog.buffers.push_back({n->buffer ? ProgramBuffer::INPUT : ProgramBuffer::TEMP,
+                                    n->dtype, shape_numel(n->shape)});
             prog.buffer_nodes.push_back(n);
         }
         buffer_ids[n] = id;
@@ -2493,7 +2567,8 @@ struct Lowering {
         case Op::CONST: return ex_const(n->value, n->dtype);
         case Op::ARANGE: return ex_alu(Op::CAST, DType::INT32, {idx[0]});
         case Op::RAND:
-            return ex_alu(Op::RAND, DType::FLOAT32, {ix(int64_t(n->value)), linear_index(idx, n->shape)});
+            return ex_alu(Op::RAND, DType::FLOAT32,
+                          {ix(int64_t(n->value)), linear_index(idx, n->shape)});
         case Op::CONTIGUOUS: return lower(s0, idx);
         case Op::ASSIGN: return lower(n->src[1].get(), idx);   // stored into src[0]'s buffer
         case Op::RESHAPE: return lower(s0, reshape_index(idx, n->shape, s0->shape));
@@ -2550,19 +2625,34 @@ struct Lowering {
             si[axis] = checked;
             ExprP v = lower(s0, si);
             if (!expr_contains(v, checked.get()))   // a source that ignores the index: check anyway
-                body->push_back(Stmt{SK::CHECK, 0, 0, Op::REDUCE_SUM, DType::INDEX, checked, nullptr, {}});
+                body->push_back(
+                    Stmt{SK::CHECK, 0, 0, Op::REDUCE_SUM, DType::INDEX, checked, nullptr, {}});
             return v;
         }
         case Op::REDUCE_SUM:
         case Op::REDUCE_MAX: {
             int acc = naccs++;
-            Stmt init{SK::ACC_INIT, acc, 0, n->op, n->dtype, nullptr, ex_const(acc_identity(n->op, n->dtype), n->dtype), {}};
+            Stmt init{SK::ACC_INIT,
+                      acc,
+                      0,
+                      n->op,
+                      n->dtype,
+                      nullptr,
+                      ex_const(acc_identity(n->op, n->dtype), n->dtype),
+                      {}};
             body->push_back(init);
             std::vector<Stmt>* outer = body;
             std::vector<ExprP> si = idx;
             for (int64_t d : n->arg) {
                 int v = nvars++;
-                body->push_back(Stmt{SK::LOOP, v, s0->shape[size_t(d)], Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+                body->push_back(Stmt{SK::LOOP,
+                                     v,
+                                     s0->shape[size_t(d)],
+                                     Op::REDUCE_SUM,
+                                     DType::INDEX,
+                                     nullptr,
+                                     nullptr,
+                                     {}});
                 body = &body->back().body;
                 si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
             }
@@ -2594,7 +2684,8 @@ struct Lowering {
         for (int64_t extent : k.loop_shape) {
             if (extent == 1) { loop_idx.push_back(ix(0)); continue; }
             int v = nvars++;
-            body->push_back(Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+            body->push_back(
+                Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
             body = &body->back().body;
             loop_idx.push_back(ex_var(v, extent));
         }
@@ -2603,14 +2694,22 @@ struct Lowering {
                                           : reshape_index(loop_idx, k.loop_shape, root->shape);
         if (root->op == Op::SCATTER_ADD) {   // zero the output, then add each value at its index
             visited.push_back(root);
-            body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), ex_const(0, root->dtype), {}});
+            body->push_back(Stmt{SK::STORE,
+                                 out,
+                                 0,
+                                 Op::REDUCE_SUM,
+                                 root->dtype,
+                                 linear_index(loop_idx, k.loop_shape),
+                                 ex_const(0, root->dtype),
+                                 {}});
             Node* values = root->src[0].get();
             body = &blk.body;
             std::vector<ExprP> vidx;
             for (int64_t extent : values->shape) {
                 if (extent == 1) { vidx.push_back(ix(0)); continue; }
                 int v = nvars++;
-                body->push_back(Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
+                body->push_back(
+                    Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
                 body = &body->back().body;
                 vidx.push_back(ex_var(v, extent));
             }
@@ -2618,10 +2717,24 @@ struct Lowering {
             std::vector<ExprP> oidx = vidx;
             ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(root->src[1].get(), vidx)});
             oidx[axis] = ex_check(j, root->shape[axis], check_site(root, root, axis));
-            body->push_back(Stmt{SK::STORE_ADD, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(oidx, root->shape), lower(values, vidx), {}});
+            body->push_back(Stmt{SK::STORE_ADD,
+                                 out,
+                                 0,
+                                 Op::REDUCE_SUM,
+                                 root->dtype,
+                                 linear_index(oidx, root->shape),
+                                 lower(values, vidx),
+                                 {}});
         } else {
             ExprP val = lower(root, root_idx);
-            body->push_back(Stmt{SK::STORE, out, 0, Op::REDUCE_SUM, root->dtype, linear_index(loop_idx, k.loop_shape), val, {}});
+            body->push_back(Stmt{SK::STORE,
+                                 out,
+                                 0,
+                                 Op::REDUCE_SUM,
+                                 root->dtype,
+                                 linear_index(loop_idx, k.loop_shape),
+                                 val,
+                                 {}});
         }
         // title: the computing ops in graph order; origin: the user lines they came from
         std::string ops, origin;
@@ -2629,8 +2742,10 @@ struct Lowering {
         for (auto it = visited.rbegin(); it != visited.rend(); ++it) {
             Node* n = *it;
             OpKind kind = op_kind(n->op);
-            bool shown = kind != OpKind::MOVEMENT && kind != OpKind::SOURCE && n->op != Op::CONTIGUOUS;
-            if (shown && std::find(seen_ops.begin(), seen_ops.end(), op_name(n->op)) == seen_ops.end())
+            bool shown =
+                kind != OpKind::MOVEMENT && kind != OpKind::SOURCE && n->op != Op::CONTIGUOUS;
+            if (shown &&
+                std::find(seen_ops.begin(), seen_ops.end(), op_name(n->op)) == seen_ops.end())
                 seen_ops.push_back(op_name(n->op));
             std::string l = loc_str(n->loc);
             if (n->loc.file && std::find(seen_locs.begin(), seen_locs.end(), l) == seen_locs.end())
@@ -2639,8 +2754,9 @@ struct Lowering {
         std::sort(seen_locs.begin(), seen_locs.end());
         for (auto& o : seen_ops) ops += " " + o;
         for (auto& l : seen_locs) origin += (origin.empty() ? "" : ", ") + l;
-        blk.title = strf("K%zu %s %s %s:%s", index, phase_name(root->phase), dtype_name(root->dtype),
-                         shape_str(root->shape).c_str(), ops.empty() ? " copy" : ops.c_str());
+        blk.title =
+            strf("K%zu %s %s %s:%s", index, phase_name(root->phase), dtype_name(root->dtype),
+                 shape_str(root->shape).c_str(), ops.empty() ? " copy" : ops.c_str());
         blk.origin = origin;
         return blk;
     }
@@ -2684,7 +2800,8 @@ static std::string expr_str(const ExprP& e) {
     case EK::VAR: return strf("i%d", e->id);
     case EK::ACC: return strf("acc%d", e->id);
     case EK::LOAD: return strf("buf%d[%s]", e->id, expr_str(e->src[0]).c_str());
-    case EK::CHECK: return strf("check(%s < %lld)", expr_str(e->src[0]).c_str(), (long long)e->bound);
+    case EK::CHECK:
+        return strf("check(%s < %lld)", expr_str(e->src[0]).c_str(), (long long)e->bound);
     case EK::ALU: break;
     }
     auto s = [&](size_t i) { return expr_str(e->src[i]); };
@@ -2718,8 +2835,8 @@ static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out
             out += strf("%sacc%d = %s\n", pad.c_str(), st.id, expr_str(st.val).c_str());
             break;
         case SK::ACC_UPDATE:
-            out += strf("%sacc%d %s %s\n", pad.c_str(), st.id, st.op == Op::REDUCE_SUM ? "+=" : "max=",
-                        expr_str(st.val).c_str());
+            out += strf("%sacc%d %s %s\n", pad.c_str(), st.id,
+                        st.op == Op::REDUCE_SUM ? "+=" : "max=", expr_str(st.val).c_str());
             break;
         case SK::STORE:
         case SK::STORE_ADD:
@@ -2735,8 +2852,8 @@ static std::string program_listing(const Program& p) {
     std::string out;
     for (size_t i = 0; i < p.buffers.size(); i++) {
         static const char* roles[] = {"input", "output", "temp"};
-        out += strf("buf%zu: %s %s[%lld]\n", i, roles[p.buffers[i].role], dtype_name(p.buffers[i].dtype),
-                    (long long)p.buffers[i].numel);
+        out += strf("buf%zu: %s %s[%lld]\n", i, roles[p.buffers[i].role],
+                    dtype_name(p.buffers[i].dtype), (long long)p.buffers[i].numel);
     }
     for (const Block& b : p.blocks) {
         out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")") + "\n";
@@ -2745,7 +2862,7 @@ static std::string program_listing(const Program& p) {
     return out;
 }
 
-// ---- [PASSES] rewrites of the loop IR ------------------------------------------------ >>passes
+// ---- [PASSES] rewrites of the loop IR -------------------------------------------------- >>passes
 // pass_simplify: constant folding and index algebra. It knows the range of every loop
 // variable, so the / and % that views produce fold away whenever they are no-ops
 // ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always hold disappear, and bounds
@@ -2877,7 +2994,8 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     }
     if (e->kind != EK::ALU) return e;
     const auto& s = e->src;
-    bool all_const = std::all_of(s.begin(), s.end(), [](const ExprP& x) { return x->kind == EK::CONST; });
+    bool all_const =
+        std::all_of(s.begin(), s.end(), [](const ExprP& x) { return x->kind == EK::CONST; });
     if (all_const) {
         double v[3] = {0, 0, 0};
         for (size_t i = 0; i < s.size(); i++) v[i] = s[i]->num;
@@ -2901,8 +3019,9 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     if (e->dtype != DType::INDEX) {   // float and int arithmetic: only exact identities
         if (e->op == Op::MUL && is_const(s[1], 1)) return s[0];
         if (e->op == Op::MUL && is_const(s[0], 1)) return s[1];
-        if (e->op == Op::ADD && is_const(s[1], 0)) return s[0];
-        if (e->op == Op::ADD && is_const(s[0], 0)) return s[1];
+        bool integer = !dtype_is_float(e->dtype);   // x + 0 = x except for x = -0.0
+        if (e->op == Op::ADD && integer && is_const(s[1], 0)) return s[0];
+        if (e->op == Op::ADD && integer && is_const(s[0], 0)) return s[1];
         return e;
     }
     if (e->op == Op::ADD || e->op == Op::MUL) {
@@ -2911,7 +3030,8 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
         while (lin.fold_div_mod()) {}
         return lin.build();
     }
-    if ((e->op != Op::IDIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0) return e;
+    if ((e->op != Op::IDIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0)
+        return e;
     int64_t c = int64_t(s[1]->num);
     Range r = range_of(s[0]);
     if (e->op == Op::IDIV && c == 1) return s[0];
@@ -2919,8 +3039,10 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     if (r.known && r.lo >= 0 && r.hi < c) return e->op == Op::IDIV ? ix(0) : s[0];
     if (!r.known || r.lo < 0) return e;
     // (x / a) / b = x / (a·b) for x >= 0
-    if (e->op == Op::IDIV && s[0]->kind == EK::ALU && s[0]->op == Op::IDIV && s[0]->src[1]->kind == EK::CONST)
-        return again(ex_alu(Op::IDIV, DType::INDEX, {s[0]->src[0], ix(c * int64_t(s[0]->src[1]->num))}));
+    if (e->op == Op::IDIV && s[0]->kind == EK::ALU && s[0]->op == Op::IDIV &&
+        s[0]->src[1]->kind == EK::CONST)
+        return again(
+            ex_alu(Op::IDIV, DType::INDEX, {s[0]->src[0], ix(c * int64_t(s[0]->src[1]->num))}));
     // (q·c + r) / c = q + r / c and (q·c + r) % c = r % c, for x >= 0 and r >= 0
     Linear lin, quotient, rest;
     lin.add(1, s[0]);
@@ -2986,7 +3108,7 @@ static void run_passes(Program& p) {
     for (auto& [name, pass] : PASSES) pass(p);
 }
 
-// ---- [INTERP] the reference interpreter over the loop IR ------------------------------ >>interp
+// ---- [INTERP] the reference interpreter over the loop IR ------------------------------- >>interp
 // Executes a Program statement by statement, with alu_eval as the meaning of each op. It is
 // the definition the compiled code must agree with (tests compare them on random graphs) and
 // the device for machines without a C compiler (TG_DEVICE=INTERP).
@@ -3046,7 +3168,9 @@ struct Interpreter : Executable {
         case EK::CONST: return e.num;
         case EK::VAR: return vars[size_t(e.id)];
         case EK::ACC: return accs[size_t(e.id)];
-        case EK::LOAD: return load_value(bufs[e.id], prog.buffers[size_t(e.id)].dtype, int64_t(eval(*e.src[0])));
+        case EK::LOAD:
+            return load_value(bufs[e.id], prog.buffers[size_t(e.id)].dtype,
+                              int64_t(eval(*e.src[0])));
         case EK::CHECK: {
             int64_t i = int64_t(eval(*e.src[0]));
             if (i >= 0 && i < e.bound) return double(i);
@@ -3077,7 +3201,8 @@ struct Interpreter : Executable {
                 break;
             case SK::ACC_UPDATE: {
                 double v[2] = {accs[size_t(st.id)], eval(*st.val)};
-                accs[size_t(st.id)] = alu_eval(st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX, st.dtype, v);
+                accs[size_t(st.id)] =
+                    alu_eval(st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX, st.dtype, v);
                 break;
             }
             case SK::STORE:
@@ -3104,7 +3229,7 @@ struct Interpreter : Executable {
     }
 };
 
-// ---- [RENDER] loop IR → C source ----------------------------------------------------- >>render
+// ---- [RENDER] loop IR → C source ------------------------------------------------------- >>render
 // One C99 file per program: a helper prelude, one static function per block (named k0, k1, ...
 // with its fused ops and user lines in a comment), and the entry point tg_program(buffers, err).
 // Output is deterministic (no addresses, no counters), so the same program hashes the same in
@@ -3155,7 +3280,8 @@ struct CExprs {
         case EK::ACC: return strf("acc%d", e->id);
         case EK::LOAD: return strf("buf%d[%s]", e->id, str(e->src[0]).c_str());
         case EK::CHECK:
-            return strf("tg_check(%s, %lldLL, %d, err)", str(e->src[0]).c_str(), (long long)e->bound, e->id);
+            return strf("tg_check(%s, %lldLL, %d, err)", str(e->src[0]).c_str(),
+                        (long long)e->bound, e->id);
         case EK::ALU: break;
         }
         if (e->op == Op::ADD && e->dtype != DType::BOOL)
@@ -3169,8 +3295,9 @@ struct CExprs {
         // value selects evaluate both sides (every load is in bounds), so a vectorizing
         // compiler blends instead of using masked loads
         if (e->op == Op::WHERE && e->dtype != DType::INDEX)
-            form = e->dtype == DType::FLOAT32 ? "tg_wheref({0}, {1}, {2})"
-                 : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})" : "tg_wherei({0}, {1}, {2})";
+            form = e->dtype == DType::FLOAT32   ? "tg_wheref({0}, {1}, {2})"
+                   : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})"
+                                                : "tg_wherei({0}, {1}, {2})";
         std::string out;
         for (size_t i = 0; i < form.size(); i++) {
             if (form[i] != '{') { out += form[i]; continue; }
@@ -3220,13 +3347,15 @@ static void c_stmts(const std::vector<Stmt>& body, int depth, int& next_tmp, std
         out += cx.declare_shared({st.idx, st.val}, pad);
         switch (st.kind) {
         case SK::ACC_INIT:
-            out += strf("%s%s acc%d = %s;\n", pad.c_str(), c_type(st.dtype), st.id, cx.str(st.val).c_str());
+            out += strf("%s%s acc%d = %s;\n", pad.c_str(), c_type(st.dtype), st.id,
+                        cx.str(st.val).c_str());
             break;
         case SK::ACC_UPDATE: {
             std::string v = cx.str(st.val), a = strf("acc%d", st.id);
             if (st.op == Op::REDUCE_SUM) out += pad + a + " += " + v + ";\n";
             else if (dtype_is_float(st.dtype))
-                out += pad + a + " = fmax" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a + ", " + v + ");\n";
+                out += pad + a + " = fmax" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a +
+                       ", " + v + ");\n";
             else out += pad + a + " = tg_imax(" + a + ", " + v + ");\n";
             break;
         }
@@ -3248,7 +3377,8 @@ static void block_uses(const ExprP& e, std::vector<bool>& reads, bool& checks) {
     if (e->kind == EK::CHECK) checks = true;
     for (auto& s : e->src) block_uses(s, reads, checks);
 }
-static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads, std::vector<bool>& writes, bool& checks) {
+static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads,
+                       std::vector<bool>& writes, bool& checks) {
     for (const Stmt& st : body) {
         block_uses(st.idx, reads, checks);
         block_uses(st.val, reads, checks);
@@ -3267,9 +3397,12 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    return 0;\n"
      "}\n"},
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
-    {"tg_wheref(", "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
-    {"tg_whered(", "static inline double tg_whered(int c, double a, double b) { return c ? a : b; }\n"},
-    {"tg_wherei(", "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) { return c ? a : b; }\n"},
+    {"tg_wheref(",
+     "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
+    {"tg_whered(",
+     "static inline double tg_whered(int c, double a, double b) { return c ? a : b; }\n"},
+    {"tg_wherei(",
+     "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) { return c ? a : b; }\n"},
 };
 
 static std::string render_c(const Program& p) {
@@ -3285,7 +3418,8 @@ static std::string render_c(const Program& p) {
             const char* constness = writes[i] ? "" : "const ";
             params += strf("%s%s%s *restrict buf%zu", params.empty() ? "" : ", ", constness,
                            c_type(p.buffers[i].dtype), i);
-            args += strf("%s(%s%s *)b[%zu]", args.empty() ? "" : ", ", constness, c_type(p.buffers[i].dtype), i);
+            args += strf("%s(%s%s *)b[%zu]", args.empty() ? "" : ", ", constness,
+                         c_type(p.buffers[i].dtype), i);
         }
         if (checks) { params += ", int64_t *err"; args += ", err"; }
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
@@ -3295,8 +3429,10 @@ static std::string render_c(const Program& p) {
         out += "}\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
     }
-    out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls + "}\n";
-    std::string prelude = "/* generated by tinygrad.hpp */\n#include <math.h>\n#include <stdint.h>\n";
+    out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls +
+           "}\n";
+    std::string prelude =
+        "/* generated by tinygrad.hpp */\n#include <math.h>\n#include <stdint.h>\n";
     for (auto& [name, code] : C_HELPERS)
         if (out.find(name) != std::string::npos) prelude += code;
     return prelude + out;
@@ -3340,7 +3476,8 @@ static ProgramFn compile_c(const std::string& src) {
         auto t0 = std::chrono::steady_clock::now();
         write_file_atomic(c_path, src);
         std::string tmp = strf("%s.tmp.%d", so.c_str(), int(getpid())), errs = tmp + ".err";
-        std::string cmd = cc + " " + flags + " -o " + shell_quote(tmp) + " " + shell_quote(c_path) + " -lm";
+        std::string cmd =
+            cc + " " + flags + " -o " + shell_quote(tmp) + " " + shell_quote(c_path) + " -lm";
         int status = std::system((cmd + " 2>" + shell_quote(errs)).c_str());
         std::string messages;
         read_file(errs, messages);
@@ -3354,7 +3491,8 @@ static ProgramFn compile_c(const std::string& src) {
             fail(strf("compile: the C compiler failed (exit status %d)\ncommand: %s\n%s"
                       "source kept at %s", code, cmd.c_str(), messages.c_str(), c_path.c_str()));
         }
-        if (std::rename(tmp.c_str(), so.c_str()) != 0) fail("compile: cannot rename " + tmp + " to " + so);
+        if (std::rename(tmp.c_str(), so.c_str()) != 0)
+            fail("compile: cannot rename " + tmp + " to " + so);
         write_file_atomic(sum, so_checksum(bytes));
         global_stats.compiles++;
         global_stats.compile_seconds += seconds_since(t0);
@@ -3380,8 +3518,12 @@ struct HostMemoryDevice : Device {
         return p;
     }
     void free(void* ptr) override { std::free(ptr); }
-    void copy_in(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
-    void copy_out(void* dst, const void* src, size_t bytes) override { if (bytes) std::memcpy(dst, src, bytes); }
+    void copy_in(void* dst, const void* src, size_t bytes) override {
+        if (bytes) std::memcpy(dst, src, bytes);
+    }
+    void copy_out(void* dst, const void* src, size_t bytes) override {
+        if (bytes) std::memcpy(dst, src, bytes);
+    }
 };
 
 struct CpuDevice : HostMemoryDevice {
@@ -3418,7 +3560,7 @@ Device& device(const std::string& name) {
 void register_device(const std::string& name, Device* dev) { device_table()[name] = dev; }
 Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
 
-// ---- [REALIZE] the pipeline as one function of named steps ----------------------------- >>realize
+// ---- [REALIZE] the pipeline as one function of named steps ---------------------------- >>realize
 // schedule → lower → passes → prepare (render + compile, or interpret) → allocate → run →
 // the targets become BUFFER nodes. With TG_DEBUG each step can be watched; >= 2 also keeps
 // the graph, the loop IR and the C of every program in the cache dir as NAME-HASH.*.
@@ -3458,12 +3600,16 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     Device& dev = default_device();
     if (debug >= 2) {
         std::string ir = program_listing(prog);
-        std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(), sched_listing(sched).c_str());
+        std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(),
+                     sched_listing(sched).c_str());
         if (debug >= 3)
-            std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s", before.c_str(), ir.c_str());
+            std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s",
+                         before.c_str(), ir.c_str());
         std::string c_source = std::string(dev.name()) == "CPU" ? render_c(prog) : "";
-        if (debug >= 4 && !c_source.empty()) std::fprintf(stderr, "[tg] C source:\n%s", c_source.c_str());
-        keep_artifacts(prog, graph_listing(sched.targets), "before passes:\n" + before + "\nafter passes:\n" + ir, c_source);
+        if (debug >= 4 && !c_source.empty())
+            std::fprintf(stderr, "[tg] C source:\n%s", c_source.c_str());
+        keep_artifacts(prog, graph_listing(sched.targets),
+                       "before passes:\n" + before + "\nafter passes:\n" + ir, c_source);
     }
     Stats at_start = stats();
     run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
@@ -3472,7 +3618,8 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     for (size_t i = 0; i < prog.buffers.size(); i++) {           // 5. allocate
         Node* owner = prog.buffer_nodes[i];
         auto& pb = prog.buffers[i];
-        run.buffers[i] = owner->buffer ? owner->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
+        run.buffers[i] =
+            owner->buffer ? owner->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
         ptrs[i] = run.buffers[i]->ptr;
     }
     int64_t err[2] = {0, 0};
@@ -3495,12 +3642,15 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     }
     if (debug >= 1) {
         Stats now = stats();
-        std::fprintf(stderr, "[tg] %-28s %s %2zu kernels  compiles %lld  disk hits %lld  memory hits %lld"
-                     "  compile %.3f s  run %.3f ms  total %.3f ms\n", prog.name.c_str(), dev.name(),
-                     prog.blocks.size(), (long long)(now.compiles - at_start.compiles),
+        std::fprintf(stderr,
+                     "[tg] %-28s %s %2zu kernels  compiles %lld  disk hits %lld  memory hits %lld"
+                     "  compile %.3f s  run %.3f ms  total %.3f ms\n",
+                     prog.name.c_str(), dev.name(), prog.blocks.size(),
+                     (long long)(now.compiles - at_start.compiles),
                      (long long)(now.disk_cache_hits - at_start.disk_cache_hits),
                      (long long)(now.memory_cache_hits - at_start.memory_cache_hits),
-                     now.compile_seconds - at_start.compile_seconds, run_s * 1e3, seconds_since(t0) * 1e3);
+                     now.compile_seconds - at_start.compile_seconds, run_s * 1e3,
+                     seconds_since(t0) * 1e3);
     }
     return run;
 }
@@ -3529,7 +3679,7 @@ static std::shared_ptr<Buffer> copy_buffer(const Buffer& b) {
 }
 }  // namespace detail
 
-// ---- [JIT] trace a step once, then run its program ------------------------------------ >>jit
+// ---- [JIT] trace a step once, then run its program ---------------------------------------- >>jit
 struct Jit::State {
     Step step;
     bool traced = false;
@@ -3581,7 +3731,8 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
         return wrap(n);
     }
     if (inputs.size() != st.input_shapes.size())
-        fail(strf("jit: traced with %zu inputs, called with %zu", st.input_shapes.size(), inputs.size()));
+        fail(strf("jit: traced with %zu inputs, called with %zu", st.input_shapes.size(),
+                  inputs.size()));
     for (size_t i = 0; i < inputs.size(); i++)
         if (inputs[i].shape() != st.input_shapes[i] || inputs[i].dtype() != st.input_dtypes[i])
             fail(strf("jit: input %zu is %s %s, traced as %s %s", i, dtype_name(inputs[i].dtype()),
@@ -3605,7 +3756,8 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
     if (debug_level() >= 1)
         std::fprintf(stderr, "[tg] jit %-24s replay %lld  compiles 0  run %.3f ms\n",
                      st.run.prog.name.c_str(), (long long)st.replays, run_s * 1e3);
-    const Buffer& result = st.output_slot >= 0 ? *st.run.buffers[size_t(st.output_slot)] : *st.output->buffer;
+    const Buffer& result =
+        st.output_slot >= 0 ? *st.run.buffers[size_t(st.output_slot)] : *st.output->buffer;
     NodeP n = node_make(Op::BUFFER, st.output->dtype, st.output->shape, {}, st.output->loc);
     n->buffer = copy_buffer(result);
     return wrap(n);
@@ -3643,7 +3795,7 @@ Tensor& Tensor::realize() {
     return *this;
 }
 
-// ---- [READ] reading results: item, to_vector, printing --------------------------------- >>read
+// ---- [READ] reading results: item, to_vector, printing ----------------------------------- >>read
 
 namespace detail {
 std::vector<double> tensor_values(const Tensor& t) {
@@ -3668,7 +3820,9 @@ static std::string format_tensor(const Tensor& t) {
     const Shape& shape = t.shape();
     Shape st = contiguous_strides(shape);
     bool summarize = v.size() > 1000;
-    auto shown = [&](size_t dim, int64_t i) { return !summarize || shape[dim] <= 6 || i < 3 || i >= shape[dim] - 3; };
+    auto shown = [&](size_t dim, int64_t i) {
+        return !summarize || shape[dim] <= 6 || i < 3 || i >= shape[dim] - 3;
+    };
     std::vector<double> visible;   // the values printed, which decide the format
     std::function<void(size_t, int64_t)> collect = [&](size_t dim, int64_t offset) {
         if (dim == shape.size()) { visible.push_back(v[size_t(offset)]); return; }
@@ -3696,12 +3850,14 @@ static std::string format_tensor(const Tensor& t) {
     };
     size_t width = 0;
     for (double x : visible)
-        if (!dtype_is_float(dt) || (std::isfinite(x) && (x != 0 || max_abs == 0))) width = std::max(width, fmt(x).size());
+        if (!dtype_is_float(dt) || (std::isfinite(x) && (x != 0 || max_abs == 0)))
+            width = std::max(width, fmt(x).size());
     auto cell = [&](double x) {
         std::string s = fmt(x);
         return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
     };
-    std::function<std::string(size_t, int64_t)> rec = [&](size_t dim, int64_t offset) -> std::string {
+    std::function<std::string(size_t, int64_t)> rec = [&](size_t dim,
+                                                          int64_t offset) -> std::string {
         if (dim == shape.size()) return cell(v[size_t(offset)]);
         int64_t n = shape[dim];
         size_t indent = 7 + dim;   // "tensor(" and one column per enclosing bracket
@@ -3722,15 +3878,18 @@ static std::string format_tensor(const Tensor& t) {
                 out += parts[i];
             }
         } else {
-            std::string sep = "," + std::string(shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
-            for (size_t i = 0; i < parts.size(); i++) out += (i ? sep : "") + parts[i];
+            std::string sep =
+                "," + std::string(shape.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
+            for (size_t i = 0; i < parts.size(); i++)
+                out += (i ? sep : "") + parts[i];
         }
         return out + "]";
     };
     std::string body = v.empty() ? "[]" : rec(0, 0);
     std::string suffix;
     if (v.empty() && shape.size() > 1) suffix += ", size=" + shape_str(shape);
-    if (dt == DType::FLOAT64 || dt == DType::INT32) suffix += std::string(", dtype=") + dtype_name(dt);
+    if (dt == DType::FLOAT64 || dt == DType::INT32)
+        suffix += std::string(", dtype=") + dtype_name(dt);
     return "tensor(" + body + suffix + ")";
 }
 }  // namespace detail
@@ -3744,7 +3903,7 @@ double Tensor::item() const {
 std::string Tensor::to_string() const { return format_tensor(*this); }
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
 
-// ---- [NN] layers, initialisers, losses ------------------------------------------------ >>nn
+// ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 // Compositions of the Tensor API only. Parameters are realized leaves that require grad.
 namespace nn {
 namespace init {
@@ -3775,7 +3934,9 @@ Tensor Module::operator()(const Tensor& x, Loc loc) {
 }
 
 Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias(bias) {
-    if (in <= 0 || out <= 0) detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in, (long long)out));
+    if (in <= 0 || out <= 0)
+        detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in,
+                          (long long)out));
     in_features = in;
     // PyTorch's default: U(-1/√in, 1/√in) for the weight and the bias
     double b = 1 / std::sqrt(double(in));
@@ -3783,7 +3944,8 @@ Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias
     if (has_bias) this->bias = init::uniform({out}, -b, b).requires_grad();
 }
 Linear::Linear(int64_t out) : out_features(out) {
-    if (out <= 0) detail::fail(strf("Linear: out_features must be positive, got %lld", (long long)out));
+    if (out <= 0)
+        detail::fail(strf("Linear: out_features must be positive, got %lld", (long long)out));
 }
 Tensor Linear::forward(const Tensor& x) {
     if (x.ndim() == 0) detail::fail("Linear: input must have at least one axis");
@@ -3799,11 +3961,14 @@ std::vector<Tensor> Linear::parameters() {
     return has_bias ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight};
 }
 
-Embedding::Embedding(int64_t num, int64_t dim) : weight(Tensor::randn({num, dim}).requires_grad()) {}
+Embedding::Embedding(int64_t num, int64_t dim)
+    : weight(Tensor::randn({num, dim}).requires_grad()) {}
 Tensor Embedding::forward(const Tensor& ids) { return weight[ids]; }
 
 LayerNorm::LayerNorm(int64_t dim, double e)
-    : eps(e), weight(Tensor::ones({dim}).requires_grad()), bias(Tensor::zeros({dim}).requires_grad()) {}
+    : eps(e),
+      weight(Tensor::ones({dim}).requires_grad()),
+      bias(Tensor::zeros({dim}).requires_grad()) {}
 Tensor LayerNorm::forward(const Tensor& x) {
     Tensor centered = x - x.mean(-1, true);
     Tensor var = (centered * centered).mean(-1, true);
@@ -3833,16 +3998,19 @@ static Tensor reduce_loss(const Tensor& per_item, Reduction r) {
 }
 static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
     if (a.shape() != b.shape())
-        detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str()));
+        detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(),
+                          shape_str(b.shape()).c_str()));
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     if (target.dtype() != DType::INT32)
-        detail::fail(strf("cross_entropy: targets must be int32 class indices, got %s", dtype_name(target.dtype())));
+        detail::fail(strf("cross_entropy: targets must be int32 class indices, got %s",
+                          dtype_name(target.dtype())));
     Shape lead(logits.shape().begin(), logits.shape().end() - (logits.ndim() ? 1 : 0));
     if (logits.ndim() == 0 || target.shape() != lead)
-        detail::fail(strf("cross_entropy: logits %s need targets of shape %s, got %s", shape_str(logits.shape()).c_str(),
-                          shape_str(lead).c_str(), shape_str(target.shape()).c_str()));
+        detail::fail(strf("cross_entropy: logits %s need targets of shape %s, got %s",
+                          shape_str(logits.shape()).c_str(), shape_str(lead).c_str(),
+                          shape_str(target.shape()).c_str()));
     Tensor picked = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
     return reduce_loss(-picked, r);
 }
@@ -3869,16 +4037,20 @@ Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
 }
 }  // namespace nn
 
-// ---- [OPTIM] optimizers -------------------------------------------------------------- >>optim
+// ---- [OPTIM] optimizers ----------------------------------------------------------------- >>optim
 // step() builds every update as an assignment (in the UPDATE phase, tracking no gradients) and
 // realizes them together, with whatever backward() left pending, as one program. State lives
 // in realized tensors, so a jitted step replays it correctly.
 namespace optim {
-static Tensor scalar_tensor(double v) { return Tensor::from_vector(std::vector<float>{float(v)}, {}); }
+static Tensor scalar_tensor(double v) {
+    return Tensor::from_vector(std::vector<float>{float(v)}, {});
+}
 
-Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate) : params(std::move(ps)), lr(scalar_tensor(learning_rate)) {
+Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
+    : params(std::move(ps)), lr(scalar_tensor(learning_rate)) {
     for (const Tensor& p : params)
-        if (!p.tracks_grad()) detail::fail("optimizer: a parameter does not require grad (call requires_grad())");
+        if (!p.tracks_grad())
+            detail::fail("optimizer: a parameter does not require grad (call requires_grad())");
 }
 void Optimizer::step(Loc loc) {
     detail::UserLocScope at(loc);
@@ -3901,7 +4073,8 @@ void Optimizer::set_lr(double value) {
 SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bool nest)
     : Optimizer(std::move(ps), learning_rate), momentum(mom), weight_decay(wd), nesterov(nest) {
     if (momentum != 0)
-        for (const Tensor& p : params) buffers.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+        for (const Tensor& p : params)
+            buffers.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
 }
 std::vector<Tensor> SGD::updates() {
     std::vector<Tensor> out;
@@ -3919,8 +4092,14 @@ std::vector<Tensor> SGD::updates() {
     return out;
 }
 
-Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e, double wd, bool dec)
-    : Optimizer(std::move(ps), learning_rate), beta1(b1), beta2(b2), eps(e), weight_decay(wd), decoupled(dec),
+Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e, double wd,
+           bool dec)
+    : Optimizer(std::move(ps), learning_rate),
+      beta1(b1),
+      beta2(b2),
+      eps(e),
+      weight_decay(wd),
+      decoupled(dec),
       t(scalar_tensor(0)) {
     for (const Tensor& p : params) {
         m.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
@@ -3947,7 +4126,7 @@ std::vector<Tensor> Adam::updates() {
 }
 }  // namespace optim
 
-// ---- [DATA] toy datasets and batches --------------------------------------------------- >>data
+// ---- [DATA] toy datasets and batches ----------------------------------------------------- >>data
 namespace data {
 // sklearn's make_moons: the upper half circle (label -1) and a lower one shifted right and down
 // (label +1), n/2 points each, plus Gaussian noise from Tensor::randn
@@ -3971,8 +4150,8 @@ Dataset moons(int64_t n, double noise, uint64_t seed) {
 
 std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed) {
     if (batch_size <= 0 || n < 0)
-        detail::fail(strf("batches: need n >= 0 and batch_size > 0, got n %lld, batch_size %lld", (long long)n,
-                          (long long)batch_size));
+        detail::fail(strf("batches: need n >= 0 and batch_size > 0, got n %lld, batch_size %lld",
+                          (long long)n, (long long)batch_size));
     std::vector<int32_t> order(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; i++) order[size_t(i)] = int32_t(i);
     uint64_t state = seed;
@@ -3982,12 +4161,13 @@ std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed) {
     }
     std::vector<Tensor> out;
     for (int64_t b = 0; b + batch_size <= n; b += batch_size)
-        out.push_back(Tensor::from_vector(std::vector<int32_t>(order.begin() + b, order.begin() + b + batch_size)));
+        out.push_back(Tensor::from_vector(
+            std::vector<int32_t>(order.begin() + b, order.begin() + b + batch_size)));
     return out;
 }
 }  // namespace data
 
-// ---- [PLOT] terminal and SVG plots ----------------------------------------------------- >>plot
+// ---- [PLOT] terminal and SVG plots ------------------------------------------------------- >>plot
 namespace plot {
 namespace {
 struct Grid {   // the scorer's sign over a width×height grid covering the points, with a margin
@@ -4026,37 +4206,46 @@ std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor
     Grid g = grid_scores(score, X, Y, w, h);
     std::vector<std::string> rows(size_t(h), std::string(size_t(w), ' '));
     for (int r = 0; r < h; r++)
-        for (int c = 0; c < w; c++) rows[size_t(r)][size_t(c)] = g.scores[size_t(r * w + c)] > 0 ? '*' : '.';
+        for (int c = 0; c < w; c++)
+            rows[size_t(r)][size_t(c)] = g.scores[size_t(r * w + c)] > 0 ? '*' : '.';
     for (size_t i = 0; i < g.xs.size(); i++) {
-        int c = int((g.xs[i] - g.x0) / (g.x1 - g.x0) * w), r = int((g.y1 - g.ys[i]) / (g.y1 - g.y0) * h);
-        if (c >= 0 && c < w && r >= 0 && r < h) rows[size_t(r)][size_t(c)] = g.labels[i] > 0 ? '#' : '+';
+        int c = int((g.xs[i] - g.x0) / (g.x1 - g.x0) * w),
+            r = int((g.y1 - g.ys[i]) / (g.y1 - g.y0) * h);
+        if (c >= 0 && c < w && r >= 0 && r < h)
+            rows[size_t(r)][size_t(c)] = g.labels[i] > 0 ? '#' : '+';
     }
     std::string out;
     for (auto& row : rows) out += row + "\n";
     return out;
 }
 
-void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h) {
+void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X,
+                           const Tensor& Y, int w, int h) {
     const int cell = 6;
     Grid g = grid_scores(score, X, Y, w / cell, h / cell);
-    std::string svg = strf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">\n", w, h);
+    std::string svg =
+        strf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">\n", w, h);
     for (int r = 0; r < h / cell; r++)
         for (int c = 0; c < w / cell; c++)
-            svg += strf("<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"/>\n", c * cell, r * cell, cell, cell,
+            svg += strf("<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"/>\n",
+                        c * cell, r * cell, cell, cell,
                         g.scores[size_t(r * (w / cell) + c)] > 0 ? "#fde2c4" : "#cfe3f7");
     for (size_t i = 0; i < g.xs.size(); i++)
-        svg += strf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", (g.xs[i] - g.x0) / (g.x1 - g.x0) * w,
-                    (g.y1 - g.ys[i]) / (g.y1 - g.y0) * h, g.labels[i] > 0 ? "#d9480f" : "#1864ab");
+        svg += strf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                    (g.xs[i] - g.x0) / (g.x1 - g.x0) * w, (g.y1 - g.ys[i]) / (g.y1 - g.y0) * h,
+                    g.labels[i] > 0 ? "#d9480f" : "#1864ab");
     detail::write_file_atomic(path, svg + "</svg>\n");
 }
 
 std::string line_chart(const std::vector<double>& values, int w, int h) {
     if (values.empty() || w < 2 || h < 2) return "";
-    double lo = *std::min_element(values.begin(), values.end()), hi = *std::max_element(values.begin(), values.end());
+    double lo = *std::min_element(values.begin(), values.end()),
+           hi = *std::max_element(values.begin(), values.end());
     if (hi == lo) hi = lo + 1;
     std::vector<std::string> rows(size_t(h), std::string(size_t(w), ' '));
     for (int c = 0; c < w; c++) {
-        size_t i = values.size() == 1 ? 0 : size_t(double(c) / (w - 1) * double(values.size() - 1) + 0.5);
+        size_t i =
+            values.size() == 1 ? 0 : size_t(double(c) / (w - 1) * double(values.size() - 1) + 0.5);
         int r = int((hi - values[i]) / (hi - lo) * (h - 1) + 0.5);
         rows[size_t(r)][size_t(c)] = '*';
     }
@@ -4067,7 +4256,7 @@ std::string line_chart(const std::vector<double>& values, int w, int h) {
 }
 }  // namespace plot
 
-// ---- [SAFETENSORS] save and load named tensors ------------------------------------------ >>safetensors
+// ---- [SAFETENSORS] save and load named tensors ------------------------------------ >>safetensors
 // The file is checked completely before any tensor is made: a truncated or malformed file
 // throws and returns nothing. Saving writes a temporary file and renames it.
 namespace safetensors {
@@ -4111,7 +4300,8 @@ struct JsonParser {
     size_t i = 0;
     std::string where;
     [[noreturn]] void bad(const std::string& why) {
-        detail::fail(strf("safetensors: %s: malformed header: %s at byte %zu", where.c_str(), why.c_str(), i));
+        detail::fail(strf("safetensors: %s: malformed header: %s at byte %zu", where.c_str(),
+                          why.c_str(), i));
     }
     void space() { while (i < s.size() && std::isspace((unsigned char)s[i])) i++; }
     void expect(char c) {
@@ -4134,8 +4324,11 @@ struct JsonParser {
                 unsigned code = unsigned(std::strtoul(s.substr(i, 4).c_str(), nullptr, 16));
                 i += 4;
                 if (code < 0x80) out += char(code);
-                else if (code < 0x800) out += {char(0xC0 | (code >> 6)), char(0x80 | (code & 0x3F))};
-                else out += {char(0xE0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3F)), char(0x80 | (code & 0x3F))};
+                else if (code < 0x800)
+                    out += {char(0xC0 | (code >> 6)), char(0x80 | (code & 0x3F))};
+                else
+                    out += {char(0xE0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3F)),
+                            char(0x80 | (code & 0x3F))};
             } else {
                 const char* from = "\"\\/bfnrt";
                 const char* to = "\"\\/\b\f\n\r\t";
@@ -4192,7 +4385,8 @@ struct JsonParser {
 };
 
 int64_t whole_number(const Json* v, JsonParser& p, const std::string& what) {
-    if (!v || v->kind != Json::NUMBER || v->number < 0 || v->number != std::floor(v->number) || v->number > 9e15)
+    if (!v || v->kind != Json::NUMBER || v->number < 0 || v->number != std::floor(v->number) ||
+        v->number > 9e15)
         p.bad(what + " must be a non-negative integer");
     return int64_t(v->number);
 }
@@ -4202,14 +4396,18 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
     std::string header = "{", body;
     for (auto& [name, t] : tensors) {
         const char* code = code_of(t.dtype());
-        if (!code) detail::fail("safetensors: " + path + ": tensor '" + name + "' has an unsupported dtype");
+        if (!code)
+            detail::fail("safetensors: " + path + ": tensor '" + name +
+                         "' has an unsupported dtype");
         std::vector<double> values = detail::tensor_values(t);
         std::string bytes(size_t(t.numel()) * dtype_size(t.dtype()), '\0');
-        for (size_t i = 0; i < values.size(); i++) detail::store_value(bytes.data(), t.dtype(), int64_t(i), values[i]);
+        for (size_t i = 0; i < values.size(); i++)
+            detail::store_value(bytes.data(), t.dtype(), int64_t(i), values[i]);
         std::string shape;
         for (int64_t d : t.shape()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-        header += strf("%s%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}", header.size() > 1 ? "," : "",
-                       json_string(name).c_str(), code, shape.c_str(), body.size(), body.size() + bytes.size());
+        header += strf("%s%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                       header.size() > 1 ? "," : "", json_string(name).c_str(), code, shape.c_str(),
+                       body.size(), body.size() + bytes.size());
         body += bytes;
     }
     header += "}";
@@ -4222,13 +4420,17 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
 
 std::map<std::string, Tensor> load(const std::string& path) {
     std::string file;
-    if (!detail::read_file(path, file)) detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));
-    if (file.size() < 8) detail::fail(strf("safetensors: %s: file of %zu bytes is too short for a header", path.c_str(), file.size()));
+    if (!detail::read_file(path, file))
+        detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));
+    if (file.size() < 8)
+        detail::fail(strf("safetensors: %s: file of %zu bytes is too short for a header",
+                          path.c_str(), file.size()));
     uint64_t n = 0;
     for (int b = 7; b >= 0; b--) n = (n << 8) | uint8_t(file[size_t(b)]);
     if (n > file.size() - 8)
-        detail::fail(strf("safetensors: %s: header of %llu bytes runs past the end of the %zu-byte file",
-                          path.c_str(), (unsigned long long)n, file.size()));
+        detail::fail(
+            strf("safetensors: %s: header of %llu bytes runs past the end of the %zu-byte file",
+                 path.c_str(), (unsigned long long)n, file.size()));
     std::string header = file.substr(8, size_t(n));
     JsonParser p{header, 0, path};
     Json root = p.value();
@@ -4258,18 +4460,22 @@ std::map<std::string, Tensor> load(const std::string& path) {
         for (auto& d : shape->items) {
             e.shape.push_back(whole_number(&d, p, "a size in '" + name + "'"));
             if (__builtin_mul_overflow(bytes, e.shape.back(), &bytes))
-                p.bad(strf("entry '%s': shape %s is too large", name.c_str(), shape_str(e.shape).c_str()));
+                p.bad(strf("entry '%s': shape %s is too large", name.c_str(),
+                           shape_str(e.shape).c_str()));
         }
         if (!offsets || offsets->kind != Json::ARRAY || offsets->items.size() != 2)
             p.bad("entry '" + name + "' needs data_offsets [begin, end]");
         e.begin = whole_number(&offsets->items[0], p, "data_offsets");
         e.end = whole_number(&offsets->items[1], p, "data_offsets");
         if (e.end < e.begin || e.end - e.begin != bytes)
-            p.bad(strf("entry '%s': data_offsets [%lld, %lld] do not hold %lld bytes of %s %s", name.c_str(),
-                       (long long)e.begin, (long long)e.end, (long long)bytes, dtype_name(e.dtype), shape_str(e.shape).c_str()));
+            p.bad(strf("entry '%s': data_offsets [%lld, %lld] do not hold %lld bytes of %s %s",
+                       name.c_str(), (long long)e.begin, (long long)e.end, (long long)bytes,
+                       dtype_name(e.dtype), shape_str(e.shape).c_str()));
         if (size_t(e.end) > data_size)
-            detail::fail(strf("safetensors: %s: entry '%s' ends at byte %lld of a %zu-byte data section (truncated file?)",
-                              path.c_str(), name.c_str(), (long long)e.end, data_size));
+            detail::fail(
+                strf("safetensors: %s: entry '%s' ends at byte %lld of a %zu-byte data section "
+                     "(truncated file?)",
+                     path.c_str(), name.c_str(), (long long)e.end, data_size));
         entries.push_back(e);
     }
     // the data section is covered exactly, without holes or overlaps
@@ -4278,12 +4484,14 @@ std::map<std::string, Tensor> load(const std::string& path) {
     std::sort(spans.begin(), spans.end());
     int64_t covered = 0;
     for (auto& [b, e] : spans) {
-        if (b != covered) p.bad(strf("data byte ranges overlap or leave a hole at byte %lld", (long long)covered));
+        if (b != covered)
+            p.bad(
+                strf("data byte ranges overlap or leave a hole at byte %lld", (long long)covered));
         covered = e;
     }
     if (size_t(covered) != data_size)
-        detail::fail(strf("safetensors: %s: %zu bytes of data but the header accounts for %lld", path.c_str(),
-                          data_size, (long long)covered));
+        detail::fail(strf("safetensors: %s: %zu bytes of data but the header accounts for %lld",
+                          path.c_str(), data_size, (long long)covered));
     std::map<std::string, Tensor> out;
     Device& dev = detail::default_device();
     for (auto& e : entries) {
