@@ -2335,7 +2335,7 @@ static std::string sched_listing(const Schedule& s) {
 // carrying the index expression of every axis; views transform that index (this is where
 // movement ops become strides, offsets and pad conditions), loads read buffers at it.
 // alu_eval is the executable meaning of every arithmetic op: the interpreter and the constant
-// folder both use it. Tests: tests/test_loopir.cpp.
+// folder both use it. Tests: tests/test_interp.cpp (against the compiled C and loops).
 
 enum class EK : uint8_t { CONST, VAR, ACC, LOAD, ALU, CHECK };
 struct Expr;
@@ -2867,7 +2867,8 @@ static std::string program_listing(const Program& p) {
 // variable, so the / and % that views produce fold away whenever they are no-ops
 // ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always hold disappear, and bounds
 // checks that cannot fail are dropped. Sums are kept in a canonical order (variables by number)
-// so the emitted C reads like strided code written by hand. Tests: tests/test_loopir.cpp.
+// so the emitted C reads like strided code written by hand. Tests: tests/test_schedule.cpp,
+// tests/test_interp.cpp.
 
 struct Range { int64_t lo = 0, hi = 0; bool known = false; };
 
@@ -3233,7 +3234,7 @@ struct Interpreter : Executable {
 // One C99 file per program: a helper prelude, one static function per block (named k0, k1, ...
 // with its fused ops and user lines in a comment), and the entry point tg_program(buffers, err).
 // Output is deterministic (no addresses, no counters), so the same program hashes the same in
-// every process. Tests: tests/test_render.cpp (golden C for tiny graphs).
+// every process. Tests: tests/test_schedule.cpp (golden C for a tiny graph).
 
 static const char* c_type(DType dt) {
     switch (dt) {
@@ -3680,6 +3681,10 @@ static std::shared_ptr<Buffer> copy_buffer(const Buffer& b) {
 }  // namespace detail
 
 // ---- [JIT] trace a step once, then run its program ---------------------------------------- >>jit
+// The first call runs the step with realizes collected (jit_capture) and runs them, with the
+// returned tensor, as one program, keeping its executable and every buffer. A replay puts the
+// new inputs' buffers into their slots and runs the executable again; parameters and
+// optimizer state are updated in their own buffers. Tests: tests/test_training.cpp.
 struct Jit::State {
     Step step;
     bool traced = false;
@@ -3905,6 +3910,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_
 
 // ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 // Compositions of the Tensor API only. Parameters are realized leaves that require grad.
+// Tests: tests/test_training.cpp (and the losses' gradients in tests/test_autograd.cpp).
 namespace nn {
 namespace init {
 Tensor uniform(const Shape& shape, double low, double high, uint64_t seed) {
@@ -4040,7 +4046,7 @@ Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
 // ---- [OPTIM] optimizers ----------------------------------------------------------------- >>optim
 // step() builds every update as an assignment (in the UPDATE phase, tracking no gradients) and
 // realizes them together, with whatever backward() left pending, as one program. State lives
-// in realized tensors, so a jitted step replays it correctly.
+// in realized tensors, so a jitted step replays it correctly. Tests: tests/test_training.cpp.
 namespace optim {
 static Tensor scalar_tensor(double v) {
     return Tensor::from_vector(std::vector<float>{float(v)}, {});
@@ -4258,9 +4264,18 @@ std::string line_chart(const std::vector<double>& values, int w, int h) {
 
 // ---- [SAFETENSORS] save and load named tensors ------------------------------------ >>safetensors
 // The file is checked completely before any tensor is made: a truncated or malformed file
-// throws and returns nothing. Saving writes a temporary file and renames it.
+// throws and returns nothing. Saving writes a temporary file and renames it. Tensors are
+// stored in this machine's byte order, which the format requires to be little-endian.
+// Tests: tests/test_training.cpp.
 namespace safetensors {
 namespace {
+void check_little_endian(const std::string& path) {
+    uint16_t probe = 1;
+    unsigned char first;
+    std::memcpy(&first, &probe, 1);
+    if (first != 1) detail::fail("safetensors: " + path + ": needs a little-endian machine");
+}
+
 const char* code_of(DType dt) {
     switch (dt) {
     case DType::FLOAT32: return "F32";
@@ -4393,6 +4408,7 @@ int64_t whole_number(const Json* v, JsonParser& p, const std::string& what) {
 }  // namespace
 
 void save(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+    check_little_endian(path);
     std::string header = "{", body;
     for (auto& [name, t] : tensors) {
         const char* code = code_of(t.dtype());
@@ -4419,6 +4435,7 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
 }
 
 std::map<std::string, Tensor> load(const std::string& path) {
+    check_little_endian(path);
     std::string file;
     if (!detail::read_file(path, file))
         detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));

@@ -5,6 +5,7 @@
 #pragma once
 #include "../tinygrad.hpp"
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -35,6 +36,34 @@ template <typename T> std::string show(const std::vector<T>& v) {
     for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + show(v[i]);
     return s + "}";
 }
+// Deterministic test inputs: a small LCG and uniform vectors drawn from it.
+struct Lcg {
+    uint64_t s;
+    explicit Lcg(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+    double next() {   // uniform [0, 1)
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return double(s >> 11) / 9007199254740992.0;
+    }
+};
+inline std::vector<float> randf(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+    Lcg g(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = float(lo + (hi - lo) * g.next());
+    return v;
+}
+inline std::vector<double> randd(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+    Lcg g(seed);
+    std::vector<double> v(n);
+    for (double& x : v) x = lo + (hi - lo) * g.next();
+    return v;
+}
+inline std::vector<int32_t> randi(size_t n, uint64_t seed, int lo, int hi) {   // [lo, hi]
+    Lcg g(seed);
+    std::vector<int32_t> v(n);
+    for (int32_t& x : v) x = int32_t(lo + int(g.next() * (hi - lo + 1)));
+    return v;
+}
+
 inline bool near(double a, double b, double tol) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
     if (std::isinf(a) || std::isinf(b)) return a == b;

@@ -20,28 +20,15 @@ using tg::Shape;
 using tg::Tensor;
 
 namespace {
+using th::Lcg;
+using th::randd;
+using th::randf;
+using th::randi;
 
 using Vec = std::vector<double>;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// ---- deterministic inputs -------------------------------------------------------------------
-
-struct Lcg {
-    uint64_t s;
-    explicit Lcg(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
-    double next() {   // uniform [0, 1)
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        return double(s >> 11) / 9007199254740992.0;
-    }
-};
-
-Vec randd(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
-    Lcg g(seed);
-    Vec v(n);
-    for (double& x : v) x = lo + (hi - lo) * g.next();
-    return v;
-}
-
+// ---- helpers (deterministic inputs: th::randf/randd/randi) ---------------------------------
 int64_t count(const Shape& s) {
     int64_t n = 1;
     for (int64_t d : s) n *= d;

@@ -21,32 +21,15 @@ namespace nn = tg::nn;
 namespace optim = tg::optim;
 
 namespace {
+using th::Lcg;
+using th::randd;
+using th::randf;
+using th::randi;
 
 using Vec = std::vector<double>;
 const double F32 = 1e-5;   // float32 results against double references
 
-// ---- deterministic inputs ---------------------------------------------------------------------
-
-struct Lcg {
-    uint64_t s;
-    explicit Lcg(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
-    double next() {   // uniform [0, 1)
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        return double(s >> 11) / 9007199254740992.0;
-    }
-};
-std::vector<float> randf(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
-    Lcg g(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = float(lo + (hi - lo) * g.next());
-    return v;
-}
-std::vector<int32_t> randi(size_t n, uint64_t seed, int lo, int hi) {   // [lo, hi]
-    Lcg g(seed);
-    std::vector<int32_t> v(n);
-    for (int32_t& x : v) x = int32_t(lo + int(g.next() * (hi - lo + 1)));
-    return v;
-}
+// ---- helpers (deterministic inputs: th::randf/randd/randi) ---------------------------------
 template <typename T> Vec D(const std::vector<T>& v) { return Vec(v.begin(), v.end()); }
 Vec vals(const Tensor& t) { return t.to_vector<double>(); }
 Tensor fv(const std::vector<float>& v, const Shape& s = {-1}) { return Tensor::from_vector(v, s); }
