@@ -39,13 +39,12 @@ int main(int argc, char** argv) {
 
     std::vector<double> losses;
     for (int epoch = 0; epoch < epochs; epoch++) {
-        opt.set_lr(0.1 * (1.0 - 0.9 * epoch / epochs));   // linear decay to a tenth
+        opt.set_lr(0.1 * (1.0 - 0.9 * epoch / epochs));   // linear decay towards a tenth
         double total = 0;
         std::vector<Tensor> batches = tg::data::batches(n, batch, /*seed=*/uint64_t(epoch));
         for (const Tensor& idx : batches) total += step({idx}).item();
         losses.push_back(total / double(batches.size()));
-        if (epoch % 5 == 0 || epoch == epochs - 1)
-            std::printf("epoch %3d  loss %.4f\n", epoch, losses.back());
+        std::printf("epoch %3d  lr %.4f  loss %.4f\n", epoch, 0.1 * (1.0 - 0.9 * epoch / epochs), losses.back());
     }
 
     auto score = [&](const Tensor& points) { return mlp(points).reshape({-1}); };
