@@ -1367,12 +1367,13 @@ Tensor Tensor::sigmoid(Loc loc) const {
     Tensor r = add_c(e, 1, loc).reciprocal(loc);
     return where(below, mul(e, r, loc), r, loc);
 }
-// tanh x = ±(1 - e²)/(1 + e²), the sign of x
+// tanh x = s·(1 - e²)/(1 + e²) with s = ±1 the sign of x and e = e^-|x| = e^-s·x; the
+// sign is a constant factor, so the gradient is one product (finite for any x)
 Tensor Tensor::tanh(Loc loc) const {
-    Tensor x = as_float(*this, loc), below;
-    Tensor e2 = mul_c(abs_and_sign_side(x, below, loc), -2, loc).exp(loc);
-    Tensor t = add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc);
-    return where(below, neg(t, loc), t, loc);
+    Tensor x = as_float(*this, loc);
+    Tensor sign = where(x < 0, full_like(x, -1, x.dtype(), loc), full_like(x, 1, x.dtype(), loc), loc);
+    Tensor e2 = mul_c(mul(x, sign, loc), -2, loc).exp(loc);
+    return mul(add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc), sign, loc);
 }
 // relu x = x where x > 0, else 0 (so relu'(0) = 0, as in PyTorch)
 Tensor Tensor::relu(Loc loc) const { return where(*this > 0, *this, 0, loc); }
