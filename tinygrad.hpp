@@ -1371,7 +1371,8 @@ Tensor Tensor::sigmoid(Loc loc) const {
 // sign is a constant factor, so the gradient is one product (finite for any x)
 Tensor Tensor::tanh(Loc loc) const {
     Tensor x = as_float(*this, loc);
-    Tensor sign = where(x < 0, full_like(x, -1, x.dtype(), loc), full_like(x, 1, x.dtype(), loc), loc);
+    Tensor one = full_like(x, 1, x.dtype(), loc);
+    Tensor sign = where(x < 0, neg(one, loc), one, loc);
     Tensor e2 = mul_c(mul(x, sign, loc), -2, loc).exp(loc);
     return mul(add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc), sign, loc);
 }
