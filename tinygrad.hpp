@@ -2304,9 +2304,13 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     }
     std::vector<bool> done(nk, false);
     for (size_t emitted = 0; emitted < nk; emitted++) {
+        // assignments as late as they can go: a failed bounds check stops the program before
+        // it writes into existing buffers
         size_t next = nk;
-        for (size_t i = 0; i < nk && next == nk; i++)
-            if (!done[i] && waiting[i] == 0) next = i;
+        for (int pass = 0; pass < 2 && next == nk; pass++)
+            for (size_t i = 0; i < nk && next == nk; i++)
+                if (!done[i] && waiting[i] == 0 && (pass == 1 || kernels[i].root->op != Op::ASSIGN))
+                    next = i;
         if (next == nk)
             fail("assign: a kernel needs both the old and the new value of an assigned buffer");
         done[next] = true;
@@ -2368,6 +2372,7 @@ struct Block {
     std::string title;      // e.g. "K0 float32 [64,16]: REDUCE_SUM MUL ADD MAX"
     std::string origin;     // user lines whose ops this block computes
     std::vector<Stmt> body;
+    bool writes_in_place = false;   // an assignment: runs only if no bounds check failed so far
 };
 
 struct ProgramBuffer {
@@ -2774,6 +2779,7 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
         for (auto& t : sched.targets)
             if (t.get() == k.root) prog.buffers[size_t(out)].role = ProgramBuffer::OUTPUT;
         prog.blocks.push_back(low.lower_kernel(k, i));
+        prog.blocks.back().writes_in_place = k.root->op == Op::ASSIGN;
     }
     if (!sched.kernels.empty()) {
         const Node* last = sched.kernels.back().root;
@@ -3228,7 +3234,10 @@ struct Interpreter : Executable {
     void run(void* const* buffers, int64_t* error) override {
         bufs = buffers;
         err = error;
-        for (const Block& b : prog.blocks) exec(b.body);
+        for (const Block& b : prog.blocks) {
+            if (b.writes_in_place && err[0]) return;
+            exec(b.body);
+        }
     }
 };
 
@@ -3430,6 +3439,7 @@ static std::string render_c(const Program& p) {
         int next_tmp = 0;
         c_stmts(b.body, 1, next_tmp, out);
         out += "}\n";
+        if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
     }
     out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls +

@@ -131,3 +131,18 @@ TEST(assign_writes_in_place_and_orders_readers) {
     CHECK_EQ(m.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
     CHECK_THROWS(p.assign(Tensor::zeros({3})), "assign", "[3]", "[4]");
 }
+
+// A bounds check that fails stops the program before it writes into existing buffers: an
+// optimizer step with a bad embedding index leaves the parameters as they were.
+TEST(failed_bounds_check_skips_in_place_writes) {
+    for (const char* device : {"CPU", "INTERP"}) {
+        setenv("TG_DEVICE", device, 1);
+        Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
+        tg::optim::SGD opt({table}, 0.5);
+        Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 5});   // 5 is out of range
+        table[ids].sum().backward();
+        CHECK_THROWS(opt.step(), "out of range", "got 5");
+        CHECK_EQ(table.to_vector(), (std::vector<float>{1, 2, 3}));
+        unsetenv("TG_DEVICE");
+    }
+}
