@@ -1354,25 +1354,23 @@ Tensor Tensor::log(Loc loc) const { return mul_c(log2(loc), LN2, loc); }
 // cos x = sin(x + π/2)
 Tensor Tensor::cos(Loc loc) const { return add_c(as_float(*this, loc), PI / 2, loc).sin(loc); }
 Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
-// With e = e^-|x| <= 1 nothing overflows, so values and gradients stay finite where these
-// saturate; |x| is where(x < 0, -x, x), taking the same side at 0 as the final where.
-static Tensor abs_and_sign_side(const Tensor& x, Tensor& below, Loc loc) {
-    below = x < 0;
-    return where(below, neg(x, loc), x, loc);
+// sigmoid and tanh use e = e^-|x| <= 1, with |x| = s·x for s = ±1 the sign of x (s = 1 at 0):
+// nothing overflows, so values and gradients stay finite where they saturate, and the sign is
+// a constant factor in the gradient.
+static Tensor sign_pm1(const Tensor& x, Loc loc) {
+    Tensor one = full_like(x, 1, x.dtype(), loc);
+    return where(x < 0, neg(one, loc), one, loc);
 }
 // σ(x) = 1/(1 + e) for x >= 0, e/(1 + e) for x < 0
 Tensor Tensor::sigmoid(Loc loc) const {
-    Tensor x = as_float(*this, loc), below;
-    Tensor e = neg(abs_and_sign_side(x, below, loc), loc).exp(loc);
-    Tensor r = add_c(e, 1, loc).reciprocal(loc);
-    return where(below, mul(e, r, loc), r, loc);
-}
-// tanh x = s·(1 - e²)/(1 + e²) with s = ±1 the sign of x and e = e^-|x| = e^-s·x; the
-// sign is a constant factor, so the gradient is one product (finite for any x)
-Tensor Tensor::tanh(Loc loc) const {
     Tensor x = as_float(*this, loc);
-    Tensor one = full_like(x, 1, x.dtype(), loc);
-    Tensor sign = where(x < 0, neg(one, loc), one, loc);
+    Tensor e = neg(mul(x, sign_pm1(x, loc), loc), loc).exp(loc);
+    Tensor r = add_c(e, 1, loc).reciprocal(loc);
+    return where(x < 0, mul(e, r, loc), r, loc);
+}
+// tanh x = s·(1 - e²)/(1 + e²)
+Tensor Tensor::tanh(Loc loc) const {
+    Tensor x = as_float(*this, loc), sign = sign_pm1(x, loc);
     Tensor e2 = mul_c(mul(x, sign, loc), -2, loc).exp(loc);
     return mul(add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc), sign, loc);
 }
@@ -1946,7 +1944,6 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
 // (central differences in float64 for every op, a Hessian-vector product).
 
 namespace detail {
-static Tensor indicator(const Tensor& cond, DType dt, Loc loc) { return cond.cast(dt, loc); }
 
 static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     auto src = [&](size_t i) { return wrap(n->src[i]); };
@@ -1967,7 +1964,7 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     case Op::MAX: {   // d max(a,b) = [a>b] da + [a<b] db; a tie splits evenly, as in PyTorch
         Tensor a = src(0), b = src(1);
         Tensor share =
-            add(indicator(a > b, dt, loc), mul_c(indicator(a == b, dt, loc), 0.5, loc), loc);
+            add((a > b).cast(dt, loc), mul_c((a == b).cast(dt, loc), 0.5, loc), loc);
         return {mul(g, share, loc), mul(g, add_c(neg(share, loc), 1, loc), loc)};
     }
     case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
@@ -1976,7 +1973,7 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
         return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
     case Op::REDUCE_SUM: return {g.expand(in, loc)}; // each x_i adds to one sum
     case Op::REDUCE_MAX: {   // to the maxima; ties share evenly, as PyTorch's amax
-        Tensor hit = indicator(src(0) == out.expand(in, loc), dt, loc);
+        Tensor hit = (src(0) == out.expand(in, loc)).cast(dt, loc);
         std::vector<int> axes(n->arg.begin(), n->arg.end());
         Tensor count = hit.sum(axes, true, loc);
         return {mul(hit, (g / count).expand(in, loc), loc)};
