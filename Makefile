@@ -31,11 +31,20 @@ $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
+# tests/seed_probe.cpp compiled by each C++ compiler found (they order a call's arguments
+# differently) and linked with the implementation: the tests compare the models they print.
+PROBE_CXXS := $(shell for c in g++ clang++; do command -v $$c >/dev/null && echo $$c; done)
+PROBES     := $(patsubst %,$(BUILD)/probes/seed_probe_%,$(PROBE_CXXS))
+$(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygrad.o
+	@mkdir -p $(dir $@)
+	$* -std=c++17 -O1 -c -o $@.o $<
+	$(CXX) $(CXXFLAGS) -o $@ $@.o $(BUILD)/tinygrad.o $(LDLIBS)
+
 # Tests run from the repository root with a fresh, private compile cache.
-test: $(BUILD)/run_tests $(EXAMPLES)
+test: $(BUILD)/run_tests $(EXAMPLES) $(PROBES)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
-	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples ./$(BUILD)/run_tests $(FILTER); rc=$$?; \
-	rm -rf $$dir; exit $$rc
+	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
+	./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
 
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"

@@ -109,6 +109,7 @@
 #ifndef TINYGRAD_HPP_INCLUDED
 #define TINYGRAD_HPP_INCLUDED
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -210,6 +211,22 @@ const char* op_name(Op op);
 OpKind op_kind(Op op);
 
 namespace detail { struct Node; }
+class Tensor;
+
+// The left operand of an operator (a + b, -a) or the index of x[i]. An operator cannot take a
+// defaulted location argument, but the implicit conversion to this type can: it runs at the
+// user's line, so the nodes and errors of operators carry that line too.
+struct Operand {
+    const Tensor& tensor;
+    Loc loc;
+    Operand(const Tensor& t, Loc l = Loc::here()) : tensor(t), loc(l) {}
+};
+struct Index {
+    int64_t i;
+    Loc loc;
+    template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+    Index(I value, Loc l = Loc::here()) : i(int64_t(value)), loc(l) {}
+};
 
 // ---- [TENSOR] the lazy tensor ---------------------------------------------------------- >>tensor
 // A Tensor is a handle to a graph node; copying it is cheap and shares the node. Every method
@@ -247,8 +264,7 @@ public:
     bool realized() const;                             // holds a buffer (computed or given)
     const std::shared_ptr<detail::Node>& node() const; // the graph node (for tg::detail users)
 
-    // elementwise (operators + - * / < <= > >= == != are free functions below)
-    Tensor operator-() const;
+    // elementwise (operators - + * / < <= > >= == != are free functions below)
     Tensor exp(Loc loc = Loc::here()) const;
     Tensor log(Loc loc = Loc::here()) const;
     Tensor exp2(Loc loc = Loc::here()) const;
@@ -314,8 +330,8 @@ public:
     Tensor log_softmax(int axis = -1, Loc loc = Loc::here()) const;
     Tensor gather(int axis, const Tensor& index, Loc loc = Loc::here()) const;  // torch.gather
     Tensor index_select(int axis, const Tensor& index, Loc loc = Loc::here()) const;
-    Tensor operator[](const Tensor& index) const;     // rows: C[X], X [B,T] → [B,T,E]
-    Tensor operator[](int64_t i) const;               // x[i]: drops the first axis
+    Tensor operator[](Operand index) const;            // rows: C[X], X [B,T] → [B,T,E]
+    Tensor operator[](Index i) const;                  // x[i]: drops the first axis
 
     // autograd
     Tensor& requires_grad(bool on = true);             // a leaf: backward() fills its grad()
@@ -344,19 +360,20 @@ template <typename T> std::vector<T> Tensor::to_vector() const {
     return std::vector<T>(values.begin(), values.end());
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);   // true division: ints give float32
-Tensor operator<(const Tensor& a, const Tensor& b);   // comparisons give bool
-Tensor operator<=(const Tensor& a, const Tensor& b);
-Tensor operator>(const Tensor& a, const Tensor& b);
-Tensor operator>=(const Tensor& a, const Tensor& b);
-Tensor operator==(const Tensor& a, const Tensor& b);
-Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator-(Operand x);
+Tensor operator+(Operand a, const Tensor& b);
+Tensor operator-(Operand a, const Tensor& b);
+Tensor operator*(Operand a, const Tensor& b);
+Tensor operator/(Operand a, const Tensor& b);   // true division: ints give float32
+Tensor operator<(Operand a, const Tensor& b);   // comparisons give bool
+Tensor operator<=(Operand a, const Tensor& b);
+Tensor operator>(Operand a, const Tensor& b);
+Tensor operator>=(Operand a, const Tensor& b);
+Tensor operator==(Operand a, Operand b);        // both operands converted: C++20 also tries
+Tensor operator!=(Operand a, Operand b);        // b == a, which must not be a better match
 #define TG_SCALAR_OPERATORS(op)                                                                \
-    Tensor operator op(const Tensor& a, Scalar b);                                             \
-    Tensor operator op(Scalar a, const Tensor& b);
+    Tensor operator op(Operand a, Scalar b);                                                   \
+    Tensor operator op(Scalar a, Operand b);
 TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
 TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
 TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
@@ -419,12 +436,17 @@ Stats stats();
 // ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 namespace nn {
 // A layer. parameters() lists the tensors an optimizer updates; it is complete after the first
-// call for layers that learn their input width then (nn::Linear(out)).
+// call for layers that learn their input width then (nn::Linear(out)). Random initial values
+// come from the global seed stream (manual_seed): seeds lists the ones a layer drew, and
+// reset_parameters(seeds) draws its parameters again from the given ones. A layer of your own
+// that draws random parameters overrides both, so that Sequential can hand out seeds in order.
 struct Module {
     virtual ~Module() = default;
     virtual Tensor forward(const Tensor& x) = 0;
     virtual std::vector<Tensor> parameters() { return {}; }
+    virtual void reset_parameters(const std::vector<uint64_t>& new_seeds) { seeds = new_seeds; }
     Tensor operator()(const Tensor& x, Loc loc = Loc::here());
+    std::vector<uint64_t> seeds;
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
@@ -432,6 +454,7 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
     explicit Linear(int64_t out_features);  // learns in_features from its first input
     Tensor forward(const Tensor& x) override;
     std::vector<Tensor> parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     int64_t in_features = -1, out_features;
     bool has_bias = true;
     Tensor weight, bias;
@@ -440,6 +463,7 @@ struct Embedding : Module {                 // rows of weight [num, dim] picked 
     Embedding(int64_t num_embeddings, int64_t embedding_dim);
     Tensor forward(const Tensor& ids) override;
     std::vector<Tensor> parameters() override { return {weight}; }
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     Tensor weight;
 };
 struct LayerNorm : Module {                 // over the last axis: (x - mean)/√(var + eps)·w + b
@@ -460,13 +484,20 @@ struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.si
 struct GELU : Module { Tensor forward(const Tensor& x) override { return x.gelu(); } };
 
 // Layers in order: nn::Sequential mlp(nn::Linear(16), nn::ReLU(), nn::Linear(1));
+// C++ constructs the arguments of one call in an order the compiler chooses, so the layers'
+// seeds are handed out again in layer order: a seed gives the same model with every compiler.
 struct Sequential : Module {
     template <typename... Layers> explicit Sequential(Layers... layers) {
         (add(std::make_shared<Layers>(std::move(layers))), ...);
+        std::vector<uint64_t> drawn;
+        for (auto& l : this->layers) drawn.insert(drawn.end(), l->seeds.begin(), l->seeds.end());
+        std::sort(drawn.begin(), drawn.end());
+        reset_parameters(drawn);
     }
     Sequential& add(std::shared_ptr<Module> layer);
     Tensor forward(const Tensor& x) override;
     std::vector<Tensor> parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;   // layer by layer
     std::vector<std::shared_ptr<Module>> layers;
 };
 
@@ -885,7 +916,22 @@ struct Node : std::enable_shared_from_this<Node> {
     Loc loc;
     Phase phase = Phase::FORWARD;
     bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
+    bool leaf = false;                // requires_grad() was called on it: backward() fills grad
     std::shared_ptr<Node> grad;       // a leaf's accumulated gradient
+    // Releasing the last handle of a long chain would free it recursively, one stack frame
+    // per node; the nodes that die with this one are released here in a loop instead.
+    ~Node() {
+        std::vector<std::shared_ptr<Node>> dying = std::move(src);
+        if (grad) dying.push_back(std::move(grad));
+        while (!dying.empty()) {
+            std::shared_ptr<Node> n = std::move(dying.back());
+            dying.pop_back();
+            if (n.use_count() != 1) continue;
+            for (auto& s : n->src) dying.push_back(std::move(s));
+            n->src.clear();
+            if (n->grad) dying.push_back(std::move(n->grad));
+        }
+    }
 };
 using NodeP = std::shared_ptr<Node>;
 
@@ -893,6 +939,11 @@ using NodeP = std::shared_ptr<Node>;
 // so an optimizer step computes them with the parameters before the update (as PyTorch would
 // have them) and in the same program.
 static thread_local std::vector<NodeP> pending_targets;
+
+// Leaves made from lazy values (Tensor::randn(...).requires_grad()) are computed together, in
+// one program, just before the next program runs: a model's initial parameters cost one
+// compile, and parameters replaced before then (nn::Sequential's reseeding) cost nothing.
+static thread_local std::vector<std::weak_ptr<Node>> pending_leaves;
 
 // While a jit traces its function, realizes are collected instead of run.
 static thread_local std::vector<NodeP>* jit_capture = nullptr;
@@ -908,7 +959,7 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     n->src = std::move(src);
     n->arg = std::move(arg);
     n->value = value;
-    n->loc = is_library_loc(loc) && user_loc.file ? user_loc : loc;
+    n->loc = is_library_loc(loc) ? user_loc : loc;
     n->phase = current_phase;
     if (no_grad_depth == 0 && dtype_is_float(dt))
         for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
@@ -1242,6 +1293,7 @@ Tensor Tensor::arange(Scalar start, Scalar stop, Scalar step, Loc loc) {
 }
 
 Tensor Tensor::eye(int64_t n, DType dtype, Loc loc) {
+    UserLocScope at(loc);   // for the operators below
     if (n < 0) fail(strf("eye: negative size %lld", (long long)n), loc);
     Tensor i = arange(n, loc);
     return (i.reshape({n, 1}, loc) == i.reshape({1, n}, loc)).cast(dtype, loc);
@@ -1301,43 +1353,47 @@ int64_t Tensor::size(int axis) const {
 }
 
 // -- elementwise
-Tensor operator+(const Tensor& a, const Tensor& b) { return bin(Op::ADD, a, b, "add", {}); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return bin(Op::MUL, a, b, "mul", {}); }
-Tensor operator-(const Tensor& a, const Tensor& b) {                   // a + (-b)
-    auto [x, y] = operands(a, b, "sub", {});
-    check_not_bool(x, "sub", {});
-    return x + -y;
+Tensor operator-(Operand x) {
+    check_not_bool(x.tensor, "neg", x.loc);
+    return un(Op::NEG, x.tensor, x.loc);
 }
-Tensor operator/(const Tensor& a, const Tensor& b) {                   // a · (1/b)
-    auto [x, y] = operands(a, b, "div", {}, true);
-    return x * y.reciprocal();
+Tensor operator+(Operand a, const Tensor& b) { return bin(Op::ADD, a.tensor, b, "add", a.loc); }
+Tensor operator*(Operand a, const Tensor& b) { return bin(Op::MUL, a.tensor, b, "mul", a.loc); }
+Tensor operator-(Operand a, const Tensor& b) {                         // a + (-b)
+    auto [x, y] = operands(a.tensor, b, "sub", a.loc);
+    check_not_bool(x, "sub", a.loc);
+    return add(x, neg(y, a.loc), a.loc);
 }
-Tensor operator<(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, a, b, "lt", {}); }
-Tensor operator>(const Tensor& a, const Tensor& b) { return bin(Op::CMPLT, b, a, "gt", {}); }
-Tensor operator==(const Tensor& a, const Tensor& b) { return bin(Op::CMPEQ, a, b, "eq", {}); }
-Tensor operator!=(const Tensor& a, const Tensor& b) {
-    return bin(Op::CMPEQ, a, b, "ne", {}).logical_not();
+Tensor operator/(Operand a, const Tensor& b) {                         // a · (1/b)
+    auto [x, y] = operands(a.tensor, b, "div", a.loc, true);
+    return mul(x, y.reciprocal(a.loc), a.loc);
 }
-Tensor operator<=(const Tensor& a, const Tensor& b) {                  // (a < b) or (a == b)
-    auto [x, y] = operands(a, b, "le", {});
-    return (x < y).maximum(x == y);
+Tensor operator<(Operand a, const Tensor& b) { return bin(Op::CMPLT, a.tensor, b, "lt", a.loc); }
+Tensor operator>(Operand a, const Tensor& b) { return bin(Op::CMPLT, b, a.tensor, "gt", a.loc); }
+Tensor operator==(Operand a, Operand b) { return bin(Op::CMPEQ, a.tensor, b.tensor, "eq", a.loc); }
+Tensor operator!=(Operand a, Operand b) {
+    return bin(Op::CMPEQ, a.tensor, b.tensor, "ne", a.loc).logical_not(a.loc);
 }
-Tensor operator>=(const Tensor& a, const Tensor& b) {                  // (b < a) or (a == b)
-    auto [x, y] = operands(a, b, "ge", {});
-    return (y < x).maximum(x == y);
+Tensor operator<=(Operand a, const Tensor& b) {                        // (a < b) or (a == b)
+    auto [x, y] = operands(a.tensor, b, "le", a.loc);
+    return bin(Op::CMPLT, x, y, "le", a.loc).maximum(bin(Op::CMPEQ, x, y, "le", a.loc), a.loc);
+}
+Tensor operator>=(Operand a, const Tensor& b) {                        // (b < a) or (a == b)
+    auto [x, y] = operands(a.tensor, b, "ge", a.loc);
+    return bin(Op::CMPLT, y, x, "ge", a.loc).maximum(bin(Op::CMPEQ, x, y, "ge", a.loc), a.loc);
 }
 #define TG_SCALAR_OPERATORS(op)                                                                \
-    Tensor operator op(const Tensor& a, Scalar b) { return a op scalar_operand(a, b, {}); }   \
-    Tensor operator op(Scalar a, const Tensor& b) { return scalar_operand(b, a, {}) op b; }
+    Tensor operator op(Operand a, Scalar b) {                                                  \
+        return Operand(a.tensor, a.loc) op scalar_operand(a.tensor, b, a.loc);                 \
+    }                                                                                          \
+    Tensor operator op(Scalar a, Operand b) {                                                  \
+        return Operand(scalar_operand(b.tensor, a, b.loc), b.loc) op b.tensor;                 \
+    }
 TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
 TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
 TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
 #undef TG_SCALAR_OPERATORS
 
-Tensor Tensor::operator-() const {
-    check_not_bool(*this, "neg", {});
-    return un(Op::NEG, *this, {});
-}
 Tensor Tensor::cast(DType dtype, Loc loc) const {
     if (dtype == DType::INDEX) fail("cast: index is not a tensor dtype", loc);
     return wrap(graph_cast(node(), dtype, loc));
@@ -1363,6 +1419,7 @@ static Tensor sign_pm1(const Tensor& x, Loc loc) {
 }
 // σ(x) = 1/(1 + e) for x >= 0, e/(1 + e) for x < 0
 Tensor Tensor::sigmoid(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     Tensor x = as_float(*this, loc);
     Tensor e = neg(mul(x, sign_pm1(x, loc), loc), loc).exp(loc);
     Tensor r = add_c(e, 1, loc).reciprocal(loc);
@@ -1370,16 +1427,21 @@ Tensor Tensor::sigmoid(Loc loc) const {
 }
 // tanh x = s·(1 - e²)/(1 + e²)
 Tensor Tensor::tanh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     Tensor x = as_float(*this, loc), sign = sign_pm1(x, loc);
     Tensor e2 = mul_c(mul(x, sign, loc), -2, loc).exp(loc);
     return mul(add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc), sign, loc);
 }
 // relu x = x where x > 0, else 0 (so relu'(0) = 0, as in PyTorch)
-Tensor Tensor::relu(Loc loc) const { return where(*this > 0, *this, 0, loc); }
+Tensor Tensor::relu(Loc loc) const {
+    UserLocScope at(loc);
+    return where(*this > 0, *this, 0, loc);
+}
 // gelu x = x/2 · (1 + erf(x/√2)); erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7):
 //   erf z = sign(z)·(1 - t(a1 + t(a2 + t(a3 + t(a4 + t a5))))·e^(-z²)),  t = 1/(1 + p|z|)
 // tanh_approximation: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))
 Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     Tensor x = as_float(*this, loc);
     if (tanh_approximation) {
         Tensor inner = mul_c(add(x, mul_c(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc),
@@ -1424,6 +1486,7 @@ Tensor Tensor::logical_not(Loc loc) const {
 // at x = 0: 1 for y = 0, 0 for y > 0, ∞ for y < 0 (the logarithm sees 1 there, so the
 // gradients at a zero base are 0, not NaN)
 Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     auto [x, y] = operands(*this, exponent, "pow", loc, true);
     Tensor ax = x.abs(loc), zero = ax == 0;
     Tensor one = full_like(x, 1, x.dtype(), loc);
@@ -1513,6 +1576,7 @@ Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
 Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, false, loc); }
 // The first index of the maximum: n - max over the axis of (x == max ? n - i : 0)
 Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     int ax = normalize_axis(axis, shape().size(), "argmax", shape(), loc);
     int64_t n = ndim() == 0 ? 1 : shape()[size_t(ax)];
     Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
@@ -1683,6 +1747,7 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
 }
 // softmax x = e^(x - max x) / Σ e^(x - max x)
 Tensor Tensor::softmax(int axis, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
     Tensor e = (x - x.max(axis, true, loc)).exp(loc);
@@ -1690,6 +1755,7 @@ Tensor Tensor::softmax(int axis, Loc loc) const {
 }
 // log_softmax x = (x - max x) - ln Σ e^(x - max x)
 Tensor Tensor::log_softmax(int axis, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "log_softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
     Tensor shifted = x - x.max(axis, true, loc);
@@ -1723,19 +1789,21 @@ Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     along[size_t(ax)] = out[size_t(ax)] = index.numel();
     return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
 }
-Tensor Tensor::operator[](const Tensor& index) const {
-    check_index(*this, index, "index", {});
-    Shape out = index.shape();
+Tensor Tensor::operator[](Operand index) const {
+    const Tensor& ix = index.tensor;
+    Loc loc = index.loc;
+    check_index(*this, ix, "index", loc);
+    Shape out = ix.shape();
     out.insert(out.end(), shape().begin() + 1, shape().end());
-    return index_select(0, index.flatten(0, -1, {}), {}).reshape(out, {});
+    return index_select(0, ix.flatten(0, -1, loc), loc).reshape(out, loc);
 }
-Tensor Tensor::operator[](int64_t i) const {
-    if (ndim() == 0) fail("index: cannot index a 0-d tensor");
-    int64_t n = shape()[0], j = wrap_index(i, n);
+Tensor Tensor::operator[](Index index) const {
+    if (ndim() == 0) fail("index: cannot index a 0-d tensor", index.loc);
+    int64_t n = shape()[0], j = wrap_index(index.i, n);
     if (j < 0 || j >= n)
-        fail(strf("index: %lld out of range for shape %s", (long long)i,
-                  shape_str(shape()).c_str()));
-    return slice(0, j, j + 1, 1, {}).squeeze(0, {});
+        fail(strf("index: %lld out of range for shape %s", (long long)index.i,
+                  shape_str(shape()).c_str()), index.loc);
+    return slice(0, j, j + 1, 1, index.loc).squeeze(0, index.loc);
 }
 
 // cat: each piece is padded to the full length along the axis and the pieces are added
@@ -2014,9 +2082,10 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     }
 }
 
-// Gradients of output with respect to every node that requires grad, accumulated over paths.
-static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output,
-                                                       const Tensor& seed_in) {
+// Gradients of output with respect to every node that requires grad, accumulated over paths;
+// leaves (if given) receives the leaves reached, in graph order.
+static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& seed_in,
+                                                       std::vector<Node*>* leaves = nullptr) {
     const NodeP& root = output.node();
     if (!root->requires_grad)
         fail("backward: the tensor does not depend on any tensor that requires grad");
@@ -2037,7 +2106,11 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output,
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
         Node* n = *it;
         auto found = grads.find(n);
-        if (!n->requires_grad || found == grads.end() || n->src.empty()) continue;
+        if (!n->requires_grad || found == grads.end()) continue;
+        if (n->leaf) {   // a lazy leaf keeps its sources only to compute its value
+            if (leaves) leaves->push_back(n);
+            continue;
+        }
         UserLocScope at(n->loc);
         std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), found->second);
         for (size_t i = 0; i < in_grads.size(); i++) {
@@ -2066,17 +2139,21 @@ std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& i
 NoGrad::NoGrad() { no_grad_depth++; }
 NoGrad::~NoGrad() { no_grad_depth--; }
 
+// Any tensor that does not depend on a leaf can become one. A lazy leaf is computed with the
+// next program (at once while a jit traces: the traced program must not compute it again).
 Tensor& Tensor::requires_grad(bool on) {
-    if (on && !dtype_is_float(dtype()))
+    Node& n = *node();
+    if (on && !dtype_is_float(n.dtype))
         fail(strf("requires_grad: only float tensors can require gradients, got %s",
-                  dtype_name(dtype())));
-    if (on && !node()->src.empty()) {   // parameters are data: compute them now
-        realize_nodes({node()}, true);
-        node_->op = Op::BUFFER;
-        node_->src.clear();
-        node_->arg.clear();
+                  dtype_name(n.dtype)));
+    if (n.requires_grad && !n.leaf)
+        fail("requires_grad: the tensor is computed from tensors that require grad, so it is not "
+             "a leaf; detach().requires_grad() makes a new leaf of its value");
+    n.requires_grad = n.leaf = on;
+    if (on && !n.buffer) {
+        if (jit_capture) realize_nodes({node()}, true);
+        else pending_leaves.push_back(node());
     }
-    node()->requires_grad = on;
     return *this;
 }
 bool Tensor::tracks_grad() const { return node()->requires_grad; }
@@ -2093,15 +2170,16 @@ Tensor Tensor::detach() const {
 void Tensor::backward(const Tensor& seed, Loc loc) const {
     UserLocScope at(loc);
     std::unordered_map<Node*, Tensor> grads;
+    std::vector<Node*> leaves;
     {
         NoGrad no_grad;
-        grads = backpropagate(*this, seed);
+        grads = backpropagate(*this, seed, &leaves);
     }
     pending_targets.push_back(node());
     NoGrad no_grad;
     PhaseScope phase(Phase::BACKWARD);
-    for (auto& [n, g] : grads) {
-        if (!n->src.empty() || n->buffer == nullptr || n->op != Op::BUFFER) continue; // leaves only
+    for (Node* n : leaves) {
+        const Tensor& g = grads.at(n);
         n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();
         pending_targets.push_back(n->grad);
     }
@@ -2185,6 +2263,8 @@ static bool same_index_op(const Node* n) {
     return is_elementwise(n) || is_unit_reshape(n) || n->op == Op::CONTIGUOUS;
 }
 
+static const int64_t SCHED_MAX_DEPTH = 256;
+
 static Schedule sched_build(const std::vector<NodeP>& targets) {
     Schedule s;
     std::unordered_set<Node*> is_target;
@@ -2197,11 +2277,12 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             for (auto& src : n->src) users[src.get()].push_back(n);
     // Decide users before sources. Where a node's value goes: the kernels (roots) it would be
     // inlined into, whether every path there reads it at the root's own index (elementwise
-    // ops only), whether a path goes through a broadcast, and how many paths there are.
+    // ops only), whether a path goes through a broadcast, how many paths there are (counted
+    // up to 2) and how deep it would sit in its root's expression (the longest path).
     struct Reach {
         std::unordered_set<Node*> roots;
         bool same_index = true, broadcast = false;
-        int64_t paths = 0;
+        int64_t paths = 0, depth = 0;
     };
     std::unordered_map<Node*, Reach> reach;
     std::unordered_map<Node*, Kernel> fused_into;   // root → its fused reductions
@@ -2213,16 +2294,18 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             if (s.materialized.count(u)) {
                 r.roots.insert(u);
                 r.same_index = r.same_index && op_kind(u->op) != OpKind::INDEXED;
-                r.paths++;
+                r.paths = std::min<int64_t>(r.paths + 1, 2);
+                r.depth = std::max<int64_t>(r.depth, 1);
                 continue;
             }
             const Reach& ru = reach[u];
             r.roots.insert(ru.roots.begin(), ru.roots.end());
             r.same_index = r.same_index && ru.same_index && same_index_op(u);
             r.broadcast = r.broadcast || ru.broadcast || u->op == Op::EXPAND;
-            r.paths += ru.paths;
+            r.paths = std::min<int64_t>(r.paths + ru.paths, 2);
+            r.depth = std::max(r.depth, ru.depth + 1);
         }
-        if (is_target.count(n)) r.paths++;
+        if (is_target.count(n)) r.paths = std::min<int64_t>(r.paths + 1, 2);
         reach[n] = r;
         OpKind k = op_kind(n->op);
         bool one_root = r.roots.size() == 1 && r.same_index && !is_target.count(n);
@@ -2243,7 +2326,11 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         bool cheap =
             n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG || n->op == Op::CAST;
         bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast);
-        if (is_target.count(n) || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+        // Lowering, the passes and the C compiler recurse over a kernel's expression: a long
+        // chain is cut into kernels of bounded depth.
+        bool too_deep = r.depth >= SCHED_MAX_DEPTH && !n->src.empty();
+        if (is_target.count(n) || n->leaf || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
+            too_deep ||
             k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || (computed && !inline_ok))
             s.materialized.insert(n);
     }
@@ -3644,7 +3731,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     check_errors(prog, err);
     for (const NodeP& t : sched.targets) {                       // 7. results become buffers
         t->buffer = run.buffers[size_t(run.buffer_ids.at(t.get()))];
-        if (!t->requires_grad) {   // its history is needed only for gradients
+        if (!t->requires_grad || t->leaf) {   // its history is needed only for gradients
             t->op = Op::BUFFER;
             t->src.clear();
             t->arg.clear();
@@ -3667,7 +3754,17 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
 
 // realize: the targets plus whatever backward() left pending, in one program (or, while a
 // jit traces, noted for the jit's program). now skips the jit: for storage made on the way.
+static void realize_pending_leaves() {
+    std::vector<NodeP> leaves;
+    for (auto& w : pending_leaves)
+        if (NodeP n = w.lock())
+            if (n->leaf && !n->buffer) leaves.push_back(n);
+    pending_leaves.clear();
+    if (!leaves.empty()) run_program(leaves);
+}
+
 static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
+    realize_pending_leaves();
     std::vector<NodeP> all = targets;
     if (!now) {
         all.insert(all.end(), pending_targets.begin(), pending_targets.end());
@@ -3711,6 +3808,7 @@ int64_t Jit::replays() const { return state_->replays; }
 
 Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
     State& st = *state_;
+    realize_pending_leaves();   // parameters are computed once, not by every replay
     for (const Tensor& x : inputs)
         if (!x.realized()) realize_nodes({x.node()}, true);
     if (!st.traced) {
@@ -3953,10 +4051,15 @@ Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias
         detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in,
                           (long long)out));
     in_features = in;
-    // PyTorch's default: U(-1/√in, 1/√in) for the weight and the bias
-    double b = 1 / std::sqrt(double(in));
-    weight = init::uniform({out, in}, -b, b).requires_grad();
-    if (has_bias) this->bias = init::uniform({out}, -b, b).requires_grad();
+    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
+                              : std::vector<uint64_t>{Tensor::next_seed()});
+}
+// PyTorch's default: U(-1/√in, 1/√in) for the weight and the bias
+void Linear::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    double b = 1 / std::sqrt(double(in_features));
+    weight = init::uniform({out_features, in_features}, -b, b, s.at(0)).requires_grad();
+    if (has_bias) bias = init::uniform({out_features}, -b, b, s.at(1)).requires_grad();
 }
 Linear::Linear(int64_t out) : out_features(out) {
     if (out <= 0)
@@ -3976,8 +4079,13 @@ std::vector<Tensor> Linear::parameters() {
     return has_bias ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight};
 }
 
-Embedding::Embedding(int64_t num, int64_t dim)
-    : weight(Tensor::randn({num, dim}).requires_grad()) {}
+Embedding::Embedding(int64_t num, int64_t dim) : weight(Tensor::zeros({num, dim})) {
+    reset_parameters({Tensor::next_seed()});   // weight holds only the shape until then
+}
+void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    weight = Tensor::randn(weight.shape(), s.at(0)).requires_grad();
+}
 Tensor Embedding::forward(const Tensor& ids) { return weight[ids]; }
 
 LayerNorm::LayerNorm(int64_t dim, double e)
@@ -3998,6 +4106,16 @@ Tensor Sequential::forward(const Tensor& x) {
     Tensor y = x;
     for (auto& l : layers) y = l->forward(y);
     return y;
+}
+void Sequential::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    size_t at = 0;
+    for (auto& l : layers) {
+        size_t n = std::min(l->seeds.size(), s.size() - at);
+        std::vector<uint64_t> mine(s.begin() + long(at), s.begin() + long(at + n));
+        at += n;
+        if (mine != l->seeds) l->reset_parameters(mine);
+    }
 }
 std::vector<Tensor> Sequential::parameters() {
     std::vector<Tensor> out;
@@ -4061,11 +4179,22 @@ static Tensor scalar_tensor(double v) {
     return Tensor::from_vector(std::vector<float>{float(v)}, {});
 }
 
+// Every parameter must be able to receive a gradient: a leaf that requires grad.
 Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
     : params(std::move(ps)), lr(scalar_tensor(learning_rate)) {
-    for (const Tensor& p : params)
-        if (!p.tracks_grad())
-            detail::fail("optimizer: a parameter does not require grad (call requires_grad())");
+    if (params.empty())
+        detail::fail("optimizer: no parameters (a layer that learns its input width, such as "
+                     "nn::Linear(out), has none until its first call)");
+    for (size_t i = 0; i < params.size(); i++) {
+        const detail::Node& n = *params[i].node();
+        if (n.leaf) continue;
+        detail::fail(strf("optimizer: parameter %zu (%s %s, made at %s) %s", i,
+                          dtype_name(n.dtype), shape_str(n.shape).c_str(),
+                          detail::loc_str(n.loc).c_str(),
+                          n.requires_grad ? "is computed from other tensors, so backward() never "
+                                            "fills its grad(): pass the leaf tensors"
+                                          : "does not require grad: call requires_grad() on it"));
+    }
 }
 void Optimizer::step(Loc loc) {
     detail::UserLocScope at(loc);

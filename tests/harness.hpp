@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +64,23 @@ inline std::vector<int32_t> randi(size_t n, uint64_t seed, int lo, int hi) {   /
     for (int32_t& x : v) x = int32_t(lo + int(g.next() * (hi - lo + 1)));
     return v;
 }
+
+// Sets an environment variable for the lifetime of the guard, then restores (or unsets) it.
+struct EnvGuard {
+    std::string name, old;
+    bool had;
+    EnvGuard(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr) {
+        if (had) old = std::getenv(n);
+        setenv(n, value, 1);
+    }
+    void set(const char* value) { setenv(name.c_str(), value, 1); }
+    ~EnvGuard() {
+        if (had) setenv(name.c_str(), old.c_str(), 1);
+        else unsetenv(name.c_str());
+    }
+    EnvGuard(const EnvGuard&) = delete;
+    EnvGuard& operator=(const EnvGuard&) = delete;
+};
 
 inline bool near(double a, double b, double tol) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);

@@ -240,3 +240,36 @@ TEST(errors_name_callers_file) {
     here = at(__LINE__ + 1);
     CHECK_THROWS(x.pow(zeros({4})), here.c_str());
 }
+
+// Operators take the user's line through the conversion of their left operand (or of an index).
+TEST(errors_from_operators_name_the_line) {
+    Tensor a = zeros({3}), b = zeros({4});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(a + b, "add", "[3]", "[4]", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a - b, "sub", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a / b, "div", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a >= b, "ge", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(-(a > 0), "neg", "bool", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a[3], "index", "3 out of range", "[3]", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(a[a], "index", "int32", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(Tensor::zeros({})[0], "0-d", here.c_str());
+}
+
+TEST(nodes_from_operators_carry_the_line) {
+    Tensor a = Tensor::ones({2, 3}), b = Tensor::ones({3});
+    int line = __LINE__ + 1;
+    Tensor c = -(a * 2.0f + b) / 3.0f;
+    std::string where = "test_errors.cpp:" + std::to_string(line);
+    tg::Stages st = tg::inspect({c});
+    CHECK(st.graph.find(where) != std::string::npos);
+    CHECK(st.graph.find(" ?") == std::string::npos);
+    CHECK(st.schedule.find(where) != std::string::npos);
+    CHECK(st.c_source.find(where) != std::string::npos);
+}

@@ -20,31 +20,12 @@
 using tg::DType;
 using tg::Shape;
 using tg::Tensor;
+using th::EnvGuard;
 
 namespace {
 
 using Pairs = std::vector<std::pair<int64_t, int64_t>>;
 
-// ---- environment -------------------------------------------------------------------------
-
-// Sets a variable for the lifetime of the guard, then restores (or unsets) it.
-struct EnvGuard {
-    std::string name, old;
-    bool had;
-    EnvGuard(const char* n, const char* value) : name(n) {
-        const char* v = std::getenv(n);
-        had = v != nullptr;
-        if (had) old = v;
-        setenv(n, value, 1);
-    }
-    void set(const char* value) { setenv(name.c_str(), value, 1); }
-    ~EnvGuard() {
-        if (had) setenv(name.c_str(), old.c_str(), 1);
-        else unsetenv(name.c_str());
-    }
-    EnvGuard(const EnvGuard&) = delete;
-    EnvGuard& operator=(const EnvGuard&) = delete;
-};
 
 // ---- deterministic random numbers ----------------------------------------------------------
 

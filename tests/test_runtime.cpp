@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 using tg::Tensor;
+using th::EnvGuard;
 
 namespace {
 std::string self_exe() {
@@ -46,15 +47,6 @@ bool run_child(const std::string& cache, std::string& debug_out) {
     debug_out = slurp(log);
     return rc == 0;
 }
-struct EnvGuard {   // sets a variable for one scope
-    std::string name, old;
-    bool had;
-    EnvGuard(const char* n, const char* v) : name(n), had(std::getenv(n) != nullptr) {
-        if (had) old = std::getenv(n);
-        setenv(n, v, 1);
-    }
-    ~EnvGuard() { had ? (void)setenv(name.c_str(), old.c_str(), 1) : (void)unsetenv(name.c_str()); }
-};
 Tensor child_expression() {
     Tensor a = Tensor::arange(12).reshape({3, 4}).cast(tg::DType::FLOAT32);
     return (a * 2.0f + 1.0f).sum(1);

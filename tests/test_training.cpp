@@ -275,6 +275,8 @@ TEST(nn_linear_shapes_and_pytorch_init_range) {
     CHECK_EQ(small.bias.shape(), (Shape{7}));
     CHECK(small.weight.dtype() == DType::FLOAT32);
     CHECK(small.weight.tracks_grad() && small.bias.tracks_grad());
+    CHECK(!small.weight.realized());   // computed with the next program
+    tg::realize({small.weight * 1.0f});
     CHECK(small.weight.realized() && small.bias.realized());
     std::vector<Tensor> ps = small.parameters();
     CHECK_EQ(ps.size(), size_t(2));
