@@ -128,7 +128,7 @@ namespace tg {
 // ---- [TYPES] dtypes, shapes, errors, source locations ----------------------------------- >>types
 
 // Ordered by promotion. INDEX is the loop IR's int64 index arithmetic, never a tensor dtype.
-enum class DType : uint8_t { BOOL, INT32, FLOAT32, FLOAT64, INDEX };
+enum class DType : uint8_t { BOOL, INT32, INT64, FLOAT32, FLOAT64, INDEX };
 const char* dtype_name(DType dt);
 size_t dtype_size(DType dt);
 bool dtype_is_float(DType dt);
@@ -175,12 +175,13 @@ struct Scalar {
     X(EXP2,        UNARY,    "exp2{f}({0})")                                                   \
     X(LOG2,        UNARY,    "log2{f}({0})")                                                   \
     X(SIN,         UNARY,    "sin{f}({0})")                                                    \
+    X(COS,         UNARY,    "cos{f}({0})")        /* not sin(x + π/2): exact for large x    */ \
     X(SQRT,        UNARY,    "sqrt{f}({0})")                                                   \
     X(RECIP,       UNARY,    "(1/{0})")                                                        \
-    X(CAST,        UNARY,    "(({t}){0})")                                                     \
-    X(ADD,         BINARY,   "({0} + {1})")                                                    \
+    X(CAST,        UNARY,    "(({t}){0})")         /* float → int saturates, NaN → 0         */ \
+    X(ADD,         BINARY,   "({0} + {1})")        /* integers wrap around, as in PyTorch    */ \
     X(MUL,         BINARY,   "({0} * {1})")                                                    \
-    X(MAX,         BINARY,   "fmax{f}({0}, {1})")  /* integers: tg_imax                      */ \
+    X(MAX,         BINARY,   "tg_max{f}({0}, {1})") /* NaN if either is NaN                  */ \
     X(CMPLT,       BINARY,   "({0} < {1})")                                                    \
     X(CMPEQ,       BINARY,   "({0} == {1})")                                                   \
     X(IDIV,        BINARY,   "({0} / {1})")        /* integers, truncating like C            */ \
@@ -251,6 +252,8 @@ public:
     static Tensor from_vector(const std::vector<double>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());
     static Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape = {-1},
+                              Loc loc = Loc::here());
+    static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());
     static uint64_t next_seed();                       // the global stream that manual_seed sets
 
@@ -354,10 +357,18 @@ private:
     std::shared_ptr<detail::Node> node_;
 };
 
-namespace detail { std::vector<double> tensor_values(const Tensor& t); }
+namespace detail {
+std::vector<double> tensor_values(const Tensor& t);   // NaN canonical
+std::vector<int64_t> tensor_ints(const Tensor& t);    // exact; floats truncated, saturating
+}  // namespace detail
 template <typename T> std::vector<T> Tensor::to_vector() const {
-    std::vector<double> values = detail::tensor_values(*this);
-    return std::vector<T>(values.begin(), values.end());
+    if constexpr (std::is_integral_v<T>) {
+        std::vector<int64_t> values = detail::tensor_ints(*this);
+        return std::vector<T>(values.begin(), values.end());
+    } else {
+        std::vector<double> values = detail::tensor_values(*this);
+        return std::vector<T>(values.begin(), values.end());
+    }
 }
 
 Tensor operator-(Operand x);
@@ -773,6 +784,7 @@ const char* dtype_name(DType dt) {
     switch (dt) {
     case DType::BOOL: return "bool";
     case DType::INT32: return "int32";
+    case DType::INT64: return "int64";
     case DType::FLOAT32: return "float32";
     case DType::FLOAT64: return "float64";
     case DType::INDEX: return "index";
@@ -783,7 +795,7 @@ size_t dtype_size(DType dt) {
     switch (dt) {
     case DType::BOOL: return 1;
     case DType::INT32: case DType::FLOAT32: return 4;
-    case DType::FLOAT64: case DType::INDEX: return 8;
+    case DType::INT64: case DType::FLOAT64: case DType::INDEX: return 8;
     }
     return 0;
 }
@@ -836,12 +848,15 @@ static Shape contiguous_strides(const Shape& s) {
     return st;
 }
 
-static int normalize_axis(int axis, size_t ndim, const char* op, const Shape& shape, Loc loc) {
-    int n = int(ndim);
-    if (axis < -n || axis >= n || (n == 0 && axis != 0 && axis != -1))
+// Negative axes count from the end. A 0-d tensor takes axis 0 or -1 where PyTorch allows it
+// (reductions, softmax, flip, transpose): scalar_ok; ops that index the shape do not.
+static int normalize_axis(int axis, size_t ndim, const char* op, const Shape& shape, Loc loc,
+                          bool scalar_ok = true) {
+    int n = int(ndim), limit = scalar_ok ? std::max(n, 1) : n;
+    if (axis < -limit || axis >= limit)
         fail(strf("%s: axis %d out of range for shape %s", op, axis, shape_str(shape).c_str()),
              loc);
-    return n == 0 ? 0 : (axis < 0 ? axis + n : axis);
+    return axis < 0 ? axis + limit : axis;
 }
 
 static std::vector<int> normalize_axes(const std::vector<int>& axes, const Shape& shape,
@@ -872,6 +887,24 @@ static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc
 }
 
 static DType promote(DType a, DType b) { return std::max(a, b); }
+
+// Integer arithmetic wraps around (the C computes it in unsigned types), as in PyTorch; a
+// float cast to an integer saturates at the ends of its range, and NaN becomes 0 (in C the
+// conversion of an out-of-range float is undefined).
+static int64_t wrap_int(DType dt, uint64_t v) {
+    if (dt == DType::BOOL) return v != 0;
+    if (dt == DType::INT32) return int32_t(uint32_t(v));
+    return int64_t(v);
+}
+static int64_t saturate_int(DType dt, double v) {
+    if (std::isnan(v)) return 0;
+    if (dt == DType::BOOL) return v != 0;
+    double lo = dt == DType::INT32 ? -2147483648.0 : -9223372036854775808.0;
+    double hi = dt == DType::INT32 ? 2147483648.0 : 9223372036854775808.0;   // exclusive
+    if (v <= lo) return dt == DType::INT32 ? INT32_MIN : INT64_MIN;
+    if (v >= hi) return dt == DType::INT32 ? INT32_MAX : INT64_MAX;
+    return int64_t(v);
+}
 
 // ---- [GRAPH] nodes, buffers and the primitive builders ---------------------------------- >>graph
 // A Node is one primitive op with its inferred shape and dtype. Builders here check their
@@ -968,7 +1001,7 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
 
 static NodeP graph_const(double value, DType dt, const Shape& shape, Loc loc) {
     if (dt == DType::BOOL) value = value != 0;
-    if (dt == DType::INT32) value = double(int32_t(int64_t(value)));
+    if (dt == DType::INT32 || dt == DType::INT64) value = double(saturate_int(dt, value));
     if (dt == DType::FLOAT32) value = double(float(value));
     return node_make(Op::CONST, dt, shape, {}, loc, {}, value);
 }
@@ -1103,7 +1136,7 @@ static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, i
 static NodeP graph_flip(const NodeP& x, const std::vector<int>& axes, Loc loc) {
     std::vector<int64_t> arg;
     for (int a : axes)
-        if (x->shape[size_t(a)] > 1) arg.push_back(a);
+        if (size_t(a) < x->shape.size() && x->shape[size_t(a)] > 1) arg.push_back(a);
     if (arg.empty()) return x;
     std::sort(arg.begin(), arg.end());
     return node_make(Op::FLIP, x->dtype, x->shape, {x}, loc, arg);
@@ -1186,10 +1219,10 @@ static Tensor full_like(const Tensor& x, double v, DType dt, Loc loc) {
 }
 
 // A scalar keeps the tensor's dtype, except that a float scalar makes an integer tensor float32
-// and a number next to a bool tensor makes it int32.
+// and a number other than 0 or 1 next to a bool tensor makes it int64, as in PyTorch.
 static DType scalar_dtype(DType t, Scalar s) {
     if (s.is_float && !dtype_is_float(t)) return DType::FLOAT32;
-    if (t == DType::BOOL && !(s.value == 0 || s.value == 1)) return DType::INT32;
+    if (t == DType::BOOL && !(s.value == 0 || s.value == 1)) return DType::INT64;
     return t;
 }
 
@@ -1250,6 +1283,7 @@ static Tensor reduce(Op op, const Tensor& x, std::vector<int> axes, bool all, bo
                      const char* name, Loc loc) {
     if (all) { axes.clear(); for (int i = 0; i < x.ndim(); i++) axes.push_back(i); }
     std::vector<int> ax = normalize_axes(axes, x.shape(), name, loc);
+    if (x.ndim() == 0) return x;   // a scalar reduced over its one (implicit) axis
     Tensor r = wrap(graph_reduce(op, N(x), ax, loc));
     if (keepdim) return r.reshape(r.shape(), loc);
     Shape out;
@@ -1336,6 +1370,9 @@ Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape, Loc
 Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& shape, Loc loc) {
     return tensor_from_data(v, shape, DType::INT32, loc);
 }
+Tensor Tensor::from_vector(const std::vector<int64_t>& v, const Shape& shape, Loc loc) {
+    return tensor_from_data(v, shape, DType::INT64, loc);
+}
 
 
 // -- what it is
@@ -1349,7 +1386,7 @@ int64_t Tensor::numel() const { return shape_numel(shape()); }
 bool Tensor::realized() const { return node()->buffer != nullptr; }
 DType Tensor::dtype() const { return node()->dtype; }
 int64_t Tensor::size(int axis) const {
-    return shape()[size_t(normalize_axis(axis, shape().size(), "size", shape(), {}))];
+    return shape()[size_t(normalize_axis(axis, shape().size(), "size", shape(), {}, false))];
 }
 
 // -- elementwise
@@ -1407,8 +1444,7 @@ Tensor Tensor::reciprocal(Loc loc) const { return un(Op::RECIP, as_float(*this, 
 Tensor Tensor::exp(Loc loc) const { return mul_c(as_float(*this, loc), 1 / LN2, loc).exp2(loc); }
 // ln x = log2(x) · ln2
 Tensor Tensor::log(Loc loc) const { return mul_c(log2(loc), LN2, loc); }
-// cos x = sin(x + π/2)
-Tensor Tensor::cos(Loc loc) const { return add_c(as_float(*this, loc), PI / 2, loc).sin(loc); }
+Tensor Tensor::cos(Loc loc) const { return un(Op::COS, as_float(*this, loc), loc); }
 Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
 // sigmoid and tanh use e = e^-|x| <= 1, with |x| = s·x for s = ±1 the sign of x (s = 1 at 0):
 // nothing overflows, so values and gradients stay finite where they saturate, and the sign is
@@ -1432,10 +1468,11 @@ Tensor Tensor::tanh(Loc loc) const {
     Tensor e2 = mul_c(mul(x, sign, loc), -2, loc).exp(loc);
     return mul(add_c(neg(e2, loc), 1, loc) / add_c(e2, 1, loc), sign, loc);
 }
-// relu x = x where x > 0, else 0 (so relu'(0) = 0, as in PyTorch)
+// relu x = 0 where x <= 0, else x: relu'(0) = 0, and NaN passes through with its gradient, as
+// in PyTorch
 Tensor Tensor::relu(Loc loc) const {
     UserLocScope at(loc);
-    return where(*this > 0, *this, 0, loc);
+    return where(*this <= 0, 0, *this, loc);
 }
 // gelu x = x/2 · (1 + erf(x/√2)); erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7):
 //   erf z = sign(z)·(1 - t(a1 + t(a2 + t(a3 + t(a4 + t a5))))·e^(-z²)),  t = 1/(1 + p|z|)
@@ -1458,7 +1495,7 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     Tensor erf = where(z < 0, neg(erf_abs, loc), erf_abs, loc);
     return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
 }
-// |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (fmax may pick either zero); |x|'(0) = 0
+// |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (max(-0, +0) may be either); |x|'(0) = 0
 Tensor Tensor::abs(Loc loc) const {
     if (dtype() == DType::BOOL) return *this;
     Tensor m = maximum(neg(*this, loc), loc);
@@ -1482,31 +1519,42 @@ Tensor Tensor::minimum(Scalar o, Loc loc) const {
 Tensor Tensor::logical_not(Loc loc) const {
     return wrap(graph_binary(Op::CMPEQ, node(), graph_const(0, dtype(), shape(), loc), loc));
 }
-// x^y = 2^(y·log2|x|), negated for x < 0 and odd integer y, NaN for x < 0 and fractional y;
-// at x = 0: 1 for y = 0, 0 for y > 0, ∞ for y < 0 (the logarithm sees 1 there, so the
-// gradients at a zero base are 0, not NaN)
+// x^y = 2^(y·log2|x|) with C's (and PyTorch's) special cases:
+// - the sign of x (-0 and -∞ too) is kept for an odd integer y; a finite x < 0 with a
+//   fractional y gives NaN;
+// - at |x| = 0: 0 for y > 0, ∞ for y < 0 (the logarithm sees 1 there, so the gradients at a
+//   zero base are 0, not NaN);
+// - 1 for y = 0 (x ∞ or NaN too), for x = 1 (y NaN too) and for |x| = 1, y = ±∞.
+// A float with |y| >= 2^24 (2^53 for float64) is an even integer; a smaller one converts to
+// int32 (int64) exactly, which decides "integer" and "odd".
 Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     auto [x, y] = operands(*this, exponent, "pow", loc, true);
-    Tensor ax = x.abs(loc), zero = ax == 0;
-    Tensor one = full_like(x, 1, x.dtype(), loc);
-    Tensor at_zero =
-        where(y > 0, 0, where(y < 0, full_like(x, INFINITY, x.dtype(), loc), one, loc), loc);
+    DType dt = x.dtype();
+    Tensor ax = x.abs(loc), ay = y.abs(loc), zero = ax == 0;
+    Tensor one = full_like(x, 1, dt, loc), inf = full_like(x, INFINITY, dt, loc);
+    Tensor at_zero = where(y > 0, 0, where(y < 0, inf, one, loc), loc);
     Tensor mag =
         where(zero, at_zero, mul(y, where(zero, one, ax, loc).log2(loc), loc).exp2(loc), loc);
-    Tensor yi = y.cast(DType::INT32, loc);
-    Tensor is_int = yi.cast(y.dtype(), loc) == y;
-    Tensor odd =
-        wrap(graph_binary(Op::MOD, N(yi), graph_const(2, DType::INT32, yi.shape(), loc), loc)) != 0;
-    Tensor nan = full_like(x, NAN, x.dtype(), loc);
-    Tensor negative = where(is_int, where(odd, neg(mag, loc), mag, loc), nan, loc);
-    return where(y == 0, full_like(x, 1, x.dtype(), loc), where(x < 0, negative, mag, loc), loc);
+    Tensor big = ay >= (dt == DType::FLOAT32 ? 16777216.0 : 9007199254740992.0);
+    DType int_dt = dt == DType::FLOAT32 ? DType::INT32 : DType::INT64;
+    Tensor yi = where(big, 0, y, loc).cast(int_dt, loc);
+    Tensor is_int = big.maximum(yi.cast(dt, loc) == y, loc);
+    Tensor odd = wrap(graph_binary(Op::MOD, N(yi), graph_const(2, int_dt, yi.shape(), loc), loc)) != 0;
+    Tensor sign_bit = (x < 0).maximum(x.reciprocal(loc) < 0, loc);   // 1/-0 = -∞
+    Tensor signed_mag = where(sign_bit.minimum(odd, loc), neg(mag, loc), mag, loc);
+    Tensor undefined = (x < 0).minimum(x > -INFINITY, loc).minimum(is_int.logical_not(loc), loc);
+    Tensor exactly_one = ((y == 0).minimum((ax < INFINITY).logical_not(loc), loc))
+                             .maximum((x == 1).minimum(y != y, loc), loc)
+                             .maximum((ax == 1).minimum(ay == INFINITY, loc), loc);
+    return where(exactly_one, one,
+                 where(undefined, full_like(x, NAN, dt, loc), signed_mag, loc), loc);
 }
 // Whole exponents up to 64 by repeated squaring: exact, integer tensors stay integer (for an
 // int exponent), and x^-k = 1/x^k.
 Tensor Tensor::pow(Scalar e, Loc loc) const {
     if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 &&
-        (e.value >= 0 || e.is_float)) {
+        (e.value >= 0 || e.is_float || dtype_is_float(dtype()))) {
         DType dt = scalar_dtype(dtype(), e);
         Tensor result = full_like(*this, 1, dt, loc), base = cast(dt, loc);
         for (int64_t k = int64_t(std::fabs(e.value)); k > 0; k >>= 1) {
@@ -1539,8 +1587,9 @@ Tensor Tensor::sum(Loc loc) const { return sum(std::vector<int>{}, false, loc).r
 Tensor Tensor::sum(int axis, bool keepdim, Loc loc) const {
     return sum(std::vector<int>{axis}, keepdim, loc);
 }
+// Integers and bools are summed in int64, as in PyTorch (int32 sums overflow soon).
 Tensor Tensor::sum(const std::vector<int>& axes, bool keepdim, Loc loc) const {
-    Tensor x = dtype() == DType::BOOL ? cast(DType::INT32, loc) : *this;
+    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
     return reduce(Op::REDUCE_SUM, x, axes, axes.empty(), keepdim, "sum", loc);
 }
 Tensor Tensor::mean(Loc loc) const { return mean(std::vector<int>{}, false, loc).reshape({}, loc); }
@@ -1574,7 +1623,8 @@ Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return neg(neg(*this, loc).max(axes, keepdim, loc), loc);
 }
 Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, false, loc); }
-// The first index of the maximum: n - max over the axis of (x == max ? n - i : 0)
+// The first index of the maximum (or of the first NaN, which is the maximum then):
+// n - max over the axis of (x == max or x is NaN ? n - i : 0)
 Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     int ax = normalize_axis(axis, shape().size(), "argmax", shape(), loc);
@@ -1583,7 +1633,7 @@ Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     Shape along(x.shape().size(), 1);
     along[size_t(ax)] = n;
     Tensor rev = add_c(neg(arange(n, loc), loc), double(n), loc).reshape(along, loc);
-    Tensor hit = where(x == x.max(ax, true, loc), rev, 0, loc);
+    Tensor hit = where((x == x.max(ax, true, loc)).maximum(x != x, loc), rev, 0, loc);
     Tensor idx = add_c(neg(hit.max(ax, keepdim, loc), loc), double(n), loc);
     return ndim() == 0 ? idx.reshape({}, loc) : idx;
 }
@@ -1618,10 +1668,12 @@ Tensor Tensor::permute(const std::vector<int>& order, Loc loc) const {
     return wrap(graph_permute(node(), o, loc));
 }
 Tensor Tensor::transpose(int a0, int a1, Loc loc) const {
+    int i0 = normalize_axis(a0, size_t(ndim()), "transpose", shape(), loc);
+    int i1 = normalize_axis(a1, size_t(ndim()), "transpose", shape(), loc);
+    if (ndim() == 0) return *this;
     std::vector<int> order(static_cast<size_t>(ndim()));
     for (int i = 0; i < ndim(); i++) order[size_t(i)] = i;
-    std::swap(order[size_t(normalize_axis(a0, order.size(), "transpose", shape(), loc))],
-              order[size_t(normalize_axis(a1, order.size(), "transpose", shape(), loc))]);
+    std::swap(order[size_t(i0)], order[size_t(i1)]);
     return permute(order, loc);
 }
 Tensor Tensor::expand(const Shape& shape_in, Loc loc) const {
@@ -1647,7 +1699,7 @@ Tensor Tensor::shrink(const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc
 // x[start:end:step]: shrink, then for step > 1 pad to a multiple of step, fold the axis into
 // [count, step] and keep column 0.
 Tensor Tensor::slice(int axis, int64_t start, int64_t end, int64_t step, Loc loc) const {
-    int ax = normalize_axis(axis, shape().size(), "slice", shape(), loc);
+    int ax = normalize_axis(axis, shape().size(), "slice", shape(), loc, false);
     int64_t n = shape()[size_t(ax)], b = wrap_index(start, n), e = wrap_index(end, n);
     if (step < 1) fail(strf("slice: step must be positive, got %lld", (long long)step), loc);
     if (b < 0 || e > n || b > e)
@@ -1740,7 +1792,7 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
     sb.insert(sb.end(), {a.size(-2), k, b.size(-1)});
     Tensor prod =
         mul(a.unsqueeze(-1, loc).expand(sa, loc), b.unsqueeze(-3, loc).expand(sb, loc), loc);
-    Tensor out = prod.sum(-2, false, loc);
+    Tensor out = reduce(Op::REDUCE_SUM, prod, {-2}, false, false, "matmul", loc);   // keeps dtype
     if (ndim() == 1) out = out.squeeze(-2, loc);
     if (other.ndim() == 1) out = out.squeeze(-1, loc);
     return out;
@@ -1762,15 +1814,15 @@ Tensor Tensor::log_softmax(int axis, Loc loc) const {
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
 }
 static void check_index(const Tensor& src, const Tensor& index, const char* op, Loc loc) {
-    if (index.dtype() != DType::INT32)
-        fail(strf("%s: index must be int32, got %s (source %s, index %s)", op,
+    if (index.dtype() != DType::INT32 && index.dtype() != DType::INT64)
+        fail(strf("%s: index must be int32 or int64, got %s (source %s, index %s)", op,
                   dtype_name(index.dtype()), shape_str(src.shape()).c_str(),
                   shape_str(index.shape()).c_str()), loc);
 }
 // out[i][j] = src[index[i][j]][j] (for axis 0); index has src's rank
 Tensor Tensor::gather(int axis, const Tensor& index, Loc loc) const {
     check_index(*this, index, "gather", loc);
-    int ax = normalize_axis(axis, shape().size(), "gather", shape(), loc);
+    int ax = normalize_axis(axis, shape().size(), "gather", shape(), loc, false);
     bool ok = index.ndim() == ndim();
     for (int d = 0; ok && d < ndim(); d++) ok = d == ax || index.size(d) <= size(d);
     if (!ok)
@@ -1781,7 +1833,7 @@ Tensor Tensor::gather(int axis, const Tensor& index, Loc loc) const {
 // out = src with axis replaced by the rows index picks; index is 1-D
 Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     check_index(*this, index, "index_select", loc);
-    int ax = normalize_axis(axis, shape().size(), "index_select", shape(), loc);
+    int ax = normalize_axis(axis, shape().size(), "index_select", shape(), loc, false);
     if (index.ndim() != 1)
         fail(strf("index_select: index must be 1-D, got %s", shape_str(index.shape()).c_str()),
              loc);
@@ -1809,7 +1861,7 @@ Tensor Tensor::operator[](Index index) const {
 // cat: each piece is padded to the full length along the axis and the pieces are added
 Tensor cat(const std::vector<Tensor>& ts, int axis, Loc loc) {
     if (ts.empty()) fail("cat: no tensors", loc);
-    int ax = normalize_axis(axis, ts[0].shape().size(), "cat", ts[0].shape(), loc);
+    int ax = normalize_axis(axis, ts[0].shape().size(), "cat", ts[0].shape(), loc, false);
     DType dt = ts[0].dtype();
     int64_t total = 0;
     for (const Tensor& t : ts) {
@@ -2001,7 +2053,7 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
     }
     std::vector<int> summed;
     for (size_t d = out.size(); d < all.size(); d++) summed.push_back(int(d));
-    return summed.empty() ? prod : prod.sum(summed, false, loc);
+    return summed.empty() ? prod : reduce(Op::REDUCE_SUM, prod, summed, false, false, "einsum", loc);
 }
 
 // ---- [AUTOGRAD] reverse mode over the lazy graph ------------------------------------- >>autograd
@@ -2024,24 +2076,28 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     case Op::EXP2: return {mul(g, mul_c(out, LN2, loc), loc)};            // d 2^x = 2^x·ln2 dx
     case Op::LOG2: return {g / mul_c(src(0), LN2, loc)};                   // d log2 x = dx/(x·ln2)
     case Op::SIN: return {mul(g, src(0).cos(loc), loc)};                   // d sin x = cos x dx
+    case Op::COS: return {neg(mul(g, src(0).sin(loc), loc), loc)};         // d cos x = -sin x dx
     case Op::SQRT: return {g / mul_c(out, 2, loc)};                        // d √x = dx/(2√x)
     case Op::RECIP: return {neg(mul(g, mul(out, out, loc), loc), loc)};    // d(1/x) = -dx/x²
     case Op::CAST: return {g.cast(n->src[0]->dtype, loc)};                 // d cast x = dx
     case Op::ADD: return {g, g};                                           // d(a+b) = da + db
     case Op::MUL: return {mul(g, src(1), loc), mul(g, src(0), loc)};       // d(ab) = b da + a db
-    case Op::MAX: {   // d max(a,b) = [a>b] da + [a<b] db; a tie splits evenly, as in PyTorch
-        Tensor a = src(0), b = src(1);
-        Tensor share =
-            add((a > b).cast(dt, loc), mul_c((a == b).cast(dt, loc), 0.5, loc), loc);
-        return {mul(g, share, loc), mul(g, add_c(neg(share, loc), 1, loc), loc)};
+    case Op::MAX: {   // d max(a,b) = [a>b] da + [a<b] db; a tie splits evenly, and with a
+        // NaN (no order) both receive g, as in PyTorch: a gets 1 - [a<b] - ½[a=b], b likewise
+        Tensor a = src(0), b = src(1), half_tie = mul_c((a == b).cast(dt, loc), 0.5, loc);
+        auto share = [&](const Tensor& below) {
+            return add_c(neg(add(below.cast(dt, loc), half_tie, loc), loc), 1, loc);
+        };
+        return {mul(g, share(a < b), loc), mul(g, share(b < a), loc)};
     }
     case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
         return {};
     case Op::WHERE:   // d where(c,a,b) = [c] da + [not c] db
         return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
     case Op::REDUCE_SUM: return {g.expand(in, loc)}; // each x_i adds to one sum
-    case Op::REDUCE_MAX: {   // to the maxima; ties share evenly, as PyTorch's amax
-        Tensor hit = (src(0) == out.expand(in, loc)).cast(dt, loc);
+    case Op::REDUCE_MAX: {   // to the maxima (the NaNs, if any); ties share evenly, as PyTorch
+        Tensor x = src(0);
+        Tensor hit = add(x == out.expand(in, loc), x != x, loc).cast(dt, loc);
         std::vector<int> axes(n->arg.begin(), n->arg.end());
         Tensor count = hit.sum(axes, true, loc);
         return {mul(hit, (g / count).expand(in, loc), loc)};
@@ -2264,6 +2320,7 @@ static bool same_index_op(const Node* n) {
 }
 
 static const int64_t SCHED_MAX_DEPTH = 256;
+static const int64_t SUM_BLOCK = 16;   // terms per partial sum of a float reduction ([LOOPIR])
 
 static Schedule sched_build(const std::vector<NodeP>& targets) {
     Schedule s;
@@ -2451,6 +2508,19 @@ struct Stmt {
                             // CHECK: idx is a bounds check whose value nothing reads
     std::vector<Stmt> body; // LOOP
 };
+static Stmt st_loop(int var, int64_t extent) {
+    Stmt st{SK::LOOP, var, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}};
+    return st;
+}
+static ExprP ex_const(double v, DType dt);
+static double acc_identity(Op reduce_op, DType dt);
+static Stmt st_acc_init(int acc, Op reduce_op, DType dt) {
+    ExprP start = ex_const(acc_identity(reduce_op, dt), dt);
+    return Stmt{SK::ACC_INIT, acc, 0, reduce_op, dt, nullptr, start, {}};
+}
+static Stmt st_acc_update(int acc, Op reduce_op, DType dt, ExprP value) {
+    return Stmt{SK::ACC_UPDATE, acc, 0, reduce_op, dt, nullptr, std::move(value), {}};
+}
 
 struct Block {
     std::string title;      // e.g. "K0 float32 [64,16]: REDUCE_SUM MUL ADD MAX"
@@ -2527,18 +2597,20 @@ static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Sha
     return out;
 }
 
-// -- the meaning of every arithmetic op, on values held as doubles (exact for all dtypes;
-// float32 results are rounded to float after each op, as C computes them)
-static double round_to(DType dt, double v) {
-    switch (dt) {
-    case DType::BOOL: return v != 0;
-    case DType::INT32: return double(int32_t(int64_t(v)));
-    case DType::FLOAT32: return double(float(v));
-    case DType::FLOAT64: return v;
-    case DType::INDEX: return double(int64_t(v));
-    }
-    return v;
+// -- the meaning of every arithmetic op. A value is held as the interpreter and the constant
+// folder hold it: floats in f (float32 rounded to float after every op, as C computes them),
+// integers of every width exactly in i.
+struct Num {
+    double f = 0;
+    int64_t i = 0;
+};
+static Num num_of(double v, DType dt) {   // a constant (Expr::num) as a value
+    Num n;
+    if (dtype_is_float(dt)) n.f = dt == DType::FLOAT32 ? double(float(v)) : v;
+    else n.i = saturate_int(dt == DType::INT32 ? DType::INT32 : DType::INT64, v);
+    return n;
 }
+static double num_double(Num n, DType dt) { return dtype_is_float(dt) ? n.f : double(n.i); }
 
 // Counter-based uniform [0,1): two rounds of a 32-bit integer hash of (seed, index). The same
 // text is compiled here (interpreter, constant folding) and emitted into every C program, so
@@ -2555,36 +2627,66 @@ TG_RAND_SOURCE
 #define TG_STRINGIFY2(...) #__VA_ARGS__
 #define TG_STRINGIFY(...) TG_STRINGIFY2(__VA_ARGS__)
 
-static double alu_eval(Op op, DType dt, const double* a) {
-    bool f32 = dt == DType::FLOAT32;
-    switch (op) {
-    case Op::NEG: return round_to(dt, -a[0]);
-    case Op::EXP2: return f32 ? std::exp2(float(a[0])) : std::exp2(a[0]);
-    case Op::LOG2: return f32 ? std::log2(float(a[0])) : std::log2(a[0]);
-    case Op::SIN: return f32 ? std::sin(float(a[0])) : std::sin(a[0]);
-    case Op::SQRT: return f32 ? std::sqrt(float(a[0])) : std::sqrt(a[0]);
-    case Op::RECIP: return f32 ? 1.0f / float(a[0]) : 1.0 / a[0];
-    case Op::CAST:
-        if (dt == DType::INT32 || dt == DType::INDEX) return round_to(dt, std::trunc(a[0]));
-        return round_to(dt, a[0]);
-    case Op::ADD:
-        return dt == DType::BOOL ? double(a[0] != 0 || a[1] != 0) : round_to(dt, a[0] + a[1]);
-    case Op::MUL: return round_to(dt, a[0] * a[1]);
-    case Op::MAX: return round_to(dt, std::fmax(a[0], a[1]));
-    case Op::CMPLT: return a[0] < a[1];
-    case Op::CMPEQ: return a[0] == a[1];
-    case Op::IDIV: return a[1] == 0 ? 0 : round_to(dt, double(int64_t(a[0]) / int64_t(a[1])));
-    case Op::MOD: return a[1] == 0 ? 0 : round_to(dt, double(int64_t(a[0]) % int64_t(a[1])));
-    case Op::WHERE: return a[0] != 0 ? a[1] : a[2];
-    case Op::RAND: return tg_rand(uint32_t(int64_t(a[0])), uint32_t(int64_t(a[1])));
-    default: fail(strf("alu_eval: %s is not an arithmetic op", op_name(op)));
-    }
+static Num cast_num(Num a, DType from, DType to) {
+    Num r;
+    if (to == DType::FLOAT32) r.f = dtype_is_float(from) ? double(float(a.f)) : double(float(a.i));
+    else if (to == DType::FLOAT64) r.f = dtype_is_float(from) ? a.f : double(a.i);
+    else if (dtype_is_float(from)) r.i = saturate_int(to == DType::INDEX ? DType::INT64 : to, a.f);
+    else r.i = wrap_int(to, uint64_t(a.i));
+    return r;
 }
 
+// in: the operands' dtype (a comparison's or a cast's operand differs from its result)
+static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
+    Num r;
+    switch (op) {
+    case Op::CMPLT: r.i = dtype_is_float(in) ? a[0].f < a[1].f : a[0].i < a[1].i; return r;
+    case Op::CMPEQ: r.i = dtype_is_float(in) ? a[0].f == a[1].f : a[0].i == a[1].i; return r;
+    case Op::WHERE: return a[0].i ? a[1] : a[2];
+    case Op::CAST: return cast_num(a[0], in, dt);
+    case Op::RAND: r.f = tg_rand(uint32_t(a[0].i), uint32_t(a[1].i)); return r;
+    default: break;
+    }
+    if (!dtype_is_float(dt)) {
+        uint64_t x = uint64_t(a[0].i), y = uint64_t(a[1].i);
+        int64_t sx = a[0].i, sy = a[1].i;
+        switch (op) {
+        case Op::NEG: r.i = wrap_int(dt, 0 - x); return r;
+        case Op::ADD: r.i = dt == DType::BOOL ? (x | y) != 0 : wrap_int(dt, x + y); return r;
+        case Op::MUL: r.i = dt == DType::BOOL ? (x & y) != 0 : wrap_int(dt, x * y); return r;
+        case Op::MAX: r.i = std::max(sx, sy); return r;
+        case Op::IDIV:   // truncating like C; x / 0 = 0 and MIN / -1 wraps, where C traps
+            r.i = sy == 0 ? 0 : sy == -1 ? wrap_int(dt, 0 - x) : sx / sy;
+            return r;
+        case Op::MOD: r.i = sy == 0 || sy == -1 ? 0 : sx % sy; return r;
+        default: break;
+        }
+    } else {
+        bool f32 = dt == DType::FLOAT32;
+        double x = a[0].f, y = a[1].f;
+        switch (op) {
+        case Op::NEG: r.f = -x; return r;
+        case Op::EXP2: r.f = f32 ? std::exp2(float(x)) : std::exp2(x); return r;
+        case Op::LOG2: r.f = f32 ? std::log2(float(x)) : std::log2(x); return r;
+        case Op::SIN: r.f = f32 ? std::sin(float(x)) : std::sin(x); return r;
+        case Op::COS: r.f = f32 ? std::cos(float(x)) : std::cos(x); return r;
+        case Op::SQRT: r.f = f32 ? std::sqrt(float(x)) : std::sqrt(x); return r;
+        case Op::RECIP: r.f = f32 ? 1.0f / float(x) : 1.0 / x; return r;
+        case Op::ADD: r.f = f32 ? double(float(x) + float(y)) : x + y; return r;
+        case Op::MUL: r.f = f32 ? double(float(x) * float(y)) : x * y; return r;
+        case Op::MAX: r.f = std::isnan(x) || x > y ? x : y; return r;
+        default: break;
+        }
+    }
+    fail(strf("alu_eval: %s is not an arithmetic op for %s", op_name(op), dtype_name(dt)));
+}
+
+// The value an accumulator starts from: 0 for sums, the smallest value for maxima.
 static double acc_identity(Op reduce_op, DType dt) {
     if (reduce_op == Op::REDUCE_SUM) return 0;
     if (dtype_is_float(dt)) return -INFINITY;
-    return dt == DType::INT32 ? double(std::numeric_limits<int32_t>::min()) : 0;
+    if (dt == DType::INT32) return INT32_MIN;
+    return dt == DType::BOOL ? 0 : double(INT64_MIN);   // -2^63: exact as a double
 }
 
 // How many times each node of a DAG is read (its first reading visits its operands).
@@ -2721,34 +2823,20 @@ struct Lowering {
             return v;
         }
         case Op::REDUCE_SUM:
-        case Op::REDUCE_MAX: {
+            if (dtype_is_float(n->dtype)) return lower_float_sum(s0, idx, n->arg, 0, n->dtype);
+            [[fallthrough]];
+        case Op::REDUCE_MAX: {   // exact in any order: one accumulator over the whole nest
             int acc = naccs++;
-            Stmt init{SK::ACC_INIT,
-                      acc,
-                      0,
-                      n->op,
-                      n->dtype,
-                      nullptr,
-                      ex_const(acc_identity(n->op, n->dtype), n->dtype),
-                      {}};
-            body->push_back(init);
+            body->push_back(st_acc_init(acc, n->op, n->dtype));
             std::vector<Stmt>* outer = body;
             std::vector<ExprP> si = idx;
             for (int64_t d : n->arg) {
                 int v = nvars++;
-                body->push_back(Stmt{SK::LOOP,
-                                     v,
-                                     s0->shape[size_t(d)],
-                                     Op::REDUCE_SUM,
-                                     DType::INDEX,
-                                     nullptr,
-                                     nullptr,
-                                     {}});
+                body->push_back(st_loop(v, s0->shape[size_t(d)]));
                 body = &body->back().body;
                 si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
             }
-            ExprP val = lower(s0, si);
-            body->push_back(Stmt{SK::ACC_UPDATE, acc, 0, n->op, n->dtype, nullptr, val, {}});
+            body->push_back(st_acc_update(acc, n->op, n->dtype, lower(s0, si)));
             body = outer;
             return ex_acc(acc, n->dtype);
         }
@@ -2761,6 +2849,49 @@ struct Lowering {
             return ex_alu(n->op, n->dtype, args);
         }
         fail(strf("lower: no lowering for %s", op_name(n->op)));
+    }
+
+    // A float sum is a tree of partial sums in a fixed order, so that its rounding error grows
+    // with the logarithm of its length, not with the length: each reduced axis has its own
+    // accumulator, and every accumulator adds at most SUM_BLOCK terms. A longer axis is cut
+    // into blocks of SUM_BLOCK consecutive elements whose sums are summed the same way, with
+    // the remainder as one last block. Σ over axes[k..] of src at si:
+    ExprP lower_float_sum(Node* src, std::vector<ExprP> si, const std::vector<int64_t>& axes,
+                          size_t k, DType dt) {
+        if (k == axes.size()) return lower(src, si);
+        size_t d = size_t(axes[k]);
+        return lower_blocked_sum(dt, src->shape[d], [&](const ExprP& i) {
+            si[d] = i;
+            return lower_float_sum(src, si, axes, k + 1, dt);
+        });
+    }
+    ExprP lower_blocked_sum(DType dt, int64_t extent, const std::function<ExprP(ExprP)>& term) {
+        if (extent <= SUM_BLOCK) return lower_sum_loop(dt, extent, term);
+        int64_t blocks = extent / SUM_BLOCK, tail = extent % SUM_BLOCK;
+        ExprP total = lower_blocked_sum(dt, blocks, [&](const ExprP& b) {
+            return lower_sum_loop(dt, SUM_BLOCK, [&](const ExprP& j) {
+                return term(ix_add(ix_mul(b, SUM_BLOCK), j));
+            });
+        });
+        if (tail) {
+            ExprP last = lower_sum_loop(dt, tail, [&](const ExprP& j) {
+                return term(ix_add(ix(blocks * SUM_BLOCK), j));
+            });
+            body->push_back(st_acc_update(total->id, Op::REDUCE_SUM, dt, last));
+        }
+        return total;
+    }
+    // acc = 0; for i < extent: acc += term(i)
+    ExprP lower_sum_loop(DType dt, int64_t extent, const std::function<ExprP(ExprP)>& term) {
+        int acc = naccs++, v = nvars++;
+        body->push_back(st_acc_init(acc, Op::REDUCE_SUM, dt));
+        body->push_back(st_loop(v, extent));
+        std::vector<Stmt>* outer = body;
+        body = &body->back().body;
+        ExprP value = term(ex_var(v, extent));
+        body->push_back(st_acc_update(acc, Op::REDUCE_SUM, dt, value));
+        body = outer;
+        return ex_acc(acc, dt);
     }
 
     Block lower_kernel(const Kernel& k, size_t index) {
@@ -3090,9 +3221,12 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     bool all_const =
         std::all_of(s.begin(), s.end(), [](const ExprP& x) { return x->kind == EK::CONST; });
     if (all_const) {
-        double v[3] = {0, 0, 0};
-        for (size_t i = 0; i < s.size(); i++) v[i] = s[i]->num;
-        return ex_const(alu_eval(e->op, e->dtype, v), e->dtype);
+        Num v[3];
+        for (size_t i = 0; i < s.size(); i++) v[i] = num_of(s[i]->num, s[i]->dtype);
+        Num r = alu_eval(e->op, e->dtype, s[0]->dtype, v);
+        const int64_t exact = int64_t(1) << 53;   // a constant holds its value as a double
+        if (!dtype_is_float(e->dtype) && (r.i > exact || r.i < -exact)) return e;
+        return ex_const(num_double(r, e->dtype), e->dtype);
     }
     switch (e->op) {
     case Op::WHERE:
@@ -3206,23 +3340,24 @@ static void run_passes(Program& p) {
 // the definition the compiled code must agree with (tests compare them on random graphs) and
 // the device for machines without a C compiler (TG_DEVICE=INTERP).
 
-static double load_value(const void* buf, DType dt, int64_t i) {
+static Num load_value(const void* buf, DType dt, int64_t i) {
+    Num n;
     switch (dt) {
-    case DType::BOOL: return static_cast<const uint8_t*>(buf)[i];
-    case DType::INT32: return static_cast<const int32_t*>(buf)[i];
-    case DType::FLOAT32: return static_cast<const float*>(buf)[i];
-    case DType::FLOAT64: return static_cast<const double*>(buf)[i];
-    case DType::INDEX: return double(static_cast<const int64_t*>(buf)[i]);
+    case DType::BOOL: n.i = static_cast<const uint8_t*>(buf)[i]; break;
+    case DType::INT32: n.i = static_cast<const int32_t*>(buf)[i]; break;
+    case DType::INT64: case DType::INDEX: n.i = static_cast<const int64_t*>(buf)[i]; break;
+    case DType::FLOAT32: n.f = static_cast<const float*>(buf)[i]; break;
+    case DType::FLOAT64: n.f = static_cast<const double*>(buf)[i]; break;
     }
-    return 0;
+    return n;
 }
-static void store_value(void* buf, DType dt, int64_t i, double v) {
+static void store_value(void* buf, DType dt, int64_t i, Num v) {
     switch (dt) {
-    case DType::BOOL: static_cast<uint8_t*>(buf)[i] = v != 0; break;
-    case DType::INT32: static_cast<int32_t*>(buf)[i] = int32_t(int64_t(v)); break;
-    case DType::FLOAT32: static_cast<float*>(buf)[i] = float(v); break;
-    case DType::FLOAT64: static_cast<double*>(buf)[i] = v; break;
-    case DType::INDEX: static_cast<int64_t*>(buf)[i] = int64_t(v); break;
+    case DType::BOOL: static_cast<uint8_t*>(buf)[i] = v.i != 0; break;
+    case DType::INT32: static_cast<int32_t*>(buf)[i] = int32_t(v.i); break;
+    case DType::INT64: case DType::INDEX: static_cast<int64_t*>(buf)[i] = v.i; break;
+    case DType::FLOAT32: static_cast<float*>(buf)[i] = float(v.f); break;
+    case DType::FLOAT64: static_cast<double*>(buf)[i] = v.f; break;
     }
 }
 
@@ -3230,9 +3365,9 @@ struct Interpreter : Executable {
     Program prog;
     void* const* bufs = nullptr;
     int64_t* err = nullptr;
-    std::vector<double> vars, accs;
+    std::vector<Num> vars, accs;
     std::unordered_set<const Expr*> shared;        // used twice within one statement
-    std::unordered_map<const Expr*, double> known;  // their values in the current statement
+    std::unordered_map<const Expr*, Num> known;    // their values in the current statement
 
     explicit Interpreter(Program p) : prog(std::move(p)) {
         for (const Block& b : prog.blocks) find_shared(b.body);
@@ -3249,32 +3384,31 @@ struct Interpreter : Executable {
         }
     }
 
-    double eval(const Expr& e) {
+    Num eval(const Expr& e) {
         if (!shared.count(&e)) return compute(e);
         auto it = known.find(&e);
         if (it != known.end()) return it->second;
         return known[&e] = compute(e);
     }
 
-    double compute(const Expr& e) {
+    Num compute(const Expr& e) {
         switch (e.kind) {
-        case EK::CONST: return e.num;
+        case EK::CONST: return num_of(e.num, e.dtype);
         case EK::VAR: return vars[size_t(e.id)];
         case EK::ACC: return accs[size_t(e.id)];
         case EK::LOAD:
-            return load_value(bufs[e.id], prog.buffers[size_t(e.id)].dtype,
-                              int64_t(eval(*e.src[0])));
+            return load_value(bufs[e.id], prog.buffers[size_t(e.id)].dtype, eval(*e.src[0]).i);
         case EK::CHECK: {
-            int64_t i = int64_t(eval(*e.src[0]));
-            if (i >= 0 && i < e.bound) return double(i);
-            if (!err[0]) { err[0] = e.id + 1; err[1] = i; }
-            return 0;
+            Num n = eval(*e.src[0]);
+            if (n.i >= 0 && n.i < e.bound) return n;
+            if (!err[0]) { err[0] = e.id + 1; err[1] = n.i; }
+            return Num{};
         }
         case EK::ALU: break;
         }
-        double a[3] = {0, 0, 0};
+        Num a[3];
         for (size_t i = 0; i < e.src.size(); i++) a[i] = eval(*e.src[i]);
-        return alu_eval(e.op, e.dtype, a);
+        return alu_eval(e.op, e.dtype, e.src[0]->dtype, a);
     }
 
     void exec(const std::vector<Stmt>& body) {
@@ -3284,7 +3418,7 @@ struct Interpreter : Executable {
             case SK::LOOP:
                 if (vars.size() <= size_t(st.id)) vars.resize(size_t(st.id) + 1);
                 for (int64_t i = 0; i < st.extent; i++) {
-                    vars[size_t(st.id)] = double(i);
+                    vars[size_t(st.id)].i = i;
                     exec(st.body);
                 }
                 break;
@@ -3293,19 +3427,19 @@ struct Interpreter : Executable {
                 accs[size_t(st.id)] = eval(*st.val);
                 break;
             case SK::ACC_UPDATE: {
-                double v[2] = {accs[size_t(st.id)], eval(*st.val)};
-                accs[size_t(st.id)] =
-                    alu_eval(st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX, st.dtype, v);
+                Num v[2] = {accs[size_t(st.id)], eval(*st.val)};
+                Op op = st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX;
+                accs[size_t(st.id)] = alu_eval(op, st.dtype, st.dtype, v);
                 break;
             }
             case SK::STORE:
             case SK::STORE_ADD: {
                 DType dt = prog.buffers[size_t(st.id)].dtype;
-                int64_t i = int64_t(eval(*st.idx));
-                double v = eval(*st.val);
+                int64_t i = eval(*st.idx).i;
+                Num v = eval(*st.val);
                 if (st.kind == SK::STORE_ADD) {
-                    double sum[2] = {load_value(bufs[st.id], dt, i), v};
-                    v = alu_eval(Op::ADD, dt, sum);
+                    Num sum[2] = {load_value(bufs[st.id], dt, i), v};
+                    v = alu_eval(Op::ADD, dt, dt, sum);
                 }
                 store_value(bufs[st.id], dt, i, v);
                 break;
@@ -3335,6 +3469,7 @@ static const char* c_type(DType dt) {
     switch (dt) {
     case DType::BOOL: return "uint8_t";
     case DType::INT32: return "int32_t";
+    case DType::INT64: return "int64_t";
     case DType::FLOAT32: return "float";
     case DType::FLOAT64: return "double";
     case DType::INDEX: return "int64_t";
@@ -3345,14 +3480,15 @@ static const char* c_type(DType dt) {
 static std::string c_const(double v, DType dt) {
     std::string s;
     if (dtype_is_float(dt)) {
-        if (std::isnan(v)) return "NAN";
+        if (std::isnan(v)) return std::signbit(v) ? "(-NAN)" : "NAN";   // as INTERP holds it
         if (std::isinf(v)) return v > 0 ? "INFINITY" : "(-INFINITY)";
         s = strf(dt == DType::FLOAT32 ? "%.9g" : "%.17g", v);
         if (s.find_first_of(".e") == std::string::npos) s += ".0";
         if (dt == DType::FLOAT32) s += "f";
     } else {
-        s = strf("%lld", (long long)v);
-        if (dt == DType::INDEX && (v > 2147483647.0 || v < -2147483647.0)) s += "LL";
+        int64_t i = saturate_int(DType::INT64, v);
+        s = i == INT64_MIN ? "-9223372036854775807LL - 1" : strf("%lld", (long long)i);
+        if (i != INT64_MIN && (i > INT32_MAX || i < -INT32_MAX)) s += "LL";
     }
     return v < 0 ? "(" + s + ")" : s;
 }
@@ -3383,11 +3519,18 @@ struct CExprs {
         if (e->op == Op::ADD && e->dtype != DType::BOOL)
             return "(" + unparen_sum(e->src[0], str(e->src[0])) + " + " + str(e->src[1]) + ")";
         std::string form = op_c_form(e->op);
-        bool is_float = dtype_is_float(e->dtype);
-        if (e->op == Op::MAX && !is_float) form = "tg_imax({0}, {1})";
-        if (e->op == Op::ADD && e->dtype == DType::BOOL) form = "({0} | {1})";
-        if (e->op == Op::MUL && e->dtype == DType::BOOL) form = "({0} & {1})";
-        if (e->op == Op::CAST && e->dtype == DType::BOOL) form = "({0} != 0)";
+        bool is_float = dtype_is_float(e->dtype), is_bool = e->dtype == DType::BOOL;
+        // tensor integers wrap around: computed in the unsigned type ({t} int32_t: u{t} uint32_t)
+        bool wraps = e->dtype == DType::INT32 || e->dtype == DType::INT64;
+        if (e->op == Op::MAX && !is_float) form = is_bool ? "({0} | {1})" : "tg_imax({0}, {1})";
+        if (e->op == Op::ADD && is_bool) form = "({0} | {1})";
+        if (e->op == Op::MUL && is_bool) form = "({0} & {1})";
+        if (e->op == Op::ADD && wraps) form = "(({t})((u{t}){0} + (u{t}){1}))";
+        if (e->op == Op::MUL && wraps) form = "(({t})((u{t}){0} * (u{t}){1}))";
+        if (e->op == Op::NEG && wraps) form = "(({t})(0u - (u{t}){0}))";
+        if (e->op == Op::CAST && is_bool) form = "({0} != 0)";
+        if (e->op == Op::CAST && wraps && dtype_is_float(e->src[0]->dtype))
+            form = e->dtype == DType::INT32 ? "tg_f2i({0})" : "tg_f2l({0})";
         // value selects evaluate both sides (every load is in bounds), so a vectorizing
         // compiler blends instead of using masked loads
         if (e->op == Op::WHERE && e->dtype != DType::INDEX)
@@ -3448,9 +3591,13 @@ static void c_stmts(const std::vector<Stmt>& body, int depth, int& next_tmp, std
             break;
         case SK::ACC_UPDATE: {
             std::string v = cx.str(st.val), a = strf("acc%d", st.id);
-            if (st.op == Op::REDUCE_SUM) out += pad + a + " += " + v + ";\n";
+            if (st.op == Op::REDUCE_SUM && (st.dtype == DType::INT32 || st.dtype == DType::INT64))
+                out += strf("%s%s = (%s)((u%s)%s + (u%s)%s);\n", pad.c_str(), a.c_str(),
+                            c_type(st.dtype), c_type(st.dtype), a.c_str(), c_type(st.dtype),
+                            v.c_str());
+            else if (st.op == Op::REDUCE_SUM) out += pad + a + " += " + v + ";\n";
             else if (dtype_is_float(st.dtype))
-                out += pad + a + " = fmax" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a +
+                out += pad + a + " = tg_max" + (st.dtype == DType::FLOAT32 ? "f" : "") + "(" + a +
                        ", " + v + ");\n";
             else out += pad + a + " = tg_imax(" + a + ", " + v + ");\n";
             break;
@@ -3486,6 +3633,19 @@ static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads,
 // Helpers a program may call; each is emitted only when the program uses it.
 static const std::pair<const char*, const char*> C_HELPERS[] = {
     {"tg_imax(", "static inline int64_t tg_imax(int64_t a, int64_t b) { return a > b ? a : b; }\n"},
+    {"tg_maxf(", "static inline float tg_maxf(float a, float b) { return a > b || a != a ? a : b; }\n"},
+    {"tg_max(",
+     "static inline double tg_max(double a, double b) { return a > b || a != a ? a : b; }\n"},
+    {"tg_f2i(",
+     "static inline int32_t tg_f2i(double x) {\n"
+     "    return x != x ? 0 : x >= 2147483647.0 ? 2147483647 : x <= -2147483648.0 ? -2147483647 - 1\n"
+     "                                                                         : (int32_t)x;\n"
+     "}\n"},
+    {"tg_f2l(",
+     "static inline int64_t tg_f2l(double x) {\n"
+     "    return x != x ? 0 : x >= 9223372036854775807.0 ? INT64_MAX : x <= -9223372036854775808.0\n"
+     "        ? INT64_MIN : (int64_t)x;\n"
+     "}\n"},
     {"tg_check(",
      "static inline int64_t tg_check(int64_t i, int64_t n, int site, int64_t *err) {\n"
      "    if (i >= 0 && i < n) return i;\n"
@@ -3519,7 +3679,9 @@ static std::string render_c(const Program& p) {
         }
         if (checks) { params += ", int64_t *err"; args += ", err"; }
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
-        out += strf("static void k%zu(%s) {\n", k, params.c_str());
+        // not inlined into tg_program: GCC 12 at -O3 with AVX-512 then lets one kernel's
+        // restrict pointers reorder another's accesses to the same buffer (tests/test_interp.cpp)
+        out += strf("static __attribute__((noinline)) void k%zu(%s) {\n", k, params.c_str());
         int next_tmp = 0;
         c_stmts(b.body, 1, next_tmp, out);
         out += "}\n";
@@ -3910,7 +4072,8 @@ Tensor& Tensor::realize() {
 // ---- [READ] reading results: item, to_vector, printing ----------------------------------- >>read
 
 namespace detail {
-std::vector<double> tensor_values(const Tensor& t) {
+// The bytes of a tensor's buffer, realizing it first.
+static std::vector<char> tensor_bytes(const Tensor& t) {
     const NodeP& n = t.node();
     if (jit_capture)
         fail("a jitted function cannot read values (item, to_vector, printing): return the tensor");
@@ -3918,8 +4081,27 @@ std::vector<double> tensor_values(const Tensor& t) {
     Buffer& b = *n->buffer;
     std::vector<char> raw(b.bytes());
     b.device->copy_out(raw.data(), b.ptr, b.bytes());
-    std::vector<double> out(size_t(b.numel));
-    for (int64_t i = 0; i < b.numel; i++) out[size_t(i)] = load_value(raw.data(), b.dtype, i);
+    return raw;
+}
+// A NaN's sign and payload are not part of its value (a C compiler may turn a + (-b) into
+// a - b, which changes them): every NaN reads as the same quiet NaN, on every device.
+std::vector<double> tensor_values(const Tensor& t) {
+    std::vector<char> raw = tensor_bytes(t);
+    std::vector<double> out(size_t(t.numel()));
+    for (size_t i = 0; i < out.size(); i++) {
+        double v = num_double(load_value(raw.data(), t.dtype(), int64_t(i)), t.dtype());
+        out[i] = std::isnan(v) ? std::numeric_limits<double>::quiet_NaN() : v;
+    }
+    return out;
+}
+// Integers exactly (int64 beyond 2^53 too); floats truncated toward zero, saturating.
+std::vector<int64_t> tensor_ints(const Tensor& t) {
+    std::vector<char> raw = tensor_bytes(t);
+    std::vector<int64_t> out(size_t(t.numel()));
+    for (size_t i = 0; i < out.size(); i++) {
+        Num n = load_value(raw.data(), t.dtype(), int64_t(i));
+        out[i] = dtype_is_float(t.dtype()) ? saturate_int(DType::INT64, n.f) : n.i;
+    }
     return out;
 }
 
@@ -3929,31 +4111,34 @@ std::vector<double> tensor_values(const Tensor& t) {
 static std::string format_tensor(const Tensor& t) {
     std::vector<double> v = tensor_values(t);
     DType dt = t.dtype();
+    std::vector<int64_t> exact = dtype_is_float(dt) ? std::vector<int64_t>() : tensor_ints(t);
     const Shape& shape = t.shape();
     Shape st = contiguous_strides(shape);
     bool summarize = v.size() > 1000;
     auto shown = [&](size_t dim, int64_t i) {
         return !summarize || shape[dim] <= 6 || i < 3 || i >= shape[dim] - 3;
     };
-    std::vector<double> visible;   // the values printed, which decide the format
+    std::vector<size_t> visible;   // where the values printed are: they decide the format
     std::function<void(size_t, int64_t)> collect = [&](size_t dim, int64_t offset) {
-        if (dim == shape.size()) { visible.push_back(v[size_t(offset)]); return; }
+        if (dim == shape.size()) { visible.push_back(size_t(offset)); return; }
         for (int64_t i = 0; i < shape[dim]; i++)
             if (shown(dim, i)) collect(dim + 1, offset + i * st[dim]);
     };
     if (!v.empty()) collect(0, 0);
     bool ints = true, sci = false;
     double max_abs = 0, min_abs = INFINITY;
-    for (double x : visible) {
+    for (size_t at : visible) {
+        double x = v[at];
         if (!std::isfinite(x) || x == 0) continue;
         ints = ints && x == std::floor(x);
         max_abs = std::max(max_abs, std::fabs(x));
         min_abs = std::min(min_abs, std::fabs(x));
     }
     if (max_abs > 0) sci = max_abs / min_abs > 1000 || max_abs > 1e8 || (!ints && min_abs < 1e-4);
-    auto fmt = [&](double x) -> std::string {
+    auto fmt = [&](size_t at) -> std::string {
+        double x = v[at];
         if (dt == DType::BOOL) return x != 0 ? "True" : "False";
-        if (!dtype_is_float(dt)) return strf("%lld", (long long)x);
+        if (!dtype_is_float(dt)) return strf("%lld", (long long)exact[at]);
         if (std::isnan(x)) return "nan";
         if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
         if (sci) return strf("%.4e", x);
@@ -3961,16 +4146,16 @@ static std::string format_tensor(const Tensor& t) {
         return strf("%.4f", x);
     };
     size_t width = 0;
-    for (double x : visible)
-        if (!dtype_is_float(dt) || (std::isfinite(x) && (x != 0 || max_abs == 0)))
-            width = std::max(width, fmt(x).size());
-    auto cell = [&](double x) {
-        std::string s = fmt(x);
+    for (size_t at : visible)
+        if (!dtype_is_float(dt) || (std::isfinite(v[at]) && (v[at] != 0 || max_abs == 0)))
+            width = std::max(width, fmt(at).size());
+    auto cell = [&](size_t at) {
+        std::string s = fmt(at);
         return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
     };
     std::function<std::string(size_t, int64_t)> rec = [&](size_t dim,
                                                           int64_t offset) -> std::string {
-        if (dim == shape.size()) return cell(v[size_t(offset)]);
+        if (dim == shape.size()) return cell(size_t(offset));
         int64_t n = shape[dim];
         size_t indent = 7 + dim;   // "tensor(" and one column per enclosing bracket
         std::vector<std::string> parts;
@@ -4136,8 +4321,8 @@ static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
-    if (target.dtype() != DType::INT32)
-        detail::fail(strf("cross_entropy: targets must be int32 class indices, got %s",
+    if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
+        detail::fail(strf("cross_entropy: targets must be int32 or int64 class indices, got %s",
                           dtype_name(target.dtype())));
     Shape lead(logits.shape().begin(), logits.shape().end() - (logits.ndim() ? 1 : 0));
     if (logits.ndim() == 0 || target.shape() != lead)
@@ -4419,6 +4604,7 @@ const char* code_of(DType dt) {
     case DType::FLOAT32: return "F32";
     case DType::FLOAT64: return "F64";
     case DType::INT32: return "I32";
+    case DType::INT64: return "I64";
     case DType::BOOL: return "BOOL";
     default: return nullptr;
     }
@@ -4553,10 +4739,8 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
         if (!code)
             detail::fail("safetensors: " + path + ": tensor '" + name +
                          "' has an unsupported dtype");
-        std::vector<double> values = detail::tensor_values(t);
-        std::string bytes(size_t(t.numel()) * dtype_size(t.dtype()), '\0');
-        for (size_t i = 0; i < values.size(); i++)
-            detail::store_value(bytes.data(), t.dtype(), int64_t(i), values[i]);
+        std::vector<char> raw = detail::tensor_bytes(t);
+        std::string bytes(raw.begin(), raw.end());
         std::string shape;
         for (int64_t d : t.shape()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
         header += strf("%s%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
@@ -4608,6 +4792,7 @@ std::map<std::string, Tensor> load(const std::string& path) {
         if (dt->text == "F32") e.dtype = DType::FLOAT32;
         else if (dt->text == "F64") e.dtype = DType::FLOAT64;
         else if (dt->text == "I32") e.dtype = DType::INT32;
+        else if (dt->text == "I64") e.dtype = DType::INT64;
         else if (dt->text == "BOOL") e.dtype = DType::BOOL;
         else p.bad("entry '" + name + "' has unsupported dtype " + dt->text);
         if (!shape || shape->kind != Json::ARRAY) p.bad("entry '" + name + "' has no shape");

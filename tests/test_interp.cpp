@@ -1101,3 +1101,18 @@ TEST(interp_rand_same_on_every_device) {
     CHECK_EQ(n1.v.size(), size_t(64));
     CHECK_ALL_NEAR(n1.v, n2.v, 1e-5);
 }
+
+// ---- patterns a C compiler has miscompiled ----------------------------------------------------
+
+// A product stored by one kernel and multiplied as a matrix by the next, in float64: GCC 12.2 at
+// -O3 with AVX-512, once both kernels were inlined into tg_program, let the second kernel's
+// restrict pointer reorder its reads before the first kernel's stores (rows came out wrong).
+TEST(interp_product_then_matmul_across_kernels) {
+    auto build = [] {
+        auto in = [](const Shape& s, uint64_t seed) { return Tensor::from_vector(th::randd(8, seed), s); };
+        Tensor p = in({2, 4}, 61) * in({2, 4}, 62) * in({2, 4}, 63);   // read twice: stored
+        return std::vector<Tensor>{p.matmul(in({4, 2}, 64)), p.sum()};
+    };
+    Outcome c = run_on("CPU", build), i = run_on("INTERP", build);
+    CHECK_EQ(compare(c, i, 1e-12), std::string());
+}

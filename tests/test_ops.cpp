@@ -742,7 +742,7 @@ TEST(ops_reduce_int_and_double) {
     std::vector<double> dv = randd(24, 74, -1, 1);
     Tensor d = Tensor::from_vector(dv, {4, 6});
     Tensor is = i.sum(1), im = i.max(0), imn = i.min(), imean = i.mean(1), ds = d.sum(0), dm = d.mean();
-    CHECK(is.dtype() == DType::INT32);
+    CHECK(is.dtype() == DType::INT64);       // integers sum in int64, as in PyTorch
     CHECK(im.dtype() == DType::INT32);
     CHECK(imn.dtype() == DType::INT32);
     CHECK(imean.dtype() == DType::FLOAT32);
@@ -1296,8 +1296,8 @@ TEST(ops_dtype_bool) {
            bmax = a.max(), bmin = a.min();
     CHECK(add.dtype() == DType::BOOL);     // like PyTorch: bool + bool is bool (logical or)
     CHECK(mul.dtype() == DType::BOOL);
-    CHECK(s.dtype() == DType::INT32);       // sum of bool counts
-    CHECK(sb.dtype() == DType::INT32);
+    CHECK(s.dtype() == DType::INT64);       // sum of bool counts, in int64 as in PyTorch
+    CHECK(sb.dtype() == DType::INT64);
     CHECK(mx.dtype() == DType::BOOL);
     CHECK(bf.dtype() == DType::FLOAT32);
     CHECK(bi.dtype() == DType::INT32);
@@ -1316,7 +1316,7 @@ TEST(ops_dtype_bool) {
     // a bool tensor of a comparison, summed along an axis
     Tensor m = Tensor::from_vector(std::vector<float>{1, -1, 2, -2, 3, -3}, {2, 3}) > 0;
     Tensor per_row = m.sum(1);
-    CHECK(per_row.dtype() == DType::INT32);
+    CHECK(per_row.dtype() == DType::INT64);
     CHECK_ALL_NEAR(vals(per_row), (Vec{2, 1}), 0);
 }
 

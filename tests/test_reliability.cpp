@@ -186,3 +186,190 @@ TEST(seeded_models_agree_across_compilers) {
     if (outputs.size() < 2) SKIP("needs both g++ and clang++");
     CHECK(outputs[0] == outputs[1]);
 }
+
+// ---- NaN, integer and special values: one meaning on every device ------------------------------
+
+namespace {
+const double NaN = std::numeric_limits<double>::quiet_NaN(), Inf = INFINITY;
+// Runs check once per device.
+template <typename F> void on_each_device(F check) {
+    for (const char* dev : {"CPU", "INTERP"}) {
+        EnvGuard g("TG_DEVICE", dev);
+        check(std::string(dev));
+    }
+}
+// equal, with NaN equal to NaN and the sign of zero significant
+bool same(const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (std::isnan(a[i]) != std::isnan(b[i])) return false;
+        if (!std::isnan(a[i]) && (a[i] != b[i] || std::signbit(a[i]) != std::signbit(b[i]))) return false;
+    }
+    return true;
+}
+#define CHECK_SAME(dev, got, ...)                                                              \
+    do {                                                                                       \
+        std::vector<double> g_ = (got), w_ = __VA_ARGS__;                                      \
+        if (!same(g_, w_)) th::report(__FILE__, __LINE__, dev + ": " #got " is " + th::show(g_) + ", expected " + th::show(w_)); \
+    } while (0)
+Tensor f32(std::initializer_list<double> v) {
+    return Tensor::from_vector(std::vector<double>(v)).cast(DType::FLOAT32);
+}
+}  // namespace
+
+TEST(nan_propagates_through_max_min_relu_and_argmax) {
+    on_each_device([](const std::string& dev) {
+        Tensor x = f32({NaN, 2, -3});
+        CHECK_SAME(dev, x.max().to_vector<double>(), {NaN});
+        CHECK_SAME(dev, x.min().to_vector<double>(), {NaN});
+        CHECK_SAME(dev, x.relu().to_vector<double>(), {NaN, 2, 0});
+        CHECK_SAME(dev, x.argmax().to_vector<double>(), {0});
+        CHECK_SAME(dev, f32({1, 5, NaN, 7, NaN}).argmax().to_vector<double>(), {2});
+        CHECK_SAME(dev, x.maximum(f32({1, NaN, -4})).to_vector<double>(), {NaN, NaN, -3});
+        CHECK_SAME(dev, x.minimum(f32({1, NaN, -4})).to_vector<double>(), {NaN, NaN, -4});
+        CHECK_SAME(dev, x.maximum(0.0f).to_vector<double>(), {NaN, 2, 0});
+        Tensor rows = f32({1, NaN, 3, 4, 5, 6}).reshape({2, 3});
+        CHECK_SAME(dev, rows.max(1).to_vector<double>(), {NaN, 6});
+        CHECK_SAME(dev, rows.argmax(1).to_vector<double>(), {1, 2});
+        std::vector<double> soft = rows.softmax(1).to_vector<double>();
+        CHECK(std::isnan(soft[0]) && std::isnan(soft[2]) && !std::isnan(soft[3]));
+    });
+}
+
+TEST(nan_gradients_follow_pytorch) {
+    on_each_device([](const std::string& dev) {
+        // relu: 0 at x <= 0 (relu'(0) = 0), g elsewhere, NaN included
+        Tensor x = f32({NaN, 0, -1, 2}).requires_grad();
+        x.relu().sum().backward();
+        CHECK_SAME(dev, x.grad().to_vector<double>(), {1, 0, 0, 1});
+        // maximum: a tie splits, and where either side is NaN both receive the gradient
+        Tensor a = f32({NaN, 1, 2, 5}).requires_grad(), b = f32({1, NaN, 2, 3}).requires_grad();
+        a.maximum(b).sum().backward();
+        CHECK_SAME(dev, a.grad().to_vector<double>(), {1, 1, 0.5, 1});
+        CHECK_SAME(dev, b.grad().to_vector<double>(), {1, 1, 0.5, 0});
+        // max over an axis: the gradient goes to the NaNs (shared evenly), as for ties
+        Tensor m = f32({1, NaN, NaN, 4, 7, 7}).reshape({2, 3}).requires_grad();
+        m.max(1).sum().backward();
+        CHECK_SAME(dev, m.grad().to_vector<double>(), {0, 0.5, 0.5, 0, 0.5, 0.5});
+    });
+}
+
+TEST(integer_arithmetic_wraps_and_casts_saturate) {
+    on_each_device([](const std::string& dev) {
+        Tensor big = Tensor::from_vector(std::vector<int32_t>{INT32_MAX, INT32_MIN, 46341, -7});
+        CHECK_SAME(dev, big.pow(2).to_vector<double>(), {1, 0, -2147479015, 49});
+        CHECK_SAME(dev, (big + 1).to_vector<double>(), {INT32_MIN, INT32_MIN + 1.0, 46342, -6});
+        CHECK_SAME(dev, (big * 3).to_vector<double>(), {2147483645, INT32_MIN, 139023, -21});
+        CHECK_SAME(dev, (-big).to_vector<double>(), {-INT32_MAX, INT32_MIN, -46341, 7});
+        CHECK_SAME(dev, (big - 2).to_vector<double>(), {INT32_MAX - 2.0, INT32_MAX - 1.0, 46339, -9});
+        Tensor f = Tensor::from_vector(std::vector<double>{3e9, -3e9, NaN, Inf, -2.7, 2147483647.9});
+        CHECK_SAME(dev, f.cast(DType::INT32).to_vector<double>(),
+                   {INT32_MAX, INT32_MIN, 0, INT32_MAX, -2, INT32_MAX});
+        CHECK_SAME(dev, f.cast(DType::FLOAT32).cast(DType::INT32).to_vector<double>(),
+                   {INT32_MAX, INT32_MIN, 0, INT32_MAX, -2, INT32_MAX});
+        CHECK_SAME(dev, Tensor::full({2}, 5e9, DType::INT32).to_vector<double>(), {INT32_MAX, INT32_MAX});
+    });
+}
+
+TEST(special_values_cos_pow_and_scalars) {
+    on_each_device([](const std::string& dev) {
+        // cos is its own op: no rounding of x + π/2 for large x
+        std::vector<double> xs = {-25000, 0, 1e6, 3.5, -1e-3};
+        std::vector<double> got = Tensor::from_vector(xs).cast(DType::FLOAT32).cos().to_vector<double>();
+        for (size_t i = 0; i < xs.size(); i++) CHECK_NEAR(got[i], std::cos(double(float(xs[i]))), 1e-6);
+        got = Tensor::from_vector(xs).cos().to_vector<double>();
+        for (size_t i = 0; i < xs.size(); i++) CHECK_NEAR(got[i], std::cos(xs[i]), 1e-15);
+        // pow follows C's special cases (the values PyTorch gives)
+        Tensor base = Tensor::from_vector(std::vector<double>{-0.0, -0.0, -0.0, 0.0, -2, -8, -Inf, -Inf, 1, -1, NaN, 2, -2});
+        Tensor expo = Tensor::from_vector(std::vector<double>{-1, 3, 0.5, -2, 1e10, 1.0 / 3, 0.5, -3, NaN, Inf, 0, NaN, 3});
+        std::vector<double> want;
+        for (size_t i = 0; i < 13; i++) want.push_back(std::pow(base.to_vector<double>()[i], expo.to_vector<double>()[i]));
+        CHECK_SAME(dev, base.pow(expo).to_vector<double>(), want);
+        CHECK_SAME(dev, Tensor::from_vector(std::vector<double>{-0.0}).pow(-1).to_vector<double>(), {-Inf});
+        CHECK_SAME(dev, Tensor::from_vector(std::vector<float>{-0.0f}).pow(-1).to_vector<double>(), {-Inf});
+        // 0-d tensors reduce over their one implicit axis, like PyTorch
+        Tensor s = Tensor::full({}, 2.0f);
+        CHECK_SAME(dev, s.softmax(0).to_vector<double>(), {1});
+        CHECK_SAME(dev, s.log_softmax(-1).to_vector<double>(), {0});
+        CHECK_SAME(dev, s.sum(0).to_vector<double>(), {2});
+        CHECK_SAME(dev, s.max(-1, true).to_vector<double>(), {2});
+        CHECK_SAME(dev, s.transpose(0, -1).to_vector<double>(), {2});
+        CHECK_SAME(dev, s.flip(0).to_vector<double>(), {2});
+        CHECK_THROWS(s.size(0), "size", "axis 0", "[]");
+        CHECK_THROWS(s.slice(0, 0, 1), "slice", "[]");
+        // every NaN reads (and prints) as the same NaN, whatever sign the arithmetic left
+        Tensor inf = Tensor::full({3}, Inf, DType::FLOAT32);
+        Tensor nans = inf - inf * Tensor::from_vector(floats({1, -1, 0}));
+        std::vector<double> got_nans = (-nans).to_vector<double>();
+        got_nans.insert(got_nans.end(), {nans.to_vector<double>()[0], (inf - inf).to_vector<double>()[2]});
+        for (double v : got_nans) CHECK(!std::isnan(v) || !std::signbit(v));
+        CHECK_EQ(nans.to_string(), std::string("tensor([nan, inf, nan])"));
+    });
+}
+
+// ---- sums: error that does not grow with the length; integers in int64 ----------------------
+
+TEST(float_sums_stay_accurate_at_any_length) {
+    // one accumulator would give 0.5 and 1087937 here (float32 stops counting at 2^24)
+    CHECK_EQ(Tensor::ones({1 << 25}).mean().item(), 1.0);
+    CHECK_NEAR(Tensor::full({10000000}, 0.1f).sum().item(), 1e7 * double(0.1f), 1e-6);
+    CHECK_NEAR(Tensor::full({3000, 3000}, 0.1f).sum().item(), 9e6 * double(0.1f), 1e-6);
+    CHECK_NEAR(Tensor::full({4, 250000}, 0.1f).sum(1).to_vector()[3], 250000 * double(0.1f), 1e-6);
+    // random values against a float64 sum, and the same bits on both devices (one fixed order)
+    std::vector<float> v = th::randf(300007, 5, 0, 1);
+    double exact = 0;
+    for (float x : v) exact += x;
+    std::vector<double> got[2];
+    int k = 0;
+    on_each_device([&](const std::string& dev) {
+        got[k] = Tensor::from_vector(v).sum().to_vector<double>();
+        if (std::fabs(got[k][0] - exact) > 1e-6 * exact)
+            th::report(__FILE__, __LINE__, dev + ": sum is " + th::show(got[k][0]) + ", exact " + th::show(exact));
+        k++;
+    });
+    CHECK(same(got[0], got[1]));
+}
+
+TEST(integer_sums_accumulate_in_int64) {
+    on_each_device([](const std::string& dev) {
+        Tensor s = Tensor::arange(100000).sum();
+        CHECK(s.dtype() == DType::INT64);
+        CHECK_SAME(dev, s.to_vector<double>(), {4999950000.0});
+        Tensor big = Tensor::full({3, 4}, INT32_MAX, DType::INT32);
+        CHECK_SAME(dev, big.sum(0).to_vector<double>(), std::vector<double>(4, 3.0 * INT32_MAX));
+        CHECK_SAME(dev, (Tensor::arange(10) < 4).sum().to_vector<double>(), {4});
+        CHECK((Tensor::arange(10) < 4).sum().dtype() == DType::INT64);
+        CHECK(Tensor::arange(6).reshape({2, 3}).matmul(Tensor::ones({3, 1}, DType::INT32)).dtype() == DType::INT32);
+    });
+}
+
+TEST(int64_tensors_are_exact) {
+    const int64_t big = (int64_t(1) << 60) + 1;   // not a double
+    on_each_device([&](const std::string& dev) {
+        Tensor x = Tensor::from_vector(std::vector<int64_t>{big, -3, INT64_MAX});
+        CHECK(x.dtype() == DType::INT64);
+        CHECK_EQ(x.to_vector<int64_t>(), (std::vector<int64_t>{big, -3, INT64_MAX}));
+        CHECK_EQ((x + 1).to_vector<int64_t>(), (std::vector<int64_t>{big + 1, -2, INT64_MIN}));
+        CHECK_EQ((x * 2).to_vector<int64_t>(), (std::vector<int64_t>{2 * big, -6, -2}));
+        CHECK_EQ(x.max().to_vector<int64_t>(), (std::vector<int64_t>{INT64_MAX}));
+        CHECK_EQ(x.sum().to_vector<int64_t>(), (std::vector<int64_t>{int64_t(uint64_t(big) - 3 + uint64_t(INT64_MAX))}));   // wraps
+        CHECK_EQ(x.to_string(), "tensor([1152921504606846977,                  -3, 9223372036854775807])");
+        CHECK((x + Tensor::from_vector(std::vector<int32_t>{1, 2, 3})).dtype() == DType::INT64);
+        CHECK((x + 1.5f).dtype() == DType::FLOAT32);
+        CHECK(((x > 0) + 2).dtype() == DType::INT64);
+        Tensor f = Tensor::from_vector(std::vector<double>{1e19, -1e19, NaN, -7.9});
+        CHECK_EQ(f.cast(DType::INT64).to_vector<int64_t>(), (std::vector<int64_t>{INT64_MAX, INT64_MIN, 0, -7}));
+        // int64 indices work wherever int32 ones do
+        Tensor table = Tensor::from_vector(floats({10, 20, 30}));
+        CHECK_SAME(dev, table[Tensor::from_vector(std::vector<int64_t>{2, 0})].to_vector<double>(), {30, 10});
+        Tensor logits = Tensor::from_vector(floats({0, 0, 5, 5, 0, 0}), {2, 3});
+        CHECK_NEAR(tg::nn::cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{2, 0})).item(),
+                   std::log(2 + std::exp(5.0)) - 5, 1e-6);
+    });
+    std::string path = "/tmp/tg-i64-" + std::to_string(getpid()) + ".safetensors";
+    tg::safetensors::save(path, {{"x", Tensor::from_vector(std::vector<int64_t>{big, -1})}});
+    Tensor back = tg::safetensors::load(path).at("x");
+    std::remove(path.c_str());
+    CHECK(back.dtype() == DType::INT64);
+    CHECK_EQ(back.to_vector<int64_t>(), (std::vector<int64_t>{big, -1}));
+}

@@ -80,7 +80,7 @@ TEST(stages_are_printable) {
 }
 
 // The emitted C, character for character, for a reduction with fused producer and consumer
-// (relu is where(x > 0, x, 0): x is computed once and read twice).
+// (relu is where(x <= 0, 0, x): x is computed once and read three times).
 TEST(golden_c_for_matvec_relu) {
     tg::Loc here = tg::Loc::here("golden.cpp", 7);
     Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
@@ -92,15 +92,15 @@ TEST(golden_c_for_matvec_relu) {
         "#include <stdint.h>\n"
         "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"
         "\n"
-        "/* K0 forward float32 [2]: MUL REDUCE_SUM CMPLT WHERE\n"
+        "/* K0 forward float32 [2]: CMPEQ MUL REDUCE_SUM CMPLT MAX WHERE\n"
         "   from golden.cpp:7 */\n"
-        "static void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2) {\n"
+        "static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2) {\n"
         "    for (int64_t i0 = 0; i0 < 2; i0++) {\n"
         "        float acc0 = 0.0f;\n"
         "        for (int64_t i1 = 0; i1 < 3; i1++) {\n"
         "            acc0 += (buf1[((i0 * 3) + i1)] * buf2[i1]);\n"
         "        }\n"
-        "        buf0[i0] = tg_wheref((0.0f < acc0), acc0, 0.0f);\n"
+        "        buf0[i0] = tg_wheref(((acc0 < 0.0f) | (acc0 == 0.0f)), 0.0f, acc0);\n"
         "    }\n"
         "}\n"
         "\n"
