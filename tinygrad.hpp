@@ -718,7 +718,17 @@ static std::string env_str(const char* name, const std::string& fallback) {
     const char* v = std::getenv(name);
     return v && *v ? std::string(v) : fallback;
 }
-static int debug_level() { return std::atoi(env_str("TG_DEBUG", "0").c_str()); }
+// A whole number from the environment; anything else is an error, not a silent default.
+static int env_int(const char* name, int fallback, int lo, int hi) {
+    std::string v = env_str(name, "");
+    if (v.empty()) return fallback;
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (*end || n < lo || n > hi)
+        fail(strf("%s must be a whole number from %d to %d, got '%s'", name, lo, hi, v.c_str()));
+    return int(n);
+}
+static int debug_level() { return env_int("TG_DEBUG", 0, 0, 4); }
 
 static uint64_t fnv1a64(const std::string& data, uint64_t h = 1469598103934665603ull) {
     for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
@@ -742,12 +752,13 @@ static void write_file_atomic(const std::string& path, const std::string& data) 
     static std::atomic<int> counter{0};
     std::string tmp = strf("%s.tmp.%d.%d", path.c_str(), int(getpid()), counter++);
     FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail("cannot write " + tmp + ": " + std::strerror(errno));
+    if (!f) fail("cannot write " + path + ": " + std::strerror(errno));
     bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
     ok = (std::fclose(f) == 0) && ok;
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        int why = errno;
         std::remove(tmp.c_str());
-        fail("cannot write " + path + ": " + std::strerror(errno));
+        fail("cannot write " + path + ": " + std::strerror(why));
     }
 }
 
@@ -886,6 +897,16 @@ static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc
     return out;
 }
 
+// Sizes are non-negative and the element count fits in an int64.
+static void check_shape(const Shape& s, const char* op, Loc loc) {
+    int64_t n = 1;
+    for (int64_t d : s) {
+        if (d < 0) fail(strf("%s: negative size in %s", op, shape_str(s).c_str()), loc);
+        if (__builtin_mul_overflow(n, d, &n))
+            fail(strf("%s: shape %s has more than 2^63 elements", op, shape_str(s).c_str()), loc);
+    }
+}
+
 static DType promote(DType a, DType b) { return std::max(a, b); }
 
 // Integer arithmetic wraps around (the C computes it in unsigned types), as in PyTorch; a
@@ -911,11 +932,19 @@ static int64_t saturate_int(DType dt, double v) {
 // arguments and infer the result, so every later stage can trust shapes. A realized node
 // becomes a BUFFER node holding its data; its sources are released.
 
+// In-place updates are counted: a lazy node remembers the count when it was built, and a
+// buffer the count of the update that last wrote it. A node that reads a buffer written after
+// it was built would see a value that did not exist when it was built (PyTorch computes it
+// at once): realizing it is an error (check_fresh).
+static std::atomic<uint64_t> update_count{0};
+
 struct Buffer {
     Device* device;
     void* ptr;
     DType dtype;
     int64_t numel;
+    uint64_t written_at = 0;   // the in-place update (update_count) that last wrote it
+    Loc written_by;            // and where the user asked for it
     Buffer(Device* dev, DType dt, int64_t n)
         : device(dev), ptr(dev->alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(dt))),
           dtype(dt), numel(n) {}
@@ -950,6 +979,7 @@ struct Node : std::enable_shared_from_this<Node> {
     Phase phase = Phase::FORWARD;
     bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
     bool leaf = false;                // requires_grad() was called on it: backward() fills grad
+    uint64_t built_at = update_count; // the in-place updates done before it was built
     std::shared_ptr<Node> grad;       // a leaf's accumulated gradient
     // Releasing the last handle of a long chain would free it recursively, one stack frame
     // per node; the nodes that die with this one are released here in a loop instead.
@@ -997,6 +1027,29 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     if (no_grad_depth == 0 && dtype_is_float(dt))
         for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
     return n;
+}
+
+// A node that computes must not read a buffer that an in-place update overwrote after the
+// node was built. Views (movement ops) are exempt: like PyTorch's views they alias the storage
+// and see the update; a computation reads through them.
+static void check_fresh(const Node* n) {
+    if (op_kind(n->op) == OpKind::MOVEMENT) return;
+    std::vector<const Node*> reads;
+    for (auto& s : n->src) reads.push_back(s.get());
+    while (!reads.empty()) {
+        const Node* s = reads.back();
+        reads.pop_back();
+        if (!s->buffer && op_kind(s->op) == OpKind::MOVEMENT) reads.push_back(s->src[0].get());
+        const Buffer* b = s->buffer.get();
+        if (!b || b->written_at <= n->built_at) continue;
+        fail(strf("stale read: this %s %s %s reads a %s %s buffer that the in-place update at %s "
+                  "overwrote after it was built; realize it before the update (PyTorch computes "
+                  "it at once) or build it again",
+                  op_name(n->op), dtype_name(n->dtype), shape_str(n->shape).c_str(),
+                  dtype_name(s->dtype), shape_str(s->shape).c_str(),
+                  loc_str(b->written_by).c_str()),
+             n->loc);
+    }
 }
 
 static NodeP graph_const(double value, DType dt, const Shape& shape, Loc loc) {
@@ -1088,6 +1141,7 @@ static NodeP graph_expand(const NodeP& x, const Shape& shape, Loc loc) {
     if (!ok)
         fail(strf("expand: cannot expand %s to %s", shape_str(x->shape).c_str(),
                   shape_str(shape).c_str()), loc);
+    check_shape(shape, "expand", loc);
     if (shape == x->shape) return x;
     return node_make(Op::EXPAND, x->dtype, shape, {x}, loc);
 }
@@ -1109,10 +1163,14 @@ static NodeP graph_pad(const NodeP& x, const std::vector<std::pair<int64_t, int6
     Shape out = x->shape;
     std::vector<int64_t> arg;
     for (size_t i = 0; i < p.size(); i++) {
-        out[i] += p[i].first + p[i].second;
+        if (__builtin_add_overflow(out[i], p[i].first, &out[i]) ||
+            __builtin_add_overflow(out[i], p[i].second, &out[i]))
+            fail(strf("pad: %s makes shape %s too large", pairs_str(p).c_str(),
+                      shape_str(x->shape).c_str()), loc);
         arg.push_back(p[i].first);
         arg.push_back(p[i].second);
     }
+    check_shape(out, "pad", loc);
     return node_make(Op::PAD, x->dtype, out, {x}, loc, arg);
 }
 
@@ -1274,9 +1332,12 @@ static uint64_t mix_seed(uint64_t seed, uint64_t stream) {
     return z ^ (z >> 31);
 }
 
-static void check_shape(const Shape& s, const char* op, Loc loc) {
-    for (int64_t d : s)
-        if (d < 0) fail(strf("%s: negative size in %s", op, shape_str(s).c_str()), loc);
+// A sum of nothing is 0; a maximum (minimum, argmax) of nothing has no value, as in PyTorch.
+static void check_not_empty(const Shape& s, const std::vector<int>& axes, const char* op, Loc loc) {
+    for (int a : axes)
+        if (size_t(a) < s.size() && s[size_t(a)] == 0)
+            fail(strf("%s: axis %d of shape %s is empty, and an empty %s has no value", op, a,
+                      shape_str(s).c_str(), op), loc);
 }
 
 static Tensor reduce(Op op, const Tensor& x, std::vector<int> axes, bool all, bool keepdim,
@@ -1284,6 +1345,7 @@ static Tensor reduce(Op op, const Tensor& x, std::vector<int> axes, bool all, bo
     if (all) { axes.clear(); for (int i = 0; i < x.ndim(); i++) axes.push_back(i); }
     std::vector<int> ax = normalize_axes(axes, x.shape(), name, loc);
     if (x.ndim() == 0) return x;   // a scalar reduced over its one (implicit) axis
+    if (op == Op::REDUCE_MAX) check_not_empty(x.shape(), ax, name, loc);
     Tensor r = wrap(graph_reduce(op, N(x), ax, loc));
     if (keepdim) return r.reshape(r.shape(), loc);
     Shape out;
@@ -1618,7 +1680,9 @@ Tensor Tensor::min(int axis, bool keepdim, Loc loc) const {
 }
 // min x = -max(-x); for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
-    normalize_axes(axes, shape(), "min", loc);
+    std::vector<int> reduced = axes;   // none: all
+    for (int i = 0; axes.empty() && i < ndim(); i++) reduced.push_back(i);
+    check_not_empty(shape(), normalize_axes(reduced, shape(), "min", loc), "min", loc);
     if (dtype() == DType::BOOL) return logical_not(loc).max(axes, keepdim, loc).logical_not(loc);
     return neg(neg(*this, loc).max(axes, keepdim, loc), loc);
 }
@@ -1628,6 +1692,7 @@ Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, fals
 Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     int ax = normalize_axis(axis, shape().size(), "argmax", shape(), loc);
+    check_not_empty(shape(), {ax}, "argmax", loc);
     int64_t n = ndim() == 0 ? 1 : shape()[size_t(ax)];
     Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
     Shape along(x.shape().size(), 1);
@@ -2167,6 +2232,7 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, con
             if (leaves) leaves->push_back(n);
             continue;
         }
+        check_fresh(n);   // its rule reads its inputs as they were when it was built
         UserLocScope at(n->loc);
         std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), found->second);
         for (size_t i = 0; i < in_grads.size(); i++) {
@@ -2328,6 +2394,19 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     for (const NodeP& t : targets)
         if (is_target.insert(t.get()).second && !t->buffer) s.targets.push_back(t);
     std::vector<Node*> order = graph_toposort(s.targets);
+    std::unordered_map<const Buffer*, Node*> assigned;   // one assignment per buffer
+    for (Node* n : order) {
+        if (n->buffer) continue;
+        check_fresh(n);
+        if (n->op != Op::ASSIGN) continue;
+        Node*& first = assigned[n->src[0]->buffer.get()];
+        if (first)
+            fail(strf("assign: two assignments to one %s %s buffer in one realize (at %s and %s): "
+                      "realize the first before building the second",
+                      dtype_name(n->dtype), shape_str(n->shape).c_str(),
+                      loc_str(first->loc).c_str(), loc_str(n->loc).c_str()), n->loc);
+        first = n;
+    }
     std::unordered_map<Node*, std::vector<Node*>> users;
     for (Node* n : order)
         if (!n->buffer)
@@ -2540,7 +2619,8 @@ struct Program {
     std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
     std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
     std::vector<Block> blocks;
-    std::vector<std::string> checks;     // what each bounds-check site guards, for its error
+    std::vector<std::pair<std::string, Loc>> checks;   // what each bounds check guards, where
+    std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
 };
 
 static ExprP ex_const(double v, DType dt) {
@@ -2733,11 +2813,12 @@ struct Lowering {
         return id;
     }
 
+    // A gradient's scatter_add carries its gather's line: the error points at the indexing.
     int check_site(Node* n, const Node* src, size_t axis) {
-        prog.checks.push_back(strf("%s: index out of range [0, %lld) for source %s (at %s)",
-                                   n->op == Op::SCATTER_ADD ? "scatter_add" : "gather",
-                                   (long long)src->shape[axis], shape_str(src->shape).c_str(),
-                                   loc_str(n->loc).c_str()));
+        const char* what = n->op == Op::SCATTER_ADD ? "gather (computing its gradient)" : "gather";
+        prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s", what,
+                                    (long long)src->shape[axis], shape_str(src->shape).c_str()),
+                               n->loc});
         return int(prog.checks.size()) - 1;
     }
 
@@ -2995,6 +3076,7 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
             if (t.get() == k.root) prog.buffers[size_t(out)].role = ProgramBuffer::OUTPUT;
         prog.blocks.push_back(low.lower_kernel(k, i));
         prog.blocks.back().writes_in_place = k.root->op == Op::ASSIGN;
+        if (k.root->op == Op::ASSIGN) prog.updates.push_back({out, k.root->loc});
     }
     if (!sched.kernels.empty()) {
         const Node* last = sched.kernels.back().root;
@@ -3806,17 +3888,23 @@ static std::map<std::string, Device*>& device_table() {
     return table;
 }
 
-Device& device(const std::string& name) {
+Device& device(const std::string& name_in) {
     auto& table = device_table();
+    std::string name = name_in;   // TG_DEVICE=cpu means CPU
+    std::transform(name.begin(), name.end(), name.begin(), ::toupper);
     auto it = table.find(name);
     if (it == table.end()) {
         std::string known;
         for (auto& [n, d] : table) known += (known.empty() ? "" : ", ") + n;
-        fail("device: unknown device '" + name + "' (known: " + known + ")");
+        fail("device: unknown device '" + name_in + "' (known: " + known + ")");
     }
     return *it->second;
 }
-void register_device(const std::string& name, Device* dev) { device_table()[name] = dev; }
+void register_device(const std::string& name, Device* dev) {
+    std::string upper = name;
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    device_table()[upper] = dev;
+}
 Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
 
 // ---- [REALIZE] the pipeline as one function of named steps ---------------------------- >>realize
@@ -3841,8 +3929,20 @@ struct ProgramRun {
     std::vector<NodeP> targets;
 };
 
+// After a program ran: the buffers it wrote in place count as updated now.
+static void note_updates(const Program& prog, const std::vector<std::shared_ptr<Buffer>>& bufs) {
+    if (prog.updates.empty()) return;
+    uint64_t now = ++update_count;
+    for (auto& [id, loc] : prog.updates) {
+        bufs[size_t(id)]->written_at = now;
+        bufs[size_t(id)]->written_by = loc;
+    }
+}
+
 static void check_errors(const Program& prog, const int64_t* err) {
-    if (err[0]) fail(prog.checks[size_t(err[0] - 1)] + strf(": got %lld", (long long)err[1]));
+    if (!err[0]) return;
+    const auto& [what, loc] = prog.checks[size_t(err[0] - 1)];
+    fail(what + strf(": got %lld", (long long)err[1]), loc);
 }
 
 static ProgramRun run_program(std::vector<NodeP> targets) {
@@ -3884,6 +3984,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     int64_t err[2] = {0, 0};
     auto t_run = std::chrono::steady_clock::now();
     run.exe->run(ptrs.data(), err);                              // 6. run
+    note_updates(prog, run.buffers);
     double run_s = seconds_since(t_run);
     {
         std::lock_guard<std::mutex> lock(runtime_mutex);
@@ -4019,6 +4120,7 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
         if (st.input_slots[i] >= 0) ptrs[size_t(st.input_slots[i])] = inputs[i].node()->buffer->ptr;
     int64_t err[2] = {0, 0};
     if (st.run.exe) st.run.exe->run(ptrs.data(), err);
+    note_updates(st.run.prog, st.run.buffers);
     check_errors(st.run.prog, err);
     double run_s = seconds_since(t0);
     {
@@ -4689,6 +4791,8 @@ struct JsonParser {
             if (i < s.size() && s[i] == '}') { i++; return v; }
             while (true) {
                 v.keys.push_back(string_value());
+                if (std::count(v.keys.begin(), v.keys.end(), v.keys.back()) > 1)
+                    bad("duplicate key '" + v.keys.back() + "'");
                 expect(':');
                 v.items.push_back(value(depth + 1));
                 space();
@@ -4724,9 +4828,10 @@ struct JsonParser {
 };
 
 int64_t whole_number(const Json* v, JsonParser& p, const std::string& what) {
-    if (!v || v->kind != Json::NUMBER || v->number < 0 || v->number != std::floor(v->number) ||
-        v->number > 9e15)
+    if (!v || v->kind != Json::NUMBER || v->number < 0 || v->number != std::floor(v->number))
         p.bad(what + " must be a non-negative integer");
+    if (v->number > 9e15)   // no file is that large, and a double is exact only below 2^53
+        p.bad(strf("%s: %.0f is too large", what.c_str(), v->number));
     return int64_t(v->number);
 }
 }  // namespace

@@ -373,3 +373,119 @@ TEST(int64_tensors_are_exact) {
     CHECK(back.dtype() == DType::INT64);
     CHECK_EQ(back.to_vector<int64_t>(), (std::vector<int64_t>{big, -1}));
 }
+
+// ---- reads after in-place updates: the value it had when built, or an error ------------------
+
+TEST(stale_reads_after_in_place_updates_are_errors) {
+    on_each_device([](const std::string&) {
+        Tensor p = Tensor::from_vector(floats({1, 2, 3}));
+        Tensor old = p * 1.0f;
+        std::string update = "test_reliability.cpp:" + std::to_string(__LINE__ + 1);
+        p.assign(p + 10.0f).realize();
+        CHECK_THROWS(old.to_vector(), "stale read", "MUL float32 [3]", update.c_str(), "realize it before");
+        // realized with the update (one program), or before it, it keeps the old value
+        Tensor q = Tensor::from_vector(floats({1, 2, 3}));
+        Tensor before = q * 1.0f;
+        tg::realize({q.assign(q + 10.0f), before});
+        CHECK_EQ(before.to_vector(), floats({1, 2, 3}));
+        CHECK_EQ(q.to_vector(), floats({11, 12, 13}));
+        // a view aliases the storage and sees the update, as in PyTorch
+        Tensor view = q.reshape({3, 1});
+        q.assign(q * 2.0f).realize();
+        CHECK_EQ(view.to_vector(), floats({22, 24, 26}));
+        // two assignments to one buffer in one realize
+        std::string first = "test_reliability.cpp:" + std::to_string(__LINE__ + 1);
+        Tensor a1 = q.assign(q + 1.0f);
+        Tensor a2 = q.assign(q + 2.0f);
+        CHECK_THROWS(tg::realize({a1, a2}), "two assignments", first.c_str());
+        a1.realize();
+        CHECK_THROWS(a2.realize(), "stale read", "ADD");   // q + 2 was built before a1 wrote q
+    });
+}
+
+TEST(stale_reads_after_optimizer_steps_are_errors) {
+    Tensor w = Tensor::from_vector(floats({1, -2})).requires_grad();
+    tg::optim::SGD opt({w}, 0.5);
+    Tensor x = Tensor::from_vector(floats({3, 4}));
+    Tensor pred = (w * x).sum(), kept = (w * x).sum();
+    Tensor loss = pred * pred;
+    loss.backward();
+    kept.realize();   // the whole step would realize it too: tg::realize({kept}) before the step
+    opt.step();
+    CHECK_EQ(kept.item(), -5.0);              // computed before the update
+    CHECK_THROWS(pred.item(), "stale read");  // built before the update, never realized
+    CHECK_THROWS(loss.backward(), "stale read");   // its graph read w before the update
+    Tensor fresh = (w * x).sum();              // built after: the new weights
+    CHECK_NEAR(fresh.item(), (1 - 0.5 * 2 * -5 * 3) * 3 + (-2 - 0.5 * 2 * -5 * 4) * 4, 1e-6);
+    // a jitted step updates in place too
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor l = ((w * in[0]).sum() - 1.0f).pow(2);
+        opt.zero_grad();
+        l.backward();
+        opt.step();
+        return l;
+    });
+    step({x});
+    Tensor built = (w * x).sum();
+    step({x});
+    CHECK_THROWS(built.item(), "stale read");
+}
+
+// ---- shapes, empty tensors, and errors that point to the right place ---------------------------
+
+TEST(shapes_too_large_and_empty_reductions) {
+    const int64_t big = int64_t(1) << 40;
+    CHECK_THROWS(Tensor::ones({big, big}), "ones", "2^63");
+    CHECK_THROWS(Tensor::zeros({big, big, 1}), "zeros", "2^63");
+    CHECK_THROWS(Tensor::rand({big, big}), "rand", "2^63");
+    CHECK_THROWS(Tensor::ones({big, 1}).expand({big, big}), "expand", "2^63");
+    CHECK_THROWS(Tensor::ones({big, 2}).pad({{0, 0}, {0, big}}), "pad", "2^63");
+    CHECK_THROWS(Tensor::ones({2}).pad({{INT64_MAX, 0}}), "pad", "too large");
+    on_each_device([](const std::string& dev) {
+        Tensor e = Tensor::zeros({0, 3});
+        CHECK_THROWS(e.argmax(0), "argmax", "axis 0", "[0,3]", "empty");
+        CHECK_THROWS(e.max(), "max", "empty");
+        CHECK_THROWS(e.min(0), "min", "empty");
+        CHECK_THROWS(Tensor::zeros({0}).max(), "max", "empty");
+        CHECK_EQ(e.max(1).shape(), (Shape{0}));   // nothing is reduced over an empty axis here
+        CHECK_SAME(dev, e.sum(0).to_vector<double>(), {0, 0, 0});
+        CHECK_SAME(dev, Tensor::zeros({0}).sum().to_vector<double>(), {0});
+        CHECK(std::isnan(Tensor::zeros({0}).mean().item()));
+    });
+}
+
+TEST(index_errors_name_the_indexing_line_once) {
+    for (const char* dev : {"CPU", "INTERP"}) {
+        EnvGuard g("TG_DEVICE", dev);
+        Tensor C = Tensor::randn({27, 10}, 1).requires_grad();
+        tg::optim::SGD opt({C}, 0.1);
+        Tensor X = Tensor::from_vector(std::vector<int32_t>{3, 27});
+        std::string here = "(at test_reliability.cpp:" + std::to_string(__LINE__ + 1) + ")";
+        Tensor emb = C[X];
+        emb.sum().backward();
+        try {
+            opt.step();
+            th::report(__FILE__, __LINE__, std::string(dev) + ": nothing thrown");
+        } catch (const tg::Error& e) {
+            std::string m = e.what();
+            CHECK(m.find("gather") != std::string::npos && m.find("[0, 27)") != std::string::npos);
+            CHECK(m.find("got 27") != std::string::npos && m.find(here) != std::string::npos);
+            CHECK_EQ(m.find("(at "), m.rfind("(at "));   // once
+        }
+    }
+}
+
+TEST(environment_values_are_checked) {
+    {
+        EnvGuard dev("TG_DEVICE", "cpu");   // any case
+        CHECK_EQ(tg::detail::default_device().name(), std::string("CPU"));
+        dev.set("Interp");
+        CHECK_EQ((Tensor::ones({2}) * 3.0f).to_vector(), floats({3, 3}));
+        dev.set("gpu");
+        CHECK_THROWS(Tensor::ones({2}).to_vector(), "unknown device 'gpu'", "CPU", "INTERP");
+    }
+    EnvGuard debug("TG_DEBUG", "abc");
+    CHECK_THROWS((Tensor::ones({2}) + 1.0f).to_vector(), "TG_DEBUG", "'abc'");
+    debug.set("9");
+    CHECK_THROWS((Tensor::ones({2}) + 2.0f).to_vector(), "TG_DEBUG", "0 to 4");
+}

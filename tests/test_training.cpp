@@ -1345,6 +1345,11 @@ TEST(safetensors_rejects_malformed_files) {
     CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "hole");
     p = path_of("extra_bytes", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32 + "zzzz"));
     CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str());
+    p = path_of("duplicate_key", st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                         R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "duplicate key 'a'");
+    p = path_of("offsets_huge", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "data_offsets", "too large");
 }
 
 TEST(safetensors_save_is_atomic) {
@@ -1357,7 +1362,14 @@ TEST(safetensors_save_is_atomic) {
     CHECK_EQ(got.size(), size_t(2));
     if (got.count("a")) CHECK_EQ(got["a"].to_vector(), (std::vector<float>{4, 5}));
     // a failing save (a directory that does not exist) leaves the old file as it was
-    CHECK_THROWS(tg::safetensors::save(dir + "/no/such/dir/x.safetensors", {{"a", fv({1})}}), dir.c_str());
+    std::string bad = dir + "/no/such/dir/x.safetensors";
+    std::string names_it = "cannot write " + bad + ":";
+    CHECK_THROWS(tg::safetensors::save(bad, {{"a", fv({1})}}), names_it.c_str());
+    try {   // the message names the user's path, not the temporary file
+        tg::safetensors::save(bad, {{"a", fv({1})}});
+    } catch (const tg::Error& e) {
+        CHECK(std::string(e.what()).find(".tmp.") == std::string::npos);
+    }
     CHECK_EQ(dir_entries(dir), (std::vector<std::string>{"ckpt.safetensors"}));
 }
 
