@@ -662,6 +662,7 @@ Device& default_device();                              // $TG_DEVICE, else CPU
 #include <unordered_map>
 #include <unordered_set>
 #include <dlfcn.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -762,23 +763,51 @@ static void write_file_atomic(const std::string& path, const std::string& data) 
     }
 }
 
-// $TG_CACHE_DIR, else $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad; missing directories
-// are created private (0700) because the cache holds code that this process will load.
+// The compile cache holds code that this process loads and runs, so it must be private:
+// $TG_CACHE_DIR, else $XDG_CACHE_HOME/tinygrad, else $HOME/.cache/tinygrad (the home directory
+// from the password database when HOME is unset; never a shared directory). Missing
+// directories are created 0700. A cache directory owned by another user, writable by group or
+// others, or reached through a symbolic link owned by another user is refused, saying how to
+// fix it. Tests: tests/test_runtime.cpp.
 static std::string cache_dir() {
     std::string dir = env_str("TG_CACHE_DIR", "");
     if (dir.empty()) {
-        std::string xdg = env_str("XDG_CACHE_HOME", "");
-        dir = !xdg.empty() ? xdg + "/tinygrad" : env_str("HOME", "/tmp") + "/.cache/tinygrad";
+        std::string base = env_str("XDG_CACHE_HOME", "");
+        if (base.empty()) {
+            std::string home = env_str("HOME", "");
+            if (home.empty())
+                if (const passwd* pw = getpwuid(geteuid())) home = pw->pw_dir ? pw->pw_dir : "";
+            if (home.empty())
+                fail("compile cache: HOME is not set and this user has no home directory; set "
+                     "TG_CACHE_DIR to a private directory");
+            base = home + "/.cache";
+        }
+        dir = base + "/tinygrad";
     }
+    uid_t me = geteuid();
+    const char* fix = "the cache holds code that this process loads: set TG_CACHE_DIR to a "
+                      "directory of your own";
+    struct stat st;
     for (size_t i = 1; i <= dir.size(); i++) {
         if (i < dir.size() && dir[i] != '/') continue;
         std::string part = dir.substr(0, i);
         if (mkdir(part.c_str(), 0700) != 0 && errno != EEXIST)
             fail("cannot create cache directory " + part + ": " + std::strerror(errno));
+        if (lstat(part.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != me &&
+            st.st_uid != 0)
+            fail(strf("compile cache %s is reached through %s, a symbolic link owned by another "
+                      "user (uid %d); %s", dir.c_str(), part.c_str(), int(st.st_uid), fix));
     }
-    struct stat st;
     if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
         fail("cache directory " + dir + " is not a directory");
+    if (st.st_uid != me)
+        fail(strf("compile cache %s is owned by another user (uid %d); %s", dir.c_str(),
+                  int(st.st_uid), fix));
+    if (st.st_mode & 022)
+        fail(strf("compile cache %s is writable by %s (mode %03o), and it holds code that this "
+                  "process loads: chmod go-w %s, or set TG_CACHE_DIR to a private directory",
+                  dir.c_str(), st.st_mode & 002 ? "everyone" : "its group",
+                  unsigned(st.st_mode & 0777), dir.c_str()));
     return dir;
 }
 
@@ -3780,11 +3809,12 @@ static std::string render_c(const Program& p) {
 }
 
 // ---- [RUNTIME] compiler, disk cache, dlopen, devices ---------------------------------- >>runtime
-// compile_c: hash(source, compiler, flags) names the cache entry. A hit in this process's
-// table costs nothing; a valid file on disk (its size and hash match its .sum) is dlopened;
-// otherwise the compiler runs once, writing to temporary names that are renamed into place.
-// The .c stays beside the .so so a failed or surprising build can be read. Devices CPU and
-// INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
+// compile_c: hash(source, compiler, flags, the toolchain's identity) names the cache entry. A
+// hit in this process's table costs nothing; a valid file on disk (its size and hash match its
+// .sum, and it is the user's own) is dlopened; otherwise the compiler runs once, writing to
+// temporary names that are renamed into place, so processes compiling the same program at once
+// all succeed. The .c stays beside the .so so a failed or surprising build can be read. Devices
+// CPU and INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
 
 using ProgramFn = void (*)(void* const*, int64_t*);
 static std::mutex runtime_mutex;
@@ -3800,25 +3830,62 @@ static std::string so_checksum(const std::string& bytes) {
     return strf("%zu %s\n", bytes.size(), hex16(fnv1a64(bytes)).c_str());
 }
 
+// What a compiled program depends on besides its source and flags: `cc --version` and the
+// macros the flags predefine (the compiler's version, the instruction sets that -march=native
+// resolved to, the tuning). It joins every cache key, so an upgraded compiler or another
+// machine sharing the cache builds anew. Asked once per process (about 20 ms); a compiler that
+// fails here fails again, with its message, when it compiles.
+static const std::string& toolchain_identity(const std::string& cc, const std::string& flags) {
+    static std::map<std::string, std::string> known;   // guarded by runtime_mutex
+    std::string& id = known[cc + '\0' + flags];
+    if (!id.empty()) return id;
+    std::string cmd =
+        "{ " + cc + " --version; " + cc + " " + flags + " -E -dM -x c /dev/null; } 2>&1";
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+        char chunk[4096];
+        size_t n;
+        while ((n = std::fread(chunk, 1, sizeof chunk, p)) > 0) id.append(chunk, n);
+        pclose(p);
+    }
+    if (id.empty()) id = "?";
+    return id;
+}
+
+// The cache entry must be the user's own and not writable by others before it is loaded.
+static bool private_file(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022);
+}
+
 static ProgramFn compile_c(const std::string& src) {
     std::string cc = env_str("TG_CC", "cc");
-    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native -fPIC -shared");
-    std::string key = hex16(fnv1a64(src + '\0' + cc + '\0' + flags));
+    // TG_CFLAGS replaces the optimization flags; what a loadable library needs is always added
+    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native") + " -fPIC";
     std::lock_guard<std::mutex> lock(runtime_mutex);
+    const std::string& identity = toolchain_identity(cc, flags);
+    // GCC 12's SLP vectorizer drops the float rounding of (double)(float)x in short loops and
+    // in loop tails (tests/test_interp.cpp); our loops are vectorized by its loop vectorizer.
+    bool gcc = identity.find("#define __GNUC__") != std::string::npos &&
+               identity.find("#define __clang__") == std::string::npos;
+    if (gcc) flags += " -fno-tree-slp-vectorize";
+    std::string key = hex16(fnv1a64(src + '\0' + cc + '\0' + flags + '\0' + identity));
     static std::unordered_map<std::string, ProgramFn> loaded;
     auto it = loaded.find(key);
     if (it != loaded.end()) { global_stats.memory_cache_hits++; return it->second; }
     std::string dir = cache_dir(), base = dir + "/" + key;
     std::string so = base + ".so", sum = base + ".sum", c_path = base + ".c", bytes, recorded;
     bool valid = read_file(so, bytes) && read_file(sum, recorded) && recorded == so_checksum(bytes);
+    if (valid && !private_file(so))
+        fail("compile: refusing to load " + so + ": it belongs to another user or others can "
+             "write it; remove it (the cache directory itself is private)");
     if (valid) {
         global_stats.disk_cache_hits++;
     } else {
         auto t0 = std::chrono::steady_clock::now();
         write_file_atomic(c_path, src);
         std::string tmp = strf("%s.tmp.%d", so.c_str(), int(getpid())), errs = tmp + ".err";
-        std::string cmd =
-            cc + " " + flags + " -o " + shell_quote(tmp) + " " + shell_quote(c_path) + " -lm";
+        std::string cmd = cc + " " + flags + " -shared -o " + shell_quote(tmp) + " " +
+                          shell_quote(c_path) + " -lm";
         int status = std::system((cmd + " 2>" + shell_quote(errs)).c_str());
         std::string messages;
         read_file(errs, messages);

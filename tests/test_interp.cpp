@@ -1116,3 +1116,24 @@ TEST(interp_product_then_matmul_across_kernels) {
     Outcome c = run_on("CPU", build), i = run_on("INTERP", build);
     CHECK_EQ(compare(c, i, 1e-12), std::string());
 }
+
+// float64 → float32 → float64 in loops of 2, 3, 6, 7 and 19 elements and in [15,2] and [5,3]
+// nests: GCC 12.2's SLP vectorizer turned the round trip into a plain copy (the float rounding
+// was lost) in such short loops and in the tails of longer ones.
+TEST(interp_float32_rounding_in_short_loops) {
+    for (const Shape& s : {Shape{2}, Shape{3}, Shape{6}, Shape{7}, Shape{19}, Shape{15, 2}, Shape{5, 3}}) {
+        int64_t n = numel(s);
+        std::vector<double> v(static_cast<size_t>(n)), want(v.size());
+        for (size_t i = 0; i < v.size(); i++) {
+            v[i] = 0.1 + 1.6 * double(i);
+            want[i] = double(float(v[i]));
+        }
+        for (const char* dev : {"CPU", "INTERP"}) {
+            Outcome o = run_on(dev, [&] {
+                return std::vector<Tensor>{Tensor::from_vector(v, s).cast(DType::FLOAT32).cast(DType::FLOAT64)};
+            });
+            CHECK(o.error.empty());
+            CHECK_EQ(o.v, want);
+        }
+    }
+}

@@ -3,7 +3,9 @@
 #include "harness.hpp"
 #include <cstdlib>
 #include <dirent.h>
+#include <algorithm>
 #include <fstream>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 using tg::Tensor;
@@ -39,14 +41,19 @@ std::string slurp(const std::string& path) {
 }
 // Runs the child test case in a new process with its own cache dir and TG_DEBUG=1; returns
 // its stderr (the debug line) and whether it exited cleanly.
-bool run_child(const std::string& cache, std::string& debug_out) {
+// env: more NAME=value words for the child's environment.
+bool run_child(const std::string& cache, std::string& debug_out, const std::string& env = "") {
     std::string log = cache + "/child.log";
-    std::string cmd = "TG_TEST_CHILD=child_program TG_DEBUG=1 TG_CACHE_DIR='" + cache + "' '" + self_exe() +
-                      "' >/dev/null 2>'" + log + "'";
+    std::string cmd = env + " TG_TEST_CHILD=child_program TG_DEBUG=1 TG_CACHE_DIR='" + cache + "' '" +
+                      self_exe() + "' >/dev/null 2>'" + log + "'";
     int rc = std::system(cmd.c_str());
     debug_out = slurp(log);
+    std::remove(log.c_str());
     return rc == 0;
 }
+void remove_tree(const std::string& dir) { std::system(("rm -rf '" + dir + "'").c_str()); }
+// A program no other test compiles (id: unique to the call), so this process has not loaded it.
+Tensor unique_program(int id) { return Tensor::arange(5) * 7919 + id; }
 Tensor child_expression() {
     Tensor a = Tensor::arange(12).reshape({3, 4}).cast(tg::DType::FLOAT32);
     return (a * 2.0f + 1.0f).sum(1);
@@ -175,4 +182,101 @@ TEST(debug_2_keeps_graph_ir_and_c_side_by_side) {
         CHECK(slurp(stem + ".ir").find("after passes") != std::string::npos);
         CHECK(slurp(stem + ".c").find("tg_program") != std::string::npos);
     }
+}
+
+// ---- the cache is part of what the process trusts -----------------------------------------
+
+TEST(cache_refuses_directories_others_can_write) {
+    std::string dir = fresh_dir();
+    EnvGuard g("TG_CACHE_DIR", dir.c_str());
+    chmod(dir.c_str(), 0777);
+    CHECK_THROWS(unique_program(1001).realize(), dir.c_str(), "writable by everyone", "chmod go-w");
+    chmod(dir.c_str(), 0770);
+    CHECK_THROWS(unique_program(1002).realize(), "writable by its group");
+    chmod(dir.c_str(), 0700);
+    CHECK_EQ(unique_program(1003).to_vector<int>()[1], 7919 + 1003);
+    remove_tree(dir);
+}
+
+TEST(cache_refuses_directories_and_links_of_other_users) {
+    if (geteuid() != 0) SKIP("needs root to give a directory to another user");
+    std::string parent = fresh_dir(), theirs = parent + "/theirs", link = parent + "/link";
+    mkdir(theirs.c_str(), 0700);
+    CHECK(chown(theirs.c_str(), 65534, 65534) == 0);
+    {
+        EnvGuard g("TG_CACHE_DIR", theirs.c_str());
+        CHECK_THROWS(unique_program(1004).realize(), "owned by another user", "uid 65534", "TG_CACHE_DIR");
+    }
+    std::string mine = parent + "/mine";
+    mkdir(mine.c_str(), 0700);
+    CHECK(symlink(mine.c_str(), link.c_str()) == 0 && lchown(link.c_str(), 65534, 65534) == 0);
+    {
+        EnvGuard g("TG_CACHE_DIR", (link + "/cache").c_str());
+        CHECK_THROWS(unique_program(1005).realize(), "symbolic link owned by another user", link.c_str());
+    }
+    remove_tree(parent);
+}
+
+TEST(cache_without_home_uses_the_users_own_directory) {
+    const passwd* pw = getpwuid(geteuid());
+    if (!pw || !pw->pw_dir || !*pw->pw_dir) SKIP("this user has no home directory");
+    std::string dir = std::string(pw->pw_dir) + "/.cache/tinygrad";
+    std::vector<std::string> before = files_in(dir, ".so");
+    tg::Stats at_start = tg::stats();
+    {
+        EnvGuard a("TG_CACHE_DIR", ""), b("XDG_CACHE_HOME", ""), c("HOME", "");
+        CHECK_EQ(unique_program(1006).to_vector<int>()[0], 1006);
+    }
+    tg::Stats now = tg::stats();
+    CHECK_EQ(now.compiles + now.disk_cache_hits, at_start.compiles + at_start.disk_cache_hits + 1);
+    struct stat st;
+    CHECK(stat(dir.c_str(), &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022));
+    for (const std::string& f : files_in(dir, ".so"))   // take away what this test added
+        if (std::find(before.begin(), before.end(), f) == before.end())
+            for (const char* ext : {".so", ".sum", ".c"})
+                std::remove((f.substr(0, f.size() - 3) + ext).c_str());
+}
+
+TEST(cache_key_includes_the_compilers_identity) {
+    std::string dir = fresh_dir(), cc = dir + "/cc", version = dir + "/version", out;
+    std::ofstream(cc) << "#!/bin/sh\nif [ \"$1\" = --version ]; then cat '" << version
+                      << "'; exit 0; fi\nexec cc \"$@\"\n";
+    chmod(cc.c_str(), 0755);
+    std::ofstream(version) << "cc 1.0\n";
+    std::string env = "TG_CC='" + cc + "'";
+    CHECK(run_child(dir, out, env) && out.find("compiles 1") != std::string::npos);
+    CHECK(run_child(dir, out, env) && out.find("compiles 0") != std::string::npos);
+    std::ofstream(version) << "cc 1.1\n";   // an upgrade: the same program is built again
+    CHECK(run_child(dir, out, env) && out.find("compiles 1") != std::string::npos);
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(2));
+    remove_tree(dir);
+}
+
+TEST(cache_serves_processes_compiling_at_once) {
+    std::string dir = fresh_dir();
+    std::string one = "TG_TEST_CHILD=child_program TG_CACHE_DIR='" + dir + "' '" + self_exe() + "' >/dev/null 2>&1";
+    std::string all = "ok=0; for i in 1 2 3 4 5 6; do (" + one + ") & done; for j in 1 2 3 4 5 6; do wait -n || ok=1; done; exit $ok";
+    CHECK_EQ(std::system(("bash -c \"" + all + "\"").c_str()), 0);   // each child checks its values
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(1));
+    CHECK(files_in(dir, ".tmp").empty());
+    std::string out;
+    CHECK(run_child(dir, out) && out.find("compiles 0") != std::string::npos);
+    remove_tree(dir);
+}
+
+TEST(cache_refuses_entries_others_can_write) {
+    std::string dir = fresh_dir(), out;
+    CHECK(run_child(dir, out));
+    std::vector<std::string> sos = files_in(dir, ".so");
+    CHECK_EQ(sos.size(), size_t(1));
+    if (sos.size() != 1) return;
+    chmod(sos[0].c_str(), 0666);
+    CHECK(!run_child(dir, out));
+    CHECK(out.find("refusing to load") != std::string::npos);
+    remove_tree(dir);
+}
+
+TEST(cflags_replace_only_the_optimization_flags) {
+    EnvGuard flags("TG_CFLAGS", "-O2");   // -fPIC -shared are still added
+    CHECK_EQ((Tensor::arange(4) * 9 + 1).to_vector<int>(), (std::vector<int>{1, 10, 19, 28}));
 }
