@@ -610,6 +610,9 @@ namespace safetensors {
 void save(const std::string& path, const std::map<std::string, Tensor>& tensors);
 // throws, returning nothing, on any defect
 std::map<std::string, Tensor> load(const std::string& path);
+// the same from the bytes of a file in memory; name is what errors call it
+std::map<std::string, Tensor> load_bytes(const std::string& bytes,
+                                         const std::string& name = "(memory)");
 }  // namespace safetensors
 
 // ---- [DEVICE] where programs run: the seam for backends -------------------------------- >>device
@@ -2635,6 +2638,10 @@ struct Block {
     std::string origin;     // user lines whose ops this block computes
     std::vector<Stmt> body;
     bool writes_in_place = false;   // an assignment: runs only if no bounds check failed so far
+    // TG_CHECK: after the block, buffer finite_buffer (numel finite_count) must hold no NaN or
+    // infinity; finite_site is its check site
+    int finite_site = -1, finite_buffer = -1;
+    int64_t finite_count = 0;
 };
 
 struct ProgramBuffer {
@@ -2648,7 +2655,7 @@ struct Program {
     std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
     std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
     std::vector<Block> blocks;
-    std::vector<std::pair<std::string, Loc>> checks;   // what each bounds check guards, where
+    std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
 };
 
@@ -3094,7 +3101,10 @@ struct Lowering {
     }
 };
 
-static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, int>& buffer_ids) {
+// check_finite (TG_CHECK=1): every kernel that stores floats is followed by a check that they
+// are all finite; the first that is not stops the program and names the kernel and its line.
+static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, int>& buffer_ids,
+                              bool check_finite = false) {
     Program prog;
     Lowering low{prog, sched, buffer_ids, nullptr, 0, 0, nullptr, {}, {}};
     for (size_t i = 0; i < sched.kernels.size(); i++) {
@@ -3104,8 +3114,18 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
         for (auto& t : sched.targets)
             if (t.get() == k.root) prog.buffers[size_t(out)].role = ProgramBuffer::OUTPUT;
         prog.blocks.push_back(low.lower_kernel(k, i));
-        prog.blocks.back().writes_in_place = k.root->op == Op::ASSIGN;
+        Block& b = prog.blocks.back();
+        b.writes_in_place = k.root->op == Op::ASSIGN;
         if (k.root->op == Op::ASSIGN) prog.updates.push_back({out, k.root->loc});
+        if (check_finite && dtype_is_float(k.root->dtype)) {
+            b.finite_site = int(prog.checks.size());
+            b.finite_buffer = out;
+            b.finite_count = prog.buffers[size_t(out)].numel;
+            prog.checks.push_back({"TG_CHECK: kernel " + b.title +
+                                       (b.origin.empty() ? "" : " (from " + b.origin + ")") +
+                                       " produced",
+                                   k.root->loc});
+        }
     }
     if (!sched.kernels.empty()) {
         const Node* last = sched.kernels.back().root;
@@ -3566,6 +3586,12 @@ struct Interpreter : Executable {
         for (const Block& b : prog.blocks) {
             if (b.writes_in_place && err[0]) return;
             exec(b.body);
+            for (int64_t i = 0; i < b.finite_count; i++) {   // TG_CHECK
+                double v = load_value(bufs[b.finite_buffer], prog.buffers[size_t(b.finite_buffer)].dtype, i).f;
+                if (std::isfinite(v)) continue;
+                if (!err[0]) { err[0] = b.finite_site + 1; err[1] = 2 * i + !std::isnan(v); }
+                return;
+            }
         }
     }
 };
@@ -3764,6 +3790,19 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    return 0;\n"
      "}\n"},
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
+    // TG_CHECK: err[1] = 2·index + 1 for an infinity, 2·index for a NaN (x - x is NaN for both)
+    {"tg_finitef(",
+     "static int tg_finitef(const float *x, int64_t n, int site, int64_t *err) {\n"
+     "    for (int64_t i = 0; i < n; i++)\n"
+     "        if (x[i] - x[i] != 0) { err[0] = site + 1; err[1] = 2 * i + (x[i] == x[i]); return 1; }\n"
+     "    return 0;\n"
+     "}\n"},
+    {"tg_finite(",
+     "static int tg_finite(const double *x, int64_t n, int site, int64_t *err) {\n"
+     "    for (int64_t i = 0; i < n; i++)\n"
+     "        if (x[i] - x[i] != 0) { err[0] = site + 1; err[1] = 2 * i + (x[i] == x[i]); return 1; }\n"
+     "    return 0;\n"
+     "}\n"},
     {"tg_wheref(",
      "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
     {"tg_whered(",
@@ -3798,6 +3837,12 @@ static std::string render_c(const Program& p) {
         out += "}\n";
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
+        if (b.finite_site >= 0) {
+            DType dt = p.buffers[size_t(b.finite_buffer)].dtype;
+            calls += strf("    if (tg_finite%s((const %s *)b[%d], %lldLL, %d, err)) return;\n",
+                          dt == DType::FLOAT32 ? "f" : "", c_type(dt), b.finite_buffer,
+                          (long long)b.finite_count, b.finite_site);
+        }
     }
     out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls +
            "}\n";
@@ -4008,7 +4053,12 @@ static void note_updates(const Program& prog, const std::vector<std::shared_ptr<
 
 static void check_errors(const Program& prog, const int64_t* err) {
     if (!err[0]) return;
-    const auto& [what, loc] = prog.checks[size_t(err[0] - 1)];
+    size_t site = size_t(err[0] - 1);
+    const auto& [what, loc] = prog.checks[site];
+    for (const Block& b : prog.blocks)
+        if (b.finite_site == int(site))
+            fail(what + strf(" %s at element %lld", err[1] % 2 ? "an infinity" : "a NaN",
+                             (long long)(err[1] / 2)), loc);
     fail(what + strf(": got %lld", (long long)err[1]), loc);
 }
 
@@ -4020,7 +4070,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     run.targets = sched.targets;
     if (sched.kernels.empty()) return run;
     Program& prog = run.prog;
-    prog = lower_schedule(sched, run.buffer_ids);                // 2. loop IR
+    prog = lower_schedule(sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1));   // 2. loop IR
     std::string before = debug >= 2 ? program_listing(prog) : "";
     run_passes(prog);                                            // 3. passes
     Device& dev = default_device();
@@ -4929,10 +4979,14 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
 }
 
 std::map<std::string, Tensor> load(const std::string& path) {
-    check_little_endian(path);
     std::string file;
     if (!detail::read_file(path, file))
         detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));
+    return load_bytes(file, path);
+}
+
+std::map<std::string, Tensor> load_bytes(const std::string& file, const std::string& path) {
+    check_little_endian(path);
     if (file.size() < 8)
         detail::fail(strf("safetensors: %s: file of %zu bytes is too short for a header",
                           path.c_str(), file.size()));

@@ -489,3 +489,23 @@ TEST(environment_values_are_checked) {
     debug.set("9");
     CHECK_THROWS((Tensor::ones({2}) + 2.0f).to_vector(), "TG_DEBUG", "0 to 4");
 }
+
+// ---- TG_CHECK: the first kernel that produces a NaN or an infinity ---------------------------
+
+TEST(check_mode_names_the_first_kernel_with_nan_or_inf) {
+    on_each_device([](const std::string& dev) {
+        EnvGuard check("TG_CHECK", "1");
+        Tensor x = Tensor::from_vector(floats({1, -1, 4}));
+        std::string here = "(at test_reliability.cpp:" + std::to_string(__LINE__ + 1) + ")";
+        Tensor logs = x.log();
+        Tensor later = (logs * 2.0f).sum();
+        CHECK_THROWS(tg::realize({logs, later}), "TG_CHECK", "a NaN at element 1", "LOG2", here.c_str());
+        here = "(at test_reliability.cpp:" + std::to_string(__LINE__ + 1) + ")";
+        Tensor ratio = Tensor::from_vector(std::vector<double>{1, 2, 3}) / Tensor::from_vector(std::vector<double>{1, 0, 1});
+        CHECK_THROWS(ratio.realize(), "TG_CHECK", "an infinity at element 1", "float64", here.c_str());
+        CHECK_EQ((x * 2.0f).to_vector(), floats({2, -2, 8}));   // finite: runs as usual
+        check.set("0");
+        CHECK(std::isnan(x.log().to_vector()[1]));               // off: NaN is a value like any other
+        (void)dev;
+    });
+}
