@@ -68,25 +68,46 @@
              fuse with the forward pass and the update and can be differentiated again.
              The loss and the new gradients are realized with the next program (the
              optimizer's step), computed from the parameters before the update.
+   leaf      a tensor requires_grad() was called on (any tensor not computed from a leaf can
+             become one); backward() accumulates into its grad(). A lazy leaf (randn(...)
+             .requires_grad()) is computed, with the others, just before the next program.
    assign    x.assign(v) writes v into x's buffer when realized: optimizers update in place.
+             A view of x sees the new value; a computed tensor built before the update and
+             realized after it would not have existed in PyTorch, which computes at once: it
+             is an error ("stale read"), as are two assigns to one buffer in one realize.
    jit       tg::Jit records every realize of a step function into one program and replays
              it on new inputs, building no graph. A learning rate or step count that changes
              lives in a tensor, so replays see it.
 
  CONFIGURATION (environment, read when used)
-   TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no compiler)
+   TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no
+                 compiler); any case
    TG_CC         C compiler                                   default: cc
-   TG_CFLAGS     compiler flags                      default: -O3 -march=native -fPIC -shared
+   TG_CFLAGS     optimization flags                           default: -O3 -march=native
+                 (-fPIC -shared are always added; with GCC also -fno-tree-slp-vectorize, as
+                 GCC 12's SLP vectorizer drops float32 roundings)
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
-   TG_DEBUG      1 programs, compiles, cache hits, timings     2 + schedule, and keeps each
+                 It holds code this process loads, so it must be the user's own and writable
+                 by nobody else (else an error says how to fix it). Entries are keyed by the
+                 source, the compiler, its flags, its --version and the macros the flags
+                 predefine (so what -march=native resolved to).
+   TG_DEBUG      0-4. 1 programs, compiles, cache hits, timings   2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
+   TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
+                 kernel that produces one stops the program with its element and user line
 
  DTYPES AND PROMOTION
-   float32 (default), float64, int32, bool. Tensor-tensor ops promote to the wider of the two
-   (bool < int32 < float32 < float64); a scalar takes the tensor's dtype unless it is a float
-   and the tensor is not (then float32), like PyTorch. Division and transcendental functions
-   of integers give float32. Comparisons give bool.
+   float32 (default), float64, int32, int64, bool. Tensor-tensor ops promote to the wider of
+   the two (bool < int32 < int64 < float32 < float64); a scalar takes the tensor's dtype unless
+   it is a float and the tensor is not (then float32), or a number other than 0 or 1 next to
+   bool (then int64), like PyTorch. Division and transcendental functions of integers give
+   float32. Comparisons give bool. Sums of integers and bools are int64.
+   Values, the same on every device: integer arithmetic wraps around (two's complement); a
+   float cast to an integer truncates and saturates at the ends of the range, NaN giving 0;
+   NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
+   NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
+   so its error grows with the logarithm of the length and it has the same bits everywhere.
 
  HOW TO ADD AN OP
    Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
@@ -95,12 +116,17 @@
    in the TG_OPS row. Tests: tests/test_ops.cpp compares every op with a double-precision loop.
 
  ERRORS
-   Every invalid call throws tg::Error naming the op, the shapes and the caller's file:line:
+   Every invalid call throws tg::Error naming the op, the shapes and the caller's file:line
+   (operators too, through the conversion of their left operand to tg::Operand):
        matmul: [32,30] @ [20,200]: inner dims 30 != 20 (at main.cpp:7)
-   A failing compile reports the command, the compiler's output and the kept source path.
+   A failing compile reports the command, the compiler's output and the kept source path. An
+   index out of range is found when the program runs; the program then stops before its
+   in-place writes, and the error names the line that indexed.
 
  NOT YET
    loop fusion across kernels, tiling, vectorization and threads (one core today); CUDA.
+   The interpreter and constant folding hold integers exactly, but a constant in the graph
+   (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */
 
 /* =============================================================================================
@@ -450,7 +476,8 @@ namespace nn {
 // call for layers that learn their input width then (nn::Linear(out)). Random initial values
 // come from the global seed stream (manual_seed): seeds lists the ones a layer drew, and
 // reset_parameters(seeds) draws its parameters again from the given ones. A layer of your own
-// that draws random parameters overrides both, so that Sequential can hand out seeds in order.
+// that draws random parameters records its seeds and overrides reset_parameters, so that
+// Sequential can hand out seeds in layer order.
 struct Module {
     virtual ~Module() = default;
     virtual Tensor forward(const Tensor& x) = 0;
@@ -1634,7 +1661,8 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     DType int_dt = dt == DType::FLOAT32 ? DType::INT32 : DType::INT64;
     Tensor yi = where(big, 0, y, loc).cast(int_dt, loc);
     Tensor is_int = big.maximum(yi.cast(dt, loc) == y, loc);
-    Tensor odd = wrap(graph_binary(Op::MOD, N(yi), graph_const(2, int_dt, yi.shape(), loc), loc)) != 0;
+    NodeP two = graph_const(2, int_dt, yi.shape(), loc);
+    Tensor odd = wrap(graph_binary(Op::MOD, N(yi), two, loc)) != 0;
     Tensor sign_bit = (x < 0).maximum(x.reciprocal(loc) < 0, loc);   // 1/-0 = -∞
     Tensor signed_mag = where(sign_bit.minimum(odd, loc), neg(mag, loc), mag, loc);
     Tensor undefined = (x < 0).minimum(x > -INFINITY, loc).minimum(is_int.logical_not(loc), loc);
@@ -2150,7 +2178,8 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
     }
     std::vector<int> summed;
     for (size_t d = out.size(); d < all.size(); d++) summed.push_back(int(d));
-    return summed.empty() ? prod : reduce(Op::REDUCE_SUM, prod, summed, false, false, "einsum", loc);
+    if (summed.empty()) return prod;
+    return reduce(Op::REDUCE_SUM, prod, summed, false, false, "einsum", loc);   // keeps dtype
 }
 
 // ---- [AUTOGRAD] reverse mode over the lazy graph ------------------------------------- >>autograd
@@ -2418,7 +2447,6 @@ static bool same_index_op(const Node* n) {
 }
 
 static const int64_t SCHED_MAX_DEPTH = 256;
-static const int64_t SUM_BLOCK = 16;   // terms per partial sum of a float reduction ([LOOPIR])
 
 static Schedule sched_build(const std::vector<NodeP>& targets) {
     Schedule s;
@@ -2968,6 +2996,7 @@ struct Lowering {
         fail(strf("lower: no lowering for %s", op_name(n->op)));
     }
 
+    static constexpr int64_t SUM_BLOCK = 16;
     // A float sum is a tree of partial sums in a fixed order, so that its rounding error grows
     // with the logarithm of its length, not with the length: each reduced axis has its own
     // accumulator, and every accumulator adds at most SUM_BLOCK terms. A longer axis is cut
@@ -3586,13 +3615,20 @@ struct Interpreter : Executable {
         for (const Block& b : prog.blocks) {
             if (b.writes_in_place && err[0]) return;
             exec(b.body);
-            for (int64_t i = 0; i < b.finite_count; i++) {   // TG_CHECK
-                double v = load_value(bufs[b.finite_buffer], prog.buffers[size_t(b.finite_buffer)].dtype, i).f;
-                if (std::isfinite(v)) continue;
-                if (!err[0]) { err[0] = b.finite_site + 1; err[1] = 2 * i + !std::isnan(v); }
-                return;
-            }
+            if (b.finite_site >= 0 && !all_finite(b)) return;
         }
+    }
+
+    // TG_CHECK: err[1] = 2·index + 1 for an infinity, 2·index for a NaN (as the C helpers)
+    bool all_finite(const Block& b) {
+        DType dt = prog.buffers[size_t(b.finite_buffer)].dtype;
+        for (int64_t i = 0; i < b.finite_count; i++) {
+            double v = load_value(bufs[b.finite_buffer], dt, i).f;
+            if (std::isfinite(v)) continue;
+            if (!err[0]) { err[0] = b.finite_site + 1; err[1] = 2 * i + !std::isnan(v); }
+            return false;
+        }
+        return true;
     }
 };
 
@@ -3770,18 +3806,19 @@ static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads,
 // Helpers a program may call; each is emitted only when the program uses it.
 static const std::pair<const char*, const char*> C_HELPERS[] = {
     {"tg_imax(", "static inline int64_t tg_imax(int64_t a, int64_t b) { return a > b ? a : b; }\n"},
-    {"tg_maxf(", "static inline float tg_maxf(float a, float b) { return a > b || a != a ? a : b; }\n"},
+    {"tg_maxf(",
+     "static inline float tg_maxf(float a, float b) { return a > b || a != a ? a : b; }\n"},
     {"tg_max(",
      "static inline double tg_max(double a, double b) { return a > b || a != a ? a : b; }\n"},
     {"tg_f2i(",
      "static inline int32_t tg_f2i(double x) {\n"
-     "    return x != x ? 0 : x >= 2147483647.0 ? 2147483647 : x <= -2147483648.0 ? -2147483647 - 1\n"
-     "                                                                         : (int32_t)x;\n"
+     "    return x != x ? 0 : x >= 2147483647.0 ? 2147483647\n"
+     "         : x <= -2147483648.0 ? -2147483647 - 1 : (int32_t)x;\n"
      "}\n"},
     {"tg_f2l(",
      "static inline int64_t tg_f2l(double x) {\n"
-     "    return x != x ? 0 : x >= 9223372036854775807.0 ? INT64_MAX : x <= -9223372036854775808.0\n"
-     "        ? INT64_MIN : (int64_t)x;\n"
+     "    return x != x ? 0 : x >= 9223372036854775807.0 ? INT64_MAX\n"
+     "         : x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x;\n"
      "}\n"},
     {"tg_check(",
      "static inline int64_t tg_check(int64_t i, int64_t n, int site, int64_t *err) {\n"
@@ -3793,14 +3830,22 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     // TG_CHECK: err[1] = 2·index + 1 for an infinity, 2·index for a NaN (x - x is NaN for both)
     {"tg_finitef(",
      "static int tg_finitef(const float *x, int64_t n, int site, int64_t *err) {\n"
-     "    for (int64_t i = 0; i < n; i++)\n"
-     "        if (x[i] - x[i] != 0) { err[0] = site + 1; err[1] = 2 * i + (x[i] == x[i]); return 1; }\n"
+     "    for (int64_t i = 0; i < n; i++) {\n"
+     "        if (x[i] - x[i] == 0) continue;\n"
+     "        err[0] = site + 1;\n"
+     "        err[1] = 2 * i + (x[i] == x[i]);\n"
+     "        return 1;\n"
+     "    }\n"
      "    return 0;\n"
      "}\n"},
     {"tg_finite(",
      "static int tg_finite(const double *x, int64_t n, int site, int64_t *err) {\n"
-     "    for (int64_t i = 0; i < n; i++)\n"
-     "        if (x[i] - x[i] != 0) { err[0] = site + 1; err[1] = 2 * i + (x[i] == x[i]); return 1; }\n"
+     "    for (int64_t i = 0; i < n; i++) {\n"
+     "        if (x[i] - x[i] == 0) continue;\n"
+     "        err[0] = site + 1;\n"
+     "        err[1] = 2 * i + (x[i] == x[i]);\n"
+     "        return 1;\n"
+     "    }\n"
      "    return 0;\n"
      "}\n"},
     {"tg_wheref(",

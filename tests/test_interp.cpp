@@ -1109,7 +1109,9 @@ TEST(interp_rand_same_on_every_device) {
 // restrict pointer reorder its reads before the first kernel's stores (rows came out wrong).
 TEST(interp_product_then_matmul_across_kernels) {
     auto build = [] {
-        auto in = [](const Shape& s, uint64_t seed) { return Tensor::from_vector(th::randd(8, seed), s); };
+        auto in = [](const Shape& s, uint64_t seed) {
+            return Tensor::from_vector(th::randd(8, seed), s);
+        };
         Tensor p = in({2, 4}, 61) * in({2, 4}, 62) * in({2, 4}, 63);   // read twice: stored
         return std::vector<Tensor>{p.matmul(in({4, 2}, 64)), p.sum()};
     };
@@ -1121,7 +1123,8 @@ TEST(interp_product_then_matmul_across_kernels) {
 // nests: GCC 12.2's SLP vectorizer turned the round trip into a plain copy (the float rounding
 // was lost) in such short loops and in the tails of longer ones.
 TEST(interp_float32_rounding_in_short_loops) {
-    for (const Shape& s : {Shape{2}, Shape{3}, Shape{6}, Shape{7}, Shape{19}, Shape{15, 2}, Shape{5, 3}}) {
+    for (const Shape& s :
+         {Shape{2}, Shape{3}, Shape{6}, Shape{7}, Shape{19}, Shape{15, 2}, Shape{5, 3}}) {
         int64_t n = numel(s);
         std::vector<double> v(static_cast<size_t>(n)), want(v.size());
         for (size_t i = 0; i < v.size(); i++) {
@@ -1130,7 +1133,8 @@ TEST(interp_float32_rounding_in_short_loops) {
         }
         for (const char* dev : {"CPU", "INTERP"}) {
             Outcome o = run_on(dev, [&] {
-                return std::vector<Tensor>{Tensor::from_vector(v, s).cast(DType::FLOAT32).cast(DType::FLOAT64)};
+                Tensor x = Tensor::from_vector(v, s);
+                return std::vector<Tensor>{x.cast(DType::FLOAT32).cast(DType::FLOAT64)};
             });
             CHECK(o.error.empty());
             CHECK_EQ(o.v, want);

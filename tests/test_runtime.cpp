@@ -44,8 +44,8 @@ std::string slurp(const std::string& path) {
 // env: more NAME=value words for the child's environment.
 bool run_child(const std::string& cache, std::string& debug_out, const std::string& env = "") {
     std::string log = cache + "/child.log";
-    std::string cmd = env + " TG_TEST_CHILD=child_program TG_DEBUG=1 TG_CACHE_DIR='" + cache + "' '" +
-                      self_exe() + "' >/dev/null 2>'" + log + "'";
+    std::string cmd = env + " TG_TEST_CHILD=child_program TG_DEBUG=1 TG_CACHE_DIR='" + cache +
+                      "' '" + self_exe() + "' >/dev/null 2>'" + log + "'";
     int rc = std::system(cmd.c_str());
     debug_out = slurp(log);
     std::remove(log.c_str());
@@ -190,7 +190,8 @@ TEST(cache_refuses_directories_others_can_write) {
     std::string dir = fresh_dir();
     EnvGuard g("TG_CACHE_DIR", dir.c_str());
     chmod(dir.c_str(), 0777);
-    CHECK_THROWS(unique_program(1001).realize(), dir.c_str(), "writable by everyone", "chmod go-w");
+    CHECK_THROWS(unique_program(1001).realize(), dir.c_str(), "writable by everyone",
+                 "chmod go-w");
     chmod(dir.c_str(), 0770);
     CHECK_THROWS(unique_program(1002).realize(), "writable by its group");
     chmod(dir.c_str(), 0700);
@@ -205,14 +206,16 @@ TEST(cache_refuses_directories_and_links_of_other_users) {
     CHECK(chown(theirs.c_str(), 65534, 65534) == 0);
     {
         EnvGuard g("TG_CACHE_DIR", theirs.c_str());
-        CHECK_THROWS(unique_program(1004).realize(), "owned by another user", "uid 65534", "TG_CACHE_DIR");
+        CHECK_THROWS(unique_program(1004).realize(), "owned by another user", "uid 65534",
+                     "TG_CACHE_DIR");
     }
     std::string mine = parent + "/mine";
     mkdir(mine.c_str(), 0700);
     CHECK(symlink(mine.c_str(), link.c_str()) == 0 && lchown(link.c_str(), 65534, 65534) == 0);
     {
         EnvGuard g("TG_CACHE_DIR", (link + "/cache").c_str());
-        CHECK_THROWS(unique_program(1005).realize(), "symbolic link owned by another user", link.c_str());
+        CHECK_THROWS(unique_program(1005).realize(), "symbolic link owned by another user",
+                     link.c_str());
     }
     remove_tree(parent);
 }
@@ -254,9 +257,11 @@ TEST(cache_key_includes_the_compilers_identity) {
 
 TEST(cache_serves_processes_compiling_at_once) {
     std::string dir = fresh_dir();
-    std::string one = "TG_TEST_CHILD=child_program TG_CACHE_DIR='" + dir + "' '" + self_exe() + "' >/dev/null 2>&1";
-    std::string all = "ok=0; for i in 1 2 3 4 5 6; do (" + one + ") & done; for j in 1 2 3 4 5 6; do wait -n || ok=1; done; exit $ok";
-    CHECK_EQ(std::system(("bash -c \"" + all + "\"").c_str()), 0);   // each child checks its values
+    std::string one = "TG_TEST_CHILD=child_program TG_CACHE_DIR='" + dir + "' '" + self_exe() +
+                      "' >/dev/null 2>&1";
+    std::string all = "ok=0; for i in 1 2 3 4 5 6; do (" + one + ") & done; " +
+                      "for j in 1 2 3 4 5 6; do wait -n || ok=1; done; exit $ok";
+    CHECK_EQ(std::system(("bash -c \"" + all + "\"").c_str()), 0);   // each child checks values
     CHECK_EQ(files_in(dir, ".so").size(), size_t(1));
     CHECK(files_in(dir, ".tmp").empty());
     std::string out;
