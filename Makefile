@@ -2,6 +2,7 @@
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make bench      speed figures            make loc   line count of the header
+# make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 CXX      ?= c++
 CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 LDLIBS   := -ldl -lpthread
@@ -12,7 +13,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-asan bench loc clean
+.PHONY: all test test-asan fuzz bench loc clean
 all: $(EXAMPLES)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -27,6 +28,7 @@ $(BUILD)/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp
 $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c -o $@ $<
+$(BUILD)/tests/test_fuzz.o: tests/fuzz_targets.hpp
 
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
@@ -49,6 +51,41 @@ test: $(BUILD)/run_tests $(EXAMPLES) $(PROBES)
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
 
+# libFuzzer (clang) with ASan and UBSan, each target run with a scratch corpus directory first:
+# new inputs go there, the committed corpus is only read. Findings land in build-fuzz/.
+# Without libFuzzer: the test binary's bounded random-input loop, run much longer.
+FUZZ_SECONDS ?= 60
+FUZZ_CXX     ?= clang++
+FUZZ_FLAGS   := -std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+FUZZ_RUN     := -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
+                -artifact_prefix=build-fuzz/
+FUZZ_PROBE   := extern "C" int LLVMFuzzerTestOneInput(const void*, unsigned long) { return 0; }
+fuzz:
+	@if echo '$(FUZZ_PROBE)' | $(FUZZ_CXX) -x c++ -fsanitize=fuzzer -o /dev/null - 2>/dev/null; \
+	then \
+	  $(MAKE) --no-print-directory build-fuzz/fuzz_safetensors build-fuzz/fuzz_einsum || exit 1; \
+	  failed=; \
+	  for t in safetensors einsum; do \
+	    dir=$$(mktemp -d /tmp/tg-fuzz-XXXXXX); \
+	    UBSAN_OPTIONS=print_stacktrace=1 ./build-fuzz/fuzz_$$t $(FUZZ_RUN) \
+	      -dict=tests/fuzz/$$t.dict $$dir tests/fuzz/corpus/$$t || failed="$$failed $$t"; \
+	    rm -rf $$dir; \
+	  done; \
+	  [ -z "$$failed" ] || { echo "fuzz: findings for$$failed in build-fuzz/"; exit 1; }; \
+	else \
+	  echo "no libFuzzer ($(FUZZ_CXX) -fsanitize=fuzzer): the bounded loop instead"; \
+	  $(MAKE) --no-print-directory $(BUILD)/run_tests && \
+	  TG_FUZZ_ITERATIONS=200000 TG_FUZZ_VERBOSE=1 ./$(BUILD)/run_tests fuzz; \
+	fi
+
+build-fuzz/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link,address,undefined -c -o $@ $<
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz_targets.hpp tinygrad.hpp build-fuzz/tinygrad.o
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< build-fuzz/tinygrad.o \
+	    $(LDLIBS)
+
 $(BUILD)/bench: bench/bench.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
@@ -61,4 +98,4 @@ loc:
 	@wc -l tinygrad.hpp
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

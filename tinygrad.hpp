@@ -956,13 +956,15 @@ static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc
     return out;
 }
 
-// Sizes are non-negative and the element count fits in an int64.
+// Sizes are non-negative, and the product of the nonzero ones (the element count, the largest
+// stride of a view) fits in an int64: [0, 2^32, 2^32] is refused too.
 static void check_shape(const Shape& s, const char* op, Loc loc) {
     int64_t n = 1;
     for (int64_t d : s) {
         if (d < 0) fail(strf("%s: negative size in %s", op, shape_str(s).c_str()), loc);
-        if (__builtin_mul_overflow(n, d, &n))
-            fail(strf("%s: shape %s has more than 2^63 elements", op, shape_str(s).c_str()), loc);
+        if (d != 0 && __builtin_mul_overflow(n, d, &n))
+            fail(strf("%s: shape %s is too large: its sizes multiply past 2^63", op,
+                      shape_str(s).c_str()), loc);
     }
 }
 
@@ -1152,8 +1154,7 @@ static NodeP graph_reduce(Op op, const NodeP& x, const std::vector<int>& axes, L
 }
 
 static NodeP graph_reshape(const NodeP& x, const Shape& shape, Loc loc) {
-    for (int64_t d : shape)
-        if (d < 0) fail("reshape: negative size in " + shape_str(shape), loc);
+    check_shape(shape, "reshape", loc);
     if (shape_numel(shape) != shape_numel(x->shape))
         fail(strf("reshape: cannot reshape %s (%lld elements) to %s (%lld elements)",
                   shape_str(x->shape).c_str(), (long long)shape_numel(x->shape),
@@ -2028,20 +2029,16 @@ Tensor stack(const std::vector<Tensor>& ts, int axis, Loc loc) {
 namespace detail {
 static const int ELLIPSIS_LABEL = 100;   // ellipsis axes get labels 100, 101, ...
 
-// x [..., n, n] → its diagonal [..., n]: flatten the pair, pad by n, fold to [n, n+1], column 0
+// x [..., n, n] → its diagonal [..., n]: row i keeps column i, a gather along the last axis.
+// (A pad-and-fold view would nest a condition into the index at every repeated letter, so
+// "iiii..." would grow exponentially.)
 static Tensor diagonal_last2(const Tensor& x, Loc loc) {
     int64_t n = x.size(-1);
-    Shape lead(x.shape().begin(), x.shape().end() - 2);
-    Tensor flat = x.flatten(-2, -1, loc);
-    std::vector<std::pair<int64_t, int64_t>> p(size_t(flat.ndim()), {0, 0});
-    p.back().second = n;
-    Shape folded = lead, out = lead;
-    folded.insert(folded.end(), {n, n + 1});
-    out.push_back(n);
-    std::vector<std::pair<int64_t, int64_t>> keep;
-    for (int64_t d : folded) keep.push_back({0, d});
-    keep.back() = {0, 1};
-    return flat.pad(p, 0, loc).reshape(folded, loc).shrink(keep, loc).reshape(out, loc);
+    Shape rows(size_t(x.ndim()), 1), picks = x.shape();
+    rows[rows.size() - 2] = n;
+    picks.back() = 1;
+    Tensor column = Tensor::arange(n, loc).reshape(rows, loc).expand(picks, loc);
+    return x.gather(-1, column, loc).squeeze(-1, loc);
 }
 }  // namespace detail
 
@@ -3174,7 +3171,13 @@ static std::string unparen_sum(const ExprP& left, const std::string& text) {
     return sum ? text.substr(1, text.size() - 2) : text;
 }
 
-static std::string expr_str(const ExprP& e) {
+// names: parts printed under a name of their own (see stmts_str)
+using ExprNames = std::unordered_map<const Expr*, std::string>;
+static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr) {
+    if (names) {
+        auto named = names->find(e.get());
+        if (named != names->end()) return named->second;
+    }
     switch (e->kind) {
     case EK::CONST:
         if (e->dtype == DType::BOOL) return e->num != 0 ? "true" : "false";
@@ -3182,12 +3185,12 @@ static std::string expr_str(const ExprP& e) {
         return strf("%g", e->num);
     case EK::VAR: return strf("i%d", e->id);
     case EK::ACC: return strf("acc%d", e->id);
-    case EK::LOAD: return strf("buf%d[%s]", e->id, expr_str(e->src[0]).c_str());
+    case EK::LOAD: return strf("buf%d[%s]", e->id, expr_str(e->src[0], names).c_str());
     case EK::CHECK:
-        return strf("check(%s < %lld)", expr_str(e->src[0]).c_str(), (long long)e->bound);
+        return strf("check(%s < %lld)", expr_str(e->src[0], names).c_str(), (long long)e->bound);
     case EK::ALU: break;
     }
-    auto s = [&](size_t i) { return expr_str(e->src[i]); };
+    auto s = [&](size_t i) { return expr_str(e->src[i], names); };
     switch (e->op) {
     case Op::ADD: return "(" + unparen_sum(e->src[0], s(0)) + " + " + s(1) + ")";
     case Op::MUL: return s(0) + "*" + s(1);
@@ -3206,27 +3209,46 @@ static std::string expr_str(const ExprP& e) {
     return out + ")";
 }
 
+// Expressions are DAGs: a part used more than once in a statement is printed once, as
+// t0 = ..., before the statement (as in the C), so a listing grows with the DAG, not its tree.
 static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out) {
     std::string pad(size_t(depth) * 2, ' ');
     for (const Stmt& st : body) {
+        ExprNames names;
+        std::unordered_map<const Expr*, int> uses;
+        for (const ExprP& e : {st.idx, st.val})
+            if (e) count_uses(e.get(), uses);
+        std::function<void(const ExprP&)> name_shared = [&](const ExprP& e) {
+            if (names.count(e.get()) || uses[e.get()] < 0) return;
+            for (auto& s : e->src) name_shared(s);
+            if (uses[e.get()] > 1 && e->kind == EK::ALU) {
+                std::string name = strf("t%zu", names.size());
+                out += pad + name + " = " + expr_str(e, &names) + "\n";
+                names[e.get()] = name;
+            }
+            uses[e.get()] = -1;   // visited
+        };
+        for (const ExprP& e : {st.idx, st.val})
+            if (e) name_shared(e);
+        auto str = [&](const ExprP& e) { return expr_str(e, &names); };
         switch (st.kind) {
         case SK::LOOP:
             out += strf("%sfor i%d < %lld:\n", pad.c_str(), st.id, (long long)st.extent);
             stmts_str(st.body, depth + 1, out);
             break;
         case SK::ACC_INIT:
-            out += strf("%sacc%d = %s\n", pad.c_str(), st.id, expr_str(st.val).c_str());
+            out += strf("%sacc%d = %s\n", pad.c_str(), st.id, str(st.val).c_str());
             break;
         case SK::ACC_UPDATE:
             out += strf("%sacc%d %s %s\n", pad.c_str(), st.id,
-                        st.op == Op::REDUCE_SUM ? "+=" : "max=", expr_str(st.val).c_str());
+                        st.op == Op::REDUCE_SUM ? "+=" : "max=", str(st.val).c_str());
             break;
         case SK::STORE:
         case SK::STORE_ADD:
-            out += strf("%sbuf%d[%s] %s %s\n", pad.c_str(), st.id, expr_str(st.idx).c_str(),
-                        st.kind == SK::STORE ? "=" : "+=", expr_str(st.val).c_str());
+            out += strf("%sbuf%d[%s] %s %s\n", pad.c_str(), st.id, str(st.idx).c_str(),
+                        st.kind == SK::STORE ? "=" : "+=", str(st.val).c_str());
             break;
-        case SK::CHECK: out += pad + expr_str(st.idx) + "\n"; break;
+        case SK::CHECK: out += pad + str(st.idx) + "\n"; break;
         }
     }
 }
@@ -4922,16 +4944,17 @@ struct JsonParser {
             if (c != '\\') { out += c; continue; }
             if (i >= s.size()) bad("unterminated escape");
             char e = s[i++];
-            if (e == 'u') {
-                if (i + 4 > s.size()) bad("short \\u escape");
-                unsigned code = unsigned(std::strtoul(s.substr(i, 4).c_str(), nullptr, 16));
-                i += 4;
-                if (code < 0x80) out += char(code);
-                else if (code < 0x800)
-                    out += {char(0xC0 | (code >> 6)), char(0x80 | (code & 0x3F))};
-                else
-                    out += {char(0xE0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3F)),
-                            char(0x80 | (code & 0x3F))};
+            if (e == 'u') {   // UTF-16 code units; a surrogate pair makes one code point
+                unsigned code = hex4();
+                if (code >= 0xDC00 && code < 0xE000) bad("lone low surrogate");
+                if (code >= 0xD800 && code < 0xDC00) {
+                    if (s.compare(i, 2, "\\u") != 0) bad("lone high surrogate");
+                    i += 2;
+                    unsigned low = hex4();
+                    if (low < 0xDC00 || low >= 0xE000) bad("lone high surrogate");
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+                }
+                utf8(code, out);
             } else {
                 const char* from = "\"\\/bfnrt";
                 const char* to = "\"\\/\b\f\n\r\t";
@@ -4981,11 +5004,50 @@ struct JsonParser {
             v.text = string_value();
             return v;
         }
-        char* end = nullptr;
-        v.number = std::strtod(s.c_str() + i, &end);
-        if (end == s.c_str() + i) bad("unexpected character");
-        i = size_t(end - s.c_str());
+        // JSON's number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+        if (s[i] != '-' && !std::isdigit((unsigned char)s[i])) bad("unexpected character");
+        size_t start = i;
+        auto digits = [&] {
+            size_t from = i;
+            while (i < s.size() && std::isdigit((unsigned char)s[i])) i++;
+            return i - from;
+        };
+        if (i < s.size() && s[i] == '-') i++;
+        size_t lead = i, whole = digits();
+        if (whole == 0 || (whole > 1 && s[lead] == '0')) bad("malformed number");
+        if (i < s.size() && s[i] == '.' && (i++, digits() == 0)) bad("malformed number");
+        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+            i++;
+            if (i < s.size() && (s[i] == '+' || s[i] == '-')) i++;
+            if (digits() == 0) bad("malformed number");
+        }
+        v.number = std::strtod(s.substr(start, i - start).c_str(), nullptr);
         return v;
+    }
+    unsigned hex4() {
+        if (i + 4 > s.size()) bad("short \\u escape");
+        unsigned code = 0;
+        for (int k = 0; k < 4; k++) {
+            char c = s[i++];
+            if (!std::isxdigit((unsigned char)c)) bad("bad \\u escape");
+            code = code * 16 + unsigned(std::isdigit((unsigned char)c) ? c - '0'
+                                                                       : std::tolower(c) - 'a' + 10);
+        }
+        return code;
+    }
+    static void utf8(unsigned code, std::string& out) {
+        if (code < 0x80) { out += char(code); return; }
+        if (code < 0x800) {
+            out += {char(0xC0 | (code >> 6)), char(0x80 | (code & 0x3F))};
+            return;
+        }
+        if (code < 0x10000) {
+            out += {char(0xE0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3F)),
+                    char(0x80 | (code & 0x3F))};
+            return;
+        }
+        out += {char(0xF0 | (code >> 18)), char(0x80 | ((code >> 12) & 0x3F)),
+                char(0x80 | ((code >> 6) & 0x3F)), char(0x80 | (code & 0x3F))};
     }
 };
 
@@ -5067,13 +5129,16 @@ std::map<std::string, Tensor> load_bytes(const std::string& file, const std::str
         else if (dt->text == "BOOL") e.dtype = DType::BOOL;
         else p.bad("entry '" + name + "' has unsupported dtype " + dt->text);
         if (!shape || shape->kind != Json::ARRAY) p.bad("entry '" + name + "' has no shape");
-        int64_t bytes = int64_t(dtype_size(e.dtype));
+        int64_t bytes = int64_t(dtype_size(e.dtype));   // the sizes' product must fit even
+        bool empty = false;                              // when one of them is 0
         for (auto& d : shape->items) {
             e.shape.push_back(whole_number(&d, p, "a size in '" + name + "'"));
-            if (__builtin_mul_overflow(bytes, e.shape.back(), &bytes))
+            empty = empty || e.shape.back() == 0;
+            if (e.shape.back() != 0 && __builtin_mul_overflow(bytes, e.shape.back(), &bytes))
                 p.bad(strf("entry '%s': shape %s is too large", name.c_str(),
                            shape_str(e.shape).c_str()));
         }
+        if (empty) bytes = 0;
         if (!offsets || offsets->kind != Json::ARRAY || offsets->items.size() != 2)
             p.bad("entry '" + name + "' needs data_offsets [begin, end]");
         e.begin = whole_number(&offsets->items[0], p, "data_offsets");
@@ -5105,6 +5170,14 @@ std::map<std::string, Tensor> load_bytes(const std::string& file, const std::str
                           path.c_str(), data_size, (long long)covered));
     std::map<std::string, Tensor> out;
     Device& dev = detail::default_device();
+    for (auto& e : entries) {   // a bool is the byte 0 or 1: anything else is not a bool
+        const char* bytes = file.data() + data_start + size_t(e.begin);
+        for (int64_t i = 0; e.dtype == DType::BOOL && i < e.end - e.begin; i++)
+            if (uint8_t(bytes[i]) > 1)
+                detail::fail(strf("safetensors: %s: entry '%s': bool element %lld is the byte %d, "
+                                  "not 0 or 1", path.c_str(), e.name.c_str(), (long long)i,
+                                  int(uint8_t(bytes[i]))));
+    }
     for (auto& e : entries) {
         auto buf = std::make_shared<detail::Buffer>(&dev, e.dtype, detail::shape_numel(e.shape));
         dev.copy_in(buf->ptr, file.data() + data_start + size_t(e.begin), buf->bytes());

@@ -484,6 +484,9 @@ TEST(shapes_too_large_and_empty_reductions) {
     CHECK_THROWS(Tensor::ones({big, 1}).expand({big, big}), "expand", "2^63");
     CHECK_THROWS(Tensor::ones({big, 2}).pad({{0, 0}, {0, big}}), "pad", "2^63");
     CHECK_THROWS(Tensor::ones({2}).pad({{INT64_MAX, 0}}), "pad", "too large");
+    // with a zero size, the product of the others still bounds the strides of a view
+    CHECK_THROWS(Tensor::zeros({0, big / 256, big / 256}), "zeros", "too large");
+    CHECK_THROWS(Tensor::zeros({0}).reshape({0, big, big}), "reshape", "too large");
     on_each_device([](const std::string& dev) {
         Tensor e = Tensor::zeros({0, 3});
         CHECK_THROWS(e.argmax(0), "argmax", "axis 0", "[0,3]", "empty");
@@ -555,4 +558,18 @@ TEST(check_mode_names_the_first_kernel_with_nan_or_inf) {
         CHECK(std::isnan(x.log().to_vector()[1])); // off: NaN is a value like any other
         (void)dev;
     });
+}
+
+// A letter repeated n times takes n - 1 diagonals: the loop IR grows linearly with n (a
+// diagonal that nested a condition into the index per level made it grow as 2^n).
+TEST(einsum_repeated_letters_stay_linear) {
+    auto ir_size = [](int n) {
+        return tg::inspect(
+                   {tg::einsum(std::string(size_t(n), 'i'), {Tensor::ones(Shape(size_t(n), 2))})})
+            .optimized_ir.size();
+    };
+    size_t ten = ir_size(10), twenty = ir_size(20);
+    CHECK(twenty < 3 * ten);
+    EnvGuard dev("TG_DEVICE", "INTERP");
+    CHECK_EQ(tg::einsum(std::string(24, 'i'), {Tensor::ones(Shape(24, 2))}).item(), 2.0);
 }

@@ -1350,6 +1350,22 @@ TEST(safetensors_rejects_malformed_files) {
     CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "duplicate key 'a'");
     p = path_of("offsets_huge", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", two_f32));
     CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "data_offsets", "too large");
+    // found by fuzzing: a zero size kept the product of the others from being checked
+    p = path_of("zero_then_huge", st_file(R"({"z":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", ""));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", p.c_str(), "too large");
+    p = path_of("bool_byte", st_file(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", "'m'", "bool element 1 is the byte 2");
+    // the header is JSON: its numbers and \u escapes are checked
+    p = path_of("hex_size", st_file(R"({"a":{"dtype":"F32","shape":[0x2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", "malformed header");
+    p = path_of("zero_padded", st_file(R"({"a":{"dtype":"F32","shape":[02],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", "malformed number");
+    p = path_of("bad_escape", st_file(R"({"\uZZZZ":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", "bad \\u escape");
+    p = path_of("lone_surrogate", st_file(R"({"\ud83d":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_THROWS(tg::safetensors::load(p), "safetensors", "lone high surrogate");
+    p = path_of("surrogate_pair", st_file(R"({"\ud83d\ude00":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", two_f32));
+    CHECK_EQ(tg::safetensors::load(p).begin()->first, std::string("\xF0\x9F\x98\x80"));   // U+1F600
 }
 
 TEST(safetensors_save_is_atomic) {
