@@ -1,6 +1,7 @@
 # make            build every example
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
+# make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures            make loc   line count of the header
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 CXX      ?= c++
@@ -13,7 +14,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-asan fuzz bench loc clean
+.PHONY: all test test-asan test-subset test-asan-subset fuzz bench loc clean
 all: $(EXAMPLES)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -50,6 +51,19 @@ test: $(BUILD)/run_tests $(EXAMPLES) $(PROBES)
 
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
+
+# What CI runs under the sanitizers beside make test (all of make test-asan takes about 8
+# minutes on 2 cores): the runtime and cache, the loaders and parsers (fuzz targets), the
+# scheduler, the errors and the reliability tests.
+SUBSET := test_runtime test_fuzz test_schedule test_errors test_reliability main
+$(BUILD)/run_tests_subset: $(patsubst %,$(BUILD)/tests/%.o,$(SUBSET)) $(BUILD)/tinygrad.o
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+test-subset: $(BUILD)/run_tests_subset
+	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
+	TG_CACHE_DIR=$$dir ./$(BUILD)/run_tests_subset $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
+test-asan-subset:
+	$(MAKE) --no-print-directory test-subset BUILD=build-asan \
+	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
 
 # libFuzzer (clang) with ASan and UBSan, each target run with a scratch corpus directory first:
 # new inputs go there, the committed corpus is only read. Findings land in build-fuzz/.
