@@ -2515,9 +2515,10 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             }
         }
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
-        // a comparison, negation or cast costs less to compute again than to store and load
-        bool cheap =
-            n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG || n->op == Op::CAST;
+        // a comparison, a logical op on bools (x <= 0 is x < 0 or x == 0), a negation or a
+        // cast costs less to compute again than to store and load
+        bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG ||
+                     n->op == Op::CAST || (n->dtype == DType::BOOL && is_elementwise(n));
         bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast);
         // Lowering, the passes and the C compiler recurse over a kernel's expression: a long
         // chain is cut into kernels of bounded depth.

@@ -146,3 +146,14 @@ TEST(failed_bounds_check_skips_in_place_writes) {
         unsetenv("TG_DEVICE");
     }
 }
+
+// relu is where(x <= 0, 0, x) with x <= 0 = (x < 0) or (x == 0): logical ops on bools are
+// recomputed where they are read, like comparisons, so neither relu nor its gradient stores one.
+TEST(relu_condition_is_recomputed_not_stored) {
+    Tensor x = data({8, 4}).requires_grad();
+    Tensor y = x.relu();
+    Tensor g = tg::gradients((y * y).sum(), {x})[0];
+    std::string ir = tg::inspect({y, g}).loop_ir;
+    CHECK_EQ(count_of(ir, "temp bool"), 0);
+    CHECK_EQ(kernels(x.relu() * 2.0f), 1);
+}
