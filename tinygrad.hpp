@@ -2524,8 +2524,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         // chain is cut into kernels of bounded depth.
         bool too_deep = r.depth >= SCHED_MAX_DEPTH && !n->src.empty();
         if (is_target.count(n) || n->leaf || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
-            too_deep ||
-            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || (computed && !inline_ok))
+            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || too_deep ||
+            (computed && !inline_ok))
             s.materialized.insert(n);
     }
     // An assignment writes element i after reading element i. A value that reads its target
@@ -2646,8 +2646,7 @@ struct Stmt {
     std::vector<Stmt> body; // LOOP
 };
 static Stmt st_loop(int var, int64_t extent) {
-    Stmt st{SK::LOOP, var, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}};
-    return st;
+    return Stmt{SK::LOOP, var, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}};
 }
 static ExprP ex_const(double v, DType dt);
 static double acc_identity(Op reduce_op, DType dt);
@@ -3826,6 +3825,19 @@ static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads,
     }
 }
 
+// TG_CHECK's scan of a float buffer: err[1] = 2·index + 1 for an infinity, 2·index for a NaN
+// (x - x is NaN for both).
+#define TG_FINITE_SOURCE(type, name)                                                           \
+    "static int " #name "(const " #type " *x, int64_t n, int site, int64_t *err) {\n"           \
+    "    for (int64_t i = 0; i < n; i++) {\n"                                                   \
+    "        if (x[i] - x[i] == 0) continue;\n"                                                 \
+    "        err[0] = site + 1;\n"                                                              \
+    "        err[1] = 2 * i + (x[i] == x[i]);\n"                                                \
+    "        return 1;\n"                                                                       \
+    "    }\n"                                                                                   \
+    "    return 0;\n"                                                                           \
+    "}\n"
+
 // Helpers a program may call; each is emitted only when the program uses it.
 static const std::pair<const char*, const char*> C_HELPERS[] = {
     {"tg_imax(", "static inline int64_t tg_imax(int64_t a, int64_t b) { return a > b ? a : b; }\n"},
@@ -3850,27 +3862,8 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    return 0;\n"
      "}\n"},
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
-    // TG_CHECK: err[1] = 2·index + 1 for an infinity, 2·index for a NaN (x - x is NaN for both)
-    {"tg_finitef(",
-     "static int tg_finitef(const float *x, int64_t n, int site, int64_t *err) {\n"
-     "    for (int64_t i = 0; i < n; i++) {\n"
-     "        if (x[i] - x[i] == 0) continue;\n"
-     "        err[0] = site + 1;\n"
-     "        err[1] = 2 * i + (x[i] == x[i]);\n"
-     "        return 1;\n"
-     "    }\n"
-     "    return 0;\n"
-     "}\n"},
-    {"tg_finite(",
-     "static int tg_finite(const double *x, int64_t n, int site, int64_t *err) {\n"
-     "    for (int64_t i = 0; i < n; i++) {\n"
-     "        if (x[i] - x[i] == 0) continue;\n"
-     "        err[0] = site + 1;\n"
-     "        err[1] = 2 * i + (x[i] == x[i]);\n"
-     "        return 1;\n"
-     "    }\n"
-     "    return 0;\n"
-     "}\n"},
+    {"tg_finitef(", TG_FINITE_SOURCE(float, tg_finitef)},
+    {"tg_finite(", TG_FINITE_SOURCE(double, tg_finite)},
     {"tg_wheref(",
      "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
     {"tg_whered(",
@@ -5031,8 +5024,8 @@ struct JsonParser {
         for (int k = 0; k < 4; k++) {
             char c = s[i++];
             if (!std::isxdigit((unsigned char)c)) bad("bad \\u escape");
-            code = code * 16 + unsigned(std::isdigit((unsigned char)c) ? c - '0'
-                                                                       : std::tolower(c) - 'a' + 10);
+            int digit = std::isdigit((unsigned char)c) ? c - '0' : std::tolower(c) - 'a' + 10;
+            code = code * 16 + unsigned(digit);
         }
         return code;
     }
