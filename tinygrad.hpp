@@ -112,7 +112,7 @@
  HOW TO ADD AN OP
    Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
    A new primitive needs: a row in TG_OPS (Part B), shape inference in [GRAPH], a case in
-   lowering ([LOOPIR] lower_node) and, for new arithmetic, in alu_eval ([LOOPIR]) and its C form
+   lowering ([LOOPIR] lower_node) and, for new arithmetic, in alu_eval ([SHAPES]) and its C form
    in the TG_OPS row. Tests: tests/test_ops.cpp compares every op with a double-precision loop.
 
  ERRORS
@@ -847,8 +847,10 @@ static double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace detail
 
-// ---- [SHAPES] dtypes, shapes, broadcasting, axes --------------------------------------- >>shapes
-// Shape rules in one place: every error names the op and the shapes involved.
+// ---- [SHAPES] dtypes, values, shapes, broadcasting, axes ------------------------------- >>shapes
+// Shape rules in one place: every error names the op and the shapes involved. And the meaning
+// of every arithmetic op on values (alu_eval): the interpreter, the constant folders of the
+// graph and of the loop IR use it, and the C renderer emits the same semantics.
 
 const char* dtype_name(DType dt) {
     switch (dt) {
@@ -988,6 +990,90 @@ static int64_t saturate_int(DType dt, double v) {
     return int64_t(v);
 }
 
+// -- the meaning of every arithmetic op. A value is held as the interpreter and the constant
+// folder hold it: floats in f (float32 rounded to float after every op, as C computes them),
+// integers of every width exactly in i.
+struct Num {
+    double f = 0;
+    int64_t i = 0;
+};
+static Num num_of(double v, DType dt) {   // a constant (Expr::num) as a value
+    Num n;
+    if (dtype_is_float(dt)) n.f = dt == DType::FLOAT32 ? double(float(v)) : v;
+    else n.i = saturate_int(dt == DType::INT32 ? DType::INT32 : DType::INT64, v);
+    return n;
+}
+static double num_double(Num n, DType dt) { return dtype_is_float(dt) ? n.f : double(n.i); }
+
+// Counter-based uniform [0,1): two rounds of a 32-bit integer hash of (seed, index). The same
+// text is compiled here (interpreter, constant folding) and emitted into every C program, so
+// all devices draw identical numbers.
+#define TG_RAND_SOURCE                                                                         \
+    static inline float tg_rand(uint32_t seed, uint32_t i) {                                   \
+        uint32_t x = i * 0x9E3779B9u ^ seed;                                                   \
+        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
+        x ^= seed * 0x85EBCA6Bu;                                                               \
+        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
+        return (float)(x >> 8) * (1.0f / 16777216.0f);                                         \
+    }
+TG_RAND_SOURCE
+#define TG_STRINGIFY2(...) #__VA_ARGS__
+#define TG_STRINGIFY(...) TG_STRINGIFY2(__VA_ARGS__)
+
+static Num cast_num(Num a, DType from, DType to) {
+    Num r;
+    if (to == DType::FLOAT32) r.f = dtype_is_float(from) ? double(float(a.f)) : double(float(a.i));
+    else if (to == DType::FLOAT64) r.f = dtype_is_float(from) ? a.f : double(a.i);
+    else if (dtype_is_float(from)) r.i = saturate_int(to == DType::INDEX ? DType::INT64 : to, a.f);
+    else r.i = wrap_int(to, uint64_t(a.i));
+    return r;
+}
+
+// in: the operands' dtype (a comparison's or a cast's operand differs from its result)
+static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
+    Num r;
+    switch (op) {
+    case Op::CMPLT: r.i = dtype_is_float(in) ? a[0].f < a[1].f : a[0].i < a[1].i; return r;
+    case Op::CMPEQ: r.i = dtype_is_float(in) ? a[0].f == a[1].f : a[0].i == a[1].i; return r;
+    case Op::WHERE: return a[0].i ? a[1] : a[2];
+    case Op::CAST: return cast_num(a[0], in, dt);
+    case Op::RAND: r.f = tg_rand(uint32_t(a[0].i), uint32_t(a[1].i)); return r;
+    default: break;
+    }
+    if (!dtype_is_float(dt)) {
+        uint64_t x = uint64_t(a[0].i), y = uint64_t(a[1].i);
+        int64_t sx = a[0].i, sy = a[1].i;
+        switch (op) {
+        case Op::NEG: r.i = wrap_int(dt, 0 - x); return r;
+        case Op::ADD: r.i = dt == DType::BOOL ? (x | y) != 0 : wrap_int(dt, x + y); return r;
+        case Op::MUL: r.i = dt == DType::BOOL ? (x & y) != 0 : wrap_int(dt, x * y); return r;
+        case Op::MAX: r.i = std::max(sx, sy); return r;
+        case Op::IDIV:   // truncating like C; x / 0 = 0 and MIN / -1 wraps, where C traps
+            r.i = sy == 0 ? 0 : sy == -1 ? wrap_int(dt, 0 - x) : sx / sy;
+            return r;
+        case Op::MOD: r.i = sy == 0 || sy == -1 ? 0 : sx % sy; return r;
+        default: break;
+        }
+    } else {
+        bool f32 = dt == DType::FLOAT32;
+        double x = a[0].f, y = a[1].f;
+        switch (op) {
+        case Op::NEG: r.f = -x; return r;
+        case Op::EXP2: r.f = f32 ? std::exp2(float(x)) : std::exp2(x); return r;
+        case Op::LOG2: r.f = f32 ? std::log2(float(x)) : std::log2(x); return r;
+        case Op::SIN: r.f = f32 ? std::sin(float(x)) : std::sin(x); return r;
+        case Op::COS: r.f = f32 ? std::cos(float(x)) : std::cos(x); return r;
+        case Op::SQRT: r.f = f32 ? std::sqrt(float(x)) : std::sqrt(x); return r;
+        case Op::RECIP: r.f = f32 ? 1.0f / float(x) : 1.0 / x; return r;
+        case Op::ADD: r.f = f32 ? double(float(x) + float(y)) : x + y; return r;
+        case Op::MUL: r.f = f32 ? double(float(x) * float(y)) : x * y; return r;
+        case Op::MAX: r.f = std::isnan(x) || x > y ? x : y; return r;
+        default: break;
+        }
+    }
+    fail(strf("alu_eval: %s is not an arithmetic op for %s", op_name(op), dtype_name(dt)));
+}
+
 // ---- [GRAPH] nodes, buffers and the primitive builders ---------------------------------- >>graph
 // A Node is one primitive op with its inferred shape and dtype. Builders here check their
 // arguments and infer the result, so every later stage can trust shapes. A realized node
@@ -1074,8 +1160,38 @@ static thread_local std::vector<NodeP>* jit_capture = nullptr;
 
 static void realize_nodes(const std::vector<NodeP>& targets, bool now = false);   // [REALIZE]
 
+// A constant that nothing differentiates or has computed.
+static bool plain_const(const NodeP& n) {
+    return n->op == Op::CONST && !n->buffer && !n->requires_grad && !n->leaf;
+}
+
+// Ops on constants fold to a constant as the graph is built, and a view of a constant is one
+// too (a pad only of 0): no kernel computes the 1/n that a mean's gradient starts from.
+// Reductions are not folded: a folded sum would not have the bits of the summing loop.
+static bool fold_constant(Op op, DType dt, const std::vector<NodeP>& src, double& value) {
+    if (src.empty() || !std::all_of(src.begin(), src.end(), plain_const)) return false;
+    OpKind k = op_kind(op);
+    if (k == OpKind::MOVEMENT) {
+        value = src[0]->value;
+        return op != Op::PAD || value == 0;
+    }
+    if (k != OpKind::UNARY && k != OpKind::BINARY && k != OpKind::TERNARY) return false;
+    Num a[3];
+    for (size_t i = 0; i < src.size(); i++) a[i] = num_of(src[i]->value, src[i]->dtype);
+    Num r = alu_eval(op, dt, src[0]->dtype, a);
+    const int64_t exact = int64_t(1) << 53;   // a constant holds its value as a double
+    if (!dtype_is_float(dt) && (r.i > exact || r.i < -exact)) return false;
+    value = num_double(r, dt);
+    return true;
+}
+
 static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc loc,
                        std::vector<int64_t> arg = {}, double value = 0) {
+    if (fold_constant(op, dt, src, value)) {
+        op = Op::CONST;
+        src.clear();
+        arg.clear();
+    }
     auto n = std::make_shared<Node>();
     n->op = op;
     n->dtype = dt;
@@ -2618,8 +2734,8 @@ static std::string sched_listing(const Schedule& s) {
 // expression trees (Expr), immutable and shared. Lowering walks a kernel's graph from its root
 // carrying the index expression of every axis; views transform that index (this is where
 // movement ops become strides, offsets and pad conditions), loads read buffers at it.
-// alu_eval is the executable meaning of every arithmetic op: the interpreter and the constant
-// folder both use it. Tests: tests/test_interp.cpp (against the compiled C and loops).
+// alu_eval ([SHAPES]) is the executable meaning of every arithmetic op. Tests:
+// tests/test_interp.cpp (against the compiled C and loops).
 
 enum class EK : uint8_t { CONST, VAR, ACC, LOAD, ALU, CHECK };
 struct Expr;
@@ -2736,90 +2852,6 @@ static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Sha
         out.push_back(ex_alu(Op::MOD, DType::INDEX, {q, ix(to[d])}));
     }
     return out;
-}
-
-// -- the meaning of every arithmetic op. A value is held as the interpreter and the constant
-// folder hold it: floats in f (float32 rounded to float after every op, as C computes them),
-// integers of every width exactly in i.
-struct Num {
-    double f = 0;
-    int64_t i = 0;
-};
-static Num num_of(double v, DType dt) {   // a constant (Expr::num) as a value
-    Num n;
-    if (dtype_is_float(dt)) n.f = dt == DType::FLOAT32 ? double(float(v)) : v;
-    else n.i = saturate_int(dt == DType::INT32 ? DType::INT32 : DType::INT64, v);
-    return n;
-}
-static double num_double(Num n, DType dt) { return dtype_is_float(dt) ? n.f : double(n.i); }
-
-// Counter-based uniform [0,1): two rounds of a 32-bit integer hash of (seed, index). The same
-// text is compiled here (interpreter, constant folding) and emitted into every C program, so
-// all devices draw identical numbers.
-#define TG_RAND_SOURCE                                                                         \
-    static inline float tg_rand(uint32_t seed, uint32_t i) {                                   \
-        uint32_t x = i * 0x9E3779B9u ^ seed;                                                   \
-        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
-        x ^= seed * 0x85EBCA6Bu;                                                               \
-        x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
-        return (float)(x >> 8) * (1.0f / 16777216.0f);                                         \
-    }
-TG_RAND_SOURCE
-#define TG_STRINGIFY2(...) #__VA_ARGS__
-#define TG_STRINGIFY(...) TG_STRINGIFY2(__VA_ARGS__)
-
-static Num cast_num(Num a, DType from, DType to) {
-    Num r;
-    if (to == DType::FLOAT32) r.f = dtype_is_float(from) ? double(float(a.f)) : double(float(a.i));
-    else if (to == DType::FLOAT64) r.f = dtype_is_float(from) ? a.f : double(a.i);
-    else if (dtype_is_float(from)) r.i = saturate_int(to == DType::INDEX ? DType::INT64 : to, a.f);
-    else r.i = wrap_int(to, uint64_t(a.i));
-    return r;
-}
-
-// in: the operands' dtype (a comparison's or a cast's operand differs from its result)
-static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
-    Num r;
-    switch (op) {
-    case Op::CMPLT: r.i = dtype_is_float(in) ? a[0].f < a[1].f : a[0].i < a[1].i; return r;
-    case Op::CMPEQ: r.i = dtype_is_float(in) ? a[0].f == a[1].f : a[0].i == a[1].i; return r;
-    case Op::WHERE: return a[0].i ? a[1] : a[2];
-    case Op::CAST: return cast_num(a[0], in, dt);
-    case Op::RAND: r.f = tg_rand(uint32_t(a[0].i), uint32_t(a[1].i)); return r;
-    default: break;
-    }
-    if (!dtype_is_float(dt)) {
-        uint64_t x = uint64_t(a[0].i), y = uint64_t(a[1].i);
-        int64_t sx = a[0].i, sy = a[1].i;
-        switch (op) {
-        case Op::NEG: r.i = wrap_int(dt, 0 - x); return r;
-        case Op::ADD: r.i = dt == DType::BOOL ? (x | y) != 0 : wrap_int(dt, x + y); return r;
-        case Op::MUL: r.i = dt == DType::BOOL ? (x & y) != 0 : wrap_int(dt, x * y); return r;
-        case Op::MAX: r.i = std::max(sx, sy); return r;
-        case Op::IDIV:   // truncating like C; x / 0 = 0 and MIN / -1 wraps, where C traps
-            r.i = sy == 0 ? 0 : sy == -1 ? wrap_int(dt, 0 - x) : sx / sy;
-            return r;
-        case Op::MOD: r.i = sy == 0 || sy == -1 ? 0 : sx % sy; return r;
-        default: break;
-        }
-    } else {
-        bool f32 = dt == DType::FLOAT32;
-        double x = a[0].f, y = a[1].f;
-        switch (op) {
-        case Op::NEG: r.f = -x; return r;
-        case Op::EXP2: r.f = f32 ? std::exp2(float(x)) : std::exp2(x); return r;
-        case Op::LOG2: r.f = f32 ? std::log2(float(x)) : std::log2(x); return r;
-        case Op::SIN: r.f = f32 ? std::sin(float(x)) : std::sin(x); return r;
-        case Op::COS: r.f = f32 ? std::cos(float(x)) : std::cos(x); return r;
-        case Op::SQRT: r.f = f32 ? std::sqrt(float(x)) : std::sqrt(x); return r;
-        case Op::RECIP: r.f = f32 ? 1.0f / float(x) : 1.0 / x; return r;
-        case Op::ADD: r.f = f32 ? double(float(x) + float(y)) : x + y; return r;
-        case Op::MUL: r.f = f32 ? double(float(x) * float(y)) : x * y; return r;
-        case Op::MAX: r.f = std::isnan(x) || x > y ? x : y; return r;
-        default: break;
-        }
-    }
-    fail(strf("alu_eval: %s is not an arithmetic op for %s", op_name(op), dtype_name(dt)));
 }
 
 // The value an accumulator starts from: 0 for sums, the smallest value for maxima.

@@ -157,3 +157,19 @@ TEST(relu_condition_is_recomputed_not_stored) {
     CHECK_EQ(count_of(ir, "temp bool"), 0);
     CHECK_EQ(kernels(x.relu() * 2.0f), 1);
 }
+
+// Ops on constants fold as the graph is built: the gradient of a mean is one constant node,
+// with no kernel computing 1/n (reductions of constants are not folded: their loops round).
+TEST(constant_subgraphs_fold_when_built) {
+    Tensor c = (Tensor::full({3}, 2.0f) * 3.0f + 1.0f).reshape({3, 1}).expand({3, 4});
+    std::string graph = tg::inspect({c}).graph;
+    CHECK_EQ(count_of(graph, "\n"), 1);   // one node
+    CHECK(graph.find("CONST 7") != std::string::npos);
+    Tensor x = data({4, 8}).requires_grad();
+    Tensor g = tg::gradients(x.mean(), {x})[0];
+    CHECK_EQ(count_of(tg::inspect({g}).graph, "\n"), 1);
+    CHECK_EQ(g.to_vector()[5], 1.0f / 32);
+    CHECK_EQ(count_of(tg::inspect({Tensor::ones({4}).sum()}).graph, "REDUCE_SUM"), 1);
+    Tensor leaf = Tensor::zeros({2}).requires_grad();   // a leaf is not a plain constant
+    CHECK_EQ(count_of(tg::inspect({leaf * 2.0f}).graph, "MUL"), 1);
+}
