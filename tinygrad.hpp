@@ -2498,27 +2498,32 @@ namespace detail {
 
 // ---- [SCHEDULE] which nodes get buffers; one kernel per stored node ------------------ >>schedule
 // Input: the nodes to realize. Output: kernels in dependency order. A node is materialized
-// (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, a reduction, an
-// assignment or scatter, or computed and read by more than one consumer or through a
-// broadcast (looking through views). Everything else is inlined into the kernels that read it,
-// so elementwise chains fuse and broadcast operands stay stride-0 reads. A reduction whose
-// only consumer chain is elementwise (or a reshape that only adds or drops unit axes) up to a
-// materialized root fuses into that root's kernel: the loop nest runs over the reduction's
-// keepdim shape and the accumulator feeds the store. An ASSIGN stores into its target's
-// buffer: kernels that read the target's old value run before it, and a value that reads
-// the target through a view is computed into a temporary first.
+// (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, an assignment or
+// scatter, a reduction read by several kernels or through an index, or a computed value that
+// the cost model says to store: read by several kernels, or at several indices (through a
+// broadcast, or two paths) where computing it again costs more than RECOMPUTE_LIMIT.
+// Everything else is inlined into the kernels that read it, so elementwise chains fuse and
+// broadcast operands stay stride-0 reads. A reduction read by one kernel runs inside it, and
+// so does a value broadcast back over the rows it came from (sched.once): lowering computes
+// it once per value, in the innermost loop its index depends on (softmax's row max and sum in
+// the row loop, before the loop over the row), and where it cannot (the value would be
+// recomputed inside a loop it does not depend on) it asks for a buffer and the program is
+// planned again (plan_program). An ASSIGN stores into its target's buffer: kernels that read
+// the target's old value run before it, and a value that reads the target through a view is
+// computed into a temporary first.
 // Tests: tests/test_schedule.cpp (kernel counts for canonical graphs).
 
 struct Kernel {
     Node* root = nullptr;              // the node whose value this kernel stores
-    Shape loop_shape;                  // root's shape, or the keepdim shape of fused reductions
-    std::vector<Node*> fused_reduces;
 };
 
 struct Schedule {
     std::vector<NodeP> targets;
     std::vector<Kernel> kernels;                   // in dependency order
     std::unordered_set<Node*> materialized;        // roots of kernels
+    // inlined on the condition that lowering computes them once per value (reductions inside a
+    // kernel, values broadcast back): where it cannot, it asks for a buffer (plan_program)
+    std::unordered_set<Node*> once;
 };
 
 static bool is_elementwise(const Node* n) {
@@ -2561,7 +2566,31 @@ static bool same_index_op(const Node* n) {
 
 static const int64_t SCHED_MAX_DEPTH = 256;
 
-static Schedule sched_build(const std::vector<NodeP>& targets) {
+// The cost model: about how many cycles an op costs per element, and the most a value read by
+// one kernel at several indices may cost (its op and the inlined ops below it) to be computed
+// again at each rather than stored once and loaded. A transcendental function is 8, so a chain
+// such as softmax's e^(x - max) is recomputed; an op on a stored value or on a reduction's
+// accumulator costs 1 per load. A value read through a broadcast is computed once per element
+// it is broadcast to (a gradient in a matrix product's inner loop): only a few arithmetic ops
+// (a mean: sum·1/n) are recomputed there. A value read by several kernels is stored: fused
+// into a matrix product's kernel, a select or a libm call in its epilogue keeps GCC 12 from
+// vectorizing the product (measured on W2: 2x slower), until products get kernels of their
+// own shape (the CPU-speed work).
+static const int64_t RECOMPUTE_LIMIT = 24, BROADCAST_RECOMPUTE_LIMIT = 4;
+static int64_t op_cost(Op op) {
+    switch (op) {
+    case Op::EXP2: case Op::LOG2: case Op::SIN: case Op::COS: case Op::RAND: return 8;
+    case Op::SQRT: case Op::RECIP: case Op::IDIV: case Op::MOD: return 4;
+    case Op::GATHER: return 2;
+    case Op::CONST: case Op::ARANGE: return 0;
+    default: return op_kind(op) == OpKind::MOVEMENT ? 0 : 1;
+    }
+}
+
+// store: reductions to keep in buffers although they have a single reader (lowering could not
+// compute them once per value inside it).
+static Schedule sched_build(const std::vector<NodeP>& targets,
+                            const std::unordered_set<Node*>& store = {}) {
     Schedule s;
     std::unordered_set<Node*> is_target;
     for (const NodeP& t : targets)
@@ -2584,17 +2613,26 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
     for (Node* n : order)
         if (!n->buffer)
             for (auto& src : n->src) users[src.get()].push_back(n);
+    // What recomputing each value would cost, sources first, as if everything below it were
+    // recomputed too (an upper bound: shared parts count once per path). Buffers, the values
+    // of reductions and sources too costly to recompute (they will be stored) cost a load.
+    std::unordered_map<Node*, int64_t> cost;
+    for (Node* n : order) {
+        int64_t c = op_cost(n->op);
+        for (auto& src : n->src) c += cost[src.get()] > RECOMPUTE_LIMIT ? 1 : cost[src.get()];
+        bool loaded = n->buffer || n->leaf || op_kind(n->op) == OpKind::REDUCE;
+        cost[n] = loaded ? 1 : std::min(c, RECOMPUTE_LIMIT + 1);
+    }
     // Decide users before sources. Where a node's value goes: the kernels (roots) it would be
     // inlined into, whether every path there reads it at the root's own index (elementwise
     // ops only), whether a path goes through a broadcast, how many paths there are (counted
     // up to 2) and how deep it would sit in its root's expression (the longest path).
     struct Reach {
         std::unordered_set<Node*> roots;
-        bool same_index = true, broadcast = false;
+        bool same_index = true, broadcast = false, indexed = false;
         int64_t paths = 0, depth = 0;
     };
     std::unordered_map<Node*, Reach> reach;
-    std::unordered_map<Node*, Kernel> fused_into;   // root → its fused reductions
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
         Node* n = *it;
         if (n->buffer) continue;
@@ -2603,6 +2641,7 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             if (s.materialized.count(u)) {
                 r.roots.insert(u);
                 r.same_index = r.same_index && op_kind(u->op) != OpKind::INDEXED;
+                r.indexed = r.indexed || op_kind(u->op) == OpKind::INDEXED;
                 r.paths = std::min<int64_t>(r.paths + 1, 2);
                 r.depth = std::max<int64_t>(r.depth, 1);
                 continue;
@@ -2610,7 +2649,11 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
             const Reach& ru = reach[u];
             r.roots.insert(ru.roots.begin(), ru.roots.end());
             r.same_index = r.same_index && ru.same_index && same_index_op(u);
-            r.broadcast = r.broadcast || ru.broadcast || u->op == Op::EXPAND;
+            // a reduction inside a kernel reads each element once, however its own value is
+            // broadcast: that broadcast does not reach below it
+            bool reduces = op_kind(u->op) == OpKind::REDUCE;
+            r.broadcast = r.broadcast || (ru.broadcast && !reduces) || u->op == Op::EXPAND;
+            r.indexed = r.indexed || ru.indexed || op_kind(u->op) == OpKind::INDEXED;
             r.paths = std::min<int64_t>(r.paths + ru.paths, 2);
             r.depth = std::max(r.depth, ru.depth + 1);
         }
@@ -2619,61 +2662,49 @@ static Schedule sched_build(const std::vector<NodeP>& targets) {
         OpKind k = op_kind(n->op);
         bool one_root = r.roots.size() == 1 && r.same_index && !is_target.count(n);
         if (one_root) reach[n].paths = 1;   // computed once per element of its root
-        if (k == OpKind::REDUCE && one_root) {   // fuse into the root's loop nest?
-            Node* root = *r.roots.begin();
-            bool root_ok =
-                same_index_op(root) || (root->op == Op::ASSIGN && root->src[0].get() != n);
-            Kernel& kr = fused_into[root];
-            if (root_ok && (kr.fused_reduces.empty() || kr.loop_shape == n->shape)) {
-                kr.loop_shape = n->shape;
-                kr.fused_reduces.push_back(n);
-                continue;
-            }
-        }
+        // A reduction read by one kernel only (not through an index) is computed inside it:
+        // lowering nests its loops in the kernel's loops, where it is computed once per value
+        // (inside a row loop when it is broadcast back over the row), or asks for a buffer.
+        bool inner_reduce = k == OpKind::REDUCE && r.roots.size() == 1 && !r.indexed &&
+                            !is_target.count(n) && !store.count(n);
+        if (inner_reduce) s.once.insert(n);
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
         // a comparison, a logical op on bools (x <= 0 is x < 0 or x == 0), a negation or a
         // cast costs less to compute again than to store and load
         bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG ||
                      n->op == Op::CAST || (n->dtype == DType::BOOL && is_elementwise(n));
-        bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast);
+        bool recompute = k != OpKind::REDUCE && r.roots.size() == 1 && cost[n] <= RECOMPUTE_LIMIT;
+        bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute;
+        // read through a broadcast, it must be computed once per value of its own (out of
+        // the loops it is broadcast over), unless it costs next to nothing
+        if (inline_ok && !one_root && !cheap && r.broadcast &&
+            cost[n] > BROADCAST_RECOMPUTE_LIMIT && computed && !store.count(n))
+            s.once.insert(n);
+        inline_ok = inline_ok && !store.count(n);
         // Lowering, the passes and the C compiler recurse over a kernel's expression: a long
         // chain is cut into kernels of bounded depth.
         bool too_deep = r.depth >= SCHED_MAX_DEPTH && !n->src.empty();
-        if (is_target.count(n) || n->leaf || n->op == Op::CONTIGUOUS || k == OpKind::REDUCE ||
-            k == OpKind::ASSIGN || n->op == Op::SCATTER_ADD || too_deep ||
-            (computed && !inline_ok))
+        if (is_target.count(n) || n->leaf || n->op == Op::CONTIGUOUS ||
+            (k == OpKind::REDUCE && !inner_reduce) || k == OpKind::ASSIGN ||
+            n->op == Op::SCATTER_ADD || too_deep || (computed && !inline_ok && !inner_reduce))
             s.materialized.insert(n);
     }
     // An assignment writes element i after reading element i. A value that reads its target
-    // elsewhere (x.assign(x.flip(0))) gets a buffer of its own, taking the assignment's fused
-    // reductions with it: they all lie below the value.
+    // elsewhere (x.assign(x.flip(0))) gets a buffer of its own.
     for (Node* n : order) {
         Node* value = n->src.empty() ? nullptr : n->src.back().get();
         if (n->op != Op::ASSIGN || n->buffer || value->buffer || s.materialized.count(value))
             continue;
         std::unordered_set<Node*> seen;
-        if (!reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) continue;
-        auto fused = fused_into.find(n);
-        if (fused != fused_into.end()) {
-            std::vector<Node*>& rs = fused->second.fused_reduces;
-            rs.erase(std::remove(rs.begin(), rs.end(), value), rs.end());
-            if (!rs.empty()) fused_into[value] = fused->second;
-            fused_into.erase(n);
-        }
-        s.materialized.insert(value);
+        if (reads_through_view(value, n->src[0].get(), s.materialized, false, seen))
+            s.materialized.insert(value);
     }
     std::vector<Kernel> kernels;
     std::unordered_map<Node*, size_t> kernel_of;
     for (Node* n : order) {
         if (!s.materialized.count(n)) continue;
-        Kernel k;
-        auto it = fused_into.find(n);
-        if (it != fused_into.end()) k = it->second;
-        else if (op_kind(n->op) == OpKind::REDUCE) k.fused_reduces.push_back(n);
-        if (k.fused_reduces.empty() || op_kind(n->op) == OpKind::REDUCE) k.loop_shape = n->shape;
-        k.root = n;
         kernel_of[n] = kernels.size();
-        kernels.push_back(k);
+        kernels.push_back(Kernel{n});
     }
     // Order: producers before consumers, and every kernel that reads a buffer's old value
     // before the assignment that overwrites it (Kahn's algorithm, ties in graph order).
@@ -2720,9 +2751,6 @@ static std::string sched_listing(const Schedule& s) {
         const Kernel& k = s.kernels[i];
         out += strf("K%zu: %s %s %s", i, op_name(k.root->op), dtype_name(k.root->dtype),
                     shape_str(k.root->shape).c_str());
-        if (!k.fused_reduces.empty() && k.fused_reduces[0] != k.root)
-            out += strf("  with %zu fused reduction(s), loops over %s", k.fused_reduces.size(),
-                        shape_str(k.loop_shape).c_str());
         out += "  " + loc_str(k.root->loc) + "\n";
     }
     return out;
@@ -2769,6 +2797,10 @@ static double acc_identity(Op reduce_op, DType dt);
 static Stmt st_acc_init(int acc, Op reduce_op, DType dt) {
     ExprP start = ex_const(acc_identity(reduce_op, dt), dt);
     return Stmt{SK::ACC_INIT, acc, 0, reduce_op, dt, nullptr, start, {}};
+}
+// a local computed once: an accumulator that starts from a value and is never updated
+static Stmt st_local(int acc, DType dt, ExprP value) {
+    return Stmt{SK::ACC_INIT, acc, 0, Op::REDUCE_SUM, dt, nullptr, std::move(value), {}};
 }
 static Stmt st_acc_update(int acc, Op reduce_op, DType dt, ExprP value) {
     return Stmt{SK::ACC_UPDATE, acc, 0, reduce_op, dt, nullptr, std::move(value), {}};
@@ -2875,6 +2907,16 @@ static bool expr_contains(const ExprP& e, const Expr* part) {
     return false;
 }
 
+using SimplifyMemo = std::unordered_map<const Expr*, std::pair<ExprP, ExprP>>;
+static ExprP simplify(const ExprP& e, SimplifyMemo& memo);                          // [PASSES]
+using ExprNames = std::unordered_map<const Expr*, std::string>;
+static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr);      // [PASSES]
+
+static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
+    if (e->kind == EK::VAR) vars.insert(e->id);
+    for (auto& s : e->src) vars_used(s, vars);
+}
+
 // -- lowering one kernel of the schedule into a Block
 struct Lowering {
     Program& prog;
@@ -2888,6 +2930,19 @@ struct Lowering {
     // renderer names shared parts); the stored index keeps the key's pointers alive
     std::map<std::pair<Node*, std::vector<const Expr*>>, std::pair<std::vector<ExprP>, ExprP>>
         lowered;
+    // Loops are opened outermost first; a reduction inside the kernel is computed in the
+    // innermost open loop its index depends on, before the loop nested there (statements
+    // collected in before_loop by that loop's variable, spliced in at the end).
+    std::vector<int> open_loops;
+    std::map<int, std::vector<Stmt>> before_loop;
+    std::map<Node*, std::string> first_index;    // where each value of sched.once was computed
+    std::map<std::pair<Node*, std::string>, ExprP> computed_at;   // and its local there
+    SimplifyMemo index_memo;
+    std::vector<Node*>* store_instead;           // values that must get buffers after all
+
+    Lowering(Program& p, const Schedule& s, std::unordered_map<Node*, int>& ids,
+             std::vector<Node*>* store)
+        : prog(p), sched(s), buffer_ids(ids), store_instead(store) {}
 
     // An assignment stores into its target's buffer, so both nodes name the same buffer.
     int buffer_id(Node* n) {
@@ -2922,7 +2977,7 @@ struct Lowering {
         for (auto& e : idx) key.second.push_back(e.get());
         auto hit = lowered.find(key);
         if (hit != lowered.end()) return hit->second.second;
-        ExprP e = lower_new(n, idx);
+        ExprP e = n != root && sched.once.count(n) ? lower_once(n, idx) : lower_new(n, idx);
         lowered[key] = {idx, e};
         return e;
     }
@@ -2997,23 +3052,7 @@ struct Lowering {
             return v;
         }
         case Op::REDUCE_SUM:
-            if (dtype_is_float(n->dtype)) return lower_float_sum(s0, idx, n->arg, 0, n->dtype);
-            [[fallthrough]];
-        case Op::REDUCE_MAX: {   // exact in any order: one accumulator over the whole nest
-            int acc = naccs++;
-            body->push_back(st_acc_init(acc, n->op, n->dtype));
-            std::vector<Stmt>* outer = body;
-            std::vector<ExprP> si = idx;
-            for (int64_t d : n->arg) {
-                int v = nvars++;
-                body->push_back(st_loop(v, s0->shape[size_t(d)]));
-                body = &body->back().body;
-                si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
-            }
-            body->push_back(st_acc_update(acc, n->op, n->dtype, lower(s0, si)));
-            body = outer;
-            return ex_acc(acc, n->dtype);
-        }
+        case Op::REDUCE_MAX: return lower_reduction(n, idx);
         default: break;
         }
         OpKind k = op_kind(n->op);
@@ -3063,10 +3102,116 @@ struct Lowering {
         body->push_back(st_loop(v, extent));
         std::vector<Stmt>* outer = body;
         body = &body->back().body;
+        open_loops.push_back(v);
         ExprP value = term(ex_var(v, extent));
+        open_loops.pop_back();
         body->push_back(st_acc_update(acc, Op::REDUCE_SUM, dt, value));
         body = outer;
         return ex_acc(acc, dt);
+    }
+
+    // A value in sched.once at idx, computed once per value: in the innermost open loop that
+    // idx depends on (a softmax's row maximum in the row loop, before the loop over the row),
+    // into an accumulator or a local. Recomputed inside a loop it does not depend on, or (a
+    // reduction) needed at a second index, it is noted in store_instead: the kernel is planned
+    // again with it in a buffer.
+    ExprP lower_once(Node* n, const std::vector<ExprP>& idx) {
+        std::unordered_set<int> used;
+        std::string where;
+        for (const ExprP& e : idx) {
+            ExprP simple = simplify(e, index_memo);
+            vars_used(simple, used);
+            where += expr_str(simple, nullptr) + ",";
+        }
+        auto done = computed_at.find({n, where});   // the same value reached by another path
+        if (done != computed_at.end()) return done->second;
+        int level = -1;   // position in open_loops of the innermost loop idx depends on
+        for (size_t p = 0; p < open_loops.size(); p++)
+            if (used.count(open_loops[p])) level = int(p);
+        bool waste = false;
+        for (int p = 0; p < level; p++) waste = waste || !used.count(open_loops[size_t(p)]);
+        bool reduces = op_kind(n->op) == OpKind::REDUCE;
+        auto [seen, first] = first_index.emplace(n, where);
+        if (store_instead && (waste || (reduces && !first && seen->second != where)))
+            store_instead->push_back(n);
+        ExprP value;
+        if (size_t(level + 1) == open_loops.size()) {
+            value = lower_new(n, idx);
+        } else {   // computed before the loop nested in the one it depends on
+            std::vector<int> nest = open_loops;
+            std::vector<Stmt> hoisted, *outer = body;
+            body = &hoisted;
+            open_loops.resize(size_t(level + 1));
+            value = lower_new(n, idx);
+            if (!reduces) {
+                int local = naccs++;
+                body->push_back(st_local(local, n->dtype, value));
+                value = ex_acc(local, n->dtype);
+            }
+            body = outer;
+            open_loops = nest;
+            std::vector<Stmt>& dst = before_loop[open_loops[size_t(level + 1)]];
+            for (Stmt& st : hoisted) dst.push_back(std::move(st));
+        }
+        computed_at[{n, where}] = value;
+        return value;
+    }
+
+    // A reduction at idx, in *body: a tree of sums for floats, else one accumulator (exact in
+    // any order) over the whole nest.
+    ExprP lower_reduction(Node* n, const std::vector<ExprP>& idx) {
+        Node* s0 = n->src[0].get();
+        if (n->op == Op::REDUCE_SUM && dtype_is_float(n->dtype))
+            return lower_float_sum(s0, idx, n->arg, 0, n->dtype);
+        int acc = naccs++;
+        body->push_back(st_acc_init(acc, n->op, n->dtype));
+        std::vector<Stmt>* outer = body;
+        std::vector<ExprP> si = idx;
+        size_t opened = open_loops.size();
+        for (int64_t d : n->arg) {
+            int v = nvars++;
+            body->push_back(st_loop(v, s0->shape[size_t(d)]));
+            body = &body->back().body;
+            open_loops.push_back(v);
+            si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
+        }
+        body->push_back(st_acc_update(acc, n->op, n->dtype, lower(s0, si)));
+        open_loops.resize(opened);
+        body = outer;
+        return ex_acc(acc, n->dtype);
+    }
+
+    // Moves each before_loop list in front of its loop (lists may hold loops with lists too).
+    void splice_hoisted(std::vector<Stmt>& stmts) {
+        std::vector<Stmt> out;
+        for (Stmt& st : stmts) {
+            if (st.kind == SK::LOOP) {
+                auto it = before_loop.find(st.id);
+                if (it != before_loop.end()) {
+                    std::vector<Stmt> hoisted = std::move(it->second);
+                    before_loop.erase(it);
+                    splice_hoisted(hoisted);
+                    for (Stmt& h : hoisted) out.push_back(std::move(h));
+                }
+                splice_hoisted(st.body);
+            }
+            out.push_back(std::move(st));
+        }
+        stmts = std::move(out);
+    }
+
+    // Loops over shape in *body, one per axis longer than 1, left open: their indices.
+    std::vector<ExprP> open_nest(const Shape& shape) {
+        std::vector<ExprP> idx;
+        for (int64_t extent : shape) {
+            if (extent == 1) { idx.push_back(ix(0)); continue; }
+            int v = nvars++;
+            body->push_back(st_loop(v, extent));
+            body = &body->back().body;
+            open_loops.push_back(v);
+            idx.push_back(ex_var(v, extent));
+        }
+        return idx;
     }
 
     Block lower_kernel(const Kernel& k, size_t index) {
@@ -3074,21 +3219,14 @@ struct Lowering {
         nvars = naccs = 0;
         visited.clear();
         lowered.clear();
+        open_loops.clear();
+        before_loop.clear();
+        first_index.clear();
+        computed_at.clear();
         int out = buffer_id(root);
         Block blk;
         body = &blk.body;
-        std::vector<ExprP> loop_idx;
-        for (int64_t extent : k.loop_shape) {
-            if (extent == 1) { loop_idx.push_back(ix(0)); continue; }
-            int v = nvars++;
-            body->push_back(
-                Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
-            body = &body->back().body;
-            loop_idx.push_back(ex_var(v, extent));
-        }
-        std::vector<ExprP> root_idx = k.loop_shape == root->shape
-                                          ? loop_idx
-                                          : reshape_index(loop_idx, k.loop_shape, root->shape);
+        std::vector<ExprP> loop_idx = open_nest(root->shape);
         if (root->op == Op::SCATTER_ADD) {   // zero the output, then add each value at its index
             visited.push_back(root);
             body->push_back(Stmt{SK::STORE,
@@ -3096,20 +3234,13 @@ struct Lowering {
                                  0,
                                  Op::REDUCE_SUM,
                                  root->dtype,
-                                 linear_index(loop_idx, k.loop_shape),
+                                 linear_index(loop_idx, root->shape),
                                  ex_const(0, root->dtype),
                                  {}});
             Node* values = root->src[0].get();
             body = &blk.body;
-            std::vector<ExprP> vidx;
-            for (int64_t extent : values->shape) {
-                if (extent == 1) { vidx.push_back(ix(0)); continue; }
-                int v = nvars++;
-                body->push_back(
-                    Stmt{SK::LOOP, v, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}});
-                body = &body->back().body;
-                vidx.push_back(ex_var(v, extent));
-            }
+            open_loops.clear();
+            std::vector<ExprP> vidx = open_nest(values->shape);
             size_t axis = size_t(root->arg[0]);
             std::vector<ExprP> oidx = vidx;
             ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(root->src[1].get(), vidx)});
@@ -3123,16 +3254,17 @@ struct Lowering {
                                  lower(values, vidx),
                                  {}});
         } else {
-            ExprP val = lower(root, root_idx);
+            ExprP val = lower(root, loop_idx);
             body->push_back(Stmt{SK::STORE,
                                  out,
                                  0,
                                  Op::REDUCE_SUM,
                                  root->dtype,
-                                 linear_index(loop_idx, k.loop_shape),
+                                 linear_index(loop_idx, root->shape),
                                  val,
                                  {}});
         }
+        splice_hoisted(blk.body);
         // title: the computing ops in graph order; origin: the user lines they came from
         std::string ops, origin;
         std::vector<std::string> seen_ops, seen_locs;
@@ -3162,9 +3294,9 @@ struct Lowering {
 // check_finite (TG_CHECK=1): every kernel that stores floats is followed by a check that they
 // are all finite; the first that is not stops the program and names the kernel and its line.
 static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, int>& buffer_ids,
-                              bool check_finite = false) {
+                              bool check_finite, std::vector<Node*>* store_instead) {
     Program prog;
-    Lowering low{prog, sched, buffer_ids, nullptr, 0, 0, nullptr, {}, {}};
+    Lowering low(prog, sched, buffer_ids, store_instead);
     for (size_t i = 0; i < sched.kernels.size(); i++) {
         const Kernel& k = sched.kernels[i];
         int out = low.buffer_id(k.root);
@@ -3196,6 +3328,21 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
     return prog;
 }
 
+// Schedule and lower, again with the reductions in buffers that lowering could not compute
+// once per value inside their reader (each round stores at least one more, so it ends).
+static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
+                            std::unordered_map<Node*, int>& buffer_ids, bool check_finite) {
+    std::unordered_set<Node*> store;
+    while (true) {
+        sched = sched_build(targets, store);
+        buffer_ids.clear();
+        std::vector<Node*> more;
+        Program prog = lower_schedule(sched, buffer_ids, check_finite, &more);
+        if (more.empty()) return prog;
+        store.insert(more.begin(), more.end());
+    }
+}
+
 // -- printing the IR
 // a + b + c prints without the inner parentheses of the left-nested sum
 static std::string unparen_sum(const ExprP& left, const std::string& text) {
@@ -3204,8 +3351,7 @@ static std::string unparen_sum(const ExprP& left, const std::string& text) {
 }
 
 // names: parts printed under a name of their own (see stmts_str)
-using ExprNames = std::unordered_map<const Expr*, std::string>;
-static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr) {
+static std::string expr_str(const ExprP& e, const ExprNames* names) {
     if (names) {
         auto named = names->find(e.get());
         if (named != names->end()) return named->second;
@@ -3418,9 +3564,8 @@ struct Linear {
     }
 };
 
-// Results by input node. The key's owner is kept alive beside it: a freed temporary's address
-// could otherwise be reused by a new node and hit a stale entry.
-using SimplifyMemo = std::unordered_map<const Expr*, std::pair<ExprP, ExprP>>;
+// SimplifyMemo ([LOOPIR]) holds results by input node. The key's owner is kept alive beside
+// it: a freed temporary's address could otherwise be reused by a new node and hit a stale entry.
 
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo);
 
@@ -4159,11 +4304,11 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     auto t0 = std::chrono::steady_clock::now();
     int debug = debug_level();
     ProgramRun run;
-    Schedule sched = sched_build(targets);                       // 1. kernels and buffers
+    Schedule sched;                                              // 1. kernels and buffers
+    Program& prog = run.prog;                                    // 2. loop IR
+    prog = plan_program(targets, sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1));
     run.targets = sched.targets;
     if (sched.kernels.empty()) return run;
-    Program& prog = run.prog;
-    prog = lower_schedule(sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1));   // 2. loop IR
     std::string before = debug >= 2 ? program_listing(prog) : "";
     run_passes(prog);                                            // 3. passes
     Device& dev = default_device();
@@ -4357,9 +4502,9 @@ Stats stats() {
 Stages inspect(const std::vector<Tensor>& tensors) {
     std::vector<NodeP> nodes;
     for (const Tensor& t : tensors) nodes.push_back(t.node());
-    Schedule sched = sched_build(nodes);
+    Schedule sched;
     std::unordered_map<Node*, int> buffer_ids;
-    Program prog = lower_schedule(sched, buffer_ids);
+    Program prog = plan_program(nodes, sched, buffer_ids, false);
     Stages st;
     st.graph = graph_listing(nodes);
     st.schedule = sched_listing(sched);

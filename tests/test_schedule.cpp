@@ -29,7 +29,8 @@ TEST(elementwise_chain_is_one_kernel) {
 TEST(broadcast_operands_are_not_materialized) {
     Tensor a = data({64, 1}), b = data({16});
     Tensor c = a * b + a.transpose(0, 1).reshape({1, 64}).sum(1, true);
-    CHECK_EQ(temps(c), 1);   // only the reduction gets a buffer; a and b are read at stride 0
+    CHECK_EQ(temps(c), 0);   // the sum is computed in the kernel, before its loops; a and b
+                             // are read at stride 0
     std::string ir = tg::inspect({a + b}).optimized_ir;
     CHECK_EQ(count_of(ir, ": temp "), 0);
     CHECK(ir.find("(buf1[i0] + buf2[i1])") != std::string::npos);   // stride 0 along the other axis
@@ -45,11 +46,27 @@ TEST(matmul_bias_relu_is_one_kernel) {
     CHECK(c.find("tg_wheref") != std::string::npos);
 }
 
-TEST(reduction_feeding_broadcast_is_its_own_kernel) {
+// A reduction broadcast back over the rows it reduced runs inside the row loop, before the loop
+// over the row: softmax, log_softmax and LayerNorm are one kernel with no temporary. Broadcast
+// back over an outer axis it would be computed again for every row: it gets a buffer.
+TEST(reductions_broadcast_back_run_inside_the_row_loop) {
     Tensor x = data({4, 10});
-    CHECK_EQ(kernels(x.softmax(1)), 4);   // max, exp, sum, divide
+    CHECK_EQ(kernels(x.softmax(1)), 1);   // row max, row sum of e^(x - max), the quotient
+    CHECK_EQ(temps(x.softmax(1)), 0);
+    CHECK_EQ(kernels(x.log_softmax(-1)), 1);
+    CHECK_EQ(kernels(x - x.mean(1, true)), 1);
+    Tensor w = data({10}), b = data({10});
+    Tensor centered = x - x.mean(-1, true);   // LayerNorm without its leaves
+    CHECK_EQ(kernels(centered * ((centered * centered).mean(-1, true) + 1e-5f).rsqrt() * w + b), 1);
+    // over axis 0: the max, e^(x - max) (read by two kernels) and its sum are stored
+    CHECK_EQ(kernels(x.softmax(0)), 4);
     CHECK_EQ(kernels(x.sum(1)), 1);
     CHECK_EQ(kernels(x.sum(1) * 2.0f + 1.0f), 1);
+    CHECK_EQ(kernels(x.sum(1).sum(0)), 1);   // a reduction nested in a reduction
+    std::vector<float> sm = x.softmax(1).to_vector();
+    float row = 0;
+    for (int j = 0; j < 10; j++) row += sm[size_t(j)];
+    CHECK_NEAR(row, 1.0, 1e-6);
 }
 
 TEST(views_compose_to_strides) {
@@ -60,12 +77,14 @@ TEST(views_compose_to_strides) {
     CHECK(ir.find("buf1[(i0*6 + i1)]") != std::string::npos);
 }
 
-TEST(shared_computation_is_materialized_once) {
+// A value read by several kernels, or at several indices, is computed again where it is read
+// when that costs little (e^x: about 9 cycles an element), and stored once when it does not.
+TEST(shared_computation_is_recomputed_when_cheap) {
     Tensor x = data({5, 5});
     Tensor e = x.exp();
-    Tensor y = e.sum(0) + e.sum(1);
-    // e once; sum(0) fuses into the add; sum(1) loops over another shape, so it gets a kernel
-    CHECK_EQ(kernels(y), 3);
+    CHECK_EQ(kernels(e.sum(0) + e.sum(1)), 1);   // both sums in the one loop over i
+    Tensor costly = x.exp().exp().exp();
+    CHECK_EQ(kernels(costly.sum(0) + costly.sum(1)), 2);   // costly stored, then both sums
 }
 
 TEST(stages_are_printable) {
