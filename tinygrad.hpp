@@ -644,7 +644,62 @@ std::map<std::string, Tensor> load_bytes(const std::string& bytes,
 
 // ---- [DEVICE] where programs run: the seam for backends -------------------------------- >>device
 namespace detail {
-struct Program;
+// The loop IR ([LOOPIR] in Part C lowers kernels into it, [PASSES] rewrite it, renderers and
+// the interpreter read it): declared here so that a backend in a second header can render it.
+struct Node;
+enum class EK : uint8_t { CONST, VAR, ACC, LOAD, ALU, CHECK };
+struct Expr;
+using ExprP = std::shared_ptr<const Expr>;
+struct Expr {
+    EK kind;
+    Op op = Op::CONST;     // ALU: which op
+    DType dtype;
+    double num = 0;        // CONST: the value
+    int id = 0;            // VAR: variable, ACC: accumulator, LOAD: buffer, CHECK: site
+    int64_t bound = 0;     // CHECK: valid indices are [0, bound)
+    std::vector<ExprP> src;
+};
+
+enum class SK : uint8_t { LOOP, ACC_INIT, ACC_UPDATE, STORE, STORE_ADD, CHECK };
+struct Stmt {
+    SK kind;
+    int id = 0;             // LOOP: variable (its extent is in Block::extents), ACC_*:
+                            // accumulator, STORE: buffer
+    Op op = Op::REDUCE_SUM; // ACC_*: REDUCE_SUM or REDUCE_MAX
+    DType dtype = DType::FLOAT32;
+    ExprP idx, val;         // STORE: buffer[idx] = val; STORE_ADD: +=; ACC_UPDATE: acc op= val;
+                            // CHECK: idx is a bounds check whose value nothing reads
+    std::vector<Stmt> body; // LOOP
+};
+struct Block {
+    std::string title;      // e.g. "K0 float32 [64,16]: REDUCE_SUM MUL ADD MAX"
+    std::string origin;     // user lines whose ops this block computes
+    std::vector<Stmt> body;
+    // loop variable i runs over [0, extents[i]): the one place a pass edits to split or
+    // resize a loop; expressions and LOOP statements name variables by number only
+    std::vector<int64_t> extents;
+    bool writes_in_place = false;   // an assignment: runs only if no bounds check failed so far
+    // TG_CHECK: after the block, buffer finite_buffer (numel finite_count) must hold no NaN or
+    // infinity; finite_site is its check site
+    int finite_site = -1, finite_buffer = -1;
+    int64_t finite_count = 0;
+};
+
+struct ProgramBuffer {
+    enum Role : uint8_t { INPUT, OUTPUT, TEMP } role;
+    DType dtype;
+    int64_t numel;
+};
+
+struct Program {
+    std::string name;                    // readable: where the user built the last kernel
+    std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
+    std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
+    std::vector<Block> blocks;
+    std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
+    std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
+};
+
 // A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
 // output buffers; err[0] is set to 1+site of a failed bounds check, err[1] the bad index.
 struct Executable {
@@ -2757,86 +2812,45 @@ static std::string sched_listing(const Schedule& s) {
 }
 
 // ---- [LOOPIR] loops, accumulators, stores; lowering kernels into them ------------------ >>loopir
-// A Program is blocks (one per kernel) of statements: LOOP over a variable, ACC_INIT/ACC_UPDATE
-// of a local accumulator, STORE of a value into a buffer at an index. Values and indices are
-// expression trees (Expr), immutable and shared. Lowering walks a kernel's graph from its root
+// A Program (its types are declared in Part B, [DEVICE]) is blocks (one per kernel) of
+// statements: LOOP over a variable of the block, ACC_INIT/ACC_UPDATE of a local accumulator,
+// STORE of a value into a buffer at an index. Values and indices are expression trees (Expr),
+// immutable and shared; statements are made by the st_* constructors below. Lowering walks a kernel's graph from its root
 // carrying the index expression of every axis; views transform that index (this is where
 // movement ops become strides, offsets and pad conditions), loads read buffers at it.
 // alu_eval ([SHAPES]) is the executable meaning of every arithmetic op. Tests:
 // tests/test_interp.cpp (against the compiled C and loops).
 
-enum class EK : uint8_t { CONST, VAR, ACC, LOAD, ALU, CHECK };
-struct Expr;
-using ExprP = std::shared_ptr<const Expr>;
-struct Expr {
-    EK kind;
-    Op op = Op::CONST;     // ALU: which op
-    DType dtype;
-    double num = 0;        // CONST: the value
-    int id = 0;            // VAR: variable, ACC: accumulator, LOAD: buffer, CHECK: site
-    int64_t bound = 0;     // VAR: loop extent, CHECK: valid indices are [0, bound)
-    std::vector<ExprP> src;
-};
-
-enum class SK : uint8_t { LOOP, ACC_INIT, ACC_UPDATE, STORE, STORE_ADD, CHECK };
-struct Stmt {
-    SK kind;
-    int id = 0;             // LOOP: variable, ACC_*: accumulator, STORE: buffer
-    int64_t extent = 0;     // LOOP
-    Op op = Op::REDUCE_SUM; // ACC_*: REDUCE_SUM or REDUCE_MAX
-    DType dtype = DType::FLOAT32;
-    ExprP idx, val;         // STORE: buffer[idx] = val; STORE_ADD: +=; ACC_UPDATE: acc op= val;
-                            // CHECK: idx is a bounds check whose value nothing reads
-    std::vector<Stmt> body; // LOOP
-};
-static Stmt st_loop(int var, int64_t extent) {
-    return Stmt{SK::LOOP, var, extent, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}};
+static Stmt st_loop(int var) {
+    return Stmt{SK::LOOP, var, Op::REDUCE_SUM, DType::INDEX, nullptr, nullptr, {}};
 }
 static ExprP ex_const(double v, DType dt);
 static double acc_identity(Op reduce_op, DType dt);
 static Stmt st_acc_init(int acc, Op reduce_op, DType dt) {
     ExprP start = ex_const(acc_identity(reduce_op, dt), dt);
-    return Stmt{SK::ACC_INIT, acc, 0, reduce_op, dt, nullptr, start, {}};
+    return Stmt{SK::ACC_INIT, acc, reduce_op, dt, nullptr, start, {}};
 }
 // a local computed once: an accumulator that starts from a value and is never updated
 static Stmt st_local(int acc, DType dt, ExprP value) {
-    return Stmt{SK::ACC_INIT, acc, 0, Op::REDUCE_SUM, dt, nullptr, std::move(value), {}};
+    return Stmt{SK::ACC_INIT, acc, Op::REDUCE_SUM, dt, nullptr, std::move(value), {}};
 }
 static Stmt st_acc_update(int acc, Op reduce_op, DType dt, ExprP value) {
-    return Stmt{SK::ACC_UPDATE, acc, 0, reduce_op, dt, nullptr, std::move(value), {}};
+    return Stmt{SK::ACC_UPDATE, acc, reduce_op, dt, nullptr, std::move(value), {}};
 }
-
-struct Block {
-    std::string title;      // e.g. "K0 float32 [64,16]: REDUCE_SUM MUL ADD MAX"
-    std::string origin;     // user lines whose ops this block computes
-    std::vector<Stmt> body;
-    bool writes_in_place = false;   // an assignment: runs only if no bounds check failed so far
-    // TG_CHECK: after the block, buffer finite_buffer (numel finite_count) must hold no NaN or
-    // infinity; finite_site is its check site
-    int finite_site = -1, finite_buffer = -1;
-    int64_t finite_count = 0;
-};
-
-struct ProgramBuffer {
-    enum Role : uint8_t { INPUT, OUTPUT, TEMP } role;
-    DType dtype;
-    int64_t numel;
-};
-
-struct Program {
-    std::string name;                    // readable: where the user built the last kernel
-    std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
-    std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
-    std::vector<Block> blocks;
-    std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
-    std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
-};
+// buffer[idx] = value, or += for STORE_ADD
+static Stmt st_store(int buffer, DType dt, ExprP idx, ExprP value, SK kind = SK::STORE) {
+    return Stmt{kind, buffer, Op::REDUCE_SUM, dt, std::move(idx), std::move(value), {}};
+}
+// a bounds check whose value nothing reads
+static Stmt st_check(ExprP check) {
+    return Stmt{SK::CHECK, 0, Op::REDUCE_SUM, DType::INDEX, std::move(check), nullptr, {}};
+}
 
 static ExprP ex_const(double v, DType dt) {
     return std::make_shared<const Expr>(Expr{EK::CONST, Op::CONST, dt, v, 0, 0, {}});
 }
-static ExprP ex_var(int id, int64_t extent) {
-    return std::make_shared<const Expr>(Expr{EK::VAR, Op::CONST, DType::INDEX, 0, id, extent, {}});
+static ExprP ex_var(int id) {
+    return std::make_shared<const Expr>(Expr{EK::VAR, Op::CONST, DType::INDEX, 0, id, 0, {}});
 }
 static ExprP ex_acc(int id, DType dt) {
     return std::make_shared<const Expr>(Expr{EK::ACC, Op::CONST, dt, 0, id, 0, {}});
@@ -2907,7 +2921,13 @@ static bool expr_contains(const ExprP& e, const Expr* part) {
     return false;
 }
 
-using SimplifyMemo = std::unordered_map<const Expr*, std::pair<ExprP, ExprP>>;
+// Results by input node, for the block whose loop extents it points to. The key's owner is
+// kept alive beside it: a freed temporary's address could otherwise be reused by a new node
+// and hit a stale entry.
+struct SimplifyMemo {
+    const std::vector<int64_t>* extents = nullptr;
+    std::unordered_map<const Expr*, std::pair<ExprP, ExprP>> results;
+};
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo);                          // [PASSES]
 using ExprNames = std::unordered_map<const Expr*, std::string>;
 static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr);      // [PASSES]
@@ -2923,7 +2943,8 @@ struct Lowering {
     const Schedule& sched;
     std::unordered_map<Node*, int>& buffer_ids;
     Node* root = nullptr;
-    int nvars = 0, naccs = 0;
+    std::vector<int64_t>* extents = nullptr;   // the loop variables of the block being built
+    int naccs = 0;
     std::vector<Stmt>* body = nullptr;     // where accumulator loops go: the innermost loop
     std::vector<Node*> visited;            // for the block's title and origin
     // a node read twice at one index is lowered once: the expressions form a DAG (the
@@ -3047,8 +3068,7 @@ struct Lowering {
             si[axis] = checked;
             ExprP v = lower(s0, si);
             if (!expr_contains(v, checked.get()))   // a source that ignores the index: check anyway
-                body->push_back(
-                    Stmt{SK::CHECK, 0, 0, Op::REDUCE_SUM, DType::INDEX, checked, nullptr, {}});
+                body->push_back(st_check(checked));
             return v;
         }
         case Op::REDUCE_SUM:
@@ -3097,13 +3117,13 @@ struct Lowering {
     }
     // acc = 0; for i < extent: acc += term(i)
     ExprP lower_sum_loop(DType dt, int64_t extent, const std::function<ExprP(ExprP)>& term) {
-        int acc = naccs++, v = nvars++;
+        int acc = naccs++, v = new_var(extent);
         body->push_back(st_acc_init(acc, Op::REDUCE_SUM, dt));
-        body->push_back(st_loop(v, extent));
+        body->push_back(st_loop(v));
         std::vector<Stmt>* outer = body;
         body = &body->back().body;
         open_loops.push_back(v);
-        ExprP value = term(ex_var(v, extent));
+        ExprP value = term(ex_var(v));
         open_loops.pop_back();
         body->push_back(st_acc_update(acc, Op::REDUCE_SUM, dt, value));
         body = outer;
@@ -3169,11 +3189,11 @@ struct Lowering {
         std::vector<ExprP> si = idx;
         size_t opened = open_loops.size();
         for (int64_t d : n->arg) {
-            int v = nvars++;
-            body->push_back(st_loop(v, s0->shape[size_t(d)]));
+            int v = new_var(s0->shape[size_t(d)]);
+            body->push_back(st_loop(v));
             body = &body->back().body;
             open_loops.push_back(v);
-            si[size_t(d)] = ex_var(v, s0->shape[size_t(d)]);
+            si[size_t(d)] = ex_var(v);
         }
         body->push_back(st_acc_update(acc, n->op, n->dtype, lower(s0, si)));
         open_loops.resize(opened);
@@ -3200,23 +3220,28 @@ struct Lowering {
         stmts = std::move(out);
     }
 
+    int new_var(int64_t extent) {
+        extents->push_back(extent);
+        return int(extents->size()) - 1;
+    }
+
     // Loops over shape in *body, one per axis longer than 1, left open: their indices.
     std::vector<ExprP> open_nest(const Shape& shape) {
         std::vector<ExprP> idx;
         for (int64_t extent : shape) {
             if (extent == 1) { idx.push_back(ix(0)); continue; }
-            int v = nvars++;
-            body->push_back(st_loop(v, extent));
+            int v = new_var(extent);
+            body->push_back(st_loop(v));
             body = &body->back().body;
             open_loops.push_back(v);
-            idx.push_back(ex_var(v, extent));
+            idx.push_back(ex_var(v));
         }
         return idx;
     }
 
     Block lower_kernel(const Kernel& k, size_t index) {
         root = k.root;
-        nvars = naccs = 0;
+        naccs = 0;
         visited.clear();
         lowered.clear();
         open_loops.clear();
@@ -3226,17 +3251,13 @@ struct Lowering {
         int out = buffer_id(root);
         Block blk;
         body = &blk.body;
+        extents = &blk.extents;
+        index_memo = SimplifyMemo{&blk.extents, {}};
         std::vector<ExprP> loop_idx = open_nest(root->shape);
         if (root->op == Op::SCATTER_ADD) {   // zero the output, then add each value at its index
             visited.push_back(root);
-            body->push_back(Stmt{SK::STORE,
-                                 out,
-                                 0,
-                                 Op::REDUCE_SUM,
-                                 root->dtype,
-                                 linear_index(loop_idx, root->shape),
-                                 ex_const(0, root->dtype),
-                                 {}});
+            body->push_back(st_store(out, root->dtype, linear_index(loop_idx, root->shape),
+                                     ex_const(0, root->dtype)));
             Node* values = root->src[0].get();
             body = &blk.body;
             open_loops.clear();
@@ -3245,24 +3266,12 @@ struct Lowering {
             std::vector<ExprP> oidx = vidx;
             ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(root->src[1].get(), vidx)});
             oidx[axis] = ex_check(j, root->shape[axis], check_site(root, root, axis));
-            body->push_back(Stmt{SK::STORE_ADD,
-                                 out,
-                                 0,
-                                 Op::REDUCE_SUM,
-                                 root->dtype,
-                                 linear_index(oidx, root->shape),
-                                 lower(values, vidx),
-                                 {}});
+            body->push_back(st_store(out, root->dtype, linear_index(oidx, root->shape),
+                                     lower(values, vidx), SK::STORE_ADD));
         } else {
             ExprP val = lower(root, loop_idx);
-            body->push_back(Stmt{SK::STORE,
-                                 out,
-                                 0,
-                                 Op::REDUCE_SUM,
-                                 root->dtype,
-                                 linear_index(loop_idx, root->shape),
-                                 val,
-                                 {}});
+            body->push_back(
+                st_store(out, root->dtype, linear_index(loop_idx, root->shape), val));
         }
         splice_hoisted(blk.body);
         // title: the computing ops in graph order; origin: the user lines they came from
@@ -3389,7 +3398,8 @@ static std::string expr_str(const ExprP& e, const ExprNames* names) {
 
 // Expressions are DAGs: a part used more than once in a statement is printed once, as
 // t0 = ..., before the statement (as in the C), so a listing grows with the DAG, not its tree.
-static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out) {
+static void stmts_str(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
+                      int depth, std::string& out) {
     std::string pad(size_t(depth) * 2, ' ');
     for (const Stmt& st : body) {
         ExprNames names;
@@ -3411,8 +3421,9 @@ static void stmts_str(const std::vector<Stmt>& body, int depth, std::string& out
         auto str = [&](const ExprP& e) { return expr_str(e, &names); };
         switch (st.kind) {
         case SK::LOOP:
-            out += strf("%sfor i%d < %lld:\n", pad.c_str(), st.id, (long long)st.extent);
-            stmts_str(st.body, depth + 1, out);
+            out += strf("%sfor i%d < %lld:\n", pad.c_str(), st.id,
+                        (long long)extents[size_t(st.id)]);
+            stmts_str(st.body, extents, depth + 1, out);
             break;
         case SK::ACC_INIT:
             out += strf("%sacc%d = %s\n", pad.c_str(), st.id, str(st.val).c_str());
@@ -3440,7 +3451,7 @@ static std::string program_listing(const Program& p) {
     }
     for (const Block& b : p.blocks) {
         out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")") + "\n";
-        stmts_str(b.body, 1, out);
+        stmts_str(b.body, b.extents, 1, out);
     }
     return out;
 }
@@ -3467,16 +3478,16 @@ static bool expr_eq(const ExprP& a, const ExprP& b) {
 
 static bool is_const(const ExprP& e, double v) { return e->kind == EK::CONST && e->num == v; }
 
-static Range range_of(const ExprP& e) {
+static Range range_of(const ExprP& e, const std::vector<int64_t>& extents) {
     switch (e->kind) {
     case EK::CONST: return {int64_t(e->num), int64_t(e->num), !dtype_is_float(e->dtype)};
-    case EK::VAR: return {0, e->bound - 1, true};
+    case EK::VAR: return {0, extents[size_t(e->id)] - 1, true};
     case EK::CHECK: return {0, e->bound - 1, true};
     case EK::LOAD: case EK::ACC: return {0, 1, e->dtype == DType::BOOL};
     case EK::ALU: break;
     }
     if (dtype_is_float(e->dtype)) return {};
-    auto r = [&](size_t i) { return range_of(e->src[i]); };
+    auto r = [&](size_t i) { return range_of(e->src[i], extents); };
     switch (e->op) {
     case Op::CMPLT: case Op::CMPEQ: return {0, 1, true};
     case Op::CAST: return dtype_is_float(e->src[0]->dtype) ? Range{} : r(0);
@@ -3564,15 +3575,12 @@ struct Linear {
     }
 };
 
-// SimplifyMemo ([LOOPIR]) holds results by input node. The key's owner is kept alive beside
-// it: a freed temporary's address could otherwise be reused by a new node and hit a stale entry.
-
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo);
 
 static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     auto again = [&](const ExprP& x) { return simplify(x, memo); };
     if (e->kind == EK::CHECK) {
-        Range r = range_of(e->src[0]);
+        Range r = range_of(e->src[0], *memo.extents);
         return r.known && r.lo >= 0 && r.hi < e->bound ? e->src[0] : e;
     }
     if (e->kind != EK::ALU) return e;
@@ -3595,7 +3603,7 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     case Op::CAST: return s[0]->dtype == e->dtype ? s[0] : e;
     case Op::NEG: return s[0]->kind == EK::ALU && s[0]->op == Op::NEG ? s[0]->src[0] : e;
     case Op::CMPLT: {
-        Range a = range_of(s[0]), b = range_of(s[1]);
+        Range a = range_of(s[0], *memo.extents), b = range_of(s[1], *memo.extents);
         if (a.known && b.known && a.hi < b.lo) return ex_const(1, DType::BOOL);
         if (a.known && b.known && a.lo >= b.hi) return ex_const(0, DType::BOOL);
         return e;
@@ -3619,7 +3627,7 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     if ((e->op != Op::IDIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0)
         return e;
     int64_t c = int64_t(s[1]->num);
-    Range r = range_of(s[0]);
+    Range r = range_of(s[0], *memo.extents);
     if (e->op == Op::IDIV && c == 1) return s[0];
     if (e->op == Op::MOD && c == 1) return ix(0);
     if (r.known && r.lo >= 0 && r.hi < c) return e->op == Op::IDIV ? ix(0) : s[0];
@@ -3640,7 +3648,7 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     rest.constant = lin.constant >= 0 ? lin.constant % c : lin.constant;
     bool moved = !quotient.terms.empty() || quotient.constant != 0;
     ExprP rest_e = rest.build();
-    Range rr = range_of(rest_e);
+    Range rr = range_of(rest_e, *memo.extents);
     if (!moved || !rr.known || rr.lo < 0) return e;
     if (e->op == Op::MOD) return again(ex_alu(Op::MOD, DType::INDEX, {rest_e, ix(c)}));
     return again(ix_add(quotient.build(), ex_alu(Op::IDIV, DType::INDEX, {rest_e, ix(c)})));
@@ -3648,8 +3656,8 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
 
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo) {
     if (!e) return e;
-    auto it = memo.find(e.get());
-    if (it != memo.end()) return it->second.second;
+    auto it = memo.results.find(e.get());
+    if (it != memo.results.end()) return it->second.second;
     ExprP cur = e;
     if (!e->src.empty()) {
         std::vector<ExprP> src;
@@ -3665,7 +3673,7 @@ static ExprP simplify(const ExprP& e, SimplifyMemo& memo) {
         }
     }
     ExprP out = simplify_node(cur, memo);
-    memo[e.get()] = {e, out};
+    memo.results[e.get()] = {e, out};
     return out;
 }
 
@@ -3681,8 +3689,10 @@ static void simplify_stmts(std::vector<Stmt>& body, SimplifyMemo& memo) {
 }
 
 static void pass_simplify(Program& p) {
-    SimplifyMemo memo;
-    for (Block& b : p.blocks) simplify_stmts(b.body, memo);
+    for (Block& b : p.blocks) {
+        SimplifyMemo memo{&b.extents, {}};
+        simplify_stmts(b.body, memo);
+    }
 }
 
 // The pipeline's passes in order; each is a function of the whole program.
@@ -3770,15 +3780,15 @@ struct Interpreter : Executable {
         return alu_eval(e.op, e.dtype, e.src[0]->dtype, a);
     }
 
-    void exec(const std::vector<Stmt>& body) {
+    void exec(const std::vector<Stmt>& body, const std::vector<int64_t>& extents) {
         for (const Stmt& st : body) {
             known.clear();
             switch (st.kind) {
             case SK::LOOP:
                 if (vars.size() <= size_t(st.id)) vars.resize(size_t(st.id) + 1);
-                for (int64_t i = 0; i < st.extent; i++) {
+                for (int64_t i = 0; i < extents[size_t(st.id)]; i++) {
                     vars[size_t(st.id)].i = i;
-                    exec(st.body);
+                    exec(st.body, extents);
                 }
                 break;
             case SK::ACC_INIT:
@@ -3813,7 +3823,7 @@ struct Interpreter : Executable {
         err = error;
         for (const Block& b : prog.blocks) {
             if (b.writes_in_place && err[0]) return;
-            exec(b.body);
+            exec(b.body, b.extents);
             if (b.finite_site >= 0 && !all_finite(b)) return;
         }
     }
@@ -3944,13 +3954,14 @@ struct CExprs {
     }
 };
 
-static void c_stmts(const std::vector<Stmt>& body, int depth, int& next_tmp, std::string& out) {
+static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
+                    int depth, int& next_tmp, std::string& out) {
     std::string pad(size_t(depth) * 4, ' ');
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
             out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id, st.id,
-                        (long long)st.extent, st.id);
-            c_stmts(st.body, depth + 1, next_tmp, out);
+                        (long long)extents[size_t(st.id)], st.id);
+            c_stmts(st.body, extents, depth + 1, next_tmp, out);
             out += pad + "}\n";
             continue;
         }
@@ -4071,7 +4082,7 @@ static std::string render_c(const Program& p) {
         // restrict pointers reorder another's accesses to the same buffer (tests/test_interp.cpp)
         out += strf("static __attribute__((noinline)) void k%zu(%s) {\n", k, params.c_str());
         int next_tmp = 0;
-        c_stmts(b.body, 1, next_tmp, out);
+        c_stmts(b.body, b.extents, 1, next_tmp, out);
         out += "}\n";
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
