@@ -94,6 +94,8 @@
    TG_DEBUG      0-4. 1 programs, compiles, cache hits, timings   2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
+   TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
+                 dead_stores,first_write); default all; none runs the IR as lowered
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
 
@@ -124,7 +126,7 @@
    in-place writes, and the error names the line that indexed.
 
  NOT YET
-   loop fusion across kernels, tiling, vectorization and threads (one core today); CUDA.
+   tiling, vectorization and threads (one core today); CUDA.
    The interpreter and constant folding hold integers exactly, but a constant in the graph
    (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */
@@ -2937,6 +2939,94 @@ static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
     for (auto& s : e->src) vars_used(s, vars);
 }
 
+// -- what a block reads and writes: the analysis the passes and the renderers share
+struct Access {
+    int buffer;
+    ExprP idx;
+    bool write;              // a STORE or STORE_ADD; else a load
+    std::vector<int> loops;  // the loop variables around it, outermost first
+};
+struct BlockAccesses {
+    std::vector<Access> accesses;
+    bool checks = false;     // holds a bounds check
+    bool reads(int buffer) const { return any(buffer, false); }
+    bool writes(int buffer) const { return any(buffer, true); }
+    bool any(int buffer, bool write) const {
+        for (const Access& a : accesses)
+            if (a.buffer == buffer && a.write == write) return true;
+        return false;
+    }
+};
+static void collect_accesses(const ExprP& e, std::vector<int>& loops, BlockAccesses& out) {
+    if (!e) return;
+    if (e->kind == EK::LOAD) out.accesses.push_back({e->id, e->src[0], false, loops});
+    if (e->kind == EK::CHECK) out.checks = true;
+    for (auto& s : e->src) collect_accesses(s, loops, out);
+}
+static void collect_accesses(const std::vector<Stmt>& body, std::vector<int>& loops,
+                             BlockAccesses& out) {
+    for (const Stmt& st : body) {
+        collect_accesses(st.idx, loops, out);
+        collect_accesses(st.val, loops, out);
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD)
+            out.accesses.push_back({st.id, st.idx, true, loops});
+        if (st.kind == SK::LOOP) {
+            loops.push_back(st.id);
+            collect_accesses(st.body, loops, out);
+            loops.pop_back();
+        }
+    }
+}
+static BlockAccesses block_accesses(const Block& b) {
+    BlockAccesses out;
+    std::vector<int> loops;
+    collect_accesses(b.body, loops, out);
+    return out;
+}
+
+// -- substitution: e with each part for which replace() gives an expression replaced by it.
+// Shared parts are rewritten once (done), so the result is a DAG like e.
+using Replace = std::function<ExprP(const ExprP&)>;
+static ExprP substitute(const ExprP& e, const Replace& replace,
+                        std::unordered_map<const Expr*, ExprP>& done) {
+    if (!e) return e;
+    auto hit = done.find(e.get());
+    if (hit != done.end()) return hit->second;
+    ExprP out = replace(e);
+    if (!out) {
+        std::vector<ExprP> src;
+        bool changed = false;
+        for (auto& s : e->src) {
+            src.push_back(substitute(s, replace, done));
+            changed = changed || src.back() != s;
+        }
+        if (changed) {
+            Expr copy = *e;
+            copy.src = std::move(src);
+            out = std::make_shared<const Expr>(std::move(copy));
+        } else {
+            out = e;
+        }
+    }
+    done[e.get()] = out;
+    return out;
+}
+static void substitute(std::vector<Stmt>& body, const Replace& replace,
+                       std::unordered_map<const Expr*, ExprP>& done) {
+    for (Stmt& st : body) {
+        st.idx = substitute(st.idx, replace, done);
+        st.val = substitute(st.val, replace, done);
+        substitute(st.body, replace, done);
+    }
+}
+// A loop variable by an expression (a loop fused into another, a peeled iteration).
+static void substitute_var(std::vector<Stmt>& body, int var, const ExprP& by) {
+    std::unordered_map<const Expr*, ExprP> done;
+    substitute(body, [&](const ExprP& e) {
+        return e->kind == EK::VAR && e->id == var ? by : nullptr;
+    }, done);
+}
+
 // -- lowering one kernel of the schedule into a Block
 struct Lowering {
     Program& prog;
@@ -3135,13 +3225,15 @@ struct Lowering {
     // into an accumulator or a local. Recomputed inside a loop it does not depend on, or (a
     // reduction) needed at a second index, it is noted in store_instead: the kernel is planned
     // again with it in a buffer.
-    ExprP lower_once(Node* n, const std::vector<ExprP>& idx) {
+    ExprP lower_once(Node* n, const std::vector<ExprP>& idx_in) {
+        // simplified, the index shows which loops it really depends on ((i1·3 + i2) / 3 is i1)
+        std::vector<ExprP> idx;
         std::unordered_set<int> used;
         std::string where;
-        for (const ExprP& e : idx) {
-            ExprP simple = simplify(e, index_memo);
-            vars_used(simple, used);
-            where += expr_str(simple, nullptr) + ",";
+        for (const ExprP& e : idx_in) {
+            idx.push_back(simplify(e, index_memo));
+            vars_used(idx.back(), used);
+            where += expr_str(idx.back(), nullptr) + ",";
         }
         auto done = computed_at.find({n, where});   // the same value reached by another path
         if (done != computed_at.end()) return done->second;
@@ -3457,12 +3549,24 @@ static std::string program_listing(const Program& p) {
 }
 
 // ---- [PASSES] rewrites of the loop IR -------------------------------------------------- >>passes
-// pass_simplify: constant folding and index algebra. It knows the range of every loop
-// variable, so the / and % that views produce fold away whenever they are no-ops
-// ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always hold disappear, and bounds
-// checks that cannot fail are dropped. Sums are kept in a canonical order (variables by number)
-// so the emitted C reads like strided code written by hand. Tests: tests/test_schedule.cpp,
-// tests/test_interp.cpp.
+// Each pass is a named function of the whole program, run in the order of PASSES; TG_PASSES
+// picks which run (default all; none runs the IR as lowered, to bisect a wrong result):
+//   simplify          constant folding and index algebra. It knows the range of every loop
+//                     variable, so the / and % that views produce fold away whenever they are
+//                     no-ops ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always
+//                     hold disappear, bounds checks that cannot fail and loops of one iteration
+//                     go. Sums are kept in a canonical order (variables by number), so the C
+//                     reads like strided code written by hand.
+//   fuse_loops        adjacent nests over the same extent become one, stepping over a nest in
+//                     between (merge left or right, seed 004); the loops inside fuse too
+//   substitute_temps  a value stored and read back at the same index in one nest is read from
+//                     a local
+//   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
+//                     loops that only fed them go too
+//   first_write       an accumulator starts from its first term instead of zero (or -inf)
+// Analyses shared with the renderers: block_accesses ([LOOPIR]), range_of, Linear. Tests:
+// tests/test_passes.cpp (each pass), tests/test_schedule.cpp, tests/test_interp.cpp,
+// tests/test_oracle.cpp (random graphs against TG_PASSES=none on INTERP).
 
 struct Range { int64_t lo = 0, hi = 0; bool known = false; };
 
@@ -3678,6 +3782,14 @@ static ExprP simplify(const ExprP& e, SimplifyMemo& memo) {
 }
 
 static void simplify_stmts(std::vector<Stmt>& body, SimplifyMemo& memo) {
+    for (size_t p = 0; p < body.size();) {   // a loop of one iteration is its body at 0
+        if (body[p].kind != SK::LOOP || (*memo.extents)[size_t(body[p].id)] != 1) { p++; continue; }
+        std::vector<Stmt> inner = std::move(body[p].body);
+        substitute_var(inner, body[p].id, ix(0));
+        body.erase(body.begin() + std::ptrdiff_t(p));
+        body.insert(body.begin() + std::ptrdiff_t(p), std::make_move_iterator(inner.begin()),
+                    std::make_move_iterator(inner.end()));
+    }
     for (Stmt& st : body) {
         st.idx = simplify(st.idx, memo);
         st.val = simplify(st.val, memo);
@@ -3695,13 +3807,398 @@ static void pass_simplify(Program& p) {
     }
 }
 
-// The pipeline's passes in order; each is a function of the whole program.
+// -- renumbering: the variables and accumulators of one block moved into another
+static int accumulators_used(const std::vector<Stmt>& body) {
+    int n = 0;
+    std::function<void(const ExprP&)> in_expr = [&](const ExprP& e) {
+        if (!e) return;
+        if (e->kind == EK::ACC) n = std::max(n, e->id + 1);
+        for (auto& s : e->src) in_expr(s);
+    };
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) n = std::max(n, st.id + 1);
+        in_expr(st.idx);
+        in_expr(st.val);
+        n = std::max(n, accumulators_used(st.body));
+    }
+    return n;
+}
+static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, int acc_offset) {
+    std::unordered_map<const Expr*, ExprP> done;
+    substitute(body, [&](const ExprP& e) -> ExprP {
+        if (e->kind == EK::VAR) return ex_var(var_of[size_t(e->id)]);
+        if (e->kind == EK::ACC) return ex_acc(e->id + acc_offset, e->dtype);
+        return nullptr;
+    }, done);
+    std::function<void(std::vector<Stmt>&)> ids = [&](std::vector<Stmt>& stmts) {
+        for (Stmt& st : stmts) {
+            if (st.kind == SK::LOOP) st.id = var_of[size_t(st.id)];
+            if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) st.id += acc_offset;
+            ids(st.body);
+        }
+    };
+    ids(body);
+}
+
+
+// -- pass_fuse_loops: adjacent nests over the same extent become one nest
+// Two loops fuse when they have the same extent and every buffer that one writes and the other
+// touches is accessed in chunks of the loop variable: index = v·S + base + r, with the same S
+// and the same loop-invariant base everywhere, and 0 <= r < S for the variables inside the
+// loop. Iteration v of the second loop then touches only what iteration v of the first
+// touched, so the fused loop keeps every dependence in order. Blocks that are one loop each
+// fuse this way, then the loops inside the fused body do, so a value stored and read back at
+// the same index ends in one loop body (pass_substitute_temps). A nest between two that could
+// fuse is stepped over (seed 004): the right one merges left when it is independent of the
+// nests in between, else the left one merges right when it is.
+// The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
+static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
+    std::function<void(const ExprP&)> in_expr = [&](const ExprP& e) {
+        if (!e) return;
+        if (e->kind == EK::ACC) read.insert(e->id);
+        for (auto& s : e->src) in_expr(s);
+    };
+    for (const Stmt& st : body) {
+        in_expr(st.idx);
+        in_expr(st.val);
+        accs_read(st.body, read);
+    }
+}
+static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
+        accs_set(st.body, set);
+    }
+}
+static void vars_bound(const std::vector<Stmt>& body, std::unordered_set<int>& vars) {
+    for (const Stmt& st : body)
+        if (st.kind == SK::LOOP) {
+            vars.insert(st.id);
+            vars_bound(st.body, vars);
+        }
+}
+struct Chunk {
+    int64_t stride = 0;
+    ExprP base;
+};
+static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_t>& extents,
+                    Chunk& chunk) {
+    std::unordered_set<int> inner;
+    vars_bound(loop.body, inner);
+    Linear lin, base, rest;
+    lin.add(1, idx);
+    int64_t coef = 0;
+    for (auto& [c, term] : lin.terms) {
+        std::unordered_set<int> vars;
+        vars_used(term, vars);
+        bool varies = false;
+        for (int v : vars) varies = varies || inner.count(v);
+        if (term->kind == EK::VAR && term->id == loop.id) coef += c;
+        else if (vars.count(loop.id)) return false;
+        else if (varies) rest.terms.push_back({c, term});
+        else base.terms.push_back({c, term});
+    }
+    base.constant = lin.constant;
+    Range r = range_of(rest.build(), extents);
+    if (coef <= 0 || !r.known || r.lo < 0 || r.hi >= coef) return false;
+    ExprP b = base.build();
+    if (chunk.base && (chunk.stride != coef || !expr_eq(chunk.base, b))) return false;
+    chunk = {coef, b};
+    return true;
+}
+// GCC vectorizes a reduction nest across an outer loop (the lanes run over outputs), but not
+// when the nest shares that loop with a libm call or a select: fused with such an epilogue,
+// even in a loop of its own inside the fused one, a matrix product runs slower (measured on
+// W2: 1.3-1.7x). So a loop that reduces does not fuse with one that holds such a call, until
+// products get kernels of their own shape (tiling).
+static bool blocks_vectorizing(const ExprP& e) {
+    if (!e) return false;
+    if (e->kind == EK::ALU &&
+        (e->op == Op::EXP2 || e->op == Op::LOG2 || e->op == Op::SIN || e->op == Op::COS ||
+         e->op == Op::SQRT || e->op == Op::WHERE || e->op == Op::RAND))
+        return true;
+    for (auto& s : e->src)
+        if (blocks_vectorizing(s)) return true;
+    return false;
+}
+static bool reduces(const Stmt& loop) {
+    for (const Stmt& st : loop.body)
+        if (st.kind == SK::ACC_UPDATE || (st.kind == SK::LOOP && reduces(st))) return true;
+    return false;
+}
+static bool holds_call(const Stmt& loop) {
+    for (const Stmt& st : loop.body)
+        if (blocks_vectorizing(st.idx) || blocks_vectorizing(st.val) ||
+            (st.kind == SK::LOOP && holds_call(st)))
+            return true;
+    return false;
+}
+
+static bool loops_fusable(const Stmt& la, const std::vector<int64_t>& ea, const Stmt& lb,
+                          const std::vector<int64_t>& eb) {
+    if (la.kind != SK::LOOP || lb.kind != SK::LOOP || ea[size_t(la.id)] != eb[size_t(lb.id)])
+        return false;
+    if ((reduces(la) && holds_call(lb)) || (reduces(lb) && holds_call(la))) return false;
+    // an accumulator one loop updates and the other reads carries a value across iterations
+    std::unordered_set<int> set_a, set_b, read_a, read_b;
+    accs_set(la.body, set_a);
+    accs_set(lb.body, set_b);
+    accs_read(la.body, read_a);
+    accs_read(lb.body, read_b);
+    for (int acc : set_a)
+        if (set_b.count(acc) || read_b.count(acc)) return false;
+    for (int acc : set_b)
+        if (read_a.count(acc)) return false;
+    BlockAccesses ua, ub;
+    std::vector<int> loops;
+    collect_accesses(la.body, loops, ua);
+    collect_accesses(lb.body, loops, ub);
+    auto conflicts = [&](int buffer) {
+        return (ua.writes(buffer) && (ub.reads(buffer) || ub.writes(buffer))) ||
+               (ub.writes(buffer) && ua.reads(buffer));
+    };
+    std::map<int, Chunk> chunks;   // buffer → how both loops must access it
+    for (const Access& acc : ua.accesses)
+        if (conflicts(acc.buffer) && !chunked(acc.idx, la, ea, chunks[acc.buffer])) return false;
+    for (const Access& acc : ub.accesses)
+        if (conflicts(acc.buffer) && !chunked(acc.idx, lb, eb, chunks[acc.buffer])) return false;
+    return true;
+}
+// Adjacent loops of one body that can fuse do, at every depth.
+static void fuse_inner_loops(std::vector<Stmt>& body, const std::vector<int64_t>& extents) {
+    for (size_t p = 0; p + 1 < body.size();) {
+        if (!loops_fusable(body[p], extents, body[p + 1], extents)) { p++; continue; }
+        Stmt second = std::move(body[p + 1]);
+        body.erase(body.begin() + std::ptrdiff_t(p) + 1);
+        substitute_var(second.body, second.id, ex_var(body[p].id));
+        for (Stmt& st : second.body) body[p].body.push_back(std::move(st));
+    }
+    for (Stmt& st : body)
+        if (st.kind == SK::LOOP) fuse_inner_loops(st.body, extents);
+}
+static bool blocks_fusable(const Block& a, const Block& b) {
+    if (a.body.size() != 1 || b.body.size() != 1) return false;
+    if (a.finite_site >= 0 || b.finite_site >= 0) return false;
+    // a failed bounds check stops the program before in-place writes: keep them apart
+    bool checks = block_accesses(a).checks || block_accesses(b).checks;
+    if (checks && (a.writes_in_place || b.writes_in_place)) return false;
+    return loops_fusable(a.body[0], a.extents, b.body[0], b.extents);
+}
+static bool blocks_independent(const Block& a, const Block& b) {
+    BlockAccesses ua = block_accesses(a), ub = block_accesses(b);
+    if (ua.checks || ub.checks || a.finite_site >= 0 || b.finite_site >= 0) return false;
+    for (const Access& acc : ua.accesses)
+        if (ub.writes(acc.buffer) || (acc.write && ub.reads(acc.buffer))) return false;
+    return true;
+}
+static void fuse_into(Block& a, Block& b) {
+    int outer = a.body[0].id, b_outer = b.body[0].id;
+    std::vector<int> var_of(b.extents.size());
+    for (size_t v = 0; v < b.extents.size(); v++) {
+        if (int(v) == b_outer) { var_of[v] = outer; continue; }
+        var_of[v] = int(a.extents.size());
+        a.extents.push_back(b.extents[v]);
+    }
+    std::vector<Stmt> moved = std::move(b.body[0].body);
+    renumber(moved, var_of, accumulators_used(a.body));
+    for (Stmt& st : moved) a.body[0].body.push_back(std::move(st));
+    fuse_inner_loops(a.body[0].body, a.extents);
+    a.title += " + " + b.title;
+    if (!b.origin.empty() && a.origin.find(b.origin) == std::string::npos)
+        a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
+    a.writes_in_place = a.writes_in_place || b.writes_in_place;
+}
+static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
+static void pass_fuse_loops(Program& p) {
+    std::vector<Block>& bs = p.blocks;
+    for (size_t i = 0; i < bs.size(); i++) {
+        for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
+            if (!blocks_fusable(bs[i], bs[j])) continue;
+            bool left = true, right = true;
+            for (size_t k = i + 1; k < j; k++) {
+                left = left && blocks_independent(bs[k], bs[j]);
+                right = right && blocks_independent(bs[i], bs[k]);
+            }
+            if (!left && !right) continue;
+            if (left) {
+                fuse_into(bs[i], bs[j]);
+                bs.erase(bs.begin() + std::ptrdiff_t(j));
+            } else {   // i merges right: the fused nest takes j's place
+                fuse_into(bs[i], bs[j]);
+                bs[j] = std::move(bs[i]);
+                bs.erase(bs.begin() + std::ptrdiff_t(i));
+                i--;   // bs[i] is now the next unvisited nest
+                break;
+            }
+            j = i;   // look again from the fused nest
+        }
+    }
+}
+
+// -- pass_substitute_temps: a value stored and read back at the same index in one nest
+// A buffer stored once in a block, then read in the statements after the store at the same
+// index, is read from a local instead; a temporary read nowhere else loses its store
+// (pass_dead_stores).
+static void substitute_stores(Block& b, std::vector<Stmt>& body, const BlockAccesses& uses) {
+    for (size_t p = 0; p < body.size(); p++) {
+        Stmt& st = body[p];
+        if (st.kind == SK::LOOP) { substitute_stores(b, st.body, uses); continue; }
+        if (st.kind != SK::STORE) continue;
+        int stores = 0;
+        for (const Access& a : uses.accesses) stores += a.write && a.buffer == st.id;
+        if (stores != 1) continue;
+        int buffer = st.id, local = accumulators_used(b.body);
+        ExprP idx = st.idx, ref = ex_acc(local, st.dtype);
+        bool replaced = false;
+        std::unordered_map<const Expr*, ExprP> done;
+        auto loads = [&](const ExprP& e) -> ExprP {
+            if (e->kind != EK::LOAD || e->id != buffer || !expr_eq(e->src[0], idx)) return nullptr;
+            replaced = true;
+            return ref;
+        };
+        for (size_t q = p + 1; q < body.size(); q++) {
+            std::vector<Stmt> one(1, std::move(body[q]));
+            substitute(one, loads, done);
+            body[q] = std::move(one[0]);
+        }
+        if (!replaced) continue;
+        Stmt store = st_store(buffer, st.dtype, idx, ref);
+        body[p] = st_local(local, st.dtype, st.val);
+        body.insert(body.begin() + std::ptrdiff_t(p) + 1, std::move(store));
+        p++;
+    }
+}
+static void pass_substitute_temps(Program& p) {
+    for (Block& b : p.blocks) {
+        BlockAccesses uses = block_accesses(b);
+        substitute_stores(b, b.body, uses);
+    }
+}
+
+// -- pass_dead_stores: stores nobody reads, and the code only they needed
+// A temporary that no block reads loses its stores; then accumulators and locals that nothing
+// reads, and loops left empty, go too. A statement holding a bounds check stays: the check
+// is an effect.
+static bool has_check(const ExprP& e) {
+    if (!e) return false;
+    if (e->kind == EK::CHECK) return true;
+    for (auto& s : e->src)
+        if (has_check(s)) return true;
+    return false;
+}
+static bool drop_dead(std::vector<Stmt>& body, const std::vector<bool>& buffer_read,
+                      const std::unordered_set<int>& acc_read) {
+    bool changed = false;
+    std::vector<Stmt> out;
+    for (Stmt& st : body) {
+        if (st.kind == SK::LOOP) changed = drop_dead(st.body, buffer_read, acc_read) || changed;
+        bool dead = false;
+        if (st.kind == SK::LOOP) dead = st.body.empty();
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD)
+            dead = !buffer_read[size_t(st.id)] && !has_check(st.idx) && !has_check(st.val);
+        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE)
+            dead = !acc_read.count(st.id) && !has_check(st.val);
+        if (dead) changed = true;
+        else out.push_back(std::move(st));
+    }
+    body = std::move(out);
+    return changed;
+}
+static void pass_dead_stores(Program& p) {
+    std::vector<bool> buffer_read(p.buffers.size());
+    for (size_t i = 0; i < p.buffers.size(); i++)
+        buffer_read[i] = p.buffers[i].role != ProgramBuffer::TEMP;   // outputs are read later
+    for (const Block& b : p.blocks) {
+        for (const Access& a : block_accesses(b).accesses)
+            if (!a.write) buffer_read[size_t(a.buffer)] = true;
+        if (b.finite_site >= 0) buffer_read[size_t(b.finite_buffer)] = true;   // TG_CHECK reads
+    }
+    for (Block& b : p.blocks) {
+        bool changed = true;
+        while (changed) {
+            std::unordered_set<int> acc_read;
+            accs_read(b.body, acc_read);
+            changed = drop_dead(b.body, buffer_read, acc_read);
+        }
+    }
+    p.blocks.erase(std::remove_if(p.blocks.begin(), p.blocks.end(),
+                                  [](const Block& b) { return b.body.empty(); }),
+                   p.blocks.end());
+}
+
+// -- pass_first_write: an accumulator starts from its first term, not from zero
+// acc = 0; for v < n: acc += f(v)   becomes   acc = f(0); for v < n - 1: acc += f(v + 1)
+// (the same for max from -inf), when the loop holds only that update: one operation less per
+// accumulator, and a sum of one term is a plain copy. The loop's extent is edited in the
+// block's table, its variable shifted by substitution.
+static void first_write(Block& b, std::vector<Stmt>& body) {
+    for (size_t p = 0; p < body.size(); p++) {
+        if (body[p].kind == SK::LOOP) first_write(b, body[p].body);
+        if (p + 1 >= body.size()) continue;
+        Stmt &init = body[p], &loop = body[p + 1];
+        if (init.kind != SK::ACC_INIT || loop.kind != SK::LOOP || loop.body.size() != 1) continue;
+        const Stmt& update = loop.body[0];
+        int v = loop.id;
+        int64_t n = b.extents[size_t(v)];
+        if (update.kind != SK::ACC_UPDATE || update.id != init.id || update.op != init.op ||
+            !is_const(init.val, acc_identity(init.op, init.dtype)) || n < 1)   // no first term
+            continue;
+        SimplifyMemo memo{&b.extents, {}};
+        std::vector<Stmt> first{update};
+        substitute_var(first, v, ix(0));
+        init.val = simplify(first[0].val, memo);
+        if (n == 1) {
+            body.erase(body.begin() + std::ptrdiff_t(p) + 1);
+            continue;
+        }
+        // a loop of one iteration left is its body at v = 0
+        b.extents[size_t(v)] = n - 1;
+        substitute_var(loop.body, v, n == 2 ? ix(1) : ix_add(ex_var(v), ix(1)));
+        loop.body[0].val = simplify(loop.body[0].val, memo);
+        if (n == 2) {
+            Stmt only = std::move(loop.body[0]);
+            body[p + 1] = std::move(only);
+        }
+    }
+}
+static void pass_first_write(Program& p) {
+    for (Block& b : p.blocks) first_write(b, b.body);
+}
+
+// The pipeline's passes in order; each is a function of the whole program. TG_PASSES names
+// the ones to run (default all; none runs the IR as lowered), so a wrong result can be
+// bisected to a pass.
 static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"simplify", pass_simplify},
+    {"fuse_loops", pass_fuse_loops},
+    {"substitute_temps", pass_substitute_temps},
+    {"dead_stores", pass_dead_stores},
+    {"first_write", pass_first_write},
 };
 
+static std::vector<std::string> passes_selected() {
+    std::string spec = env_str("TG_PASSES", "all"), known;
+    std::vector<std::string> names, chosen;
+    for (auto& [name, pass] : PASSES) {
+        names.push_back(name);
+        known += std::string(known.empty() ? "" : ",") + name;
+    }
+    if (spec == "all") return names;
+    if (spec == "none") return {};
+    std::stringstream list(spec);
+    for (std::string want; std::getline(list, want, ',');) {
+        if (std::find(names.begin(), names.end(), want) == names.end())
+            fail("TG_PASSES: unknown pass '" + want + "' (passes: " + known +
+                 "; or all, or none)");
+        chosen.push_back(want);
+    }
+    return chosen;
+}
+
 static void run_passes(Program& p) {
-    for (auto& [name, pass] : PASSES) pass(p);
+    std::vector<std::string> chosen = passes_selected();
+    for (auto& [name, pass] : PASSES)
+        if (std::find(chosen.begin(), chosen.end(), name) != chosen.end()) pass(p);
 }
 
 // ---- [INTERP] the reference interpreter over the loop IR ------------------------------- >>interp
@@ -3996,23 +4493,6 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
     }
 }
 
-// Which buffers a block reads, and whether it has bounds checks.
-static void block_uses(const ExprP& e, std::vector<bool>& reads, bool& checks) {
-    if (!e) return;
-    if (e->kind == EK::LOAD) reads[size_t(e->id)] = true;
-    if (e->kind == EK::CHECK) checks = true;
-    for (auto& s : e->src) block_uses(s, reads, checks);
-}
-static void block_uses(const std::vector<Stmt>& body, std::vector<bool>& reads,
-                       std::vector<bool>& writes, bool& checks) {
-    for (const Stmt& st : body) {
-        block_uses(st.idx, reads, checks);
-        block_uses(st.val, reads, checks);
-        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD) writes[size_t(st.id)] = true;
-        block_uses(st.body, reads, writes, checks);
-    }
-}
-
 // TG_CHECK's scan of a float buffer: err[1] = 2·index + 1 for an infinity, 2·index for a NaN
 // (x - x is NaN for both).
 #define TG_FINITE_SOURCE(type, name)                                                           \
@@ -4064,13 +4544,13 @@ static std::string render_c(const Program& p) {
     std::string out, calls;
     for (size_t k = 0; k < p.blocks.size(); k++) {
         const Block& b = p.blocks[k];
-        std::vector<bool> reads(p.buffers.size()), writes(p.buffers.size());
-        bool checks = false;
-        block_uses(b.body, reads, writes, checks);
+        BlockAccesses uses = block_accesses(b);
+        bool checks = uses.checks;
         std::string params, args;
         for (size_t i = 0; i < p.buffers.size(); i++) {
-            if (!reads[i] && !writes[i]) continue;
-            const char* constness = writes[i] ? "" : "const ";
+            bool writes = uses.writes(int(i));
+            if (!writes && !uses.reads(int(i))) continue;
+            const char* constness = writes ? "" : "const ";
             params += strf("%s%s%s *restrict buf%zu", params.empty() ? "" : ", ", constness,
                            c_type(p.buffers[i].dtype), i);
             args += strf("%s(%s%s *)b[%zu]", args.empty() ? "" : ", ", constness,

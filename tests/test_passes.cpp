@@ -1,0 +1,154 @@
+// The loop passes one by one (TG_PASSES selects them): what each does to a program's nests,
+// and that the result computes what the unoptimized IR computes.
+#include "harness.hpp"
+using tg::Tensor;
+
+namespace {
+int count_of(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+    return n;
+}
+// nests after the passes named (TG_PASSES syntax)
+std::string optimized(const std::vector<Tensor>& ts, const char* passes) {
+    th::EnvGuard env("TG_PASSES", passes);
+    return tg::inspect(ts).optimized_ir;
+}
+int nests(const std::string& ir) { return count_of("\n" + ir, "\nK"); }
+Tensor data(tg::Shape s, int salt = 0) {
+    size_t n = 1;
+    for (int64_t d : s) n *= size_t(d);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < v.size(); i++) v[i] = float((i + size_t(salt)) % 7) / 4 - 0.75f;
+    return Tensor::from_vector(v, s);
+}
+// the values of ts computed with the passes named, one vector per tensor
+std::vector<std::vector<float>> values(std::vector<Tensor> ts, const char* passes) {
+    th::EnvGuard env("TG_PASSES", passes);
+    std::vector<Tensor> copies;
+    for (Tensor& t : ts) copies.push_back(t * 1.0f);   // fresh nodes: realized under passes
+    tg::realize(copies);
+    std::vector<std::vector<float>> out;
+    for (Tensor& t : copies) out.push_back(t.to_vector());
+    return out;
+}
+void check_same_values(const std::vector<Tensor>& ts) {
+    auto none = values(ts, "none"), all = values(ts, "all");
+    for (size_t i = 0; i < ts.size(); i++) {
+        std::vector<double> want(none[i].begin(), none[i].end());
+        CHECK_ALL_NEAR(all[i], want, 1e-6);
+    }
+}
+}  // namespace
+
+TEST(passes_none_runs_the_ir_as_lowered) {
+    Tensor x = data({4, 10});
+    th::EnvGuard env("TG_PASSES", "none");
+    tg::Stages st = tg::inspect({x.exp(), x * 2.0f});
+    CHECK_EQ(st.optimized_ir, st.loop_ir);
+    CHECK(st.loop_ir.find("/ ") != std::string::npos || st.loop_ir.find("0 + ") != std::string::npos);
+}
+
+TEST(passes_unknown_name_is_an_error) {
+    Tensor x = data({4});
+    th::EnvGuard env("TG_PASSES", "simplify,fuse_everything");
+    CHECK_THROWS(tg::inspect({x.exp()}), "TG_PASSES: unknown pass 'fuse_everything'",
+                 "fuse_loops");
+}
+
+// Two nests over the same rows become one; the loops inside fuse too, so a value stored and
+// read back at the same index is read from a local.
+TEST(fuse_loops_merges_nests_with_equal_extents) {
+    Tensor x = data({4, 10});
+    std::vector<Tensor> ts = {x.exp(), x * 2.0f};
+    CHECK_EQ(nests(optimized(ts, "simplify")), 2);
+    std::string ir = optimized(ts, "simplify,fuse_loops");
+    CHECK_EQ(nests(ir), 1);
+    CHECK_EQ(count_of(ir, "for i1 < 10"), 1);   // the inner loops fused as well
+    CHECK(ir.find(" + K1 ") != std::string::npos);   // the title names both kernels
+    check_same_values(ts);
+}
+
+// merge-left: the third nest moves past an independent second to join the first; merge-right:
+// when the third reads what the second writes, the first moves right instead.
+TEST(fuse_loops_steps_over_a_nest_in_between) {
+    Tensor x = data({4, 10}), other = data({8});
+    std::vector<Tensor> left = {x.exp(), other.exp(), x * 2.0f};
+    std::string ir = optimized(left, "simplify,fuse_loops");
+    CHECK_EQ(nests(ir), 2);
+    CHECK(ir.find("K0 forward float32 [4,10]: MUL EXP2 + K2") != std::string::npos);
+    check_same_values(left);
+
+    Tensor doubled = x * 2.0f, b = other.exp();
+    Tensor reads_b = x + b.reshape({4, 2}).sum(1, true);   // reads b: cannot move left
+    std::vector<Tensor> right = {doubled, b, reads_b};
+    std::string r = optimized(right, "simplify,fuse_loops");
+    CHECK_EQ(nests(r), 2);
+    CHECK(r.find("K1 forward float32 [8]") < r.find("K0 forward float32 [4,10]: MUL + K2"));
+    check_same_values(right);
+}
+
+// A nest that reads another's output at other rows (a flip) must not fuse with it.
+TEST(fuse_loops_keeps_dependences_across_rows) {
+    Tensor x = data({4, 10});
+    Tensor y = x.exp();
+    std::vector<Tensor> ts = {y, y.flip(0) * 2.0f};
+    CHECK_EQ(nests(optimized(ts, "all")), 2);
+    check_same_values(ts);
+    // a row reduction of the first nest's output reads only its own row: fuses (but not with
+    // a nest that calls exp: GCC would no longer vectorize the reduction across rows)
+    Tensor z = x * 2.0f + 1.0f;
+    std::vector<Tensor> rows = {z, z.sum(1)};
+    CHECK_EQ(nests(optimized({y, y.sum(1)}, "simplify,fuse_loops")), 2);
+    CHECK_EQ(nests(optimized(rows, "simplify,fuse_loops")), 1);
+    check_same_values(rows);
+}
+
+TEST(substitute_temps_reads_a_stored_value_from_a_local) {
+    Tensor x = data({4, 10});
+    Tensor y = x.exp();
+    std::vector<Tensor> ts = {y, y * 2.0f};
+    std::string before = optimized(ts, "simplify,fuse_loops");
+    CHECK_EQ(count_of(before, "buf0[("), 2);   // stored, then loaded
+    std::string after = optimized(ts, "simplify,fuse_loops,substitute_temps");
+    CHECK_EQ(count_of(after, "buf0[("), 1);    // stored only: the product reads the local
+    CHECK(after.find("acc0*2") != std::string::npos);
+    check_same_values(ts);
+}
+
+// A temporary stored and read only inside the fused nest is not stored at all.
+TEST(dead_stores_drop_temporaries_nobody_reads) {
+    Tensor x = data({4, 10});
+    Tensor t = x.exp().exp().exp();   // costly: stored once for its two readers
+    std::vector<Tensor> ts = {t + 1.0f, t * 2.0f};
+    std::string kept = optimized(ts, "simplify,fuse_loops,substitute_temps");
+    CHECK(kept.find("buf0: temp") != std::string::npos);
+    CHECK_EQ(count_of(kept, "buf0[("), 1);
+    std::string dropped = optimized(ts, "simplify,fuse_loops,substitute_temps,dead_stores");
+    CHECK_EQ(count_of(dropped, "buf0[("), 0);
+    CHECK_EQ(nests(dropped), 1);
+    check_same_values(ts);
+}
+
+// An accumulator starts from its first term; sums of one or two terms and empty sums stay right.
+TEST(first_write_starts_accumulators_at_their_first_term) {
+    Tensor x = data({3, 5});
+    std::string ir = optimized({x.sum(1)}, "simplify,first_write");
+    CHECK(ir.find("acc0 = buf1[i0*5]") != std::string::npos);
+    CHECK(ir.find("for i1 < 4") != std::string::npos);
+    std::vector<Tensor> ts = {x.sum(1), x.max(1), data({3, 1}).sum(1), data({3, 2}).sum(1),
+                              data({3, 2}).max(1), x.sum(0)};
+    check_same_values(ts);
+    Tensor empty = Tensor::zeros({3, 0});
+    th::EnvGuard env("TG_PASSES", "all");
+    CHECK_ALL_NEAR((empty.sum(1) + 1.0f).to_vector(), (std::vector<double>{1, 1, 1}), 0);
+}
+
+TEST(simplify_drops_loops_of_one_iteration) {
+    Tensor x = data({4, 30});   // 30 = one block of 16 terms + a tail of 14: one block loop
+    std::string before = optimized({x.sum(1)}, "none");
+    CHECK(before.find("< 1:") != std::string::npos);
+    std::string after = optimized({x.sum(1)}, "simplify");
+    CHECK(after.find("< 1:") == std::string::npos);
+    check_same_values({x.sum(1)});
+}
