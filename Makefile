@@ -4,6 +4,8 @@
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures            make loc   line count of the header
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
+# make oracle     random graphs, optimized CPU against the unoptimized interpreter, for
+#                 SEED (default 1) and COUNT (default 1000) graphs
 CXX      ?= c++
 CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 LDLIBS   := -ldl -lpthread
@@ -14,7 +16,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-asan test-subset test-asan-subset fuzz bench loc clean
+.PHONY: all test test-asan test-subset test-asan-subset fuzz oracle bench loc clean
 all: $(EXAMPLES)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -30,6 +32,7 @@ $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c -o $@ $<
 $(BUILD)/tests/test_fuzz.o: tests/fuzz_targets.hpp
+$(BUILD)/tests/test_oracle.o: tests/random_graphs.hpp
 
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
@@ -99,6 +102,15 @@ build-fuzz/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp
 build-fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz_targets.hpp tinygrad.hpp build-fuzz/tinygrad.o
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< build-fuzz/tinygrad.o \
 	    $(LDLIBS)
+
+# The oracle program (tests/oracle_main.cpp), with a private compile cache per run.
+SEED  ?= 1
+COUNT ?= 1000
+$(BUILD)/oracle: tests/oracle_main.cpp tests/random_graphs.hpp tinygrad.hpp $(BUILD)/tinygrad.o
+	$(CXX) $(CXXFLAGS) -o $@ $< $(BUILD)/tinygrad.o $(LDLIBS)
+oracle: $(BUILD)/oracle
+	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(SEED) $(COUNT); \
+	rc=$$?; rm -rf $$dir; exit $$rc
 
 $(BUILD)/bench: bench/bench.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)

@@ -472,6 +472,15 @@ struct Stats {                  // process-wide counters since start
 };
 Stats stats();
 
+struct ProgramInfo {            // the most recent program run (this thread), for benchmarks
+    std::string name;
+    int nests_lowered = 0, nests = 0;          // loop nests before and after the passes
+    int temporaries_lowered = 0, temporaries = 0;
+    int64_t temp_bytes_lowered = 0;            // bytes of the temporaries lowering made,
+    int64_t temp_bytes = 0, arena_bytes = 0;   // of those left after the passes, and planned
+};
+ProgramInfo last_program();
+
 // ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 namespace nn {
 // A layer. parameters() lists the tensors an optimizer updates; it is complete after the first
@@ -691,6 +700,7 @@ struct ProgramBuffer {
     enum Role : uint8_t { INPUT, OUTPUT, TEMP } role;
     DType dtype;
     int64_t numel;
+    int64_t offset = -1;   // TEMP: where it lies in the program's arena (plan_memory); -1: alone
 };
 
 struct Program {
@@ -700,6 +710,7 @@ struct Program {
     std::vector<Block> blocks;
     std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
+    int64_t arena_bytes = 0;   // one allocation that the planned temporaries share
 };
 
 // A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
@@ -1149,10 +1160,16 @@ struct Buffer {
     int64_t numel;
     uint64_t written_at = 0;   // the in-place update (update_count) that last wrote it
     Loc written_by;            // and where the user asked for it
+    std::shared_ptr<Buffer> arena;   // set: this buffer is a part of arena's memory
     Buffer(Device* dev, DType dt, int64_t n)
         : device(dev), ptr(dev->alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(dt))),
           dtype(dt), numel(n) {}
-    ~Buffer() { device->free(ptr); }
+    Buffer(std::shared_ptr<Buffer> in, int64_t offset, DType dt, int64_t n)
+        : device(in->device), ptr(static_cast<char*>(in->ptr) + offset), dtype(dt), numel(n),
+          arena(std::move(in)) {}
+    ~Buffer() {
+        if (!arena) device->free(ptr);
+    }
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;
     size_t bytes() const { return size_t(numel) * dtype_size(dtype); }
@@ -2581,6 +2598,7 @@ struct Schedule {
     // inlined on the condition that lowering computes them once per value (reductions inside a
     // kernel, values broadcast back): where it cannot, it asks for a buffer (plan_program)
     std::unordered_set<Node*> once;
+    std::unordered_map<Node*, const char*> reason;   // why each root has a buffer (TG_DEBUG=2)
 };
 
 static bool is_elementwise(const Node* n) {
@@ -2741,10 +2759,24 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         // Lowering, the passes and the C compiler recurse over a kernel's expression: a long
         // chain is cut into kernels of bounded depth.
         bool too_deep = r.depth >= SCHED_MAX_DEPTH && !n->src.empty();
-        if (is_target.count(n) || n->leaf || n->op == Op::CONTIGUOUS ||
-            (k == OpKind::REDUCE && !inner_reduce) || k == OpKind::ASSIGN ||
-            n->op == Op::SCATTER_ADD || too_deep || (computed && !inline_ok && !inner_reduce))
+        const char* why = is_target.count(n)        ? "target"
+                          : n->leaf                 ? "leaf"
+                          : n->op == Op::CONTIGUOUS ? "explicit contiguous"
+                          : k == OpKind::ASSIGN     ? "assign"
+                          : n->op == Op::SCATTER_ADD ? "scatter"
+                          : too_deep                ? "expression too deep"
+                          : store.count(n)          ? "not computable once per value inside"
+                          : nullptr;
+        if (!why && k == OpKind::REDUCE && !inner_reduce)
+            why = r.indexed ? "reduction read through an index" : "reduction read by 2+ kernels";
+        if (!why && computed && !inline_ok && !inner_reduce)
+            why = r.roots.size() > 1 ? "read by 2+ kernels"
+                  : r.broadcast      ? "read through a broadcast, costly to recompute"
+                                     : "read at two indices, costly to recompute";
+        if (why) {
             s.materialized.insert(n);
+            s.reason[n] = why;
+        }
     }
     // An assignment writes element i after reading element i. A value that reads its target
     // elsewhere (x.assign(x.flip(0))) gets a buffer of its own.
@@ -2753,8 +2785,10 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         if (n->op != Op::ASSIGN || n->buffer || value->buffer || s.materialized.count(value))
             continue;
         std::unordered_set<Node*> seen;
-        if (reads_through_view(value, n->src[0].get(), s.materialized, false, seen))
+        if (reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) {
             s.materialized.insert(value);
+            s.reason[value] = "reads its assignment's target at other indices";
+        }
     }
     std::vector<Kernel> kernels;
     std::unordered_map<Node*, size_t> kernel_of;
@@ -2808,7 +2842,10 @@ static std::string sched_listing(const Schedule& s) {
         const Kernel& k = s.kernels[i];
         out += strf("K%zu: %s %s %s", i, op_name(k.root->op), dtype_name(k.root->dtype),
                     shape_str(k.root->shape).c_str());
-        out += "  " + loc_str(k.root->loc) + "\n";
+        out += "  " + loc_str(k.root->loc);
+        auto why = s.reason.find(k.root);
+        if (why != s.reason.end()) out += strf("  (%s)", why->second);
+        out += "\n";
     }
     return out;
 }
@@ -2817,9 +2854,10 @@ static std::string sched_listing(const Schedule& s) {
 // A Program (its types are declared in Part B, [DEVICE]) is blocks (one per kernel) of
 // statements: LOOP over a variable of the block, ACC_INIT/ACC_UPDATE of a local accumulator,
 // STORE of a value into a buffer at an index. Values and indices are expression trees (Expr),
-// immutable and shared; statements are made by the st_* constructors below. Lowering walks a kernel's graph from its root
-// carrying the index expression of every axis; views transform that index (this is where
-// movement ops become strides, offsets and pad conditions), loads read buffers at it.
+// immutable and shared; statements are made by the st_* constructors below. Lowering walks a
+// kernel's graph from its root carrying the index expression of every axis; views transform
+// that index (this is where movement ops become strides, offsets and pad conditions), loads
+// read buffers at it.
 // alu_eval ([SHAPES]) is the executable meaning of every arithmetic op. Tests:
 // tests/test_interp.cpp (against the compiled C and loops).
 
@@ -2934,9 +2972,20 @@ static ExprP simplify(const ExprP& e, SimplifyMemo& memo);                      
 using ExprNames = std::unordered_map<const Expr*, std::string>;
 static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr);      // [PASSES]
 
+// Calls visit once for each distinct part of e. Expressions are DAGs: walked as trees, the
+// index of a long chain of reshapes takes exponential time.
+template <typename F>
+static void each_part(const ExprP& e, std::unordered_set<const Expr*>& seen, F&& visit) {
+    if (!e || !seen.insert(e.get()).second) return;
+    visit(e);
+    for (auto& s : e->src) each_part(s, seen, visit);
+}
+
 static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
-    if (e->kind == EK::VAR) vars.insert(e->id);
-    for (auto& s : e->src) vars_used(s, vars);
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        if (part->kind == EK::VAR) vars.insert(part->id);
+    });
 }
 
 // -- what a block reads and writes: the analysis the passes and the renderers share
@@ -2958,10 +3007,11 @@ struct BlockAccesses {
     }
 };
 static void collect_accesses(const ExprP& e, std::vector<int>& loops, BlockAccesses& out) {
-    if (!e) return;
-    if (e->kind == EK::LOAD) out.accesses.push_back({e->id, e->src[0], false, loops});
-    if (e->kind == EK::CHECK) out.checks = true;
-    for (auto& s : e->src) collect_accesses(s, loops, out);
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        if (part->kind == EK::LOAD) out.accesses.push_back({part->id, part->src[0], false, loops});
+        if (part->kind == EK::CHECK) out.checks = true;
+    });
 }
 static void collect_accesses(const std::vector<Stmt>& body, std::vector<int>& loops,
                              BlockAccesses& out) {
@@ -3538,8 +3588,11 @@ static std::string program_listing(const Program& p) {
     std::string out;
     for (size_t i = 0; i < p.buffers.size(); i++) {
         static const char* roles[] = {"input", "output", "temp"};
-        out += strf("buf%zu: %s %s[%lld]\n", i, roles[p.buffers[i].role],
+        out += strf("buf%zu: %s %s[%lld]", i, roles[p.buffers[i].role],
                     dtype_name(p.buffers[i].dtype), (long long)p.buffers[i].numel);
+        if (p.buffers[i].offset >= 0 && p.arena_bytes)
+            out += strf(" at arena+%lld", (long long)p.buffers[i].offset);
+        out += "\n";
     }
     for (const Block& b : p.blocks) {
         out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")") + "\n";
@@ -3810,10 +3863,11 @@ static void pass_simplify(Program& p) {
 // -- renumbering: the variables and accumulators of one block moved into another
 static int accumulators_used(const std::vector<Stmt>& body) {
     int n = 0;
-    std::function<void(const ExprP&)> in_expr = [&](const ExprP& e) {
-        if (!e) return;
-        if (e->kind == EK::ACC) n = std::max(n, e->id + 1);
-        for (auto& s : e->src) in_expr(s);
+    std::unordered_set<const Expr*> seen;
+    auto in_expr = [&](const ExprP& e) {
+        each_part(e, seen, [&](const ExprP& part) {
+            if (part->kind == EK::ACC) n = std::max(n, part->id + 1);
+        });
     };
     for (const Stmt& st : body) {
         if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) n = std::max(n, st.id + 1);
@@ -3853,10 +3907,11 @@ static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, in
 // nests in between, else the left one merges right when it is.
 // The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
 static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
-    std::function<void(const ExprP&)> in_expr = [&](const ExprP& e) {
-        if (!e) return;
-        if (e->kind == EK::ACC) read.insert(e->id);
-        for (auto& s : e->src) in_expr(s);
+    std::unordered_set<const Expr*> seen;
+    auto in_expr = [&](const ExprP& e) {
+        each_part(e, seen, [&](const ExprP& part) {
+            if (part->kind == EK::ACC) read.insert(part->id);
+        });
     };
     for (const Stmt& st : body) {
         in_expr(st.idx);
@@ -3912,14 +3967,15 @@ static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_
 // W2: 1.3-1.7x). So a loop that reduces does not fuse with one that holds such a call, until
 // products get kernels of their own shape (tiling).
 static bool blocks_vectorizing(const ExprP& e) {
-    if (!e) return false;
-    if (e->kind == EK::ALU &&
-        (e->op == Op::EXP2 || e->op == Op::LOG2 || e->op == Op::SIN || e->op == Op::COS ||
-         e->op == Op::SQRT || e->op == Op::WHERE || e->op == Op::RAND))
-        return true;
-    for (auto& s : e->src)
-        if (blocks_vectorizing(s)) return true;
-    return false;
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        Op op = part->op;
+        found = found || (part->kind == EK::ALU &&
+                          (op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
+                           op == Op::SQRT || op == Op::WHERE || op == Op::RAND));
+    });
+    return found;
 }
 static bool reduces(const Stmt& loop) {
     for (const Stmt& st : loop.body)
@@ -3976,8 +4032,13 @@ static void fuse_inner_loops(std::vector<Stmt>& body, const std::vector<int64_t>
     for (Stmt& st : body)
         if (st.kind == SK::LOOP) fuse_inner_loops(st.body, extents);
 }
+static const size_t FUSED_MAX_STMTS = 64;   // a bound on a fused loop's body: the analyses
+                                            // above are linear in it, and so is the C
 static bool blocks_fusable(const Block& a, const Block& b) {
     if (a.body.size() != 1 || b.body.size() != 1) return false;
+    if (a.body[0].kind != SK::LOOP ||
+        a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
+        return false;
     if (a.finite_site >= 0 || b.finite_site >= 0) return false;
     // a failed bounds check stops the program before in-place writes: keep them apart
     bool checks = block_accesses(a).checks || block_accesses(b).checks;
@@ -4039,15 +4100,16 @@ static void pass_fuse_loops(Program& p) {
 // A buffer stored once in a block, then read in the statements after the store at the same
 // index, is read from a local instead; a temporary read nowhere else loses its store
 // (pass_dead_stores).
-static void substitute_stores(Block& b, std::vector<Stmt>& body, const BlockAccesses& uses) {
+static void substitute_stores(std::vector<Stmt>& body, const BlockAccesses& uses,
+                              int& next_local) {
     for (size_t p = 0; p < body.size(); p++) {
         Stmt& st = body[p];
-        if (st.kind == SK::LOOP) { substitute_stores(b, st.body, uses); continue; }
+        if (st.kind == SK::LOOP) { substitute_stores(st.body, uses, next_local); continue; }
         if (st.kind != SK::STORE) continue;
         int stores = 0;
         for (const Access& a : uses.accesses) stores += a.write && a.buffer == st.id;
         if (stores != 1) continue;
-        int buffer = st.id, local = accumulators_used(b.body);
+        int buffer = st.id, local = next_local;
         ExprP idx = st.idx, ref = ex_acc(local, st.dtype);
         bool replaced = false;
         std::unordered_map<const Expr*, ExprP> done;
@@ -4062,6 +4124,7 @@ static void substitute_stores(Block& b, std::vector<Stmt>& body, const BlockAcce
             body[q] = std::move(one[0]);
         }
         if (!replaced) continue;
+        next_local++;
         Stmt store = st_store(buffer, st.dtype, idx, ref);
         body[p] = st_local(local, st.dtype, st.val);
         body.insert(body.begin() + std::ptrdiff_t(p) + 1, std::move(store));
@@ -4071,20 +4134,20 @@ static void substitute_stores(Block& b, std::vector<Stmt>& body, const BlockAcce
 static void pass_substitute_temps(Program& p) {
     for (Block& b : p.blocks) {
         BlockAccesses uses = block_accesses(b);
-        substitute_stores(b, b.body, uses);
+        int next_local = accumulators_used(b.body);
+        substitute_stores(b.body, uses, next_local);
     }
 }
 
 // -- pass_dead_stores: stores nobody reads, and the code only they needed
 // A temporary that no block reads loses its stores; then accumulators and locals that nothing
-// reads, and loops left empty, go too. A statement holding a bounds check stays: the check
-// is an effect.
-static bool has_check(const ExprP& e) {
-    if (!e) return false;
-    if (e->kind == EK::CHECK) return true;
-    for (auto& s : e->src)
-        if (has_check(s)) return true;
-    return false;
+// reads, and loops left empty, go too. The bounds checks of a statement that goes stay, as
+// check statements: a check is an effect.
+static void checks_in(const ExprP& e, std::vector<ExprP>& out) {
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        if (part->kind == EK::CHECK) out.push_back(part);
+    });
 }
 static bool drop_dead(std::vector<Stmt>& body, const std::vector<bool>& buffer_read,
                       const std::unordered_set<int>& acc_read) {
@@ -4094,12 +4157,17 @@ static bool drop_dead(std::vector<Stmt>& body, const std::vector<bool>& buffer_r
         if (st.kind == SK::LOOP) changed = drop_dead(st.body, buffer_read, acc_read) || changed;
         bool dead = false;
         if (st.kind == SK::LOOP) dead = st.body.empty();
-        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD)
-            dead = !buffer_read[size_t(st.id)] && !has_check(st.idx) && !has_check(st.val);
-        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE)
-            dead = !acc_read.count(st.id) && !has_check(st.val);
-        if (dead) changed = true;
-        else out.push_back(std::move(st));
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD) dead = !buffer_read[size_t(st.id)];
+        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) dead = !acc_read.count(st.id);
+        if (!dead) {
+            out.push_back(std::move(st));
+            continue;
+        }
+        changed = true;
+        std::vector<ExprP> checks;   // what the dead statement checked is still checked
+        checks_in(st.idx, checks);
+        checks_in(st.val, checks);
+        for (ExprP& c : checks) out.push_back(st_check(c));
     }
     body = std::move(out);
     return changed;
@@ -4165,6 +4233,53 @@ static void pass_first_write(Program& p) {
     for (Block& b : p.blocks) first_write(b, b.body);
 }
 
+// -- pass_plan_memory: temporaries share one arena by lifetime
+// A temporary lives from the first block that touches it to the last. Largest first (ties by
+// number, so the plan depends only on the program), each takes the lowest 64-byte-aligned
+// offset that overlaps no placed temporary whose lifetime overlaps its own. Inputs, outputs
+// and buffers assigned in place are never in the arena. A temporary no block touches (its
+// stores were removed) takes no space.
+static int64_t temp_bytes(const ProgramBuffer& b) { return b.numel * int64_t(dtype_size(b.dtype)); }
+static void pass_plan_memory(Program& p) {
+    size_t n = p.buffers.size();
+    std::vector<int> first(n, -1), last(n, -1);
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        auto touch = [&](int buffer) {
+            if (first[size_t(buffer)] < 0) first[size_t(buffer)] = int(k);
+            last[size_t(buffer)] = int(k);
+        };
+        for (const Access& a : block_accesses(p.blocks[k]).accesses) touch(a.buffer);
+        if (p.blocks[k].finite_site >= 0) touch(p.blocks[k].finite_buffer);
+    }
+    std::vector<size_t> temps;
+    for (size_t i = 0; i < n; i++)
+        if (p.buffers[i].role == ProgramBuffer::TEMP) temps.push_back(i);
+    std::stable_sort(temps.begin(), temps.end(), [&](size_t a, size_t b) {
+        return temp_bytes(p.buffers[a]) > temp_bytes(p.buffers[b]);
+    });
+    const int64_t align = 64;
+    std::vector<size_t> placed;
+    p.arena_bytes = 0;
+    for (size_t t : temps) {
+        ProgramBuffer& buf = p.buffers[t];
+        if (first[t] < 0) { buf.offset = 0; continue; }
+        int64_t size = temp_bytes(buf);
+        std::vector<std::pair<int64_t, int64_t>> busy;   // [begin, end) of live neighbours
+        for (size_t o : placed)
+            if (first[o] <= last[t] && first[t] <= last[o])
+                busy.push_back({p.buffers[o].offset, p.buffers[o].offset + temp_bytes(p.buffers[o])});
+        std::sort(busy.begin(), busy.end());
+        int64_t at = 0;
+        for (auto& [begin, end] : busy) {
+            if (at + size <= begin) break;
+            at = std::max(at, (end + align - 1) / align * align);
+        }
+        buf.offset = at;
+        p.arena_bytes = std::max(p.arena_bytes, at + size);
+        placed.push_back(t);
+    }
+}
+
 // The pipeline's passes in order; each is a function of the whole program. TG_PASSES names
 // the ones to run (default all; none runs the IR as lowered), so a wrong result can be
 // bisected to a pass.
@@ -4174,6 +4289,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"substitute_temps", pass_substitute_temps},
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},
+    {"plan_memory", pass_plan_memory},
 };
 
 static std::vector<std::string> passes_selected() {
@@ -4532,12 +4648,28 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
     {"tg_finitef(", TG_FINITE_SOURCE(float, tg_finitef)},
     {"tg_finite(", TG_FINITE_SOURCE(double, tg_finite)},
+    // selects by bit masks, not by c ? a : b: GCC 12 at -O3 if-converts conditional
+    // expressions into masked vector code that computes wrong values in some nests (two
+    // selects on one condition in a loop of 7 or 14 iterations; tests/test_interp.cpp)
     {"tg_wheref(",
-     "static inline float tg_wheref(int c, float a, float b) { return c ? a : b; }\n"},
+     "static inline float tg_wheref(int c, float a, float b) {\n"
+     "    union { float f; uint32_t u; } x = {a}, y = {b};\n"
+     "    uint32_t m = -(uint32_t)(c != 0);\n"
+     "    x.u = (x.u & m) | (y.u & ~m);\n"
+     "    return x.f;\n"
+     "}\n"},
     {"tg_whered(",
-     "static inline double tg_whered(int c, double a, double b) { return c ? a : b; }\n"},
+     "static inline double tg_whered(int c, double a, double b) {\n"
+     "    union { double f; uint64_t u; } x = {a}, y = {b};\n"
+     "    uint64_t m = -(uint64_t)(c != 0);\n"
+     "    x.u = (x.u & m) | (y.u & ~m);\n"
+     "    return x.f;\n"
+     "}\n"},
     {"tg_wherei(",
-     "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) { return c ? a : b; }\n"},
+     "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) {\n"
+     "    uint64_t m = -(uint64_t)(c != 0);\n"
+     "    return (int64_t)(((uint64_t)a & m) | ((uint64_t)b & ~m));\n"
+     "}\n"},
 };
 
 static std::string render_c(const Program& p) {
@@ -4791,6 +4923,22 @@ static void check_errors(const Program& prog, const int64_t* err) {
     fail(what + strf(": got %lld", (long long)err[1]), loc);
 }
 
+static thread_local ProgramInfo last_program_info;
+
+// The temporaries some block touches, and their bytes.
+static void temporaries_of(const Program& p, int& count, int64_t& bytes) {
+    std::vector<bool> touched(p.buffers.size());
+    for (const Block& b : p.blocks)
+        for (const Access& a : block_accesses(b).accesses) touched[size_t(a.buffer)] = true;
+    count = 0;
+    bytes = 0;
+    for (size_t i = 0; i < p.buffers.size(); i++)
+        if (touched[i] && p.buffers[i].role == ProgramBuffer::TEMP) {
+            count++;
+            bytes += temp_bytes(p.buffers[i]);
+        }
+}
+
 static ProgramRun run_program(std::vector<NodeP> targets) {
     auto t0 = std::chrono::steady_clock::now();
     int debug = debug_level();
@@ -4801,12 +4949,24 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     run.targets = sched.targets;
     if (sched.kernels.empty()) return run;
     std::string before = debug >= 2 ? program_listing(prog) : "";
+    ProgramInfo& info = last_program_info;
+    info = ProgramInfo{prog.name, int(prog.blocks.size())};
+    temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
     run_passes(prog);                                            // 3. passes
+    info.nests = int(prog.blocks.size());
+    temporaries_of(prog, info.temporaries, info.temp_bytes);
+    info.arena_bytes = prog.arena_bytes;
     Device& dev = default_device();
     if (debug >= 2) {
         std::string ir = program_listing(prog);
         std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(),
                      sched_listing(sched).c_str());
+        std::fprintf(stderr,
+                     "[tg] %s: %d nests, %d temporaries (%lld bytes) as lowered; after the "
+                     "passes %d nests, %d temporaries: %lld bytes unplanned -> %lld planned\n",
+                     prog.name.c_str(), info.nests_lowered, info.temporaries_lowered,
+                     (long long)info.temp_bytes_lowered, info.nests, info.temporaries,
+                     (long long)info.temp_bytes, (long long)info.arena_bytes);
         if (debug >= 3)
             std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s",
                          before.c_str(), ir.c_str());
@@ -4820,11 +4980,15 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
     std::vector<void*> ptrs(prog.buffers.size());
     run.buffers.resize(prog.buffers.size());
-    for (size_t i = 0; i < prog.buffers.size(); i++) {           // 5. allocate
+    std::shared_ptr<Buffer> arena =                              // 5. allocate
+        prog.arena_bytes ? std::make_shared<Buffer>(&dev, DType::BOOL, prog.arena_bytes) : nullptr;
+    for (size_t i = 0; i < prog.buffers.size(); i++) {
         Node* owner = prog.buffer_nodes[i];
         auto& pb = prog.buffers[i];
-        run.buffers[i] =
-            owner->buffer ? owner->buffer : std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
+        if (owner->buffer) run.buffers[i] = owner->buffer;
+        else if (arena && pb.offset >= 0)
+            run.buffers[i] = std::make_shared<Buffer>(arena, pb.offset, pb.dtype, pb.numel);
+        else run.buffers[i] = std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
         ptrs[i] = run.buffers[i]->ptr;
     }
     int64_t err[2] = {0, 0};
@@ -4989,6 +5153,8 @@ Stats stats() {
     std::lock_guard<std::mutex> lock(detail::runtime_mutex);
     return detail::global_stats;
 }
+
+ProgramInfo last_program() { return detail::last_program_info; }
 
 Stages inspect(const std::vector<Tensor>& tensors) {
     std::vector<NodeP> nodes;

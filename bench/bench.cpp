@@ -3,7 +3,8 @@
 // Prints one line per workload: microseconds per step as the median and the minimum over
 // blocks of steps (after warm-up steps), and the number of threads the kernels ran on. Each
 // step is a tg::jit replay: one compiled program for forward, backward and update. Compare with
-// reference_torch.py run on the same machine in the same session, as a ratio.
+// reference_torch.py run on the same machine in the same session, as a ratio. Beside each
+// time: the step program's loop nests and temporary bytes (tg::last_program()).
 //
 // Build and run: make bench      (or: c++ -std=c++17 -O2 bench/bench.cpp -o bench -ldl)
 #define TINYGRAD_IMPLEMENTATION
@@ -11,7 +12,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 using tg::Tensor;
 namespace nn = tg::nn;
@@ -29,6 +32,18 @@ template <typename F> static Timing time_blocks(F&& step, int warmup, int steps,
     }
     std::sort(per_step.begin(), per_step.end());
     return {per_step[per_step.size() / 2], per_step.front()};
+}
+
+// The step's program: loop nests after (and before) the passes, temporary bytes as lowered,
+// left after the passes, and planned into one arena.
+static std::string program_figures(const tg::ProgramInfo& p) {
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "  nests %d (lowered %d)  temporaries %lld B lowered, %lld B unplanned -> %lld B"
+                  " planned",
+                  p.nests, p.nests_lowered, (long long)p.temp_bytes_lowered,
+                  (long long)p.temp_bytes, (long long)p.arena_bytes);
+    return line;
 }
 
 static std::vector<int32_t> random_batch(std::mt19937& rng, int64_t n, int64_t size) {
@@ -55,10 +70,12 @@ static void w1() {
     });
     std::mt19937 rng(1);
     auto one = [&] { step({Tensor::from_vector(random_batch(rng, n, batch))}); };
-    Timing t = time_blocks(one, int(10 * steps_per_epoch), int(10 * steps_per_epoch), 9);
+    one();   // traces and compiles the step
+    tg::ProgramInfo program = tg::last_program();
+    Timing t = time_blocks(one, int(10 * steps_per_epoch) - 1, int(10 * steps_per_epoch), 9);
     double acc = ((mlp(d.X).reshape({-1}) > 0) == (d.Y > 0)).cast(tg::DType::FLOAT32).mean().item();
-    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads 1  accuracy %.4f\n",
-                t.median_us, t.min_us, acc);
+    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads 1  accuracy %.4f%s\n",
+                t.median_us, t.min_us, acc, program_figures(program).c_str());
 }
 
 // W2: Bengio char MLP, V=27 T=3 E=10 D=200 B=32, no biases, tanh, cross-entropy, SGD lr 0.01;
@@ -87,13 +104,49 @@ static void w2() {
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
-    Timing t = time_blocks(one, 20, 200, 7);
-    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads 1  final loss %.4f\n",
-                t.median_us, t.min_us, last.item());
+    one();
+    tg::ProgramInfo program = tg::last_program();
+    Timing t = time_blocks(one, 19, 200, 7);
+    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads 1  final loss %.4f%s\n",
+                t.median_us, t.min_us, last.item(), program_figures(program).c_str());
+}
+
+// W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
+// of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps (TG_BENCH_W3=0 skips it)
+static void w3() {
+    const int64_t din = 784, h = 1024, dout = 10, B = 256, pool = 4096;
+    std::mt19937 rng(1337);
+    std::normal_distribution<float> normal;
+    std::uniform_int_distribution<int32_t> label(0, int32_t(dout - 1));
+    std::vector<float> xs(size_t(pool * din));
+    std::vector<int32_t> ys(static_cast<size_t>(pool));
+    for (auto& x : xs) x = normal(rng);
+    for (auto& y : ys) y = label(rng);
+    Tensor X = Tensor::from_vector(xs, {pool, din}), Y = Tensor::from_vector(ys, {pool});
+    tg::manual_seed(1337);
+    nn::Sequential mlp(nn::Linear(din, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(),
+                       nn::Linear(h, dout));
+    tg::optim::SGD opt(mlp.parameters(), 0.01);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::cross_entropy(mlp(X[in[0]]), Y[in[0]]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    Tensor last;
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
+    one();
+    tg::ProgramInfo program = tg::last_program();
+    Timing t = time_blocks(one, 1, 2, 3);
+    std::printf("W3 mlp     %9.1f ms/step median %9.1f ms/step min  threads 1  final loss %.4f%s\n",
+                t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
 }
 
 int main() {
     w1();
     w2();
+    const char* w3_on = std::getenv("TG_BENCH_W3");
+    if (!w3_on || std::string(w3_on) != "0") w3();
     return 0;
 }

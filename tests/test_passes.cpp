@@ -152,3 +152,18 @@ TEST(simplify_drops_loops_of_one_iteration) {
     CHECK(after.find("< 1:") == std::string::npos);
     check_same_values({x.sum(1)});
 }
+
+// A maximum that simplify proves unused loses its accumulator, but its gather's bounds check
+// stays (the C once kept the loop and lost the accumulator's declaration).
+TEST(dead_stores_keep_the_bounds_checks_of_what_they_drop) {
+    Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                      14, 15, 16}, {4, 4, 1});
+    Tensor rows = t[Tensor::from_vector(std::vector<int32_t>{3, 0, 2, 1})];
+    Tensor m = rows.max(1, true).pad({{1, 0}, {1, 2}, {1, 2}}, 0.0f);
+    Tensor out = m.min(std::vector<int>{-1, 0}, false).slice(0, 2, -1, 2);
+    CHECK_ALL_NEAR(out.to_vector(), (std::vector<double>{0}), 0);
+    Tensor bad = t[Tensor::from_vector(std::vector<int32_t>{3, 0, 9, 1})];
+    Tensor m2 = bad.max(1, true).pad({{1, 0}, {1, 2}, {1, 2}}, 0.0f);
+    CHECK_THROWS(m2.min(std::vector<int>{-1, 0}, false).slice(0, 2, -1, 2).to_vector(),
+                 "index out of range");
+}
