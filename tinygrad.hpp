@@ -3616,7 +3616,7 @@ static std::string program_listing(const Program& p) {
 //                     a local
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
 //                     loops that only fed them go too
-//   first_write       an accumulator starts from its first term instead of zero (or -inf)
+//   first_write       a short accumulation starts from its first term instead of zero
 // Analyses shared with the renderers: block_accesses ([LOOPIR]), range_of, Linear. Tests:
 // tests/test_passes.cpp (each pass), tests/test_schedule.cpp, tests/test_interp.cpp,
 // tests/test_oracle.cpp (random graphs against TG_PASSES=none on INTERP).
@@ -3961,11 +3961,10 @@ static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_
     chunk = {coef, b};
     return true;
 }
-// GCC vectorizes a reduction nest across an outer loop (the lanes run over outputs), but not
-// when the nest shares that loop with a libm call or a select: fused with such an epilogue,
-// even in a loop of its own inside the fused one, a matrix product runs slower (measured on
-// W2: 1.3-1.7x). So a loop that reduces does not fuse with one that holds such a call, until
-// products get kernels of their own shape (tiling).
+// A loop that calls a libm function or selects does not fuse: GCC 12 then vectorizes the
+// fused loop worse than the two apart (measured on W2: a matrix product fused with its tanh
+// epilogue ran 1.3-1.7x slower, the smaller fusions 4% slower over the step), until kernels
+// are tiled and vectorized by us rather than by the C compiler.
 static bool blocks_vectorizing(const ExprP& e) {
     bool found = false;
     std::unordered_set<const Expr*> seen;
@@ -3976,11 +3975,6 @@ static bool blocks_vectorizing(const ExprP& e) {
                            op == Op::SQRT || op == Op::WHERE || op == Op::RAND));
     });
     return found;
-}
-static bool reduces(const Stmt& loop) {
-    for (const Stmt& st : loop.body)
-        if (st.kind == SK::ACC_UPDATE || (st.kind == SK::LOOP && reduces(st))) return true;
-    return false;
 }
 static bool holds_call(const Stmt& loop) {
     for (const Stmt& st : loop.body)
@@ -3994,7 +3988,7 @@ static bool loops_fusable(const Stmt& la, const std::vector<int64_t>& ea, const 
                           const std::vector<int64_t>& eb) {
     if (la.kind != SK::LOOP || lb.kind != SK::LOOP || ea[size_t(la.id)] != eb[size_t(lb.id)])
         return false;
-    if ((reduces(la) && holds_call(lb)) || (reduces(lb) && holds_call(la))) return false;
+    if (holds_call(la) || holds_call(lb)) return false;
     // an accumulator one loop updates and the other reads carries a value across iterations
     std::unordered_set<int> set_a, set_b, read_a, read_b;
     accs_set(la.body, set_a);
@@ -4194,39 +4188,37 @@ static void pass_dead_stores(Program& p) {
                    p.blocks.end());
 }
 
-// -- pass_first_write: an accumulator starts from its first term, not from zero
-// acc = 0; for v < n: acc += f(v)   becomes   acc = f(0); for v < n - 1: acc += f(v + 1)
-// (the same for max from -inf), when the loop holds only that update: one operation less per
-// accumulator, and a sum of one term is a plain copy. The loop's extent is edited in the
-// block's table, its variable shifted by substitution.
+// -- pass_first_write: a short accumulation starts from its first term, not from zero
+//   acc = 0; acc += f(0)                       becomes   acc = f(0)
+//   acc = 0; for v < 2: acc += f(v)            becomes   acc = f(0); acc += f(1)
+// (the same for max from -inf). The C compiler may not drop 0 + x itself (it is not x when x
+// is -0). Longer loops keep their zero start: peeled, they vectorize worse (measured on W2:
+// 8% slower).
 static void first_write(Block& b, std::vector<Stmt>& body) {
     for (size_t p = 0; p < body.size(); p++) {
         if (body[p].kind == SK::LOOP) first_write(b, body[p].body);
         if (p + 1 >= body.size()) continue;
-        Stmt &init = body[p], &loop = body[p + 1];
-        if (init.kind != SK::ACC_INIT || loop.kind != SK::LOOP || loop.body.size() != 1) continue;
-        const Stmt& update = loop.body[0];
-        int v = loop.id;
-        int64_t n = b.extents[size_t(v)];
-        if (update.kind != SK::ACC_UPDATE || update.id != init.id || update.op != init.op ||
-            !is_const(init.val, acc_identity(init.op, init.dtype)) || n < 1)   // no first term
+        Stmt &init = body[p], &next = body[p + 1];
+        if (init.kind != SK::ACC_INIT || !is_const(init.val, acc_identity(init.op, init.dtype)))
             continue;
-        SimplifyMemo memo{&b.extents, {}};
-        std::vector<Stmt> first{update};
-        substitute_var(first, v, ix(0));
-        init.val = simplify(first[0].val, memo);
-        if (n == 1) {
+        auto updates_init = [&](const Stmt& st) {
+            return st.kind == SK::ACC_UPDATE && st.id == init.id && st.op == init.op;
+        };
+        if (updates_init(next)) {   // acc = 0; acc += x
+            init.val = next.val;
             body.erase(body.begin() + std::ptrdiff_t(p) + 1);
             continue;
         }
-        // a loop of one iteration left is its body at v = 0
-        b.extents[size_t(v)] = n - 1;
-        substitute_var(loop.body, v, n == 2 ? ix(1) : ix_add(ex_var(v), ix(1)));
-        loop.body[0].val = simplify(loop.body[0].val, memo);
-        if (n == 2) {
-            Stmt only = std::move(loop.body[0]);
-            body[p + 1] = std::move(only);
-        }
+        if (next.kind != SK::LOOP || next.body.size() != 1 || !updates_init(next.body[0]) ||
+            b.extents[size_t(next.id)] != 2)
+            continue;
+        SimplifyMemo memo{&b.extents, {}};
+        std::vector<Stmt> first{next.body[0]}, second{next.body[0]};
+        substitute_var(first, next.id, ix(0));
+        init.val = simplify(first[0].val, memo);
+        substitute_var(second, next.id, ix(1));
+        second[0].val = simplify(second[0].val, memo);
+        body[p + 1] = std::move(second[0]);
     }
 }
 static void pass_first_write(Program& p) {

@@ -60,7 +60,7 @@ TEST(passes_unknown_name_is_an_error) {
 // read back at the same index is read from a local.
 TEST(fuse_loops_merges_nests_with_equal_extents) {
     Tensor x = data({4, 10});
-    std::vector<Tensor> ts = {x.exp(), x * 2.0f};
+    std::vector<Tensor> ts = {x + 1.0f, x * 2.0f};
     CHECK_EQ(nests(optimized(ts, "simplify")), 2);
     std::string ir = optimized(ts, "simplify,fuse_loops");
     CHECK_EQ(nests(ir), 1);
@@ -73,10 +73,10 @@ TEST(fuse_loops_merges_nests_with_equal_extents) {
 // when the third reads what the second writes, the first moves right instead.
 TEST(fuse_loops_steps_over_a_nest_in_between) {
     Tensor x = data({4, 10}), other = data({8});
-    std::vector<Tensor> left = {x.exp(), other.exp(), x * 2.0f};
+    std::vector<Tensor> left = {x + 1.0f, other.exp(), x * 2.0f};
     std::string ir = optimized(left, "simplify,fuse_loops");
     CHECK_EQ(nests(ir), 2);
-    CHECK(ir.find("K0 forward float32 [4,10]: MUL EXP2 + K2") != std::string::npos);
+    CHECK(ir.find("K0 forward float32 [4,10]: ADD + K2") != std::string::npos);
     check_same_values(left);
 
     Tensor doubled = x * 2.0f, b = other.exp();
@@ -91,22 +91,22 @@ TEST(fuse_loops_steps_over_a_nest_in_between) {
 // A nest that reads another's output at other rows (a flip) must not fuse with it.
 TEST(fuse_loops_keeps_dependences_across_rows) {
     Tensor x = data({4, 10});
-    Tensor y = x.exp();
+    Tensor y = x + 1.0f;
     std::vector<Tensor> ts = {y, y.flip(0) * 2.0f};
     CHECK_EQ(nests(optimized(ts, "all")), 2);
     check_same_values(ts);
-    // a row reduction of the first nest's output reads only its own row: fuses (but not with
-    // a nest that calls exp: GCC would no longer vectorize the reduction across rows)
-    Tensor z = x * 2.0f + 1.0f;
-    std::vector<Tensor> rows = {z, z.sum(1)};
-    CHECK_EQ(nests(optimized({y, y.sum(1)}, "simplify,fuse_loops")), 2);
+    // a row reduction of the first nest's output reads only its own row: fuses (but a nest
+    // that calls exp does not: GCC vectorizes the two worse together than apart)
+    std::vector<Tensor> rows = {y, y.sum(1)};
+    Tensor e = x.exp();
+    CHECK_EQ(nests(optimized({e, e.sum(1)}, "simplify,fuse_loops")), 2);
     CHECK_EQ(nests(optimized(rows, "simplify,fuse_loops")), 1);
     check_same_values(rows);
 }
 
 TEST(substitute_temps_reads_a_stored_value_from_a_local) {
     Tensor x = data({4, 10});
-    Tensor y = x.exp();
+    Tensor y = x * 3.0f + 1.0f;
     std::vector<Tensor> ts = {y, y * 2.0f};
     std::string before = optimized(ts, "simplify,fuse_loops");
     CHECK_EQ(count_of(before, "buf0[("), 2);   // stored, then loaded
@@ -119,7 +119,8 @@ TEST(substitute_temps_reads_a_stored_value_from_a_local) {
 // A temporary stored and read only inside the fused nest is not stored at all.
 TEST(dead_stores_drop_temporaries_nobody_reads) {
     Tensor x = data({4, 10});
-    Tensor t = x.exp().exp().exp();   // costly: stored once for its two readers
+    Tensor t = x.reciprocal().reciprocal().reciprocal().reciprocal().reciprocal().reciprocal()
+                   .reciprocal();   // costly: stored once for its two readers
     std::vector<Tensor> ts = {t + 1.0f, t * 2.0f};
     std::string kept = optimized(ts, "simplify,fuse_loops,substitute_temps");
     CHECK(kept.find("buf0: temp") != std::string::npos);
@@ -130,12 +131,17 @@ TEST(dead_stores_drop_temporaries_nobody_reads) {
     check_same_values(ts);
 }
 
-// An accumulator starts from its first term; sums of one or two terms and empty sums stay right.
-TEST(first_write_starts_accumulators_at_their_first_term) {
-    Tensor x = data({3, 5});
-    std::string ir = optimized({x.sum(1)}, "simplify,first_write");
-    CHECK(ir.find("acc0 = buf1[i0*5]") != std::string::npos);
-    CHECK(ir.find("for i1 < 4") != std::string::npos);
+// A sum of one or two terms starts from its first term; longer ones and empty sums stay.
+TEST(first_write_starts_short_accumulations_at_their_first_term) {
+    Tensor two = data({3, 2}), x = data({3, 5});
+    std::string before = optimized({two.sum(1)}, "simplify");
+    CHECK(before.find("acc0 = 0\n") != std::string::npos);
+    std::string ir = optimized({two.sum(1)}, "simplify,first_write");
+    CHECK(ir.find("acc0 = buf1[i0*2]\n") != std::string::npos);
+    CHECK(ir.find("acc0 += buf1[(i0*2 + 1)]") != std::string::npos);
+    CHECK(ir.find("acc0 = 0") == std::string::npos);
+    std::string five = optimized({x.sum(1)}, "simplify,first_write");
+    CHECK(five.find("acc0 = 0\n") != std::string::npos);   // a loop of 5 keeps its zero start
     std::vector<Tensor> ts = {x.sum(1), x.max(1), data({3, 1}).sum(1), data({3, 2}).sum(1),
                               data({3, 2}).max(1), x.sum(0)};
     check_same_values(ts);

@@ -120,9 +120,9 @@ TEST(golden_c_for_matvec_relu) {
         "   from golden.cpp:7 */\n"
         "static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2) {\n"
         "    for (int64_t i0 = 0; i0 < 2; i0++) {\n"
-        "        float acc0 = (buf1[(i0 * 3)] * buf2[0]);\n"   // first_write: starts at term 0
-        "        for (int64_t i1 = 0; i1 < 2; i1++) {\n"
-        "            acc0 += (buf1[((i0 * 3) + i1 + 1)] * buf2[(i1 + 1)]);\n"
+        "        float acc0 = 0.0f;\n"
+        "        for (int64_t i1 = 0; i1 < 3; i1++) {\n"
+        "            acc0 += (buf1[((i0 * 3) + i1)] * buf2[i1]);\n"
         "        }\n"
         "        buf0[i0] = tg_wheref(((acc0 < 0.0f) | (acc0 == 0.0f)), 0.0f, acc0);\n"
         "    }\n"
