@@ -173,3 +173,47 @@ TEST(dead_stores_keep_the_bounds_checks_of_what_they_drop) {
     CHECK_THROWS(m2.min(std::vector<int>{-1, 0}, false).slice(0, 2, -1, 2).to_vector(),
                  "index out of range");
 }
+
+// Temporaries whose lifetimes do not overlap share arena bytes; inputs and outputs stay out of
+// it; the results are those of the unplanned program.
+TEST(plan_memory_shares_the_arena_by_lifetime) {
+    Tensor x = data({64, 64});
+    // three costly values, each read by two kernels: stored, and each dead once the next
+    // two kernels have read it
+    auto costly = [](const Tensor& t) {
+        return t.reciprocal().reciprocal().reciprocal().reciprocal().reciprocal().reciprocal()
+            .reciprocal();
+    };
+    Tensor t1 = costly(x), a = t1.sum(0) + t1.sum(1);
+    Tensor t2 = costly(a.reshape({1, 64}) + x), b = t2.sum(0) + t2.sum(1);
+    Tensor t3 = costly(b.reshape({64, 1}) + x), c = t3.sum(0) + t3.sum(1);
+    std::string ir = optimized({c}, "all");
+    CHECK(ir.find("at arena+0") != std::string::npos);
+    CHECK(ir.find("input float32[4096] at arena") == std::string::npos);
+    CHECK(ir.find("output float32[64] at arena") == std::string::npos);
+    {
+        th::EnvGuard env("TG_PASSES", "all");
+        (c * 1.0f).to_vector();
+        tg::ProgramInfo p = tg::last_program();
+        CHECK(p.temporaries >= 3);
+        CHECK(p.arena_bytes > 0);
+        CHECK(p.arena_bytes < p.temp_bytes);   // 3 buffers of 16 KiB, at most 2 alive at once
+        CHECK(p.arena_bytes <= 2 * 64 * 64 * 4 + 64 * 4 * 4);
+    }
+    check_same_values({c});
+}
+
+// The schedule says why each buffer exists (TG_DEBUG=2 prints it with the program's figures).
+TEST(schedule_names_the_reason_for_each_buffer) {
+    Tensor x = data({8, 8});
+    Tensor t = x.reciprocal().reciprocal().reciprocal().reciprocal().reciprocal().reciprocal()
+                   .reciprocal();
+    std::string s = tg::inspect({t.sum(0) + t.sum(1), x.contiguous()}).schedule;
+    CHECK(s.find("(target)") != std::string::npos);
+    CHECK(s.find("(read by 2+ kernels)") != std::string::npos ||
+          s.find("costly to recompute") != std::string::npos);
+    Tensor y = data({4});
+    std::string a = tg::inspect({y.assign(y.flip(0))}).schedule;
+    CHECK(a.find("(assign)") != std::string::npos || a.find("(target)") != std::string::npos);
+    CHECK(a.find("(reads its assignment's target at other indices)") != std::string::npos);
+}

@@ -1,5 +1,6 @@
 // Kernel counts for canonical graphs, views that are never copied, and the text of every stage.
 #include "harness.hpp"
+#include <algorithm>
 using tg::Tensor;
 
 namespace {
@@ -196,4 +197,24 @@ TEST(constant_subgraphs_fold_when_built) {
     CHECK_EQ(count_of(tg::inspect({Tensor::ones({4}).sum()}).graph, "REDUCE_SUM"), 1);
     Tensor leaf = Tensor::zeros({2}).requires_grad();   // a leaf is not a plain constant
     CHECK_EQ(count_of(tg::inspect({leaf * 2.0f}).graph, "MUL"), 1);
+}
+
+// DESIGN.md's worked example (examples/02_pipeline.cpp): the product's reduction runs inside the
+// loop of the row sum, so the whole expression is one nest with no temporary.
+TEST(design_worked_example_is_one_nest_without_temporaries) {
+    Tensor a = data({64, 32}), b = data({32, 16});
+    Tensor c = (a.matmul(b) + 1.0f).relu().sum(1);
+    tg::Stages st = tg::inspect({c});
+    CHECK_EQ(count_of("\n" + st.optimized_ir, "\nK"), 1);
+    CHECK_EQ(count_of(st.optimized_ir, ": temp "), 0);
+    std::vector<float> av = a.to_vector(), bv = b.to_vector(), got = c.to_vector();
+    for (size_t i = 0; i < 64; i++) {
+        double row = 0;
+        for (size_t j = 0; j < 16; j++) {
+            double dot = 0;
+            for (size_t k = 0; k < 32; k++) dot += double(av[i * 32 + k]) * bv[k * 16 + j];
+            row += std::max(dot + 1, 0.0);
+        }
+        CHECK_NEAR(got[i], row, 1e-4 * (1 + std::fabs(row)));
+    }
 }
