@@ -39,9 +39,11 @@
                           │ realize() / jit                 [REALIZE] >>realize, [JIT] >>jit
                           ▼
                   scheduler: which nodes get buffers, kernels     [SCHEDULE] >>schedule
+                  (a cost model: recompute or store)
                           ▼
                   loop IR: loops, accumulators, stores            [LOOPIR] >>loopir
-                  + passes (simplify index algebra)               [PASSES] >>passes
+                  + passes (simplify, fuse loops, substitute,     [PASSES] >>passes
+                    dead stores, plan memory; TG_PASSES)
                           ▼
                   INTERP: interpreter over the IR, or             [INTERP] >>interp
                   C renderer → cc → disk cache → dlopen → run     [RENDER] [RUNTIME]
