@@ -2700,6 +2700,23 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         bool loaded = n->buffer || n->leaf || op_kind(n->op) == OpKind::REDUCE;
         cost[n] = loaded ? 1 : std::min(c, RECOMPUTE_LIMIT + 1);
     }
+    // Plain arithmetic: no libm call or select in the value's own ops, down to loads and to
+    // calls (a call read by several kernels is stored). Only such values are recomputed in
+    // several kernels: in a matrix product's epilogue a call keeps GCC from vectorizing it.
+    auto calls = [](Op op) {
+        return op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
+               op == Op::SQRT || op == Op::WHERE || op == Op::RAND;
+    };
+    std::unordered_map<Node*, bool> plain;
+    for (Node* n : order) {
+        bool p = !calls(n->op);
+        for (auto& src : n->src) {
+            Node* sn = src.get();
+            bool loaded = sn->buffer || sn->leaf || op_kind(sn->op) == OpKind::REDUCE;
+            p = p && (loaded || calls(sn->op) || plain[sn]);
+        }
+        plain[n] = p;
+    }
     // Decide users before sources. Where a node's value goes: the kernels (roots) it would be
     // inlined into, whether every path there reads it at the root's own index (elementwise
     // ops only), whether a path goes through a broadcast, how many paths there are (counted
@@ -2750,7 +2767,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         // cast costs less to compute again than to store and load
         bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG ||
                      n->op == Op::CAST || (n->dtype == DType::BOOL && is_elementwise(n));
-        bool recompute = k != OpKind::REDUCE && r.roots.size() == 1 && cost[n] <= RECOMPUTE_LIMIT;
+        bool recompute = k != OpKind::REDUCE && cost[n] <= RECOMPUTE_LIMIT &&
+                         (r.roots.size() == 1 || plain[n]);
         bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute;
         // read through a broadcast, it must be computed once per value of its own (out of
         // the loops it is broadcast over), unless it costs next to nothing
@@ -3986,21 +4004,23 @@ static bool holds_call(const Stmt& loop) {
     return false;
 }
 
+// same_block: the loops share accumulators (two blocks' are renumbered when they fuse)
 static bool loops_fusable(const Stmt& la, const std::vector<int64_t>& ea, const Stmt& lb,
-                          const std::vector<int64_t>& eb) {
+                          const std::vector<int64_t>& eb, bool same_block) {
     if (la.kind != SK::LOOP || lb.kind != SK::LOOP || ea[size_t(la.id)] != eb[size_t(lb.id)])
         return false;
     if (holds_call(la) || holds_call(lb)) return false;
-    // an accumulator one loop updates and the other reads carries a value across iterations
-    std::unordered_set<int> set_a, set_b, read_a, read_b;
-    accs_set(la.body, set_a);
-    accs_set(lb.body, set_b);
-    accs_read(la.body, read_a);
-    accs_read(lb.body, read_b);
-    for (int acc : set_a)
-        if (set_b.count(acc) || read_b.count(acc)) return false;
-    for (int acc : set_b)
-        if (read_a.count(acc)) return false;
+    if (same_block) {   // an accumulator one loop sets and the other reads links iterations
+        std::unordered_set<int> set_a, set_b, read_a, read_b;
+        accs_set(la.body, set_a);
+        accs_set(lb.body, set_b);
+        accs_read(la.body, read_a);
+        accs_read(lb.body, read_b);
+        for (int acc : set_a)
+            if (set_b.count(acc) || read_b.count(acc)) return false;
+        for (int acc : set_b)
+            if (read_a.count(acc)) return false;
+    }
     BlockAccesses ua, ub;
     std::vector<int> loops;
     collect_accesses(la.body, loops, ua);
@@ -4019,7 +4039,7 @@ static bool loops_fusable(const Stmt& la, const std::vector<int64_t>& ea, const 
 // Adjacent loops of one body that can fuse do, at every depth.
 static void fuse_inner_loops(std::vector<Stmt>& body, const std::vector<int64_t>& extents) {
     for (size_t p = 0; p + 1 < body.size();) {
-        if (!loops_fusable(body[p], extents, body[p + 1], extents)) { p++; continue; }
+        if (!loops_fusable(body[p], extents, body[p + 1], extents, true)) { p++; continue; }
         Stmt second = std::move(body[p + 1]);
         body.erase(body.begin() + std::ptrdiff_t(p) + 1);
         substitute_var(second.body, second.id, ex_var(body[p].id));
@@ -4039,7 +4059,7 @@ static bool blocks_fusable(const Block& a, const Block& b) {
     // a failed bounds check stops the program before in-place writes: keep them apart
     bool checks = block_accesses(a).checks || block_accesses(b).checks;
     if (checks && (a.writes_in_place || b.writes_in_place)) return false;
-    return loops_fusable(a.body[0], a.extents, b.body[0], b.extents);
+    return loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false);
 }
 static bool blocks_independent(const Block& a, const Block& b) {
     BlockAccesses ua = block_accesses(a), ub = block_accesses(b);
