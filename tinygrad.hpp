@@ -97,7 +97,8 @@
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write); default all; none runs the IR as lowered
+                 dead_stores,first_write,plan_memory); default all; none runs the IR as
+                 lowered (to bisect a wrong result to a pass)
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
 
@@ -2649,11 +2650,16 @@ static const int64_t SCHED_MAX_DEPTH = 256;
 // such as softmax's e^(x - max) is recomputed; an op on a stored value or on a reduction's
 // accumulator costs 1 per load. A value read through a broadcast is computed once per element
 // it is broadcast to (a gradient in a matrix product's inner loop): only a few arithmetic ops
-// (a mean: sum·1/n) are recomputed there. A value read by several kernels is stored: fused
-// into a matrix product's kernel, a select or a libm call in its epilogue keeps GCC 12 from
-// vectorizing the product (measured on W2: 2x slower), until products get kernels of their
-// own shape (the CPU-speed work).
+// (a mean: sum·1/n) are recomputed there. A value read by several kernels is recomputed in
+// each only when it is plain arithmetic (no call, see calls_out): fused into a matrix
+// product's kernel, a select or a libm call in its epilogue keeps GCC 12 from vectorizing the
+// product (measured on W2: 2x slower), until products get kernels of their own shape.
 static const int64_t RECOMPUTE_LIMIT = 24, BROADCAST_RECOMPUTE_LIMIT = 4;
+// ops the C renders as a libm call or a select
+static bool calls_out(Op op) {
+    return op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
+           op == Op::SQRT || op == Op::WHERE || op == Op::RAND;
+}
 static int64_t op_cost(Op op) {
     switch (op) {
     case Op::EXP2: case Op::LOG2: case Op::SIN: case Op::COS: case Op::RAND: return 8;
@@ -2664,8 +2670,8 @@ static int64_t op_cost(Op op) {
     }
 }
 
-// store: reductions to keep in buffers although they have a single reader (lowering could not
-// compute them once per value inside it).
+// store: values to keep in buffers although the cost model inlines them (lowering could not
+// compute them once per value inside their reader).
 static Schedule sched_build(const std::vector<NodeP>& targets,
                             const std::unordered_set<Node*>& store = {}) {
     Schedule s;
@@ -2700,20 +2706,15 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         bool loaded = n->buffer || n->leaf || op_kind(n->op) == OpKind::REDUCE;
         cost[n] = loaded ? 1 : std::min(c, RECOMPUTE_LIMIT + 1);
     }
-    // Plain arithmetic: no libm call or select in the value's own ops, down to loads and to
-    // calls (a call read by several kernels is stored). Only such values are recomputed in
-    // several kernels: in a matrix product's epilogue a call keeps GCC from vectorizing it.
-    auto calls = [](Op op) {
-        return op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
-               op == Op::SQRT || op == Op::WHERE || op == Op::RAND;
-    };
+    // Plain arithmetic: no call in the value's own ops, down to loads and to calls (a call
+    // read by several kernels is stored). Only such values are recomputed in several kernels.
     std::unordered_map<Node*, bool> plain;
     for (Node* n : order) {
-        bool p = !calls(n->op);
+        bool p = !calls_out(n->op);
         for (auto& src : n->src) {
             Node* sn = src.get();
             bool loaded = sn->buffer || sn->leaf || op_kind(sn->op) == OpKind::REDUCE;
-            p = p && (loaded || calls(sn->op) || plain[sn]);
+            p = p && (loaded || calls_out(sn->op) || plain[sn]);
         }
         plain[n] = p;
     }
@@ -2974,11 +2975,20 @@ static void count_uses(const Expr* e, std::unordered_map<const Expr*, int>& uses
     for (auto& s : e->src) count_uses(s.get(), uses);
 }
 
+// Calls visit once for each distinct part of e. Expressions are DAGs: walked as trees, the
+// index of a long chain of reshapes takes exponential time.
+template <typename F>
+static void each_part(const ExprP& e, std::unordered_set<const Expr*>& seen, F&& visit) {
+    if (!e || !seen.insert(e.get()).second) return;
+    visit(e);
+    for (auto& s : e->src) each_part(s, seen, visit);
+}
+
 static bool expr_contains(const ExprP& e, const Expr* part) {
-    if (e.get() == part) return true;
-    for (auto& s : e->src)
-        if (expr_contains(s, part)) return true;
-    return false;
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& p) { found = found || p.get() == part; });
+    return found;
 }
 
 // Results by input node, for the block whose loop extents it points to. The key's owner is
@@ -2991,15 +3001,6 @@ struct SimplifyMemo {
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo);                          // [PASSES]
 using ExprNames = std::unordered_map<const Expr*, std::string>;
 static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr);      // [PASSES]
-
-// Calls visit once for each distinct part of e. Expressions are DAGs: walked as trees, the
-// index of a long chain of reshapes takes exponential time.
-template <typename F>
-static void each_part(const ExprP& e, std::unordered_set<const Expr*>& seen, F&& visit) {
-    if (!e || !seen.insert(e.get()).second) return;
-    visit(e);
-    for (auto& s : e->src) each_part(s, seen, visit);
-}
 
 static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
     std::unordered_set<const Expr*> seen;
@@ -3637,6 +3638,7 @@ static std::string program_listing(const Program& p) {
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
 //                     loops that only fed them go too
 //   first_write       a short accumulation starts from its first term instead of zero
+//   plan_memory       temporaries share one arena by lifetime
 // Analyses shared with the renderers: block_accesses ([LOOPIR]), range_of, Linear. Tests:
 // tests/test_passes.cpp (each pass), tests/test_schedule.cpp, tests/test_interp.cpp,
 // tests/test_oracle.cpp (random graphs against TG_PASSES=none on INTERP).
@@ -3989,10 +3991,7 @@ static bool blocks_vectorizing(const ExprP& e) {
     bool found = false;
     std::unordered_set<const Expr*> seen;
     each_part(e, seen, [&](const ExprP& part) {
-        Op op = part->op;
-        found = found || (part->kind == EK::ALU &&
-                          (op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
-                           op == Op::SQRT || op == Op::WHERE || op == Op::RAND));
+        found = found || (part->kind == EK::ALU && calls_out(part->op));
     });
     return found;
 }
