@@ -10,6 +10,9 @@ int count_of(const std::string& text, const std::string& what) {
     return n;
 }
 int kernels(const Tensor& t) { return count_of("\n" + tg::inspect({t}).schedule, "\nK"); }
+int kernels_of(const std::vector<Tensor>& ts) {
+    return count_of("\n" + tg::inspect(ts).schedule, "\nK");
+}
 int temps(const Tensor& t) { return count_of(tg::inspect({t}).loop_ir, ": temp "); }
 Tensor data(tg::Shape s) {
     size_t n = 1;
@@ -217,4 +220,18 @@ TEST(design_worked_example_is_one_nest_without_temporaries) {
         }
         CHECK_NEAR(got[i], row, 1e-4 * (1 + std::fabs(row)));
     }
+}
+
+// An activation with its gradient: the plain arithmetic of tanh's pieces (1 - e, 1 / (1 + e))
+// is recomputed in the backward kernel; only the parts the C computes by a call or a select
+// (the sign, e^-2|x|) are stored once for both kernels. relu stores nothing but its outputs.
+TEST(activation_gradients_store_only_their_calls) {
+    Tensor x = data({4, 10}).requires_grad(), w = data({4, 10});
+    auto count = [&](const Tensor& y) {
+        Tensor g = tg::gradients((y * w).sum(), {x})[0];
+        return kernels_of({y, g});
+    };
+    CHECK_EQ(count(x.tanh()), 4);      // sign, exponential, tanh, gradient
+    CHECK_EQ(count(x.sigmoid()), 4);
+    CHECK_EQ(count(x.relu()), 2);      // relu and its gradient, nothing stored between
 }
