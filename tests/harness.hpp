@@ -82,6 +82,13 @@ struct EnvGuard {
     EnvGuard& operator=(const EnvGuard&) = delete;
 };
 
+// how many times what occurs in text (kernels in a listing, loads of a buffer)
+inline int count_of(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+    return n;
+}
+
 inline bool near(double a, double b, double tol) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
     if (std::isinf(a) || std::isinf(b)) return a == b;

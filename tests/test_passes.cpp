@@ -4,17 +4,12 @@
 using tg::Tensor;
 
 namespace {
-int count_of(const std::string& text, const std::string& what) {
-    int n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
-    return n;
-}
 // nests after the passes named (TG_PASSES syntax)
 std::string optimized(const std::vector<Tensor>& ts, const char* passes) {
     th::EnvGuard env("TG_PASSES", passes);
     return tg::inspect(ts).optimized_ir;
 }
-int nests(const std::string& ir) { return count_of("\n" + ir, "\nK"); }
+int nests(const std::string& ir) { return th::count_of("\n" + ir, "\nK"); }
 Tensor data(tg::Shape s, int salt = 0) {
     size_t n = 1;
     for (int64_t d : s) n *= size_t(d);
@@ -64,7 +59,7 @@ TEST(fuse_loops_merges_nests_with_equal_extents) {
     CHECK_EQ(nests(optimized(ts, "simplify")), 2);
     std::string ir = optimized(ts, "simplify,fuse_loops");
     CHECK_EQ(nests(ir), 1);
-    CHECK_EQ(count_of(ir, "for i1 < 10"), 1);   // the inner loops fused as well
+    CHECK_EQ(th::count_of(ir, "for i1 < 10"), 1);   // the inner loops fused as well
     CHECK(ir.find(" + K1 ") != std::string::npos);   // the title names both kernels
     check_same_values(ts);
 }
@@ -109,9 +104,9 @@ TEST(substitute_temps_reads_a_stored_value_from_a_local) {
     Tensor y = x * 3.0f + 1.0f;
     std::vector<Tensor> ts = {y, y * 2.0f};
     std::string before = optimized(ts, "simplify,fuse_loops");
-    CHECK_EQ(count_of(before, "buf0[("), 2);   // stored, then loaded
+    CHECK_EQ(th::count_of(before, "buf0[("), 2);   // stored, then loaded
     std::string after = optimized(ts, "simplify,fuse_loops,substitute_temps");
-    CHECK_EQ(count_of(after, "buf0[("), 1);    // stored only: the product reads the local
+    CHECK_EQ(th::count_of(after, "buf0[("), 1);    // stored only: the product reads the local
     CHECK(after.find("acc0*2") != std::string::npos);
     check_same_values(ts);
 }
@@ -124,9 +119,9 @@ TEST(dead_stores_drop_temporaries_nobody_reads) {
     std::vector<Tensor> ts = {t + 1.0f, t * 2.0f};
     std::string kept = optimized(ts, "simplify,fuse_loops,substitute_temps");
     CHECK(kept.find("buf0: temp") != std::string::npos);
-    CHECK_EQ(count_of(kept, "buf0[("), 1);
+    CHECK_EQ(th::count_of(kept, "buf0[("), 1);
     std::string dropped = optimized(ts, "simplify,fuse_loops,substitute_temps,dead_stores");
-    CHECK_EQ(count_of(dropped, "buf0[("), 0);
+    CHECK_EQ(th::count_of(dropped, "buf0[("), 0);
     CHECK_EQ(nests(dropped), 1);
     check_same_values(ts);
 }

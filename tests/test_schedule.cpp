@@ -4,16 +4,11 @@
 using tg::Tensor;
 
 namespace {
-int count_of(const std::string& text, const std::string& what) {
-    int n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
-    return n;
-}
-int kernels(const Tensor& t) { return count_of("\n" + tg::inspect({t}).schedule, "\nK"); }
+int kernels(const Tensor& t) { return th::count_of("\n" + tg::inspect({t}).schedule, "\nK"); }
 int kernels_of(const std::vector<Tensor>& ts) {
-    return count_of("\n" + tg::inspect(ts).schedule, "\nK");
+    return th::count_of("\n" + tg::inspect(ts).schedule, "\nK");
 }
-int temps(const Tensor& t) { return count_of(tg::inspect({t}).loop_ir, ": temp "); }
+int temps(const Tensor& t) { return th::count_of(tg::inspect({t}).loop_ir, ": temp "); }
 Tensor data(tg::Shape s) {
     size_t n = 1;
     for (int64_t d : s) n *= size_t(d);
@@ -36,7 +31,7 @@ TEST(broadcast_operands_are_not_materialized) {
     CHECK_EQ(temps(c), 0);   // the sum is computed in the kernel, before its loops; a and b
                              // are read at stride 0
     std::string ir = tg::inspect({a + b}).optimized_ir;
-    CHECK_EQ(count_of(ir, ": temp "), 0);
+    CHECK_EQ(th::count_of(ir, ": temp "), 0);
     CHECK(ir.find("(buf1[i0] + buf2[i1])") != std::string::npos);   // stride 0 along the other axis
 }
 
@@ -182,7 +177,7 @@ TEST(relu_condition_is_recomputed_not_stored) {
     Tensor y = x.relu();
     Tensor g = tg::gradients((y * y).sum(), {x})[0];
     std::string ir = tg::inspect({y, g}).loop_ir;
-    CHECK_EQ(count_of(ir, "temp bool"), 0);
+    CHECK_EQ(th::count_of(ir, "temp bool"), 0);
     CHECK_EQ(kernels(x.relu() * 2.0f), 1);
 }
 
@@ -191,15 +186,15 @@ TEST(relu_condition_is_recomputed_not_stored) {
 TEST(constant_subgraphs_fold_when_built) {
     Tensor c = (Tensor::full({3}, 2.0f) * 3.0f + 1.0f).reshape({3, 1}).expand({3, 4});
     std::string graph = tg::inspect({c}).graph;
-    CHECK_EQ(count_of(graph, "\n"), 1);   // one node
+    CHECK_EQ(th::count_of(graph, "\n"), 1);   // one node
     CHECK(graph.find("CONST 7") != std::string::npos);
     Tensor x = data({4, 8}).requires_grad();
     Tensor g = tg::gradients(x.mean(), {x})[0];
-    CHECK_EQ(count_of(tg::inspect({g}).graph, "\n"), 1);
+    CHECK_EQ(th::count_of(tg::inspect({g}).graph, "\n"), 1);
     CHECK_EQ(g.to_vector()[5], 1.0f / 32);
-    CHECK_EQ(count_of(tg::inspect({Tensor::ones({4}).sum()}).graph, "REDUCE_SUM"), 1);
+    CHECK_EQ(th::count_of(tg::inspect({Tensor::ones({4}).sum()}).graph, "REDUCE_SUM"), 1);
     Tensor leaf = Tensor::zeros({2}).requires_grad();   // a leaf is not a plain constant
-    CHECK_EQ(count_of(tg::inspect({leaf * 2.0f}).graph, "MUL"), 1);
+    CHECK_EQ(th::count_of(tg::inspect({leaf * 2.0f}).graph, "MUL"), 1);
 }
 
 // DESIGN.md's worked example (examples/02_pipeline.cpp): the product's reduction runs inside the
@@ -208,8 +203,8 @@ TEST(design_worked_example_is_one_nest_without_temporaries) {
     Tensor a = data({64, 32}), b = data({32, 16});
     Tensor c = (a.matmul(b) + 1.0f).relu().sum(1);
     tg::Stages st = tg::inspect({c});
-    CHECK_EQ(count_of("\n" + st.optimized_ir, "\nK"), 1);
-    CHECK_EQ(count_of(st.optimized_ir, ": temp "), 0);
+    CHECK_EQ(th::count_of("\n" + st.optimized_ir, "\nK"), 1);
+    CHECK_EQ(th::count_of(st.optimized_ir, ": temp "), 0);
     std::vector<float> av = a.to_vector(), bv = b.to_vector(), got = c.to_vector();
     for (size_t i = 0; i < 64; i++) {
         double row = 0;
