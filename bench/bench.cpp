@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -46,6 +47,27 @@ static std::string program_figures(const tg::ProgramInfo& p) {
     return line;
 }
 
+// A training step as one jitted program: the loss of the batch of indices in[0], its
+// backward and the optimizer's update.
+static tg::Jit training_step(tg::optim::Optimizer& opt,
+                             std::function<Tensor(const Tensor&)> loss_of) {
+    return tg::Jit([&opt, loss_of](const std::vector<Tensor>& in) {
+        Tensor loss = loss_of(in[0]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+}
+
+// Calls step() once (it traces and compiles), keeps that program's figures, then times it.
+struct Traced { Timing t; tg::ProgramInfo program; };
+template <typename F> static Traced trace_and_time(F&& step, int warmup, int steps, int blocks) {
+    step();
+    tg::ProgramInfo program = tg::last_program();
+    return {time_blocks(step, warmup - 1, steps, blocks), program};
+}
+
 static std::vector<int32_t> random_batch(std::mt19937& rng, int64_t n, int64_t size) {
     std::uniform_int_distribution<int32_t> pick(0, int32_t(n - 1));
     std::vector<int32_t> b(static_cast<size_t>(size));
@@ -61,18 +83,13 @@ static void w1() {
     tg::data::Dataset d = tg::data::moons(n, 0.1, 1337);
     nn::Sequential mlp(nn::Linear(2, 16), nn::ReLU(), nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 1));
     tg::optim::SGD opt(mlp.parameters(), 0.1, 0, 1e-4);
-    tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = nn::hinge_loss(mlp(d.X[in[0]]).reshape({-1}), d.Y[in[0]]);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        return nn::hinge_loss(mlp(d.X[idx]).reshape({-1}), d.Y[idx]);
     });
     std::mt19937 rng(1);
     auto one = [&] { step({Tensor::from_vector(random_batch(rng, n, batch))}); };
-    one();   // traces and compiles the step
-    tg::ProgramInfo program = tg::last_program();
-    Timing t = time_blocks(one, int(10 * steps_per_epoch) - 1, int(10 * steps_per_epoch), 9);
+    auto [t, program] =
+        trace_and_time(one, int(10 * steps_per_epoch), int(10 * steps_per_epoch), 9);
     double acc = ((mlp(d.X).reshape({-1}) > 0) == (d.Y > 0)).cast(tg::DType::FLOAT32).mean().item();
     std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads 1  accuracy %.4f%s\n",
                 t.median_us, t.min_us, acc, program_figures(program).c_str());
@@ -95,18 +112,12 @@ static void w2() {
     std::vector<Tensor> params = mlp.parameters();
     params.push_back(C);
     tg::optim::SGD opt(params, 0.01);
-    tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = nn::cross_entropy(mlp(C[X[in[0]]].reshape({B, T * E})), Y[in[0]]);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        return nn::cross_entropy(mlp(C[X[idx]].reshape({B, T * E})), Y[idx]);
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
-    one();
-    tg::ProgramInfo program = tg::last_program();
-    Timing t = time_blocks(one, 19, 200, 7);
+    auto [t, program] = trace_and_time(one, 20, 200, 7);
     std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads 1  final loss %.4f%s\n",
                 t.median_us, t.min_us, last.item(), program_figures(program).c_str());
 }
@@ -127,18 +138,12 @@ static void w3() {
     nn::Sequential mlp(nn::Linear(din, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(),
                        nn::Linear(h, dout));
     tg::optim::SGD opt(mlp.parameters(), 0.01);
-    tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = nn::cross_entropy(mlp(X[in[0]]), Y[in[0]]);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        return nn::cross_entropy(mlp(X[idx]), Y[idx]);
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
-    one();
-    tg::ProgramInfo program = tg::last_program();
-    Timing t = time_blocks(one, 1, 2, 3);
+    auto [t, program] = trace_and_time(one, 2, 2, 3);
     std::printf("W3 mlp     %9.1f ms/step median %9.1f ms/step min  threads 1  final loss %.4f%s\n",
                 t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
 }
