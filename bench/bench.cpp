@@ -11,6 +11,7 @@
 #include "../tinygrad.hpp"
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -123,7 +124,7 @@ static void w2() {
 }
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
-// of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps (TG_BENCH_W3=0 skips it)
+// of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps
 static void w3() {
     const int64_t din = 784, h = 1024, dout = 10, B = 256, pool = 4096;
     std::mt19937 rng(1337);
@@ -148,10 +149,86 @@ static void w3() {
                 t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
 }
 
+// W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
+// pre-LayerNorm, MLP 4x with tanh GELU, causal attention, learned positions, batch 16, AdamW lr
+// 1e-3 wd 0.01, next-token cross-entropy on a pool of 4096 random sequences of 65 tokens;
+// 5 warm-up steps, 7 blocks of 10
+struct GPTBlock {
+    int64_t d, heads;
+    nn::LayerNorm ln1, ln2;
+    nn::Linear qkv, proj, fc1, fc2;
+    GPTBlock(int64_t d, int64_t heads)
+        : d(d), heads(heads), ln1(d), ln2(d), qkv(d, 3 * d), proj(d, d), fc1(d, 4 * d),
+          fc2(4 * d, d) {}
+    Tensor forward(const Tensor& x, const Tensor& future) {   // future [T,T]: j > i
+        int64_t B = x.size(0), T = x.size(1), hd = d / heads;
+        Tensor h = qkv(ln1(x));
+        auto head_split = [&](int64_t part) {
+            return h.slice(2, part * d, (part + 1) * d).view({B, T, heads, hd}).transpose(1, 2);
+        };
+        Tensor q = head_split(0), k = head_split(1), v = head_split(2);
+        Tensor att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
+        att = tg::where(future, -INFINITY, att).softmax(-1);
+        Tensor y = att.matmul(v).transpose(1, 2).reshape({B, T, d});
+        Tensor r = x + proj(y);
+        return r + fc2(fc1(ln2(r)).gelu(true));
+    }
+    std::vector<Tensor> parameters() {
+        std::vector<Tensor> ps;
+        for (nn::Module* m : std::initializer_list<nn::Module*>{&ln1, &ln2, &qkv, &proj, &fc1, &fc2})
+            for (const Tensor& p : m->parameters()) ps.push_back(p);
+        return ps;
+    }
+};
+
+static void w5() {
+    const int64_t vocab = 64, ctx = 64, d = 128, heads = 4, layers = 2, B = 16, pool = 4096;
+    std::mt19937 rng(1337);
+    std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
+    std::vector<int32_t> seqs(size_t(pool * (ctx + 1)));
+    for (auto& t : seqs) t = token(rng);
+    Tensor data = Tensor::from_vector(seqs, {pool, ctx + 1});
+    tg::manual_seed(1337);
+    nn::Embedding tok(vocab, d), pos(ctx, d);
+    std::vector<GPTBlock> blocks;
+    for (int64_t l = 0; l < layers; l++) blocks.emplace_back(d, heads);
+    nn::LayerNorm lnf(d);
+    nn::Linear head(d, vocab, false);
+    std::vector<Tensor> params = {tok.weight, pos.weight};
+    for (GPTBlock& b : blocks)
+        for (const Tensor& p : b.parameters()) params.push_back(p);
+    for (const Tensor& p : lnf.parameters()) params.push_back(p);
+    params.push_back(head.weight);
+    Tensor positions = Tensor::arange(ctx).realize();
+    Tensor future = (Tensor::arange(ctx).reshape({ctx, 1}) < Tensor::arange(ctx).reshape({1, ctx}))
+                        .realize();
+    tg::optim::AdamW opt(params, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        Tensor seq = data[idx];
+        Tensor x = tok(seq.slice(1, 0, ctx)) + pos(positions);
+        for (GPTBlock& b : blocks) x = b.forward(x, future);
+        Tensor logits = head(lnf(x));
+        return nn::cross_entropy(logits.reshape({-1, vocab}), seq.slice(1, 1, ctx + 1).reshape({-1}));
+    });
+    Tensor last;
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
+    auto [t, program] = trace_and_time(one, 5, 10, 7);
+    std::printf("W5 gpt     %9.1f ms/step median %9.1f ms/step min  threads 1  final loss %.4f%s\n",
+                t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
+}
+
+// TG_BENCH=w2,w5 runs those workloads only (all by default)
+static bool enabled(const char* workload) {
+    const char* only = std::getenv("TG_BENCH");
+    if (!only || !*only) return true;
+    std::string list = std::string(",") + only + ",";
+    return list.find(std::string(",") + workload + ",") != std::string::npos;
+}
+
 int main() {
-    w1();
-    w2();
-    const char* w3_on = std::getenv("TG_BENCH_W3");
-    if (!w3_on || std::string(w3_on) != "0") w3();
+    if (enabled("w1")) w1();
+    if (enabled("w2")) w2();
+    if (enabled("w3")) w3();
+    if (enabled("w5")) w5();
     return 0;
 }
