@@ -175,7 +175,8 @@ struct GPTBlock {
     }
     std::vector<Tensor> parameters() {
         std::vector<Tensor> ps;
-        for (nn::Module* m : std::initializer_list<nn::Module*>{&ln1, &ln2, &qkv, &proj, &fc1, &fc2})
+        std::vector<nn::Module*> layers = {&ln1, &ln2, &qkv, &proj, &fc1, &fc2};
+        for (nn::Module* m : layers)
             for (const Tensor& p : m->parameters()) ps.push_back(p);
         return ps;
     }
@@ -208,7 +209,8 @@ static void w5() {
         Tensor x = tok(seq.slice(1, 0, ctx)) + pos(positions);
         for (GPTBlock& b : blocks) x = b.forward(x, future);
         Tensor logits = head(lnf(x));
-        return nn::cross_entropy(logits.reshape({-1, vocab}), seq.slice(1, 1, ctx + 1).reshape({-1}));
+        Tensor next = seq.slice(1, 1, ctx + 1).reshape({-1});
+        return nn::cross_entropy(logits.reshape({-1, vocab}), next);
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
