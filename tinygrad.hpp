@@ -86,8 +86,8 @@
                  compiler); any case
    TG_CC         C compiler                                   default: cc
    TG_CFLAGS     optimization flags                           default: -O3 -march=native
-                 (-fPIC -shared are always added; with GCC also -fno-tree-slp-vectorize, as
-                 GCC 12's SLP vectorizer drops float32 roundings)
+                 (-fPIC -shared -fno-math-errno are always added; with GCC also
+                 -fno-tree-slp-vectorize, as GCC 12's SLP vectorizer drops float32 roundings)
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
                  It holds code this process loads, so it must be the user's own and writable
                  by nobody else (else an error says how to fix it). Entries are keyed by the
@@ -203,8 +203,8 @@ struct Scalar {
     X(ARANGE,      SOURCE,   "")                   /* int32 0,1,...,n-1                      */ \
     X(RAND,        SOURCE,   "tg_rand({0}, {1})")  /* uniform [0,1) from (seed, index)       */ \
     X(NEG,         UNARY,    "(-{0})")                                                         \
-    X(EXP2,        UNARY,    "exp2{f}({0})")                                                   \
-    X(LOG2,        UNARY,    "log2{f}({0})")                                                   \
+    X(EXP2,        UNARY,    "tg_exp2{f}({0})")                                                \
+    X(LOG2,        UNARY,    "tg_log2{f}({0})")                                                \
     X(SIN,         UNARY,    "sin{f}({0})")                                                    \
     X(COS,         UNARY,    "cos{f}({0})")        /* not sin(x + π/2): exact for large x    */ \
     X(SQRT,        UNARY,    "sqrt{f}({0})")                                                   \
@@ -1088,6 +1088,61 @@ static double num_double(Num n, DType dt) { return dtype_is_float(dt) ? n.f : do
         return (float)(x >> 8) * (1.0f / 16777216.0f);                                         \
     }
 TG_RAND_SOURCE
+// 2^x and log2 x for float32, in arithmetic the C compiler vectorizes (a libm call keeps a
+// whole loop scalar) and with the same text here (interpreter, constant folding) as in every
+// C program. Selects are bit masks, as in tg_wheref. exp2: x = n + f with n an integer and
+// |f| <= 1/2, 2^f by its Taylor polynomial of degree 7 (truncation below 1e-8), 2^n as two
+// exponent-field factors so that n from -150 to 128 needs no case of its own.
+#define TG_EXP2F_SOURCE                                                                        \
+    static inline float tg_exp2f(float x) {                                                    \
+        union { float f; uint32_t u; } v = {x}, a, b, r;                                       \
+        uint32_t big = -(uint32_t)(x > 128.0f), small = -(uint32_t)(x < -150.0f);              \
+        uint32_t nan = -(uint32_t)(x != x);                                                    \
+        v.u = (v.u & ~(big | small | nan)) | (0x43000000u & big) | (0xC3160000u & small);      \
+        float n = (v.f + 12582912.0f) - 12582912.0f, f = v.f - n;                              \
+        float p = 1.525273380e-05f;                                                            \
+        p = p * f + 1.540353039e-04f;                                                          \
+        p = p * f + 1.333355815e-03f;                                                          \
+        p = p * f + 9.618129108e-03f;                                                          \
+        p = p * f + 5.550410866e-02f;                                                          \
+        p = p * f + 2.402265070e-01f;                                                          \
+        p = p * f + 6.931471806e-01f;                                                          \
+        p = p * f + 1.0f;                                                                      \
+        int32_t k = (int32_t)n, k1 = k / 2;                                                    \
+        a.u = (uint32_t)(k1 + 127) << 23;                                                      \
+        b.u = (uint32_t)(k - k1 + 127) << 23;                                                  \
+        r.f = p * a.f * b.f;                                                                   \
+        r.u = (r.u & ~nan) | (0x7FC00000u & nan);                                              \
+        return r.f;                                                                            \
+    }
+// log2: x = 2^e·m with m in [√½, √2) (subnormals scaled by 2^23 first), log2 m = 2/ln2 ·
+// atanh(s) with s = (m-1)/(m+1), |s| < 0.172, by the series to s^9 (truncation below 3e-9),
+// in double so that the float result is rounded once.
+#define TG_LOG2F_SOURCE                                                                        \
+    static inline float tg_log2f(float x) {                                                    \
+        union { float f; uint32_t u; } v = {x}, scaled = {x * 8388608.0f}, m, r;               \
+        uint32_t sub = -(uint32_t)(x < 1.17549435e-38f);                                       \
+        v.u = (v.u & ~sub) | (scaled.u & sub);                                                 \
+        int32_t e = (int32_t)((v.u >> 23) & 255u) - 127 - (int32_t)(sub & 23u);                \
+        m.u = (v.u & 0x007FFFFFu) | 0x3F800000u;                                               \
+        uint32_t high = -(uint32_t)(m.f > 1.41421356f);                                        \
+        m.u -= high & 0x00800000u;                                                             \
+        e += (int32_t)(high & 1u);                                                             \
+        double s = ((double)m.f - 1.0) / ((double)m.f + 1.0), s2 = s * s;                      \
+        double q = 0.3205988979753252;                                                         \
+        q = q * s2 + 0.41219858311113239;                                                      \
+        q = q * s2 + 0.57707801635558531;                                                      \
+        q = q * s2 + 0.96179669392597555;                                                      \
+        q = q * s2 + 2.8853900817779268;                                                       \
+        r.f = (float)((double)e + s * q);                                                      \
+        uint32_t zero = -(uint32_t)(x == 0.0f), inf = -(uint32_t)(x == INFINITY);              \
+        uint32_t nan = -(uint32_t)(!(x >= 0.0f));                                              \
+        r.u = (r.u & ~(zero | inf | nan)) | (0xFF800000u & zero) | (0x7F800000u & inf) |       \
+              (0x7FC00000u & nan);                                                             \
+        return r.f;                                                                            \
+    }
+TG_EXP2F_SOURCE
+TG_LOG2F_SOURCE
 #define TG_STRINGIFY2(...) #__VA_ARGS__
 #define TG_STRINGIFY(...) TG_STRINGIFY2(__VA_ARGS__)
 
@@ -1130,8 +1185,8 @@ static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
         double x = a[0].f, y = a[1].f;
         switch (op) {
         case Op::NEG: r.f = -x; return r;
-        case Op::EXP2: r.f = f32 ? std::exp2(float(x)) : std::exp2(x); return r;
-        case Op::LOG2: r.f = f32 ? std::log2(float(x)) : std::log2(x); return r;
+        case Op::EXP2: r.f = f32 ? tg_exp2f(float(x)) : std::exp2(x); return r;
+        case Op::LOG2: r.f = f32 ? tg_log2f(float(x)) : std::log2(x); return r;
         case Op::SIN: r.f = f32 ? std::sin(float(x)) : std::sin(x); return r;
         case Op::COS: r.f = f32 ? std::cos(float(x)) : std::cos(x); return r;
         case Op::SQRT: r.f = f32 ? std::sqrt(float(x)) : std::sqrt(x); return r;
@@ -2651,12 +2706,14 @@ static const int64_t SCHED_MAX_DEPTH = 256;
 // accumulator costs 1 per load. A value read through a broadcast is computed once per element
 // it is broadcast to (a gradient in a matrix product's inner loop): only a few arithmetic ops
 // (a mean: sum·1/n) are recomputed there. A value read by several kernels is recomputed in
-// each only when it is plain arithmetic (no call, see calls_out): fused into a matrix
-// product's kernel, a select or a libm call in its epilogue keeps GCC 12 from vectorizing the
-// product (measured on W2: 2x slower), until products get kernels of their own shape.
+// each only when it is plain arithmetic (see vectorizes_poorly): fused into a matrix
+// product's kernel, a select, an exp2 or a libm call in its epilogue keeps GCC 12 from
+// vectorizing the product (measured on W2: 2x slower), until products get kernels of their
+// own shape.
 static const int64_t RECOMPUTE_LIMIT = 24, BROADCAST_RECOMPUTE_LIMIT = 4;
-// ops the C renders as a libm call or a select
-static bool calls_out(Op op) {
+// Ops that keep GCC 12 from vectorizing a matrix product when its loop computes them too:
+// libm calls, float32 2^x and log2 x (integer bit work), selects and the random hash.
+static bool vectorizes_poorly(Op op) {
     return op == Op::EXP2 || op == Op::LOG2 || op == Op::SIN || op == Op::COS ||
            op == Op::SQRT || op == Op::WHERE || op == Op::RAND;
 }
@@ -2712,11 +2769,11 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
     // reduction's inner loop (W1: 0.1-0.2 us a step slower).
     std::unordered_map<Node*, bool> plain;
     for (Node* n : order) {
-        bool p = !calls_out(n->op) && op_kind(n->op) != OpKind::INDEXED;
+        bool p = !vectorizes_poorly(n->op) && op_kind(n->op) != OpKind::INDEXED;
         for (auto& src : n->src) {
             Node* sn = src.get();
             bool loaded = sn->buffer || sn->leaf || op_kind(sn->op) == OpKind::REDUCE;
-            p = p && (loaded || calls_out(sn->op) || plain[sn]);
+            p = p && (loaded || vectorizes_poorly(sn->op) || plain[sn]);
         }
         plain[n] = p;
     }
@@ -3985,22 +4042,28 @@ static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_
     chunk = {coef, b};
     return true;
 }
-// A loop that calls a libm function or selects does not fuse: GCC 12 then vectorizes the
-// fused loop worse than the two apart (measured on W2: a matrix product fused with its tanh
-// epilogue ran 1.3-1.7x slower, the smaller fusions 4% slower over the step), until kernels
-// are tiled and vectorized by us rather than by the C compiler.
-static bool blocks_vectorizing(const ExprP& e) {
+// A loop body that both runs a reduction loop and computes an op that vectorizes poorly is
+// one GCC 12 vectorizes worse than the two apart (measured on W2: a matrix product fused with
+// its tanh epilogue in one loop ran 1.3-1.7x slower), until kernels are tiled and vectorized by
+// us rather than by the C compiler. Such loops fuse only at the levels above: the product's
+// and the epilogue's inner loops stay two loops in the fused outer one.
+static bool vectorizes_poorly_in(const ExprP& e) {
     bool found = false;
     std::unordered_set<const Expr*> seen;
     each_part(e, seen, [&](const ExprP& part) {
-        found = found || (part->kind == EK::ALU && calls_out(part->op));
+        found = found || (part->kind == EK::ALU && vectorizes_poorly(part->op));
     });
     return found;
 }
-static bool holds_call(const Stmt& loop) {
+static bool accumulates(const std::vector<Stmt>& body) {   // is or holds a reduction loop
+    for (const Stmt& st : body)
+        if (st.kind == SK::ACC_UPDATE || (st.kind == SK::LOOP && accumulates(st.body)))
+            return true;
+    return false;
+}
+static bool vectorizes_poorly_directly(const Stmt& loop) {   // not counting inner loops
     for (const Stmt& st : loop.body)
-        if (blocks_vectorizing(st.idx) || blocks_vectorizing(st.val) ||
-            (st.kind == SK::LOOP && holds_call(st)))
+        if (st.kind != SK::LOOP && (vectorizes_poorly_in(st.idx) || vectorizes_poorly_in(st.val)))
             return true;
     return false;
 }
@@ -4010,7 +4073,9 @@ static bool loops_fusable(const Stmt& la, const std::vector<int64_t>& ea, const 
                           const std::vector<int64_t>& eb, bool same_block) {
     if (la.kind != SK::LOOP || lb.kind != SK::LOOP || ea[size_t(la.id)] != eb[size_t(lb.id)])
         return false;
-    if (holds_call(la) || holds_call(lb)) return false;
+    if ((vectorizes_poorly_directly(la) || vectorizes_poorly_directly(lb)) &&
+        (accumulates(la.body) || accumulates(lb.body)))
+        return false;
     if (same_block) {   // an accumulator one loop sets and the other reads links iterations
         std::unordered_set<int> set_a, set_b, read_a, read_b;
         accs_set(la.body, set_a);
@@ -4064,7 +4129,10 @@ static bool blocks_fusable(const Block& a, const Block& b) {
 }
 static bool blocks_independent(const Block& a, const Block& b) {
     BlockAccesses ua = block_accesses(a), ub = block_accesses(b);
-    if (ua.checks || ub.checks || a.finite_site >= 0 || b.finite_site >= 0) return false;
+    if (a.finite_site >= 0 || b.finite_site >= 0) return false;
+    // a failed bounds check stops the program before the in-place writes after it; other
+    // writes go to buffers that a failed program throws away
+    if ((ua.checks && b.writes_in_place) || (ub.checks && a.writes_in_place)) return false;
     for (const Access& acc : ua.accesses)
         if (ub.writes(acc.buffer) || (acc.write && ub.reads(acc.buffer))) return false;
     return true;
@@ -4661,6 +4729,10 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    return 0;\n"
      "}\n"},
     {"tg_rand(", TG_STRINGIFY(TG_RAND_SOURCE) "\n"},
+    {"tg_exp2f(", TG_STRINGIFY(TG_EXP2F_SOURCE) "\n"},
+    {"tg_log2f(", TG_STRINGIFY(TG_LOG2F_SOURCE) "\n"},
+    {"tg_exp2(", "static inline double tg_exp2(double x) { return exp2(x); }\n"},
+    {"tg_log2(", "static inline double tg_log2(double x) { return log2(x); }\n"},
     {"tg_finitef(", TG_FINITE_SOURCE(float, tg_finitef)},
     {"tg_finite(", TG_FINITE_SOURCE(double, tg_finite)},
     // selects by bit masks, not by c ? a : b: GCC 12 at -O3 if-converts conditional
@@ -4780,8 +4852,10 @@ static bool private_file(const std::string& path) {
 
 static ProgramFn compile_c(const std::string& src) {
     std::string cc = env_str("TG_CC", "cc");
-    // TG_CFLAGS replaces the optimization flags; what a loadable library needs is always added
-    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native") + " -fPIC";
+    // TG_CFLAGS replaces the optimization flags; what a loadable library needs is always
+    // added, and -fno-math-errno (no kernel reads errno; so sqrt is an instruction that
+    // vectorizes, not a call)
+    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native") + " -fPIC -fno-math-errno";
     std::lock_guard<std::mutex> lock(runtime_mutex);
     const std::string& identity = toolchain_identity(cc, flags);
     // GCC 12's SLP vectorizer drops the float rounding of (double)(float)x in short loops and

@@ -5,6 +5,8 @@
 #include "harness.hpp"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <sstream>
@@ -443,6 +445,43 @@ TEST(ops_unary_edge_values) {
     CHECK_NEAR(e[1], std::exp(-20.0), F32);
     CHECK_NEAR(e[2] / std::exp(20.0), 1, F32);
     CHECK(std::isinf(e[3]));                // e^100 overflows float32
+}
+
+// float32 2^x and log2 x are arithmetic of our own (so loops that compute them vectorize):
+// over their whole range, subnormal inputs and results included, on the C backend and the
+// interpreter, 2^x is within 1.5 units in the last place of the exact value and log2 x within
+// 1; the special values are C's exp2f and log2f ones.
+namespace {
+double ulps_off(float got, double exact) {   // beyond float32's range: exactly its infinity
+    if (std::isnan(exact)) return std::isnan(got) ? 0 : INFINITY;
+    if (std::isinf(float(exact)) || std::isinf(got)) return got == float(exact) ? 0 : INFINITY;
+    float e = std::fabs(float(exact));
+    double ulp = double(std::nextafter(e, INFINITY)) - double(e);
+    return std::fabs(double(got) - exact) / ulp;
+}
+}  // namespace
+TEST(ops_exp2_log2_float32_within_1_5_ulp) {
+    std::vector<float> xs, ys;
+    for (double x = -152; x < 130; x += 0.0171) xs.push_back(float(x));
+    for (int e = -149; e <= 127; e++)
+        for (int i = 0; i < 97; i++) ys.push_back(std::ldexp(1.0f + float(i) / 97, e));
+    const float specials[] = {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN, FLT_MAX, 1.0f};
+    for (float v : specials) {
+        xs.push_back(v);
+        ys.push_back(v);
+    }
+    for (const char* device : {"CPU", "INTERP"}) {
+        th::EnvGuard env("TG_DEVICE", device);
+        std::vector<float> e2 = Tensor::from_vector(xs).exp2().to_vector();
+        std::vector<float> l2 = Tensor::from_vector(ys).log2().to_vector();
+        double worst_exp2 = 0, worst_log2 = 0;
+        for (size_t i = 0; i < xs.size(); i++)
+            worst_exp2 = std::max(worst_exp2, ulps_off(e2[i], std::exp2(double(xs[i]))));
+        for (size_t i = 0; i < ys.size(); i++)
+            worst_log2 = std::max(worst_log2, ulps_off(l2[i], std::log2(double(ys[i]))));
+        CHECK(worst_exp2 <= 1.5);
+        CHECK(worst_log2 <= 1.0);
+    }
 }
 
 TEST(ops_unary_math_float64) {
