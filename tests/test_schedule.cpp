@@ -230,3 +230,37 @@ TEST(activation_gradients_store_only_their_calls) {
     CHECK_EQ(count(x.sigmoid()), 4);
     CHECK_EQ(count(x.relu()), 2);      // relu and its gradient, nothing stored between
 }
+
+// W2 of the benchmarks (Bengio's character MLP: embedding, two tanh layers, cross-entropy,
+// SGD) as one jitted step: 15 nests after the passes. The batch's two gathers share a nest;
+// each layer's product and its tanh pieces share a row loop; softmax's max, exponentials and
+// sum share rows; each weight's gradient shares a nest with its update; the nests between a
+// bounds check and an in-place update move across it.
+TEST(bengio_training_step_is_fifteen_nests) {
+    const int V = 27, T = 3, E = 10, D = 200, B = 32, pool = 64;
+    std::vector<int32_t> xs(size_t(pool) * T), ys(pool);
+    for (size_t i = 0; i < xs.size(); i++) xs[i] = int32_t(i * 7 % V);
+    for (size_t i = 0; i < ys.size(); i++) ys[i] = int32_t(i * 5 % V);
+    Tensor X = Tensor::from_vector(xs, {pool, T}), Y = Tensor::from_vector(ys, {pool});
+    tg::manual_seed(3);
+    Tensor C = Tensor::randn({V, E}).requires_grad();
+    tg::nn::Sequential mlp(tg::nn::Linear(T * E, D, false), tg::nn::Tanh(),
+                           tg::nn::Linear(D, D, false), tg::nn::Tanh(), tg::nn::Linear(D, V, false));
+    std::vector<Tensor> params = mlp.parameters();
+    params.push_back(C);
+    tg::optim::SGD opt(params, 0.01);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = tg::nn::cross_entropy(mlp(C[X[in[0]]].reshape({B, T * E})), Y[in[0]]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    std::vector<int32_t> batch(B);
+    for (int i = 0; i < B; i++) batch[size_t(i)] = (i * 3) % pool;
+    double first = step({Tensor::from_vector(batch)}).item();
+    CHECK_EQ(tg::last_program().nests, 15);
+    CHECK_EQ(tg::last_program().nests_lowered, 30);
+    double second = step({Tensor::from_vector(batch)}).item();
+    CHECK(second < first);   // it trains
+}
