@@ -244,13 +244,14 @@ TEST(bengio_training_step_is_fifteen_nests) {
     Tensor X = Tensor::from_vector(xs, {pool, T}), Y = Tensor::from_vector(ys, {pool});
     tg::manual_seed(3);
     Tensor C = Tensor::randn({V, E}).requires_grad();
-    tg::nn::Sequential mlp(tg::nn::Linear(T * E, D, false), tg::nn::Tanh(),
-                           tg::nn::Linear(D, D, false), tg::nn::Tanh(), tg::nn::Linear(D, V, false));
+    namespace nn = tg::nn;
+    nn::Sequential mlp(nn::Linear(T * E, D, false), nn::Tanh(), nn::Linear(D, D, false),
+                       nn::Tanh(), nn::Linear(D, V, false));
     std::vector<Tensor> params = mlp.parameters();
     params.push_back(C);
     tg::optim::SGD opt(params, 0.01);
     tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = tg::nn::cross_entropy(mlp(C[X[in[0]]].reshape({B, T * E})), Y[in[0]]);
+        Tensor loss = nn::cross_entropy(mlp(C[X[in[0]]].reshape({B, T * E})), Y[in[0]]);
         opt.zero_grad();
         loss.backward();
         opt.step();
