@@ -2783,7 +2783,7 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
     // up to 2) and how deep it would sit in its root's expression (the longest path).
     struct Reach {
         std::unordered_set<Node*> roots;
-        bool same_index = true, broadcast = false, indexed = false;
+        bool same_index = true, broadcast = false, indexed = false, padded = false;
         int64_t paths = 0, depth = 0;
     };
     std::unordered_map<Node*, Reach> reach;
@@ -2808,6 +2808,7 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
             bool reduces = op_kind(u->op) == OpKind::REDUCE;
             r.broadcast = r.broadcast || (ru.broadcast && !reduces) || u->op == Op::EXPAND;
             r.indexed = r.indexed || ru.indexed || op_kind(u->op) == OpKind::INDEXED;
+            r.padded = r.padded || ru.padded || u->op == Op::PAD;
             r.paths = std::min<int64_t>(r.paths + ru.paths, 2);
             r.depth = std::max(r.depth, ru.depth + 1);
         }
@@ -2819,8 +2820,10 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         // A reduction read by one kernel only (not through an index) is computed inside it:
         // lowering nests its loops in the kernel's loops, where it is computed once per value
         // (inside a row loop when it is broadcast back over the row), or asks for a buffer.
+        // Read through a pad, it would be computed over the padding too (the gradient of a
+        // slice: W5's q, k, v products three times over).
         bool inner_reduce = k == OpKind::REDUCE && r.roots.size() == 1 && !r.indexed &&
-                            !is_target.count(n) && !store.count(n);
+                            !r.padded && !is_target.count(n) && !store.count(n);
         if (inner_reduce) s.once.insert(n);
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
         // a comparison, a logical op on bools (x <= 0 is x < 0 or x == 0), a negation or a
@@ -2848,7 +2851,9 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
                           : store.count(n)          ? "not computable once per value inside"
                           : nullptr;
         if (!why && k == OpKind::REDUCE && !inner_reduce)
-            why = r.indexed ? "reduction read through an index" : "reduction read by 2+ kernels";
+            why = r.indexed  ? "reduction read through an index"
+                  : r.padded ? "reduction read through a pad"
+                             : "reduction read by 2+ kernels";
         if (!why && computed && !inline_ok && !inner_reduce)
             why = r.roots.size() > 1 ? "read by 2+ kernels"
                   : r.broadcast      ? "read through a broadcast, costly to recompute"

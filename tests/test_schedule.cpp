@@ -265,3 +265,21 @@ TEST(bengio_training_step_is_fifteen_nests) {
     double second = step({Tensor::from_vector(batch)}).item();
     CHECK(second < first);   // it trains
 }
+
+// The gradient of slices of a product (attention's q, k, v) is the sum of the slices'
+// gradients padded back: each is a product of its own, stored, not computed inside the sum,
+// where it would run over the other slices' columns too.
+TEST(reduction_read_through_a_pad_is_stored) {
+    Tensor x = data({6, 5}), w = (data({5, 8}) * 0.1f).requires_grad();
+    Tensor a = data({4, 3}) * 0.2f, b = data({4, 2}) * 0.3f;
+    Tensor h = x.matmul(w), q = h.slice(1, 0, 4), k = h.slice(1, 4, 8);
+    Tensor yq = q.matmul(a), yk = k.matmul(b);
+    Tensor gw = tg::gradients((yq * yq).sum() + (yk * yk).sum(), {w})[0];
+    CHECK_EQ(th::count_of(tg::inspect({gw}).schedule, "(reduction read through a pad)"), 2);
+    // the same gradient by hand: dL/dq = 2 yq aᵀ, dL/dk = 2 yk bᵀ, dL/dw = xᵀ [dq dk]
+    Tensor dq = (yq * 2.0f).matmul(a.transpose(0, 1)), dk = (yk * 2.0f).matmul(b.transpose(0, 1));
+    Tensor want = x.transpose(0, 1).matmul(tg::cat({dq, dk}, 1));
+    std::vector<float> got_v = gw.to_vector(), want_v = want.to_vector();
+    std::vector<double> want_d(want_v.begin(), want_v.end());
+    CHECK_ALL_NEAR(got_v, want_d, 1e-4);
+}
