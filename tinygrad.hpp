@@ -86,8 +86,9 @@
                  compiler); any case
    TG_CC         C compiler                                   default: cc
    TG_CFLAGS     optimization flags                           default: -O3 -march=native
-                 (-fPIC -shared -fno-math-errno are always added; with GCC also
-                 -fno-tree-slp-vectorize, as GCC 12's SLP vectorizer drops float32 roundings)
+                 (-fPIC -shared -fno-math-errno -ffp-contract=off are always added, so a
+                 value computed twice is the same bits; with GCC also -fno-tree-slp-vectorize,
+                 as GCC 12's SLP vectorizer drops float32 roundings)
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
                  It holds code this process loads, so it must be the user's own and writable
                  by nobody else (else an error says how to fix it). Entries are keyed by the
@@ -97,8 +98,8 @@
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write,plan_memory); default all; none runs the IR as
-                 lowered (to bisect a wrong result to a pass)
+                 dead_stores,first_write,local_temps,plan_memory); default all; none runs the
+                 IR as lowered (to bisect a wrong result to a pass)
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
 
@@ -479,6 +480,7 @@ struct ProgramInfo {            // the most recent program run (this thread), fo
     std::string name;
     int nests_lowered = 0, nests = 0;          // loop nests before and after the passes
     int temporaries_lowered = 0, temporaries = 0;
+    int local_arrays = 0;                      // temporaries that became arrays of one nest
     int64_t temp_bytes_lowered = 0;            // bytes of the temporaries lowering made,
     int64_t temp_bytes = 0, arena_bytes = 0;   // of those left after the passes, and planned
 };
@@ -704,6 +706,9 @@ struct ProgramBuffer {
     DType dtype;
     int64_t numel;
     int64_t offset = -1;   // TEMP: where it lies in the program's arena (plan_memory); -1: alone
+    // TEMP used by one block only (local_temps): an array of numel declared in the body of
+    // loop local_loop of block local_block (-1: in the block's function), not in memory
+    int local_block = -1, local_loop = -1;
 };
 
 struct Program {
@@ -3677,6 +3682,11 @@ static std::string program_listing(const Program& p) {
                     dtype_name(p.buffers[i].dtype), (long long)p.buffers[i].numel);
         if (p.buffers[i].offset >= 0 && p.arena_bytes)
             out += strf(" at arena+%lld", (long long)p.buffers[i].offset);
+        if (p.buffers[i].local_block >= 0)
+            out += p.buffers[i].local_loop >= 0
+                       ? strf(" local to loop i%d of K%d", p.buffers[i].local_loop,
+                              p.buffers[i].local_block)
+                       : strf(" local to K%d", p.buffers[i].local_block);
         out += "\n";
     }
     for (const Block& b : p.blocks) {
@@ -3702,6 +3712,8 @@ static std::string program_listing(const Program& p) {
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
 //                     loops that only fed them go too
 //   first_write       a short accumulation starts from its first term instead of zero
+//   local_temps       a temporary used in one nest only becomes an array of the loop whose
+//                     iterations each use their own part of it (a row on the stack)
 //   plan_memory       temporaries share one arena by lifetime
 // Analyses shared with the renderers: block_accesses ([LOOPIR]), range_of, Linear. Tests:
 // tests/test_passes.cpp (each pass), tests/test_schedule.cpp, tests/test_interp.cpp,
@@ -3984,8 +3996,8 @@ static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, in
 // -- pass_fuse_loops: adjacent nests over the same extent become one nest
 // Two loops fuse when they have the same extent and every buffer that one writes and the other
 // touches is accessed in chunks of the loop variable: index = v·S + base + r, with the same S
-// and the same loop-invariant base everywhere, and 0 <= r < S for the variables inside the
-// loop. Iteration v of the second loop then touches only what iteration v of the first
+// and the same loop-invariant base everywhere, and 0 <= r < S for r the terms of the variables
+// inside the loop and the constant. Iteration v of the second loop then touches only what iteration v of the first
 // touched, so the fused loop keeps every dependence in order. Blocks that are one loop each
 // fuse this way, then the loops inside the fused body do, so a value stored and read back at
 // the same index ends in one loop body (pass_substitute_temps). A nest between two that could
@@ -4039,7 +4051,7 @@ static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_
         else if (varies) rest.terms.push_back({c, term});
         else base.terms.push_back({c, term});
     }
-    base.constant = lin.constant;
+    rest.constant = lin.constant;   // x[v·S + S-1 - r] is in chunk v as much as x[v·S + r]
     Range r = range_of(rest.build(), extents);
     if (coef <= 0 || !r.known || r.lo < 0 || r.hi >= coef) return false;
     ExprP b = base.build();
@@ -4321,6 +4333,81 @@ static void pass_first_write(Program& p) {
     for (Block& b : p.blocks) first_write(b, b.body);
 }
 
+// -- pass_local_temps: a temporary used inside one nest only becomes an array of that nest
+// When every access to it lies in one loop of one block, in chunks of that loop's variable
+// (index = v·S + base + r, 0 <= r < S, as fuse_loops checks), iteration v writes and reads
+// only its own S elements: the temporary becomes an array of S declared in the loop's body
+// (on the C stack, so in cache), indexed by r. One used in one block in no such loop becomes
+// an array of the block's function when it is small. Either way it takes no arena space.
+static const int64_t LOCAL_MAX_BYTES = 16384;
+static const Stmt* find_loop(const std::vector<Stmt>& body, int var) {
+    for (const Stmt& st : body) {
+        if (st.kind != SK::LOOP) continue;
+        if (st.id == var) return &st;
+        if (const Stmt* inner = find_loop(st.body, var)) return inner;
+    }
+    return nullptr;
+}
+static void pass_local_temps(Program& p) {
+    std::vector<int> block_of(p.buffers.size(), -1);   // -2: touched by several blocks
+    std::vector<BlockAccesses> uses;
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        uses.push_back(block_accesses(p.blocks[k]));
+        auto touch = [&](int buffer) {
+            int& b = block_of[size_t(buffer)];
+            b = b == -1 || b == int(k) ? int(k) : -2;
+        };
+        for (const Access& a : uses.back().accesses) touch(a.buffer);
+        if (p.blocks[k].finite_site >= 0) block_of[size_t(p.blocks[k].finite_buffer)] = -2;
+    }
+    for (size_t t = 0; t < p.buffers.size(); t++) {
+        ProgramBuffer& buf = p.buffers[t];
+        if (buf.role != ProgramBuffer::TEMP || block_of[t] < 0) continue;
+        Block& b = p.blocks[size_t(block_of[t])];
+        std::vector<const Access*> mine;
+        for (const Access& a : uses[size_t(block_of[t])].accesses)
+            if (a.buffer == int(t)) mine.push_back(&a);
+        std::vector<int> common = mine[0]->loops;   // the loops around every access
+        for (const Access* a : mine) {
+            size_t n = 0;
+            while (n < common.size() && n < a->loops.size() && common[n] == a->loops[n]) n++;
+            common.resize(n);
+        }
+        int64_t elem = int64_t(dtype_size(buf.dtype));
+        for (auto v = common.rbegin(); v != common.rend(); ++v) {   // innermost first
+            const Stmt* loop = find_loop(b.body, *v);
+            Chunk chunk;
+            bool chunked_all = true;
+            for (const Access* a : mine)
+                chunked_all = chunked_all && chunked(a->idx, *loop, b.extents, chunk);
+            if (!chunked_all || chunk.stride * elem > LOCAL_MAX_BYTES) continue;
+            ExprP start = ix_add(ix_mul(ex_var(*v), chunk.stride), chunk.base);
+            SimplifyMemo memo{&b.extents, {}};
+            std::unordered_map<const Expr*, ExprP> done;
+            auto relative = [&](const ExprP& idx) {
+                return simplify(ix_add(idx, ix_mul(start, -1)), memo);
+            };
+            substitute(b.body, [&](const ExprP& e) -> ExprP {
+                if (e->kind != EK::LOAD || e->id != int(t)) return nullptr;
+                return ex_load(int(t), e->dtype, relative(e->src[0]));
+            }, done);
+            std::function<void(std::vector<Stmt>&)> stores = [&](std::vector<Stmt>& body) {
+                for (Stmt& st : body) {
+                    if ((st.kind == SK::STORE || st.kind == SK::STORE_ADD) && st.id == int(t))
+                        st.idx = relative(st.idx);
+                    stores(st.body);
+                }
+            };
+            stores(b.body);
+            buf.numel = chunk.stride;
+            buf.local_loop = *v;
+            break;
+        }
+        if (buf.local_loop < 0 && buf.numel * elem > LOCAL_MAX_BYTES) continue;
+        buf.local_block = block_of[t];
+    }
+}
+
 // -- pass_plan_memory: temporaries share one arena by lifetime
 // A temporary lives from the first block that touches it to the last. Largest first (ties by
 // number, so the plan depends only on the program), each takes the lowest 64-byte-aligned
@@ -4341,7 +4428,8 @@ static void pass_plan_memory(Program& p) {
     }
     std::vector<size_t> temps;
     for (size_t i = 0; i < n; i++)
-        if (p.buffers[i].role == ProgramBuffer::TEMP) temps.push_back(i);
+        if (p.buffers[i].role == ProgramBuffer::TEMP && p.buffers[i].local_block < 0)
+            temps.push_back(i);
     std::stable_sort(temps.begin(), temps.end(), [&](size_t a, size_t b) {
         return temp_bytes(p.buffers[a]) > temp_bytes(p.buffers[b]);
     });
@@ -4377,6 +4465,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"substitute_temps", pass_substitute_temps},
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},
+    {"local_temps", pass_local_temps},
     {"plan_memory", pass_plan_memory},
 };
 
@@ -4655,14 +4744,18 @@ struct CExprs {
     }
 };
 
+// arrays: the local arrays declared at the top of each loop's body (by loop variable)
 static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
-                    int depth, int& next_tmp, std::string& out) {
+                    const std::map<int, std::string>& arrays, int depth, int& next_tmp,
+                    std::string& out) {
     std::string pad(size_t(depth) * 4, ' ');
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
             out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id, st.id,
                         (long long)extents[size_t(st.id)], st.id);
-            c_stmts(st.body, extents, depth + 1, next_tmp, out);
+            auto declared = arrays.find(st.id);
+            if (declared != arrays.end()) out += pad + "    " + declared->second;
+            c_stmts(st.body, extents, arrays, depth + 1, next_tmp, out);
             out += pad + "}\n";
             continue;
         }
@@ -4771,9 +4864,16 @@ static std::string render_c(const Program& p) {
         BlockAccesses uses = block_accesses(b);
         bool checks = uses.checks;
         std::string params, args;
+        std::map<int, std::string> arrays;   // by loop variable; -1: the function's
         for (size_t i = 0; i < p.buffers.size(); i++) {
             bool writes = uses.writes(int(i));
             if (!writes && !uses.reads(int(i))) continue;
+            const ProgramBuffer& pb = p.buffers[i];
+            if (pb.local_block == int(k)) {
+                arrays[pb.local_loop] += strf("%s buf%zu[%lld];\n", c_type(pb.dtype), i,
+                                              (long long)pb.numel);
+                continue;
+            }
             const char* constness = writes ? "" : "const ";
             params += strf("%s%s%s *restrict buf%zu", params.empty() ? "" : ", ", constness,
                            c_type(p.buffers[i].dtype), i);
@@ -4786,7 +4886,8 @@ static std::string render_c(const Program& p) {
         // restrict pointers reorder another's accesses to the same buffer (tests/test_interp.cpp)
         out += strf("static __attribute__((noinline)) void k%zu(%s) {\n", k, params.c_str());
         int next_tmp = 0;
-        c_stmts(b.body, b.extents, 1, next_tmp, out);
+        if (arrays.count(-1)) out += "    " + arrays[-1];
+        c_stmts(b.body, b.extents, arrays, 1, next_tmp, out);
         out += "}\n";
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         calls += strf("    k%zu(%s);\n", k, args.c_str());
@@ -4859,8 +4960,11 @@ static ProgramFn compile_c(const std::string& src) {
     std::string cc = env_str("TG_CC", "cc");
     // TG_CFLAGS replaces the optimization flags; what a loadable library needs is always
     // added, and -fno-math-errno (no kernel reads errno; so sqrt is an instruction that
-    // vectorizes, not a call)
-    std::string flags = env_str("TG_CFLAGS", "-O3 -march=native") + " -fPIC -fno-math-errno";
+    // vectorizes, not a call) and -ffp-contract=off: a value computed again in another loop
+    // must equal the first bit for bit (max's gradient compares them), which a multiply-add
+    // fused in one loop and not in the other breaks
+    std::string flags =
+        env_str("TG_CFLAGS", "-O3 -march=native") + " -fPIC -fno-math-errno -ffp-contract=off";
     std::lock_guard<std::mutex> lock(runtime_mutex);
     const std::string& identity = toolchain_identity(cc, flags);
     // GCC 12's SLP vectorizer drops the float rounding of (double)(float)x in short loops and
@@ -5019,18 +5123,23 @@ static void check_errors(const Program& prog, const int64_t* err) {
 
 static thread_local ProgramInfo last_program_info;
 
-// The temporaries some block touches, and their bytes.
-static void temporaries_of(const Program& p, int& count, int64_t& bytes) {
+// The temporaries in memory some block touches and their bytes; local arrays are counted apart.
+static void temporaries_of(const Program& p, int& count, int64_t& bytes, int* locals = nullptr) {
     std::vector<bool> touched(p.buffers.size());
     for (const Block& b : p.blocks)
         for (const Access& a : block_accesses(b).accesses) touched[size_t(a.buffer)] = true;
     count = 0;
     bytes = 0;
-    for (size_t i = 0; i < p.buffers.size(); i++)
-        if (touched[i] && p.buffers[i].role == ProgramBuffer::TEMP) {
-            count++;
-            bytes += temp_bytes(p.buffers[i]);
+    if (locals) *locals = 0;
+    for (size_t i = 0; i < p.buffers.size(); i++) {
+        if (!touched[i] || p.buffers[i].role != ProgramBuffer::TEMP) continue;
+        if (p.buffers[i].local_block >= 0) {
+            if (locals) ++*locals;
+            continue;
         }
+        count++;
+        bytes += temp_bytes(p.buffers[i]);
+    }
 }
 
 static ProgramRun run_program(std::vector<NodeP> targets) {
@@ -5048,7 +5157,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
     run_passes(prog);                                            // 3. passes
     info.nests = int(prog.blocks.size());
-    temporaries_of(prog, info.temporaries, info.temp_bytes);
+    temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
     info.arena_bytes = prog.arena_bytes;
     Device& dev = default_device();
     if (debug >= 2) {
@@ -5057,10 +5166,11 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
                      sched_listing(sched).c_str());
         std::fprintf(stderr,
                      "[tg] %s: %d nests, %d temporaries (%lld bytes) as lowered; after the "
-                     "passes %d nests, %d temporaries: %lld bytes unplanned -> %lld planned\n",
+                     "passes %d nests, %d local arrays, %d temporaries: %lld bytes unplanned -> "
+                     "%lld planned\n",
                      prog.name.c_str(), info.nests_lowered, info.temporaries_lowered,
-                     (long long)info.temp_bytes_lowered, info.nests, info.temporaries,
-                     (long long)info.temp_bytes, (long long)info.arena_bytes);
+                     (long long)info.temp_bytes_lowered, info.nests, info.local_arrays,
+                     info.temporaries, (long long)info.temp_bytes, (long long)info.arena_bytes);
         if (debug >= 3)
             std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s",
                          before.c_str(), ir.c_str());

@@ -36,14 +36,15 @@ template <typename F> static Timing time_blocks(F&& step, int warmup, int steps,
     return {per_step[per_step.size() / 2], per_step.front()};
 }
 
-// The step's program: loop nests after (and before) the passes, temporary bytes as lowered,
-// left after the passes, and planned into one arena.
+// The step's program: loop nests after (and before) the passes, the temporaries that became
+// arrays local to a nest, temporary bytes as lowered, left after the passes, and planned into
+// one arena.
 static std::string program_figures(const tg::ProgramInfo& p) {
-    char line[200];
+    char line[240];
     std::snprintf(line, sizeof line,
-                  "  nests %d (lowered %d)  temporaries %lld B lowered, %lld B unplanned -> %lld B"
-                  " planned",
-                  p.nests, p.nests_lowered, (long long)p.temp_bytes_lowered,
+                  "  nests %d (lowered %d)  local arrays %d  temporaries %lld B lowered, %lld B"
+                  " unplanned -> %lld B planned",
+                  p.nests, p.nests_lowered, p.local_arrays, (long long)p.temp_bytes_lowered,
                   (long long)p.temp_bytes, (long long)p.arena_bytes);
     return line;
 }

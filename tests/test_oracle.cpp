@@ -158,3 +158,21 @@ TEST(oracle_minimize_keeps_the_failure) {
     oracle::Outcome out = oracle::run({&small}, oracle::Mode::REFERENCE_INTERP)[0];
     CHECK_EQ(out.error, std::string());
 }
+
+// Graph 401379, found by a long run: the gradient of min over a column counts the elements
+// equal to the minimum, recomputing them in a second loop. With multiply-adds fused in one
+// loop and not in the other, no element equalled the minimum (a NaN gradient on the CPU); C
+// kernels now compile with -ffp-contract=off.
+TEST(oracle_graph_401379_ties_of_a_value_computed_in_two_loops) {
+    oracle::Graph g = oracle::generate(401379);
+    CHECK_EQ(oracle::check_one(g, tolerance), "");
+    using tg::Tensor;
+    Tensor x = Tensor::from_vector(
+        oracle::leaf_values<int32_t>(0x1e75ab787d50389bull, 168, -4.0, 4.0, 0), {24, 7});
+    Tensor s = Tensor::from_vector(
+        oracle::leaf_values<float>(0xc3fff5dbb516febull, 1, -2.0, 2.0, 2), {}).requires_grad();
+    Tensor w = Tensor::from_vector(
+        oracle::leaf_values<float>(0x6712c3ea315975c1ull, 7, -1, 1, -1), {7});
+    (oracle::layer_norm(x, 1).minimum(s).min(0) * w).sum().backward();
+    CHECK(std::isfinite(s.grad().item()));
+}

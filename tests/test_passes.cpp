@@ -182,6 +182,30 @@ TEST(dead_stores_keep_the_bounds_checks_of_what_they_drop) {
 
 // Temporaries whose lifetimes do not overlap share arena bytes; inputs and outputs stay out of
 // it; the results are those of the unplanned program.
+// A temporary read at another index than it was written (a flip), inside the row loop that
+// writes it, becomes an array of that loop: a row on the stack instead of a buffer in memory.
+TEST(local_temps_keep_a_row_in_an_array_of_its_loop) {
+    Tensor x = data({4, 10});
+    Tensor y = (x + 2.0f).reciprocal().reciprocal().reciprocal().reciprocal().reciprocal()
+                   .reciprocal().reciprocal();   // costly: stored once for its two readers
+    std::vector<Tensor> ts = {(y * y.flip(1)).sum(1)};
+    std::string before = optimized(ts, "simplify,fuse_loops");
+    CHECK_EQ(nests(before), 1);
+    CHECK(before.find("buf0: temp float32[40]\n") != std::string::npos);
+    CHECK(before.find("buf0[(i0*10 + i1)]") != std::string::npos);
+    std::string after = optimized(ts, "simplify,fuse_loops,local_temps");
+    CHECK(after.find("buf0: temp float32[10] local to loop i0 of K0") != std::string::npos);
+    CHECK(after.find("buf0[i1] = ") != std::string::npos);
+    CHECK(after.find("buf0[(i2*-1 + 9)]") != std::string::npos);
+    std::string c = tg::inspect(ts).c_source;
+    CHECK(c.find("        float buf0[10];\n") != std::string::npos);
+    check_same_values(ts);
+    // read by two nests, it stays a temporary in memory
+    std::vector<Tensor> two = {(y * y.flip(1)).sum(1), y.flip(0)};
+    CHECK(optimized(two, "all").find("local to") == std::string::npos);
+    check_same_values(two);
+}
+
 TEST(plan_memory_shares_the_arena_by_lifetime) {
     Tensor x = data({64, 64});
     // three costly values, each read by two kernels: stored, and each dead once the next
