@@ -98,8 +98,10 @@
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write,local_temps,plan_memory); default all; none runs the
-                 IR as lowered (to bisect a wrong result to a pass)
+                 dead_stores,first_write,local_temps,parallel_loops,plan_memory); default all;
+                 none runs the IR as lowered (to bisect a wrong result to a pass)
+   TG_THREADS    threads for nests whose outer iterations write disjoint parts (default:
+                 the machine's cores); results are the same bits for any count
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
 
@@ -485,6 +487,7 @@ struct ProgramInfo {            // the most recent program run (this thread), fo
     int64_t temp_bytes = 0, arena_bytes = 0;   // of those left after the passes, and planned
 };
 ProgramInfo last_program();
+int threads();                  // what parallel nests run on: TG_THREADS, default the cores
 
 // ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 namespace nn {
@@ -699,6 +702,9 @@ struct Block {
     // infinity; finite_site is its check site
     int finite_site = -1, finite_buffer = -1;
     int64_t finite_count = 0;
+    // > 0: the body is one loop whose iterations write disjoint parts (parallel_loops); its
+    // range is cut into this many chunks, which may run on different threads
+    int64_t parallel_chunks = 0;
 };
 
 struct ProgramBuffer {
@@ -764,7 +770,9 @@ Device& default_device();                              // $TG_DEVICE, else CPU
 #include <limits>
 #include <map>
 #include <mutex>
+#include <condition_variable>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <dlfcn.h>
@@ -2732,6 +2740,22 @@ static int64_t op_cost(Op op) {
     }
 }
 
+// Whether the kernel that computes n would gather (with a bounds check): a gather among the
+// ops inlined into it, down to buffers and other kernels.
+static bool gathers_inside(Node* n, const std::unordered_set<Node*>& materialized) {
+    std::vector<Node*> todo{n};
+    std::unordered_set<Node*> seen{n};
+    while (!todo.empty()) {
+        Node* m = todo.back();
+        todo.pop_back();
+        if (m->op == Op::GATHER) return true;
+        for (auto& src : m->src)
+            if (!src->buffer && !materialized.count(src.get()) && seen.insert(src.get()).second)
+                todo.push_back(src.get());
+    }
+    return false;
+}
+
 // store: values to keep in buffers although the cost model inlines them (lowering could not
 // compute them once per value inside their reader).
 static Schedule sched_build(const std::vector<NodeP>& targets,
@@ -2878,6 +2902,10 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         if (reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) {
             s.materialized.insert(value);
             s.reason[value] = "reads its assignment's target at other indices";
+        } else if (gathers_inside(value, s.materialized)) {
+            // a failed bounds check must stop the program before the write, not after it
+            s.materialized.insert(value);
+            s.reason[value] = "bounds-checked value of an assignment";
         }
     }
     std::vector<Kernel> kernels;
@@ -3690,7 +3718,9 @@ static std::string program_listing(const Program& p) {
         out += "\n";
     }
     for (const Block& b : p.blocks) {
-        out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")") + "\n";
+        out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")");
+        if (b.parallel_chunks) out += strf("   [parallel: %lld chunks]", (long long)b.parallel_chunks);
+        out += "\n";
         stmts_str(b.body, b.extents, 1, out);
     }
     return out;
@@ -3714,6 +3744,8 @@ static std::string program_listing(const Program& p) {
 //   first_write       a short accumulation starts from its first term instead of zero
 //   local_temps       a temporary used in one nest only becomes an array of the loop whose
 //                     iterations each use their own part of it (a row on the stack)
+//   parallel_loops    a nest of enough work whose outer iterations write disjoint parts is
+//                     cut into fixed chunks that the thread pool runs (TG_THREADS)
 //   plan_memory       temporaries share one arena by lifetime
 // Analyses shared with the renderers: block_accesses ([LOOPIR]), range_of, Linear. Tests:
 // tests/test_passes.cpp (each pass), tests/test_schedule.cpp, tests/test_interp.cpp,
@@ -4408,6 +4440,43 @@ static void pass_local_temps(Program& p) {
     }
 }
 
+// -- pass_parallel_loops: nests whose outer iterations write disjoint parts run on threads
+// A block that is one loop, in which every buffer written is accessed in chunks of the loop
+// variable (as fuse_loops checks; arrays local to the loop are each iteration's own), may run
+// its iterations in any order. Its range is cut into a number of chunks that depends only on
+// its extent, and each iteration computes what it computes alone, so results are the same bits
+// on any number of threads. A nest of little work (fewer than PARALLEL_MIN_WORK iterations of
+// its loops, all counted) runs on the calling thread: waking a thread costs microseconds.
+static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
+static int64_t loop_work(const std::vector<Stmt>& body, const std::vector<int64_t>& extents) {
+    int64_t n = 0;
+    for (const Stmt& st : body)
+        n += st.kind != SK::LOOP ? 1
+                                 : extents[size_t(st.id)] *
+                                       std::max<int64_t>(1, loop_work(st.body, extents));
+    return n;
+}
+static void pass_parallel_loops(Program& p) {
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        Block& b = p.blocks[k];
+        if (b.body.size() != 1 || b.body[0].kind != SK::LOOP ||
+            loop_work(b.body, b.extents) < PARALLEL_MIN_WORK)
+            continue;
+        const Stmt& loop = b.body[0];
+        bool disjoint = true;
+        for (const ProgramBuffer& pb : p.buffers)   // an array of the function is shared
+            disjoint = disjoint && !(pb.local_block == int(k) && pb.local_loop < 0);
+        BlockAccesses uses = block_accesses(b);
+        std::map<int, Chunk> chunks;
+        for (const Access& a : uses.accesses) {
+            if (!uses.writes(a.buffer) || p.buffers[size_t(a.buffer)].local_block == int(k))
+                continue;
+            disjoint = disjoint && chunked(a.idx, loop, b.extents, chunks[a.buffer]);
+        }
+        if (disjoint) b.parallel_chunks = std::min(b.extents[size_t(loop.id)], PARALLEL_CHUNKS);
+    }
+}
+
 // -- pass_plan_memory: temporaries share one arena by lifetime
 // A temporary lives from the first block that touches it to the last. Largest first (ties by
 // number, so the plan depends only on the program), each takes the lowest 64-byte-aligned
@@ -4466,6 +4535,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},
     {"local_temps", pass_local_temps},
+    {"parallel_loops", pass_parallel_loops},
     {"plan_memory", pass_plan_memory},
 };
 
@@ -4745,14 +4815,19 @@ struct CExprs {
 };
 
 // arrays: the local arrays declared at the top of each loop's body (by loop variable)
+// chunked: the loop at depth 1 runs over [lo, hi), the function's arguments
 static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
                     const std::map<int, std::string>& arrays, int depth, int& next_tmp,
-                    std::string& out) {
+                    std::string& out, bool chunked = false) {
     std::string pad(size_t(depth) * 4, ' ');
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
-            out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id, st.id,
-                        (long long)extents[size_t(st.id)], st.id);
+            if (chunked && depth == 1)
+                out += strf("%sfor (int64_t i%d = lo; i%d < hi; i%d++) {\n", pad.c_str(), st.id,
+                            st.id, st.id);
+            else
+                out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id,
+                            st.id, (long long)extents[size_t(st.id)], st.id);
             auto declared = arrays.find(st.id);
             if (declared != arrays.end()) out += pad + "    " + declared->second;
             c_stmts(st.body, extents, arrays, depth + 1, next_tmp, out);
@@ -4881,16 +4956,30 @@ static std::string render_c(const Program& p) {
                          c_type(p.buffers[i].dtype), i);
         }
         if (checks) { params += ", int64_t *err"; args += ", err"; }
+        bool chunked = b.parallel_chunks > 0;
+        if (chunked) {
+            params += ", int64_t lo, int64_t hi";
+            args += ", lo, hi";
+        }
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         // not inlined into tg_program: GCC 12 at -O3 with AVX-512 then lets one kernel's
         // restrict pointers reorder another's accesses to the same buffer (tests/test_interp.cpp)
         out += strf("static __attribute__((noinline)) void k%zu(%s) {\n", k, params.c_str());
         int next_tmp = 0;
         if (arrays.count(-1)) out += "    " + arrays[-1];
-        c_stmts(b.body, b.extents, arrays, 1, next_tmp, out);
+        c_stmts(b.body, b.extents, arrays, 1, next_tmp, out, chunked);
         out += "}\n";
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
-        calls += strf("    k%zu(%s);\n", k, args.c_str());
+        if (chunked) {   // the entry the thread pool calls for each chunk
+            out += strf("static void k%zu_chunk(void *const *b, int64_t *err, int64_t lo, "
+                        "int64_t hi) {\n    (void)err;\n    k%zu(%s);\n}\n",
+                        k, k, args.c_str());
+            int loop = b.body[0].id;
+            calls += strf("    run_chunks(k%zu_chunk, b, err, %lldLL, %lldLL);\n", k,
+                          (long long)b.extents[size_t(loop)], (long long)b.parallel_chunks);
+        } else {
+            calls += strf("    k%zu(%s);\n", k, args.c_str());
+        }
         if (b.finite_site >= 0) {
             DType dt = p.buffers[size_t(b.finite_buffer)].dtype;
             calls += strf("    if (tg_finite%s((const %s *)b[%d], %lldLL, %d, err)) return;\n",
@@ -4898,10 +4987,15 @@ static std::string render_c(const Program& p) {
                           (long long)b.finite_count, b.finite_site);
         }
     }
-    out += "\nvoid tg_program(void *const *b, int64_t *err) {\n    (void)b; (void)err;\n" + calls +
-           "}\n";
+    out += "\nvoid tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {\n"
+           "    (void)b; (void)err; (void)run_chunks;\n" + calls + "}\n";
+    // run_chunks(f, b, err, n, chunks) calls f(b, err_c, lo, hi) for chunks of [0, n), maybe
+    // on several threads, each with its own err_c, and keeps the first chunk's error
     std::string prelude =
-        "/* generated by tinygrad.hpp */\n#include <math.h>\n#include <stdint.h>\n";
+        "/* generated by tinygrad.hpp */\n#include <math.h>\n#include <stdint.h>\n"
+        "typedef void (*tg_chunk)(void *const *b, int64_t *err, int64_t lo, int64_t hi);\n"
+        "typedef void (*tg_run_chunks)(tg_chunk f, void *const *b, int64_t *err, int64_t n,\n"
+        "                              int64_t chunks);\n";
     for (auto& [name, code] : C_HELPERS)
         if (out.find(name) != std::string::npos) prelude += code;
     return prelude + out;
@@ -4915,7 +5009,9 @@ static std::string render_c(const Program& p) {
 // all succeed. The .c stays beside the .so so a failed or surprising build can be read. Devices
 // CPU and INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
 
-using ProgramFn = void (*)(void* const*, int64_t*);
+using ChunkFn = void (*)(void* const*, int64_t*, int64_t, int64_t);
+using RunChunksFn = void (*)(ChunkFn, void* const*, int64_t*, int64_t, int64_t);
+using ProgramFn = void (*)(void* const*, int64_t*, RunChunksFn);
 static std::mutex runtime_mutex;
 static Stats global_stats;
 
@@ -5017,10 +5113,103 @@ static ProgramFn compile_c(const std::string& src) {
     return fn;
 }
 
+// The threads that run a program's parallel nests: created once, grown to TG_THREADS - 1
+// (read at each run, default the machine's cores); the calling thread works too. One job at a
+// time: a second program running meanwhile (another user thread) runs its chunks itself.
+class ThreadPool {
+public:
+    ~ThreadPool() {
+        {
+            std::lock_guard<std::mutex> lock(m_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        for (std::thread& t : workers_) t.join();
+    }
+    // task(0) .. task(count - 1), on up to `threads` threads
+    void run(int64_t count, int threads, const std::function<void(int64_t)>& task) {
+        std::unique_lock<std::mutex> job(job_, std::try_to_lock);
+        int helpers = int(std::min<int64_t>(threads, count)) - 1;
+        if (!job.owns_lock() || helpers <= 0) {
+            for (int64_t c = 0; c < count; c++) task(c);
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lock(m_);
+            while (int(workers_.size()) < helpers) {
+                int id = int(workers_.size());
+                workers_.emplace_back([this, id] { work(id); });
+            }
+            task_ = &task;
+            count_ = count;
+            next_ = 0;
+            helpers_ = helpers;
+            finished_ = 0;
+            generation_++;
+        }
+        wake_.notify_all();
+        take_chunks();
+        std::unique_lock<std::mutex> lock(m_);
+        done_.wait(lock, [&] { return finished_ == helpers_; });
+        task_ = nullptr;
+    }
+
+private:
+    void take_chunks() {
+        for (int64_t c; (c = next_.fetch_add(1)) < count_;) (*task_)(c);
+    }
+    void work(int id) {
+        uint64_t seen = 0;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lock(m_);
+                wake_.wait(lock, [&] { return stop_ || (generation_ != seen && id < helpers_); });
+                if (stop_) return;
+                seen = generation_;
+            }
+            take_chunks();
+            {
+                std::lock_guard<std::mutex> lock(m_);
+                finished_++;
+            }
+            done_.notify_one();
+        }
+    }
+    std::mutex job_, m_;
+    std::condition_variable wake_, done_;
+    std::vector<std::thread> workers_;
+    const std::function<void(int64_t)>* task_ = nullptr;
+    std::atomic<int64_t> next_{0};
+    int64_t count_ = 0;
+    int helpers_ = 0, finished_ = 0;
+    uint64_t generation_ = 0;
+    bool stop_ = false;
+};
+
+static int thread_count() {
+    unsigned cores = std::thread::hardware_concurrency();
+    return int(env_int("TG_THREADS", cores ? cores : 1, 1, 1024));
+}
+
+// Chunk c of [0, n) is [n·c/chunks, n·(c+1)/chunks). Each chunk reports a failed bounds check
+// in its own err; the program gets the first chunk's, as a loop in order would have.
+static void run_chunks(ChunkFn fn, void* const* b, int64_t* err, int64_t n, int64_t chunks) {
+    static ThreadPool pool;
+    std::vector<int64_t> errs(size_t(2 * chunks), 0);
+    pool.run(chunks, thread_count(), [&](int64_t c) {
+        fn(b, &errs[size_t(2 * c)], n * c / chunks, n * (c + 1) / chunks);
+    });
+    for (int64_t c = 0; c < chunks && !err[0]; c++)
+        if (errs[size_t(2 * c)]) {
+            err[0] = errs[size_t(2 * c)];
+            err[1] = errs[size_t(2 * c + 1)];
+        }
+}
+
 struct CompiledProgram : Executable {
     ProgramFn fn;
     explicit CompiledProgram(ProgramFn f) : fn(f) {}
-    void run(void* const* buffers, int64_t* err) override { fn(buffers, err); }
+    void run(void* const* buffers, int64_t* err) override { fn(buffers, err, run_chunks); }
 };
 
 struct HostMemoryDevice : Device {
@@ -5359,6 +5548,7 @@ Stats stats() {
 }
 
 ProgramInfo last_program() { return detail::last_program_info; }
+int threads() { return detail::thread_count(); }
 
 Stages inspect(const std::vector<Tensor>& tensors) {
     std::vector<NodeP> nodes;

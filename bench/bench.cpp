@@ -1,7 +1,8 @@
 // bench.cpp — speed of training steps on the workloads of shared/bench/WORKLOADS.md.
 //
 // Prints one line per workload: microseconds per step as the median and the minimum over
-// blocks of steps (after warm-up steps), and the number of threads the kernels ran on. Each
+// blocks of steps (after warm-up steps), and the number of threads the kernels ran on
+// (TG_THREADS, default the machine's cores). Each
 // step is a tg::jit replay: one compiled program for forward, backward and update. Compare with
 // reference_torch.py run on the same machine in the same session, as a ratio. Beside each
 // time: the step program's loop nests and temporary bytes (tg::last_program()).
@@ -93,8 +94,8 @@ static void w1() {
     auto [t, program] =
         trace_and_time(one, int(10 * steps_per_epoch), int(10 * steps_per_epoch), 9);
     double acc = ((mlp(d.X).reshape({-1}) > 0) == (d.Y > 0)).cast(tg::DType::FLOAT32).mean().item();
-    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads 1  accuracy %.4f%s\n",
-                t.median_us, t.min_us, acc, program_figures(program).c_str());
+    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads %d  accuracy %.4f%s\n",
+                t.median_us, t.min_us, tg::threads(), acc, program_figures(program).c_str());
 }
 
 // W2: Bengio char MLP, V=27 T=3 E=10 D=200 B=32, no biases, tanh, cross-entropy, SGD lr 0.01;
@@ -120,8 +121,10 @@ static void w2() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 20, 200, 7);
-    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads 1  final loss %.4f%s\n",
-                t.median_us, t.min_us, last.item(), program_figures(program).c_str());
+    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads %d  final loss %.4f"
+                "%s\n",
+                t.median_us, t.min_us, tg::threads(), last.item(),
+                program_figures(program).c_str());
 }
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
@@ -146,8 +149,10 @@ static void w3() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 2, 2, 3);
-    std::printf("W3 mlp     %9.1f ms/step median %9.1f ms/step min  threads 1  final loss %.4f%s\n",
-                t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
+    std::printf("W3 mlp     %9.1f ms/step median %9.1f ms/step min  threads %d  final loss %.4f"
+                "%s\n",
+                t.median_us / 1e3, t.min_us / 1e3, tg::threads(), last.item(),
+                program_figures(program).c_str());
 }
 
 // W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
@@ -216,8 +221,10 @@ static void w5() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 5, 10, 7);
-    std::printf("W5 gpt     %9.1f ms/step median %9.1f ms/step min  threads 1  final loss %.4f%s\n",
-                t.median_us / 1e3, t.min_us / 1e3, last.item(), program_figures(program).c_str());
+    std::printf("W5 gpt     %9.1f ms/step median %9.1f ms/step min  threads %d  final loss %.4f"
+                "%s\n",
+                t.median_us / 1e3, t.min_us / 1e3, tg::threads(), last.item(),
+                program_figures(program).c_str());
 }
 
 // TG_BENCH=w2,w5 runs those workloads only (all by default)

@@ -285,3 +285,47 @@ TEST(cflags_replace_only_the_optimization_flags) {
     EnvGuard flags("TG_CFLAGS", "-O2");   // -fPIC -shared are still added
     CHECK_EQ((Tensor::arange(4) * 9 + 1).to_vector<int>(), (std::vector<int>{1, 10, 19, 28}));
 }
+
+// ---- threads ------------------------------------------------------------------------------
+// A nest whose outer iterations write disjoint rows runs in 16 chunks on TG_THREADS threads;
+// each row is computed as it would be alone, so 1, 2 and 3 threads give the same bits. A nest
+// of little work runs on the calling thread.
+namespace {
+Tensor rows_of(int64_t rows, int64_t cols, int salt) {
+    std::vector<float> v(size_t(rows * cols));
+    for (size_t i = 0; i < v.size(); i++) v[i] = float((i * 7 + size_t(salt)) % 23) / 11 - 1;
+    return Tensor::from_vector(v, {rows, cols});
+}
+}  // namespace
+TEST(threads_give_the_same_bits_for_any_count) {
+    Tensor x = rows_of(512, 64, 1), w = rows_of(64, 64, 2), b = rows_of(1, 64, 3);
+    Tensor y = (x.matmul(w) + b).tanh().softmax(1);
+    CHECK(tg::inspect({y}).optimized_ir.find("[parallel: 16 chunks]") != std::string::npos);
+    std::vector<std::vector<float>> runs;
+    for (const char* threads : {"1", "2", "3"}) {
+        EnvGuard env("TG_THREADS", threads);
+        runs.push_back((y * 1.0f).to_vector());
+    }
+    CHECK(runs[0] == runs[1]);
+    CHECK(runs[0] == runs[2]);
+    Tensor small = rows_of(4, 10, 4).exp().sum(1);
+    CHECK(tg::inspect({small}).optimized_ir.find("parallel") == std::string::npos);
+}
+
+// A failed bounds check in one chunk still stops the program before its in-place writes, and
+// the error is the first bad index in loop order, whatever the threads.
+TEST(threads_failed_bounds_check_skips_in_place_writes) {
+    EnvGuard env("TG_THREADS", "2");
+    std::vector<int32_t> ids(4096);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = int32_t(i % 64);
+    ids[3000] = 70;   // out of range
+    ids[3500] = 80;
+    Tensor table = rows_of(64, 32, 5), w = rows_of(1, 32, 6);
+    std::vector<float> before = w.to_vector();
+    Tensor update = w.assign(w + table[Tensor::from_vector(ids)].sum(0, true));
+    std::string ir = tg::inspect({update}).optimized_ir;
+    CHECK(ir.find("[parallel: 16 chunks]") != std::string::npos);
+    CHECK(ir.find("check") != std::string::npos);
+    CHECK_THROWS(update.realize(), "out of range", "got 70");
+    CHECK(w.to_vector() == before);
+}
