@@ -50,6 +50,17 @@ static std::string program_figures(const tg::ProgramInfo& p) {
     return line;
 }
 
+// One workload's line: name, step time (in ms when ms, else us), threads, a result figure of
+// the workload (accuracy or final loss) and the program's figures.
+static void print_line(const char* name, const Timing& t, bool ms, const char* figure,
+                       double value, const tg::ProgramInfo& program) {
+    double scale = ms ? 1e-3 : 1;
+    const char* unit = ms ? "ms" : "us";
+    std::printf("%-10s %9.1f %s/step median %9.1f %s/step min  threads %d  %s %.4f%s\n", name,
+                t.median_us * scale, unit, t.min_us * scale, unit, tg::threads(), figure, value,
+                program_figures(program).c_str());
+}
+
 // A training step as one jitted program: the loss of the batch of indices in[0], its
 // backward and the optimizer's update.
 static tg::Jit training_step(tg::optim::Optimizer& opt,
@@ -94,8 +105,7 @@ static void w1() {
     auto [t, program] =
         trace_and_time(one, int(10 * steps_per_epoch), int(10 * steps_per_epoch), 9);
     double acc = ((mlp(d.X).reshape({-1}) > 0) == (d.Y > 0)).cast(tg::DType::FLOAT32).mean().item();
-    std::printf("W1 moons   %9.1f us/step median %9.1f us/step min  threads %d  accuracy %.4f%s\n",
-                t.median_us, t.min_us, tg::threads(), acc, program_figures(program).c_str());
+    print_line("W1 moons", t, false, "accuracy", acc, program);
 }
 
 // W2: Bengio char MLP, V=27 T=3 E=10 D=200 B=32, no biases, tanh, cross-entropy, SGD lr 0.01;
@@ -121,10 +131,7 @@ static void w2() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 20, 200, 7);
-    std::printf("W2 bengio  %9.1f us/step median %9.1f us/step min  threads %d  final loss %.4f"
-                "%s\n",
-                t.median_us, t.min_us, tg::threads(), last.item(),
-                program_figures(program).c_str());
+    print_line("W2 bengio", t, false, "final loss", last.item(), program);
 }
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
@@ -149,10 +156,7 @@ static void w3() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 2, 2, 3);
-    std::printf("W3 mlp     %9.1f ms/step median %9.1f ms/step min  threads %d  final loss %.4f"
-                "%s\n",
-                t.median_us / 1e3, t.min_us / 1e3, tg::threads(), last.item(),
-                program_figures(program).c_str());
+    print_line("W3 mlp", t, true, "final loss", last.item(), program);
 }
 
 // W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
@@ -221,10 +225,7 @@ static void w5() {
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 5, 10, 7);
-    std::printf("W5 gpt     %9.1f ms/step median %9.1f ms/step min  threads %d  final loss %.4f"
-                "%s\n",
-                t.median_us / 1e3, t.min_us / 1e3, tg::threads(), last.item(),
-                program_figures(program).c_str());
+    print_line("W5 gpt", t, true, "final loss", last.item(), program);
 }
 
 // TG_BENCH=w2,w5 runs those workloads only (all by default)
