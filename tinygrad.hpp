@@ -5115,7 +5115,8 @@ static ProgramFn compile_c(const std::string& src) {
 
 // The threads that run a program's parallel nests: created once, grown to TG_THREADS - 1
 // (read at each run, default the machine's cores); the calling thread works too. One job at a
-// time: a second program running meanwhile (another user thread) runs its chunks itself.
+// time: a second program running meanwhile (another user thread) runs its chunks itself, and
+// so does a child process after fork(), which has none of the parent's threads.
 class ThreadPool {
 public:
     ~ThreadPool() {
@@ -5130,7 +5131,7 @@ public:
     void run(int64_t count, int threads, const std::function<void(int64_t)>& task) {
         std::unique_lock<std::mutex> job(job_, std::try_to_lock);
         int helpers = int(std::min<int64_t>(threads, count)) - 1;
-        if (!job.owns_lock() || helpers <= 0) {
+        if (!job.owns_lock() || helpers <= 0 || getpid() != owner_) {
             for (int64_t c = 0; c < count; c++) task(c);
             return;
         }
@@ -5184,6 +5185,7 @@ private:
     int helpers_ = 0, finished_ = 0;
     uint64_t generation_ = 0;
     bool stop_ = false;
+    pid_t owner_ = getpid();
 };
 
 static int thread_count() {

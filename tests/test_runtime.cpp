@@ -7,6 +7,7 @@
 #include <fstream>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 using tg::Tensor;
 using th::EnvGuard;
@@ -328,4 +329,21 @@ TEST(threads_failed_bounds_check_skips_in_place_writes) {
     CHECK(ir.find("check") != std::string::npos);
     CHECK_THROWS(update.realize(), "out of range", "got 70");
     CHECK(w.to_vector() == before);
+}
+
+// A child process after fork() has none of the pool's threads: it runs the chunks itself
+// instead of waiting for threads that do not exist.
+TEST(threads_after_fork_run_in_the_child) {
+    EnvGuard env("TG_THREADS", "2");
+    Tensor x = rows_of(512, 64, 7), w = rows_of(64, 64, 8);
+    auto value = [&] { return ((x.matmul(w)).tanh().softmax(1) * 1.0f).sum().item(); };
+    double parent = value();   // the pool's thread now exists
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(60);             // a child waiting for a missing thread fails rather than hangs
+        _exit(value() == parent ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
