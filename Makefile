@@ -2,7 +2,7 @@
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
-# make bench      speed figures            make loc   line count of the header
+# make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 # make oracle     random graphs, optimized CPU against the unoptimized interpreter, for
 #                 SEED (default 1) and COUNT (default 1000) graphs
@@ -116,9 +116,15 @@ $(BUILD)/bench: bench/bench.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-# Speed figures: W1 and W2 of shared/bench/WORKLOADS.md (a private compile cache per run).
+# Speed figures: W1, W2, W3 and W5 of shared/bench/WORKLOADS.md (a private compile cache per
+# run). COMPARE=1: interleaved with reference_torch.py, with ratios (bench/compare.sh).
+REFERENCE ?= ../shared/bench/reference_torch.py
 bench: $(BUILD)/bench
+ifeq ($(COMPARE),1)
+	@bench/compare.sh ./$(BUILD)/bench $(REFERENCE)
+else
 	@dir=$$(mktemp -d /tmp/tg-bench-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/bench; rc=$$?; rm -rf $$dir; exit $$rc
+endif
 
 loc:
 	@wc -l tinygrad.hpp
