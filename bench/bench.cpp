@@ -1,11 +1,12 @@
 // bench.cpp — speed of training steps on the workloads of shared/bench/WORKLOADS.md.
 //
-// Prints one line per workload: microseconds per step as the median and the minimum over
-// blocks of steps (after warm-up steps), and the number of threads the kernels ran on
-// (TG_THREADS, default the machine's cores). Each
-// step is a tg::jit replay: one compiled program for forward, backward and update. Compare with
-// reference_torch.py run on the same machine in the same session, as a ratio. Beside each
-// time: the step program's loop nests and temporary bytes (tg::last_program()).
+// Prints one line per workload: time per step as the median and the minimum over blocks of
+// steps (after warm-up steps; W4: GFLOP/s of one 1024^3 product instead), and the number of
+// threads the kernels ran on (TG_THREADS, default the machine's cores). Each training step is
+// a tg::jit replay: one compiled program for forward, backward and update. Compare with
+// reference_torch.py run on the same machine in the same session, as a ratio (make bench
+// COMPARE=1). Beside each time: the step program's loop nests and temporary bytes
+// (tg::last_program()).
 //
 // Build and run: make bench      (or: c++ -std=c++17 -O2 bench/bench.cpp -o bench -ldl)
 #define TINYGRAD_IMPLEMENTATION
@@ -159,6 +160,31 @@ static void w3() {
     print_line("W3 mlp", t, true, "final loss", last.item(), program);
 }
 
+// W4: C = A·B for 1024x1024 float32 A and B from randn, realized (the eager path, as a user
+// writes it); 3 warm-up products, 7 blocks of 10; GFLOP/s at the median and the largest error
+// of C's first 16 rows against a float64 product.
+static void w4() {
+    const int64_t n = 1024;
+    tg::manual_seed(1337);
+    Tensor A = Tensor::randn({n, n}).realize(), B = Tensor::randn({n, n}).realize();
+    Tensor C;
+    auto one = [&] { C = A.matmul(B).realize(); };
+    auto [t, program] = trace_and_time(one, 3, 10, 7);
+    std::vector<float> a = A.to_vector(), b = B.to_vector(), c = C.to_vector();
+    double worst = 0;
+    for (int64_t i = 0; i < 16; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double want = 0;
+            for (int64_t k = 0; k < n; k++)
+                want += double(a[size_t(i * n + k)]) * b[size_t(k * n + j)];
+            worst = std::max(worst, std::fabs(double(c[size_t(i * n + j)]) - want));
+        }
+    double gflop = 2.0 * n * n * n / 1e9;
+    std::printf("W4 matmul  %9.1f GFLOP/s median %7.1f GFLOP/s best  threads %d  max error %.2e\n",
+                gflop / (t.median_us * 1e-6), gflop / (t.min_us * 1e-6), tg::threads(), worst);
+    (void)program;
+}
+
 // W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
 // pre-LayerNorm, MLP 4x with tanh GELU, causal attention, learned positions, batch 16, AdamW lr
 // 1e-3 wd 0.01, next-token cross-entropy on a pool of 4096 random sequences of 65 tokens;
@@ -240,6 +266,7 @@ int main() {
     if (enabled("w1")) w1();
     if (enabled("w2")) w2();
     if (enabled("w3")) w3();
+    if (enabled("w4")) w4();
     if (enabled("w5")) w5();
     return 0;
 }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # compare.sh BENCH REFERENCE — make bench COMPARE=1: our bench and PyTorch's reference script
 # (reference_torch.py, 1 and 2 threads) interleaved, ROUNDS times (default 2); per round and
-# workload, our median, PyTorch's best median and the ratio ours / PyTorch. It needs
-# /usr/bin/python3 with torch (apt-get install -y python3-torch). TG_BENCH picks workloads.
+# workload, our median, PyTorch's best median and the ratio ours / PyTorch (W4 as a time too).
+# It needs /usr/bin/python3 with torch (apt-get install -y python3-torch). TG_BENCH picks
+# workloads.
 set -euo pipefail
 bench=$1 reference=$2
 rounds=${ROUNDS:-2}
-workloads=${TG_BENCH:-w1,w2,w3,w5}
+workloads=${TG_BENCH:-w1,w2,w3,w4,w5}
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
     echo "compare: PyTorch is not installed for /usr/bin/python3 (apt-get install -y python3-torch)"
     exit 1
@@ -19,8 +20,10 @@ for round in $(seq "$rounds"); do
     ours=$(TG_CACHE_DIR=$cache TG_BENCH=$workloads "$bench")
     for w in ${workloads//,/ }; do
         id=$(echo "$w" | tr a-z A-Z)
-        # "W2 bengio  412.4 us/step median ..." -> milliseconds
-        mine=$(echo "$ours" | awk -v id="$id" '$1 == id { v = $3; if ($4 ~ /^us/) v /= 1000; print v }')
+        # "W2 bengio  412.4 us/step median ...", "W4 matmul  1.3 GFLOP/s ..." -> milliseconds
+        mine=$(echo "$ours" | awk -v id="$id" '$1 == id {
+            v = $3; if ($4 ~ /^us/) v /= 1000; if ($4 ~ /^GFLOP/) v = 2 * 1024^3 / (v * 1e6)
+            print v }')
         best=""
         for threads in 1 2; do
             ms=$(OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$reference" --workload "$w" \
