@@ -2743,15 +2743,15 @@ static int64_t op_cost(Op op) {
 // Whether the kernel that computes n would gather (with a bounds check): a gather among the
 // ops inlined into it, down to buffers and other kernels.
 static bool gathers_inside(Node* n, const std::unordered_set<Node*>& materialized) {
-    std::vector<Node*> todo{n};
+    std::vector<Node*> pending{n};
     std::unordered_set<Node*> seen{n};
-    while (!todo.empty()) {
-        Node* m = todo.back();
-        todo.pop_back();
+    while (!pending.empty()) {
+        Node* m = pending.back();
+        pending.pop_back();
         if (m->op == Op::GATHER) return true;
         for (auto& src : m->src)
             if (!src->buffer && !materialized.count(src.get()) && seen.insert(src.get()).second)
-                todo.push_back(src.get());
+                pending.push_back(src.get());
     }
     return false;
 }
