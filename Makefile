@@ -1,6 +1,8 @@
 # make            build every example
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
+# make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
+#                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
@@ -16,7 +18,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-asan test-subset test-asan-subset fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-asan test-subset test-asan-subset fuzz oracle bench loc clean
 all: $(EXAMPLES)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -24,7 +26,7 @@ $(BUILD)/examples/%: examples/%.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp
+$(BUILD)/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp cuda_backend.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c -o $@ $<
 
@@ -33,6 +35,7 @@ $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 	$(CXX) $(CXXFLAGS) -c -o $@ $<
 $(BUILD)/tests/test_fuzz.o: tests/fuzz_targets.hpp
 $(BUILD)/tests/test_oracle.o: tests/random_graphs.hpp
+$(BUILD)/tests/test_cuda.o: cuda_backend.hpp
 
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
@@ -51,6 +54,14 @@ test: $(BUILD)/run_tests $(EXAMPLES) $(PROBES)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
 	./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
+
+CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
+CUDA_GRAPHS ?= 300
+test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
+	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
+	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA ./$(BUILD)/run_tests $(CUDA_TESTS) $(FILTER); rc=$$?; \
+	TG_CACHE_DIR=$$dir TG_ORACLE_DEVICE=CUDA ./$(BUILD)/oracle 1 $(CUDA_GRAPHS) || rc=1; \
+	rm -rf $$dir; exit $$rc
 
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"

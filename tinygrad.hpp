@@ -299,6 +299,7 @@ public:
     DType dtype() const;
     bool defined() const { return node_ != nullptr; }
     bool realized() const;                             // holds a buffer (computed or given)
+    std::string device() const;                        // "CPU", "INTERP", "CUDA", ...
     const std::shared_ptr<detail::Node>& node() const; // the graph node (for tg::detail users)
 
     // elementwise (operators - + * / < <= > >= == != are free functions below)
@@ -383,6 +384,7 @@ public:
 
     // running it
     Tensor& realize();                                 // compute now; keeps the result
+    Tensor to(const std::string& device, Loc loc = Loc::here()) const;  // a copy there
     double item() const;                               // the one value of a 1-element tensor
     template <typename T = float> std::vector<T> to_vector() const;
     std::string to_string() const;                     // as operator<< prints it
@@ -741,10 +743,18 @@ struct Device {
     virtual void copy_in(void* dst, const void* host_src, size_t bytes) = 0;
     virtual void copy_out(void* host_dst, const void* src, size_t bytes) = 0;
     virtual std::shared_ptr<Executable> prepare(const Program& program) = 0;
+    // the source prepare() compiles, for TG_DEBUG (kept as NAME-HASH + source_suffix())
+    virtual std::string source(const Program&) { return ""; }
+    virtual const char* source_suffix() const { return ".c"; }
+    // the passes of TG_PASSES that suit it (CUDA: not the CPU's fusion into row loops)
+    virtual bool runs_pass(const std::string&) const { return true; }
 };
 Device& device(const std::string& name);              // "CPU", "INTERP", or a registered one
 void register_device(const std::string& name, Device* device);
 Device& default_device();                              // $TG_DEVICE, else CPU
+// Called with every program after its passes, before its device prepares it (tests use it to
+// render each program of a run for a second backend). Empty by default.
+std::function<void(const Program&)>& program_observer();
 }  // namespace detail
 
 }  // namespace tg
@@ -1148,7 +1158,7 @@ TG_RAND_SOURCE
         q = q * s2 + 0.96179669392597555;                                                      \
         q = q * s2 + 2.8853900817779268;                                                       \
         r.f = (float)((double)e + s * q);                                                      \
-        uint32_t zero = -(uint32_t)(x == 0.0f), inf = -(uint32_t)(x == INFINITY);              \
+        uint32_t zero = -(uint32_t)(x == 0.0f), inf = -(uint32_t)(x > 3.40282347e+38f);       \
         uint32_t nan = -(uint32_t)(!(x >= 0.0f));                                              \
         r.u = (r.u & ~(zero | inf | nan)) | (0xFF800000u & zero) | (0x7F800000u & inf) |       \
               (0x7FC00000u & nan);                                                             \
@@ -1267,6 +1277,7 @@ struct Node : std::enable_shared_from_this<Node> {
     std::vector<int64_t> arg;         // axes, a new shape, or (begin,end) pairs, per op
     double value = 0;                 // CONST's value, RAND's seed
     std::shared_ptr<Buffer> buffer;   // set once realized (BUFFER nodes have it from the start)
+    Device* device = nullptr;         // where it is computed (node_device); null: a constant
     Loc loc;
     Phase phase = Phase::FORWARD;
     bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
@@ -1330,6 +1341,11 @@ static bool fold_constant(Op op, DType dt, const std::vector<NodeP>& src, double
     return true;
 }
 
+// A node's device: its buffer's once it has one, else the one its operands share, else the
+// default device when it was built. A constant with no storage has none: like a Python number
+// in PyTorch, it is computed on the device of the op that uses it.
+static Device* node_device(const Node* n) { return n->buffer ? n->buffer->device : n->device; }
+
 static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc loc,
                        std::vector<int64_t> arg = {}, double value = 0) {
     if (fold_constant(op, dt, src, value)) {
@@ -1348,6 +1364,20 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     n->phase = current_phase;
     if (no_grad_depth == 0 && dtype_is_float(dt))
         for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
+    const Node* placed = nullptr;   // the first operand with a device
+    for (auto& s : n->src) {
+        Device* d = node_device(s.get());
+        if (!d) continue;
+        if (placed && d != n->device)
+            fail(strf("%s: operands on different devices: %s %s on %s and %s %s on %s; move one "
+                      "with .to()", op_name(op), dtype_name(placed->dtype),
+                      shape_str(placed->shape).c_str(), n->device->name(),
+                      dtype_name(s->dtype), shape_str(s->shape).c_str(), d->name()),
+                 n->loc);
+        placed = s.get();
+        n->device = d;
+    }
+    if (!n->device && op != Op::CONST) n->device = &default_device();
     return n;
 }
 
@@ -4558,10 +4588,12 @@ static std::vector<std::string> passes_selected() {
     return chosen;
 }
 
-static void run_passes(Program& p) {
+static void run_passes(Program& p, const Device* dev = nullptr) {
     std::vector<std::string> chosen = passes_selected();
     for (auto& [name, pass] : PASSES)
-        if (std::find(chosen.begin(), chosen.end(), name) != chosen.end()) pass(p);
+        if (std::find(chosen.begin(), chosen.end(), name) != chosen.end() &&
+            (!dev || dev->runs_pass(name)))
+            pass(p);
 }
 
 // ---- [INTERP] the reference interpreter over the loop IR ------------------------------- >>interp
@@ -5234,6 +5266,7 @@ struct CpuDevice : HostMemoryDevice {
     std::shared_ptr<Executable> prepare(const Program& p) override {
         return std::make_shared<CompiledProgram>(compile_c(render_c(p)));
     }
+    std::string source(const Program& p) override { return render_c(p); }
 };
 
 struct InterpDevice : HostMemoryDevice {
@@ -5268,6 +5301,10 @@ void register_device(const std::string& name, Device* dev) {
     device_table()[upper] = dev;
 }
 Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
+std::function<void(const Program&)>& program_observer() {
+    static std::function<void(const Program&)> observer;
+    return observer;
+}
 
 // ---- [REALIZE] the pipeline as one function of named steps ---------------------------- >>realize
 // schedule → lower → passes → prepare (render + compile, or interpret) → allocate → run →
@@ -5275,11 +5312,11 @@ Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
 // the graph, the loop IR and the C of every program in the cache dir as NAME-HASH.*.
 
 static void keep_artifacts(const Program& p, const std::string& graph, const std::string& ir,
-                           const std::string& c_source) {
+                           const std::string& source, const char* source_suffix) {
     std::string stem = cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(ir)).substr(0, 8);
     write_file_atomic(stem + ".graph", graph);
     write_file_atomic(stem + ".ir", ir);
-    if (!c_source.empty()) write_file_atomic(stem + ".c", c_source);
+    if (!source.empty()) write_file_atomic(stem + source_suffix, source);
 }
 
 // What one run of a program used: the jit keeps it to run the program again.
@@ -5333,8 +5370,22 @@ static void temporaries_of(const Program& p, int& count, int64_t& bytes, int* lo
     }
 }
 
+// The device every target is computed on (constants: the default device).
+static Device* device_of(const std::vector<NodeP>& targets) {
+    Device* dev = nullptr;
+    for (const NodeP& t : targets) {
+        Device* d = node_device(t.get());
+        if (d && dev && d != dev)
+            fail(strf("one program cannot compute on two devices: %s and %s (a jitted step must "
+                      "keep to one)", dev->name(), d->name()), t->loc);
+        if (d) dev = d;
+    }
+    return dev ? dev : &default_device();
+}
+
 static ProgramRun run_program(std::vector<NodeP> targets) {
     auto t0 = std::chrono::steady_clock::now();
+    Device* targets_device = device_of(targets);
     int debug = debug_level();
     ProgramRun run;
     Schedule sched;                                              // 1. kernels and buffers
@@ -5346,11 +5397,11 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     ProgramInfo& info = last_program_info;
     info = ProgramInfo{prog.name, int(prog.blocks.size())};
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
-    run_passes(prog);                                            // 3. passes
+    run_passes(prog, targets_device);                            // 3. passes
     info.nests = int(prog.blocks.size());
     temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
     info.arena_bytes = prog.arena_bytes;
-    Device& dev = default_device();
+    Device& dev = *targets_device;
     if (debug >= 2) {
         std::string ir = program_listing(prog);
         std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(),
@@ -5365,12 +5416,14 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
         if (debug >= 3)
             std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s",
                          before.c_str(), ir.c_str());
-        std::string c_source = std::string(dev.name()) == "CPU" ? render_c(prog) : "";
-        if (debug >= 4 && !c_source.empty())
-            std::fprintf(stderr, "[tg] C source:\n%s", c_source.c_str());
+        std::string source = dev.source(prog);
+        if (debug >= 4 && !source.empty())
+            std::fprintf(stderr, "[tg] %s source:\n%s", dev.name(), source.c_str());
         keep_artifacts(prog, graph_listing(sched.targets),
-                       "before passes:\n" + before + "\nafter passes:\n" + ir, c_source);
+                       "before passes:\n" + before + "\nafter passes:\n" + ir, source,
+                       dev.source_suffix());
     }
+    if (program_observer()) program_observer()(prog);
     Stats at_start = stats();
     run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
     std::vector<void*> ptrs(prog.buffers.size());
@@ -5422,13 +5475,26 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
 
 // realize: the targets plus whatever backward() left pending, in one program (or, while a
 // jit traces, noted for the jit's program). now skips the jit: for storage made on the way.
+// One program per device, in the order each device first appears among the targets.
+static void run_per_device(const std::vector<NodeP>& targets) {
+    std::vector<std::pair<Device*, std::vector<NodeP>>> groups;
+    for (const NodeP& t : targets) {
+        Device* d = node_device(t.get());
+        if (!d) d = &default_device();
+        auto g = std::find_if(groups.begin(), groups.end(), [&](auto& x) { return x.first == d; });
+        if (g == groups.end()) groups.push_back({d, {t}});
+        else g->second.push_back(t);
+    }
+    for (auto& [dev, group] : groups) run_program(group);
+}
+
 static void realize_pending_leaves() {
     std::vector<NodeP> leaves;
     for (auto& w : pending_leaves)
         if (NodeP n = w.lock())
             if (n->leaf && !n->buffer) leaves.push_back(n);
     pending_leaves.clear();
-    if (!leaves.empty()) run_program(leaves);
+    if (!leaves.empty()) run_per_device(leaves);
 }
 
 static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
@@ -5442,11 +5508,11 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
             return;
         }
     }
-    run_program(all);
+    run_per_device(all);
 }
 
-static std::shared_ptr<Buffer> copy_buffer(const Buffer& b) {
-    auto out = std::make_shared<Buffer>(b.device, b.dtype, b.numel);
+static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to = nullptr) {
+    auto out = std::make_shared<Buffer>(to ? to : b.device, b.dtype, b.numel);
     std::vector<char> host(b.bytes());
     b.device->copy_out(host.data(), b.ptr, b.bytes());
     out->device->copy_in(out->ptr, host.data(), b.bytes());
@@ -5518,6 +5584,13 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
             fail(strf("jit: input %zu is %s %s, traced as %s %s", i, dtype_name(inputs[i].dtype()),
                       shape_str(inputs[i].shape()).c_str(), dtype_name(st.input_dtypes[i]),
                       shape_str(st.input_shapes[i]).c_str()));
+    for (size_t i = 0; i < inputs.size(); i++) {
+        if (st.input_slots[i] < 0) continue;
+        Device* traced_on = st.run.buffers[size_t(st.input_slots[i])]->device;
+        if (inputs[i].node()->buffer->device != traced_on)
+            fail(strf("jit: input %zu is on %s, traced on %s", i, inputs[i].device().c_str(),
+                      traced_on->name()));
+    }
     auto t0 = std::chrono::steady_clock::now();
     std::vector<void*> ptrs;
     for (auto& b : st.run.buffers) ptrs.push_back(b->ptr);
@@ -5577,6 +5650,34 @@ void realize(const std::vector<Tensor>& tensors) {
 Tensor& Tensor::realize() {
     realize_nodes({node()});
     return *this;
+}
+
+std::string Tensor::device() const {
+    Device* d = node_device(node().get());
+    return (d ? d : &default_device())->name();
+}
+
+// The value, computed on its device and copied. A leaf that requires grad gives a new leaf
+// there (a parameter moved before training); gradients do not flow through the copy.
+Tensor Tensor::to(const std::string& name, Loc loc) const {
+    UserLocScope at(loc);
+    Device& dst = detail::device(name);
+    const NodeP& n = node();
+    if (node_device(n.get()) == &dst) return *this;
+    if (n->requires_grad && !n->leaf)
+        fail(strf("to: the tensor (%s %s on %s) is computed from tensors that require grad, and "
+                  "gradients do not flow between devices; move the leaves (parameters, inputs) "
+                  "before building the graph, or detach() it", dtype_name(n->dtype),
+                  shape_str(n->shape).c_str(), device().c_str()), loc);
+    if (jit_capture)
+        fail("to: a jitted step cannot move tensors between devices; move them before the step",
+             loc);
+    if (!n->buffer) realize_nodes({n}, true);
+    NodeP out = node_make(Op::BUFFER, n->dtype, n->shape, {}, n->loc);
+    out->buffer = copy_buffer(*n->buffer, &dst);
+    Tensor t = wrap(out);
+    if (n->leaf) t.requires_grad();
+    return t;
 }
 
 // ---- [READ] reading results: item, to_vector, printing ----------------------------------- >>read

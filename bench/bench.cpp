@@ -8,9 +8,13 @@
 // COMPARE=1). Beside each time: the step program's loop nests and temporary bytes
 // (tg::last_program()).
 //
+// TG_DEVICE=CUDA runs them on the GPU (W4 then also at n = 4096; W7, the larger GPT, runs when
+// TG_BENCH names it). Compare with reference_torch_gpu.py, run on that machine in the same call.
+//
 // Build and run: make bench      (or: c++ -std=c++17 -O2 bench/bench.cpp -o bench -ldl)
 #define TINYGRAD_IMPLEMENTATION
 #include "../tinygrad.hpp"
+#include "../cuda_backend.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -160,11 +164,10 @@ static void w3() {
     print_line("W3 mlp", t, true, "final loss", last.item(), program);
 }
 
-// W4: C = A·B for 1024x1024 float32 A and B from randn, realized (the eager path, as a user
-// writes it); 3 warm-up products, 7 blocks of 10; GFLOP/s at the median and the largest error
-// of C's first 16 rows against a float64 product.
-static void w4() {
-    const int64_t n = 1024;
+// W4: C = A·B for n×n float32 A and B from randn, realized (the eager path, as a user writes
+// it); 3 warm-up products, 7 blocks of 10; GFLOP/s at the median and the largest error of C's
+// first 16 rows against a float64 product.
+static void w4(int64_t n) {
     tg::manual_seed(1337);
     Tensor A = Tensor::randn({n, n}).realize(), B = Tensor::randn({n, n}).realize();
     Tensor C;
@@ -180,15 +183,17 @@ static void w4() {
             worst = std::max(worst, std::fabs(double(c[size_t(i * n + j)]) - want));
         }
     double gflop = 2.0 * n * n * n / 1e9;
-    std::printf("W4 matmul  %9.1f GFLOP/s median %7.1f GFLOP/s best  threads %d  max error %.2e\n",
-                gflop / (t.median_us * 1e-6), gflop / (t.min_us * 1e-6), tg::threads(), worst);
+    std::printf("W4 matmul  %9.1f GFLOP/s median %7.1f GFLOP/s best  threads %d  max error %.2e"
+                "  n %lld\n", gflop / (t.median_us * 1e-6), gflop / (t.min_us * 1e-6),
+                tg::threads(), worst, (long long)n);
     (void)program;
 }
 
 // W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
 // pre-LayerNorm, MLP 4x with tanh GELU, causal attention, learned positions, batch 16, AdamW lr
 // 1e-3 wd 0.01, next-token cross-entropy on a pool of 4096 random sequences of 65 tokens;
-// 5 warm-up steps, 7 blocks of 10
+// 5 warm-up steps, 7 blocks of 10. W7: the same at vocab 256, context 256, d_model 512,
+// 8 heads, 6 layers, batch 32; 5 warm-up steps, 5 blocks of 10.
 struct GPTBlock {
     int64_t d, heads;
     nn::LayerNorm ln1, ln2;
@@ -218,8 +223,9 @@ struct GPTBlock {
     }
 };
 
-static void w5() {
-    const int64_t vocab = 64, ctx = 64, d = 128, heads = 4, layers = 2, B = 16, pool = 4096;
+static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t heads,
+                int64_t layers, int64_t B, int blocks_timed) {
+    const int64_t pool = 4096;
     std::mt19937 rng(1337);
     std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
     std::vector<int32_t> seqs(size_t(pool * (ctx + 1)));
@@ -250,8 +256,8 @@ static void w5() {
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
-    auto [t, program] = trace_and_time(one, 5, 10, 7);
-    print_line("W5 gpt", t, true, "final loss", last.item(), program);
+    auto [t, program] = trace_and_time(one, 5, 10, blocks_timed);
+    print_line(name, t, true, "final loss", last.item(), program);
 }
 
 // TG_BENCH=w2,w5 runs those workloads only (all by default)
@@ -263,10 +269,14 @@ static bool enabled(const char* workload) {
 }
 
 int main() {
+    bool cuda = tg::detail::default_device().name() == std::string("CUDA");
+    std::printf("device %s\n", tg::detail::default_device().name());
     if (enabled("w1")) w1();
     if (enabled("w2")) w2();
     if (enabled("w3")) w3();
-    if (enabled("w4")) w4();
-    if (enabled("w5")) w5();
+    if (enabled("w4")) w4(1024);
+    if (enabled("w4") && cuda) w4(4096);
+    if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);
+    if (std::getenv("TG_BENCH") && enabled("w7")) gpt("W7 gpt", 256, 256, 512, 8, 6, 32, 5);
     return 0;
 }

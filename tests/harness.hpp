@@ -1,7 +1,9 @@
 // The test harness: TEST registers a case, CHECK* record failures without stopping the case,
 // SKIP ends a case as skipped with a reason, TEST_CHILD marks a case that runs only in a child
-// process. tests/main.cpp runs the cases whose names contain the first argument (all when
-// none) and ends with "N passed, N failed, N skipped".
+// process, TEST_LAST one that runs after all the others (it looks at what they did).
+// tests/main.cpp runs the cases whose names contain one of its arguments, or whose file is
+// one named (test_ops.cpp), all when there are none, and ends with "N passed, N failed,
+// N skipped".
 #pragma once
 #include "../tinygrad.hpp"
 #include <cmath>
@@ -13,12 +15,13 @@
 #include <vector>
 
 namespace th {
-struct Case { const char* name; void (*fn)(); const char* file; bool child_only; };
+struct Case { const char* name; void (*fn)(); const char* file; bool child_only, last; };
 inline std::vector<Case>& cases() { static std::vector<Case> all; return all; }
 inline int& failures() { static int n = 0; return n; }
 struct Register {
-    Register(const char* n, void (*f)(), const char* file, bool child_only = false) {
-        cases().push_back({n, f, file, child_only});
+    Register(const char* n, void (*f)(), const char* file, bool child_only = false,
+             bool last = false) {
+        cases().push_back({n, f, file, child_only, last});
     }
 };
 struct Skip { std::string reason; };
@@ -164,6 +167,11 @@ inline bool near(double a, double b, double tol) {
 #define TEST_CHILD(name)                                                                       \
     static void test_##name();                                                                 \
     static th::Register register_##name(#name, test_##name, __FILE__, true);                  \
+    static void test_##name()
+
+#define TEST_LAST(name)                                                                        \
+    static void test_##name();                                                                 \
+    static th::Register register_##name(#name, test_##name, __FILE__, false, true);           \
     static void test_##name()
 
 #define SKIP(reason) throw th::Skip{reason}

@@ -1824,9 +1824,14 @@ inline std::string listing(const Graph& g) {
 
 // ---- running on both devices and comparing -------------------------------------------------
 
+// OPTIMIZED_CPU runs on $TG_ORACLE_DEVICE when set (CUDA on a machine with a GPU).
 enum class Mode { OPTIMIZED_CPU, REFERENCE_INTERP };
+inline const char* optimized_device() {
+    const char* d = std::getenv("TG_ORACLE_DEVICE");
+    return d && *d ? d : "CPU";
+}
 inline const char* mode_name(Mode m) {
-    return m == Mode::OPTIMIZED_CPU ? "CPU" : "INTERP (TG_PASSES=none)";
+    return m == Mode::OPTIMIZED_CPU ? optimized_device() : "INTERP (TG_PASSES=none)";
 }
 
 // Sets TG_DEVICE and TG_PASSES for one mode (tinygrad reads them each time it builds a program
@@ -1837,7 +1842,7 @@ public:
         save("TG_DEVICE");
         save("TG_PASSES");
         if (mode == Mode::OPTIMIZED_CPU) {
-            setenv("TG_DEVICE", "CPU", 1);
+            setenv("TG_DEVICE", optimized_device(), 1);
             unsetenv("TG_PASSES");
         } else {
             setenv("TG_DEVICE", "INTERP", 1);

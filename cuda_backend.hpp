@@ -1,0 +1,840 @@
+/* cuda_backend.hpp - the CUDA device for tinygrad.hpp: the same loop IR, rendered as CUDA C,
+   compiled by NVRTC and run through the CUDA driver API. Optional, like the GPU itself.
+
+   Use: include it after tinygrad.hpp, and in the one file that defines TINYGRAD_IMPLEMENTATION
+   include it there too, after tinygrad.hpp:
+
+       #define TINYGRAD_IMPLEMENTATION
+       #include "tinygrad.hpp"
+       #include "cuda_backend.hpp"
+
+   That registers the device "CUDA": TG_DEVICE=CUDA makes it the default, Tensor::to("CUDA")
+   and to("CPU") move data. Build with -ldl only: libcuda.so.1 (the driver) and libnvrtc.so are
+   opened with dlopen at first use, and a machine without them gets a tg::Error that names the
+   library or call that failed.
+
+   How a program runs on the GPU. Each loop nest of the program (a Block of the loop IR, after
+   the same passes as on the CPU) becomes one kernel. Its outer loops, as long as each
+   iteration writes its own part of every buffer it writes (the test the CPU's parallel_loops
+   pass uses), become one grid of threads; what is inside them runs in each thread in the
+   loop IR's order, so a result does not depend on the launch and is the same on every run.
+   Bounds checks write the failing site into a small device buffer, which is read back after
+   the program; a nest that writes in place starts by looking at it, so a failed check still
+   prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
+   kernel after its nest and stops the program there.
+
+   Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
+   under a key of source, architecture, NVRTC's version and options, and in memory per
+   process. Floating-point contraction is off (--fmad=false), as on the CPU: a value computed
+   again in another kernel must have the same bits (max's gradient compares them).
+   TG_DEBUG >= 2 keeps each program's .cu beside its .ir listing; TG_DEBUG >= 4 compiles with
+   device debug information and line numbers (-G -lineinfo) under the name of that .cu, so
+   cuda-gdb stops inside a generated kernel and shows its source.
+
+   Memory: freed buffers return to a cache of blocks by size class and are reused; when an
+   allocation fails, the cache is released and the allocation tried again. All work goes to
+   one stream of the device, so reusing a block is ordered after the kernels that used it. */
+#ifndef TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
+#define TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
+
+#include "tinygrad.hpp"
+
+namespace tg {
+namespace cuda {
+// The driver loads and a GPU is present (false, with the reason in *why, otherwise).
+bool available(std::string* why = nullptr);
+// NVRTC loads (the GPU is not needed to compile).
+bool nvrtc_available(std::string* why = nullptr);
+// Waits until every copy and kernel queued on the CUDA device has finished.
+void synchronize();
+}  // namespace cuda
+
+namespace detail {
+// CUDA C for a program: one __global__ function per nest, named k0, k1, ... (extern "C").
+std::string render_cuda(const Program& program);
+// NVRTC: CUDA C to a CUBIN for sm_<arch> (e.g. 90); a compile error is a tg::Error with
+// NVRTC's log. name: the file name that line information and messages use.
+std::string nvrtc_compile(const std::string& source, int arch, const std::string& name = "tg.cu",
+                          bool debug_info = false);
+}  // namespace detail
+}  // namespace tg
+
+#endif  // TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
+
+#if defined(TINYGRAD_IMPLEMENTATION) && !defined(TINYGRAD_CUDA_IMPLEMENTATION_DONE)
+#define TINYGRAD_CUDA_IMPLEMENTATION_DONE
+#ifndef TINYGRAD_IMPLEMENTATION_DONE
+#error "cuda_backend.hpp: include tinygrad.hpp (with TINYGRAD_IMPLEMENTATION) first"
+#endif
+
+namespace tg {
+namespace detail {
+
+// ---- [CUDA LOADER] the driver API and NVRTC, opened with dlopen ------------------------------
+// Only the calls used here, with the types of cuda.h written out (handles are pointers,
+// device addresses 64-bit integers), so nothing of CUDA is needed to build.
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUhandle = void*;   // CUcontext, CUmodule, CUfunction, CUstream, CUevent
+enum : int {
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+};
+
+struct CudaDriver {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGetCount)(int*);
+    CUresult (*cuDeviceGet)(CUdevice*, int);
+    CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+    CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUhandle*, CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUhandle);
+    CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUhandle);
+    CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUhandle);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUhandle);
+    CUresult (*cuModuleLoadData)(CUhandle*, const void*);
+    CUresult (*cuModuleGetFunction)(CUhandle*, CUhandle, const char*);
+    CUresult (*cuLaunchKernel)(CUhandle, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUhandle, void**, void**);
+    CUresult (*cuStreamCreate)(CUhandle*, unsigned);
+    CUresult (*cuStreamSynchronize)(CUhandle);
+    CUresult (*cuGetErrorName)(CUresult, const char**);
+    CUresult (*cuGetErrorString)(CUresult, const char**);
+};
+
+using nvrtcResult = int;
+struct Nvrtc {
+    nvrtcResult (*nvrtcVersion)(int*, int*);
+    nvrtcResult (*nvrtcCreateProgram)(void**, const char*, const char*, int, const char* const*,
+                                      const char* const*);
+    nvrtcResult (*nvrtcCompileProgram)(void*, int, const char* const*);
+    nvrtcResult (*nvrtcGetProgramLogSize)(void*, size_t*);
+    nvrtcResult (*nvrtcGetProgramLog)(void*, char*);
+    nvrtcResult (*nvrtcGetCUBINSize)(void*, size_t*);
+    nvrtcResult (*nvrtcGetCUBIN)(void*, char*);
+    nvrtcResult (*nvrtcDestroyProgram)(void**);
+    const char* (*nvrtcGetErrorString)(nvrtcResult);
+    int major = 0, minor = 0;
+};
+
+// Opens the first library of names that loads and looks up every symbol; the reason it could
+// not, otherwise.
+static bool open_library(const std::vector<const char*>& names,
+                         const std::vector<std::pair<const char*, void**>>& symbols,
+                         std::string& why) {
+    void* lib = nullptr;
+    std::string first_error;
+    for (const char* n : names) {
+        if ((lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+        const char* e = dlerror();
+        if (first_error.empty()) first_error = e ? e : n;
+    }
+    if (!lib) {
+        why = "cannot load " + std::string(names[0]) + " (" + first_error + ")";
+        return false;
+    }
+    for (auto& [name, slot] : symbols)
+        if (!(*slot = dlsym(lib, name))) {
+            why = std::string(names[0]) + " has no " + name + " (too old?)";
+            return false;
+        }
+    return true;
+}
+
+#define TG_SYM(table, name, symbol) {symbol, reinterpret_cast<void**>(&table.name)}
+
+// The driver, loaded once; null with *why set when it cannot be.
+static const CudaDriver* cuda_driver(std::string* why) {
+    static CudaDriver d;
+    static std::string failure;
+    static bool loaded = [] {
+        return open_library(
+            {"libcuda.so.1", "libcuda.so"},
+            {TG_SYM(d, cuInit, "cuInit"), TG_SYM(d, cuDeviceGetCount, "cuDeviceGetCount"),
+             TG_SYM(d, cuDeviceGet, "cuDeviceGet"),
+             TG_SYM(d, cuDeviceGetAttribute, "cuDeviceGetAttribute"),
+             TG_SYM(d, cuDeviceGetName, "cuDeviceGetName"),
+             TG_SYM(d, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+             TG_SYM(d, cuCtxSetCurrent, "cuCtxSetCurrent"),
+             TG_SYM(d, cuMemAlloc, "cuMemAlloc_v2"), TG_SYM(d, cuMemFree, "cuMemFree_v2"),
+             TG_SYM(d, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+             TG_SYM(d, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+             TG_SYM(d, cuMemsetD8Async, "cuMemsetD8Async"),
+             TG_SYM(d, cuModuleLoadData, "cuModuleLoadData"),
+             TG_SYM(d, cuModuleGetFunction, "cuModuleGetFunction"),
+             TG_SYM(d, cuLaunchKernel, "cuLaunchKernel"),
+             TG_SYM(d, cuStreamCreate, "cuStreamCreate"),
+             TG_SYM(d, cuStreamSynchronize, "cuStreamSynchronize"),
+             TG_SYM(d, cuGetErrorName, "cuGetErrorName"),
+             TG_SYM(d, cuGetErrorString, "cuGetErrorString")},
+            failure);
+    }();
+    if (!loaded && why) *why = "CUDA: " + failure + "; is the NVIDIA driver installed?";
+    return loaded ? &d : nullptr;
+}
+
+static const Nvrtc* nvrtc(std::string* why) {
+    static Nvrtc n;
+    static std::string failure;
+    static bool loaded = [] {
+        bool ok = open_library(
+            {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"},
+            {TG_SYM(n, nvrtcVersion, "nvrtcVersion"),
+             TG_SYM(n, nvrtcCreateProgram, "nvrtcCreateProgram"),
+             TG_SYM(n, nvrtcCompileProgram, "nvrtcCompileProgram"),
+             TG_SYM(n, nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize"),
+             TG_SYM(n, nvrtcGetProgramLog, "nvrtcGetProgramLog"),
+             TG_SYM(n, nvrtcGetCUBINSize, "nvrtcGetCUBINSize"),
+             TG_SYM(n, nvrtcGetCUBIN, "nvrtcGetCUBIN"),
+             TG_SYM(n, nvrtcDestroyProgram, "nvrtcDestroyProgram"),
+             TG_SYM(n, nvrtcGetErrorString, "nvrtcGetErrorString")},
+            failure);
+        if (ok) n.nvrtcVersion(&n.major, &n.minor);
+        return ok;
+    }();
+    if (!loaded && why)
+        *why = "CUDA: " + failure + "; NVRTC comes with the CUDA toolkit (add its lib directory "
+               "to LD_LIBRARY_PATH)";
+    return loaded ? &n : nullptr;
+}
+#undef TG_SYM
+
+static std::string cu_error(const CudaDriver& d, CUresult r) {
+    const char *name = nullptr, *text = nullptr;
+    d.cuGetErrorName(r, &name);
+    d.cuGetErrorString(r, &text);
+    return strf("%s (%s)", name ? name : strf("error %d", r).c_str(), text ? text : "?");
+}
+
+// ---- [CUDA RENDER] loop IR → CUDA C -----------------------------------------------------------
+// The C renderer's statements and expressions, with CUDA's dialect: __device__ helpers, fixed-
+// width integer types defined here (NVRTC has no standard headers), the grid's thread index in
+// place of the outer loops, and bounds checks that report through an atomic compare-and-swap.
+
+// Whether the iterations of loop (in block k, inside the loops that are run as threads)
+// write disjoint parts of every buffer written (chunked, as in pass_parallel_loops), with no
+// array declared around it (in the body of loop `around`, -1: the kernel's) that they share.
+static bool iterations_disjoint(const Program& p, size_t k, const Stmt& loop, int around) {
+    for (const ProgramBuffer& pb : p.buffers)
+        if (pb.local_block == int(k) && pb.local_loop == around) return false;
+    const Block& b = p.blocks[k];
+    BlockAccesses uses = block_accesses(b);
+    std::map<int, Chunk> chunks;
+    for (const Access& a : uses.accesses) {
+        if (!uses.writes(a.buffer) || p.buffers[size_t(a.buffer)].local_block == int(k)) continue;
+        if (!chunked(a.idx, loop, b.extents, chunks[a.buffer])) return false;
+    }
+    return true;
+}
+
+static void acc_updates(const std::vector<Stmt>& body, std::unordered_set<int>& out) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_UPDATE) out.insert(st.id);
+        acc_updates(st.body, out);
+    }
+}
+static bool stores(const std::vector<Stmt>& body) {
+    for (const Stmt& st : body)
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD || stores(st.body)) return true;
+    return false;
+}
+
+// How a nest runs. Its outer loops, while each is the whole body of the one before and its
+// iterations are disjoint, are the grid: one item each. An item is one thread, which runs the
+// rest (body) as the loop IR says; or, for a nest of few items with long reductions
+// (cooperative), a block of CUDA_BLOCK_THREADS threads that split each loop of the body in a
+// fixed way (thread l takes iterations l, l + 256, ...) and combine their partial results in
+// a fixed tree (tg_block_reduce), so the result is the same on every run.
+static const int CUDA_BLOCK_THREADS = 256;
+static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
+struct KernelPlan {
+    std::vector<const Stmt*> grid;      // loops, outermost first
+    const std::vector<Stmt>* body;      // what each item runs
+    int64_t items = 1;
+    bool cooperative = false;
+    int64_t blocks() const {
+        return cooperative ? items : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
+    }
+};
+
+// A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
+// or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
+// all levels together, are split over the threads (and combined in tg_block_reduce's order).
+static bool reduction_chain(const Stmt& loop, int acc, Op op, std::vector<const Stmt*>& loops,
+                            ExprP& value) {
+    if (loop.kind != SK::LOOP) return false;
+    loops.push_back(&loop);
+    const std::vector<Stmt>& b = loop.body;
+    if (b.size() == 1 && b[0].kind == SK::ACC_UPDATE && b[0].id == acc && b[0].op == op) {
+        value = b[0].val;
+        return true;
+    }
+    bool identity = b.size() == 3 && b[0].kind == SK::ACC_INIT && b[0].op == op &&
+                    (op == Op::REDUCE_SUM ? is_const(b[0].val, 0)
+                                          : b[0].val->kind == EK::CONST &&
+                                                std::isinf(b[0].val->num) && b[0].val->num < 0);
+    return identity && b[2].kind == SK::ACC_UPDATE && b[2].id == acc && b[2].op == op &&
+           b[2].val->kind == EK::ACC && b[2].val->id == b[0].id &&
+           reduction_chain(b[1], b[0].id, op, loops, value);
+}
+// The accumulator a chain reduces into (-1: the loop is not one).
+static int chain_acc(const Stmt& loop, std::vector<const Stmt*>& loops, ExprP& value) {
+    std::unordered_set<int> updated;
+    acc_updates(loop.body, updated);
+    for (int acc : updated)
+        for (Op op : {Op::REDUCE_SUM, Op::REDUCE_MAX}) {
+            loops.clear();
+            if (reduction_chain(loop, acc, op, loops, value)) return acc;
+        }
+    return -1;
+}
+
+// A body runs cooperatively when each statement is an accumulator's initialisation or update,
+// a check, a store, a reduction chain into an accumulator of 32 or 64 bits, a loop that
+// stores and updates no accumulator outside it, or a loop (run by every thread) whose body
+// runs cooperatively. Arrays of the nest rule it out (each thread would have its own).
+static bool cooperative_body(const Program& p, size_t k, const std::vector<Stmt>& body,
+                             std::unordered_map<int, DType>& accs) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_INIT) accs[st.id] = st.dtype;
+        if (st.kind != SK::LOOP) continue;
+        std::vector<const Stmt*> loops;
+        ExprP value;
+        int acc = chain_acc(st, loops, value);
+        if (acc >= 0) {
+            auto declared = accs.find(acc);
+            if (declared == accs.end() || declared->second == DType::BOOL ||
+                declared->second == DType::INDEX)
+                return false;
+            continue;
+        }
+        std::unordered_set<int> updated;
+        acc_updates(st.body, updated);
+        bool outer = false;
+        for (int a : updated) outer = outer || accs.count(a);
+        if (!outer) {
+            if (!stores(st.body)) return false;   // nothing it does would be kept
+            continue;
+        }
+        if (!cooperative_body(p, k, st.body, accs)) return false;
+    }
+    return true;
+}
+
+static KernelPlan plan_kernel(const Program& p, size_t k) {
+    const Block& b = p.blocks[k];
+    KernelPlan plan;
+    plan.body = &b.body;
+    int around = -1;
+    while (plan.body->size() == 1 && (*plan.body)[0].kind == SK::LOOP &&
+           iterations_disjoint(p, k, (*plan.body)[0], around)) {
+        const Stmt& loop = (*plan.body)[0];
+        plan.grid.push_back(&loop);
+        plan.items *= b.extents[size_t(loop.id)];
+        around = loop.id;
+        plan.body = &loop.body;
+    }
+    bool arrays = false;
+    for (const ProgramBuffer& pb : p.buffers) arrays = arrays || pb.local_block == int(k);
+    std::unordered_map<int, DType> accs;
+    plan.cooperative = plan.items <= COOPERATIVE_MAX_ITEMS && !arrays &&
+                       loop_work(*plan.body, b.extents) >= COOPERATIVE_MIN_WORK &&
+                       cooperative_body(p, k, *plan.body, accs);
+    return plan;
+}
+
+// The body of a cooperative item (see KernelPlan and cooperative_body). Every thread runs
+// every statement at this level with the same values, so the __syncthreads() in the block
+// reductions and after each write are reached by all of them; a store is done by thread 0.
+static void cooperative_stmts(const Program& p, size_t k, const std::vector<Stmt>& body,
+                              std::unordered_map<int, Op>& accs, int depth, int& next_tmp,
+                              std::string& out) {
+    const Block& b = p.blocks[k];
+    const std::map<int, std::string> no_arrays;
+    std::string pad(size_t(depth) * 4, ' ');
+    std::unordered_set<int> zero;   // accumulators that hold 0 since their initialisation
+    for (const Stmt& st : body) {
+        if (st.kind != SK::LOOP) {
+            std::string part;
+            bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
+            c_stmts({st}, b.extents, no_arrays, depth + store, next_tmp, part);
+            if (st.kind == SK::ACC_INIT) accs[st.id] = st.op;
+            if (st.kind == SK::ACC_INIT && is_const(st.val, 0)) zero.insert(st.id);
+            else zero.erase(st.id);
+            if (store)
+                part = pad + "if (threadIdx.x == 0) {\n" + part + pad + "}\n" + pad +
+                       "__syncthreads();\n";
+            out += part;
+            continue;
+        }
+        std::vector<const Stmt*> chain;
+        ExprP value;
+        int acc = chain_acc(st, chain, value);
+        if (acc >= 0) {   // thread l takes the chain's flat iterations l, l + 256, ...
+            Op op = accs.at(acc);
+            int64_t n = 1;
+            for (const Stmt* l : chain) n *= b.extents[size_t(l->id)];
+            if (op == Op::REDUCE_SUM && !zero.count(acc))   // what it holds: counted once
+                out += strf("%sif (threadIdx.x != 0) acc%d = 0;\n", pad.c_str(), acc);
+            zero.erase(acc);
+            out += strf("%sfor (int64_t f = threadIdx.x; f < %lldLL; f += %d) {\n", pad.c_str(),
+                        (long long)n, CUDA_BLOCK_THREADS);
+            for (size_t l = chain.size(); l-- > 0;) {
+                int id = chain[l]->id;
+                long long e = (long long)b.extents[size_t(id)];
+                out += strf("%s    int64_t i%d = f", pad.c_str(), id);
+                for (size_t m = l + 1; m < chain.size(); m++)
+                    out += strf(" / %lldLL", (long long)b.extents[size_t(chain[m]->id)]);
+                out += l == 0 ? ";\n" : strf(" %% %lldLL;\n", e);
+            }
+            Stmt update = chain.back()->body[0];   // the innermost acc op= value, into acc
+            update.id = acc;
+            c_stmts({update}, b.extents, no_arrays, depth + 1, next_tmp, out);
+            out += pad + "}\n";
+            out += strf("%sacc%d = tg_block_reduce<%d>(acc%d);\n", pad.c_str(), acc,
+                        op == Op::REDUCE_MAX ? 1 : 0, acc);
+            continue;
+        }
+        std::unordered_set<int> updated;
+        acc_updates(st.body, updated);
+        bool outer = false;
+        for (int a : updated) outer = outer || accs.count(a);
+        long long n = (long long)b.extents[size_t(st.id)];
+        if (outer) {   // every thread runs every iteration; the body cooperates
+            out += strf("%sfor (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", pad.c_str(), st.id,
+                        st.id, n, st.id);
+            cooperative_stmts(p, k, st.body, accs, depth + 1, next_tmp, out);
+            out += pad + "}\n";
+            continue;
+        }
+        std::string loop;   // stores only: split when its iterations write apart
+        if (iterations_disjoint(p, k, st, -1))
+            loop = strf("%sfor (int64_t i%d = threadIdx.x; i%d < %lldLL; i%d += %d) {\n",
+                        pad.c_str(), st.id, st.id, n, st.id, CUDA_BLOCK_THREADS);
+        else
+            loop = strf("%sif (threadIdx.x == 0) for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n",
+                        pad.c_str(), st.id, st.id, n, st.id);
+        c_stmts(st.body, b.extents, no_arrays, depth + 1, next_tmp, loop);
+        out += loop + pad + "}\n" + pad + "__syncthreads();\n";
+    }
+}
+
+static std::string cuda_prelude(const std::string& body) {
+    std::string out =
+        "/* generated by tinygrad.hpp (cuda_backend.hpp) */\n"
+        "typedef unsigned char uint8_t;\ntypedef int int32_t;\ntypedef unsigned int uint32_t;\n"
+        "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\n"
+        "#define INT64_MAX 9223372036854775807LL\n#define INT64_MIN (-INT64_MAX - 1)\n"
+        "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fc00000)\n";
+    // a block-wide reduction in a fixed order: within each warp by shuffles (lane l takes lane
+    // l + 16, then l + 8, ...), then the warps' results in the first warp the same way; every
+    // thread gets the total
+    const char* block_reduce =
+        "static __device__ __forceinline__ float tg_combine(float a, float b, int max) {\n"
+        "    return max ? (a > b || a != a ? a : b) : a + b;\n}\n"
+        "static __device__ __forceinline__ double tg_combine(double a, double b, int max) {\n"
+        "    return max ? (a > b || a != a ? a : b) : a + b;\n}\n"
+        "static __device__ __forceinline__ int32_t tg_combine(int32_t a, int32_t b, int max) {\n"
+        "    return max ? (a > b ? a : b) : (int32_t)((uint32_t)a + (uint32_t)b);\n}\n"
+        "static __device__ __forceinline__ int64_t tg_combine(int64_t a, int64_t b, int max) {\n"
+        "    return max ? (a > b ? a : b) : (int64_t)((uint64_t)a + (uint64_t)b);\n}\n"
+        "template <int MAX, typename T> static __device__ T tg_block_reduce(T v) {\n"
+        "    __shared__ T part[32];\n"
+        "    __syncthreads();\n"
+        "    for (int o = 16; o > 0; o /= 2) v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
+        "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
+        "    __syncthreads();\n"
+        "    if (threadIdx.x < 32) {\n"
+        "        const int warps = blockDim.x >> 5;\n"
+        "        v = (int)threadIdx.x < warps ? part[threadIdx.x] : MAX ? part[0] : (T)0;\n"
+        "        for (int o = 16; o > 0; o /= 2) v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
+        "        if (threadIdx.x == 0) part[0] = v;\n"
+        "    }\n"
+        "    __syncthreads();\n"
+        "    return part[0];\n"
+        "}\n";
+    if (body.find("tg_block_reduce<") != std::string::npos) out += block_reduce;
+    // the first failed check wins; the others leave err alone
+    const char* check =
+        "static __device__ __forceinline__ int64_t tg_check(int64_t i, int64_t n, int site,\n"
+        "                                                   int64_t *err) {\n"
+        "    if (i >= 0 && i < n) return i;\n"
+        "    if (atomicCAS((unsigned long long *)err, 0ull, (unsigned long long)(site + 1)) "
+        "== 0ull)\n        err[1] = i;\n"
+        "    return 0;\n"
+        "}\n";
+    for (auto& [name, code] : C_HELPERS) {
+        if (body.find(name) == std::string::npos) continue;
+        if (std::string(name) == "tg_check(") { out += check; continue; }
+        std::string c = code;
+        for (size_t at; (at = c.find("static inline")) != std::string::npos;)
+            c.replace(at, 13, "static __device__ __forceinline__");
+        out += c;
+    }
+    return out;
+}
+
+std::string render_cuda(const Program& p) {
+    std::string out;
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        const Block& b = p.blocks[k];
+        BlockAccesses uses = block_accesses(b);
+        std::string params;
+        std::map<int, std::string> arrays;   // by loop variable; -1: the kernel's
+        for (size_t i = 0; i < p.buffers.size(); i++) {
+            bool writes = uses.writes(int(i));
+            if (!writes && !uses.reads(int(i))) continue;
+            const ProgramBuffer& pb = p.buffers[i];
+            if (pb.local_block == int(k)) {
+                arrays[pb.local_loop] += strf("%s buf%zu[%lld];\n", c_type(pb.dtype), i,
+                                              (long long)pb.numel);
+                continue;
+            }
+            params += strf("%s%s *__restrict__ buf%zu, ", writes ? "" : "const ",
+                           c_type(pb.dtype), i);
+        }
+        KernelPlan plan = plan_kernel(p, k);
+        out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
+        out += strf("extern \"C\" __global__ void __launch_bounds__(%d) k%zu(%sint64_t *err) {\n",
+                    CUDA_BLOCK_THREADS, k, params.c_str());
+        if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
+            out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
+                   "    __syncthreads();\n    if (failed) return;\n";
+        if (plan.cooperative)
+            out += "    int64_t t = blockIdx.x;\n";
+        else
+            out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+                        "    if (t >= %lldLL) return;\n",
+                        CUDA_BLOCK_THREADS, (long long)plan.items);
+        if (plan.grid.empty()) out += "    (void)t;\n";
+        for (size_t l = plan.grid.size(); l-- > 0;) {
+            int id = plan.grid[l]->id;
+            if (l == 0) out += strf("    int64_t i%d = t;\n", id);
+            else {
+                long long n = (long long)b.extents[size_t(id)];
+                out += strf("    int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", id, n, n);
+            }
+        }
+        if (arrays.count(-1)) out += "    " + arrays[-1];
+        int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
+        if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
+        int next_tmp = 0;
+        std::unordered_map<int, Op> accs;
+        if (plan.cooperative) cooperative_stmts(p, k, *plan.body, accs, 1, next_tmp, out);
+        else c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
+        out += "}\n";
+    }
+    // TG_CHECK's scan: the element reported is one that is not finite (not always the first)
+    bool scans = false;
+    for (const Block& b : p.blocks) scans = scans || b.finite_site >= 0;
+    if (scans)
+        for (const char* t : {"float", "double"})
+            out += strf("\nextern \"C\" __global__ void tg_finite_%s(const %s *x, int64_t n, "
+                        "int site, int64_t *err) {\n"
+                        "    int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+                        "    if (i >= n || x[i] - x[i] == 0) return;\n"
+                        "    if (atomicCAS((unsigned long long *)err, 0ull, "
+                        "(unsigned long long)(site + 1)) == 0ull)\n"
+                        "        err[1] = 2 * i + (x[i] == x[i]);\n"
+                        "}\n",
+                        t, t, CUDA_BLOCK_THREADS);
+    return cuda_prelude(out) + out;
+}
+
+// ---- [CUDA COMPILE] NVRTC, with the disk cache ---------------------------------------------
+std::string nvrtc_compile(const std::string& source, int arch, const std::string& name,
+                          bool debug_info) {
+    std::string why;
+    const Nvrtc* nv = nvrtc(&why);
+    if (!nv) fail(why);
+    std::vector<std::string> options = {strf("--gpu-architecture=sm_%d", arch), "--fmad=false",
+                                        "-std=c++17"};
+    if (debug_info) { options.push_back("-G"); options.push_back("-lineinfo"); }
+    std::string key = hex16(fnv1a64(source + '\0' + std::to_string(arch) + '\0' +
+                                    strf("nvrtc %d.%d", nv->major, nv->minor) + '\0' +
+                                    (debug_info ? "debug" : "")));
+    static std::unordered_map<std::string, std::string> compiled;   // guarded by runtime_mutex
+    std::string path = cache_dir() + "/" + key + ".cubin", sum = path + ".sum", cubin, recorded;
+    {
+        std::lock_guard<std::mutex> lock(runtime_mutex);
+        auto hit = compiled.find(key);
+        if (hit != compiled.end()) { global_stats.memory_cache_hits++; return hit->second; }
+        if (read_file(path, cubin) && read_file(sum, recorded) && recorded == so_checksum(cubin) &&
+            private_file(path)) {
+            global_stats.disk_cache_hits++;
+            return compiled[key] = cubin;
+        }
+    }
+    // compiled without the lock: NVRTC compiles programs on several threads at once
+    auto t0 = std::chrono::steady_clock::now();
+    void* prog = nullptr;
+    nvrtcResult r = nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
+    if (r) fail(strf("CUDA: nvrtcCreateProgram failed: %s", nv->nvrtcGetErrorString(r)));
+    std::vector<const char*> opts;
+    for (auto& o : options) opts.push_back(o.c_str());
+    r = nv->nvrtcCompileProgram(prog, int(opts.size()), opts.data());
+    size_t log_size = 0;
+    nv->nvrtcGetProgramLogSize(prog, &log_size);
+    std::string log(log_size, '\0');
+    if (log_size) nv->nvrtcGetProgramLog(prog, &log[0]);
+    if (r) {
+        nv->nvrtcDestroyProgram(&prog);
+        std::string kept = cache_dir() + "/" + key + ".cu";
+        write_file_atomic(kept, source);
+        fail(strf("CUDA: NVRTC %d.%d could not compile %s for sm_%d: %s\n%s\nsource kept at %s",
+                  nv->major, nv->minor, name.c_str(), arch, nv->nvrtcGetErrorString(r),
+                  log.c_str(), kept.c_str()));
+    }
+    size_t size = 0;
+    nv->nvrtcGetCUBINSize(prog, &size);
+    cubin.assign(size, '\0');
+    if (size) nv->nvrtcGetCUBIN(prog, &cubin[0]);
+    nv->nvrtcDestroyProgram(&prog);
+    write_file_atomic(path, cubin);
+    write_file_atomic(sum, so_checksum(cubin));
+    std::lock_guard<std::mutex> lock(runtime_mutex);
+    global_stats.compiles++;
+    global_stats.compile_seconds += seconds_since(t0);
+    return compiled[key] = cubin;
+}
+
+// ---- [CUDA DEVICE] context, stream, memory, programs ---------------------------------------
+struct CudaKernel {
+    CUhandle fn = nullptr;
+    std::vector<int> buffers;   // its arguments before err
+    int64_t blocks = 1;
+    int finite_site = -1, finite_buffer = -1;
+    int64_t finite_count = 0;
+    DType finite_dtype = DType::FLOAT32;
+};
+
+class CudaDevice : public Device {
+public:
+    const char* name() const override { return "CUDA"; }
+
+    // The driver, a context on GPU 0 current on this thread, and the stream: at first use.
+    const CudaDriver& driver() {
+        std::lock_guard<std::mutex> lock(m_);
+        if (!ready_) start();
+        d_->cuCtxSetCurrent(context_);
+        return *d_;
+    }
+    void check(CUresult r, const char* call) {
+        if (r) fail(strf("CUDA: %s failed: %s", call, cu_error(*d_, r).c_str()));
+    }
+    CUhandle stream() { driver(); return stream_; }
+    int arch() { driver(); return arch_; }
+
+    void* alloc(size_t bytes) override {
+        const CudaDriver& d = driver();
+        size_t size = size_class(bytes);
+        std::lock_guard<std::mutex> lock(m_);
+        auto cached = free_.find(size);
+        if (cached != free_.end()) {
+            CUdeviceptr p = cached->second;
+            free_.erase(cached);
+            sizes_[p] = size;
+            return reinterpret_cast<void*>(p);
+        }
+        CUdeviceptr p = 0;
+        CUresult r = d.cuMemAlloc(&p, size);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {   // give the cached blocks back and try again
+            d.cuStreamSynchronize(stream_);
+            for (auto& [s, block] : free_) d.cuMemFree(block);
+            free_.clear();
+            r = d.cuMemAlloc(&p, size);
+        }
+        if (r)
+            fail(strf("CUDA: cuMemAlloc of %zu bytes failed: %s", size, cu_error(d, r).c_str()));
+        sizes_[p] = size;
+        return reinterpret_cast<void*>(p);
+    }
+    void free(void* ptr) override {
+        std::lock_guard<std::mutex> lock(m_);
+        auto p = CUdeviceptr(ptr);
+        auto it = sizes_.find(p);
+        if (it == sizes_.end()) return;
+        free_.insert({it->second, p});
+        sizes_.erase(it);
+    }
+    void copy_in(void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        const CudaDriver& d = driver();
+        check(d.cuMemcpyHtoDAsync(CUdeviceptr(dst), src, bytes, stream_), "cuMemcpyHtoDAsync");
+        check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");   // src may go away
+    }
+    void copy_out(void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        const CudaDriver& d = driver();
+        check(d.cuMemcpyDtoHAsync(dst, CUdeviceptr(src), bytes, stream_), "cuMemcpyDtoHAsync");
+        check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    }
+    void synchronize() { check(driver().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+
+    std::shared_ptr<Executable> prepare(const Program& p) override;
+    std::string source(const Program& p) override { return render_cuda(p); }
+    const char* source_suffix() const override { return ".cu"; }
+    // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
+    // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
+    // serial loops (W3's step: 256 threads where unfused nests give 262,144).
+    bool runs_pass(const std::string& pass) const override {
+        return pass != "fuse_loops" && pass != "local_temps";
+    }
+
+private:
+    // sizes up to 4 KiB in steps of 256 bytes, then four classes per power of two (a block
+    // wastes less than a fifth)
+    static size_t size_class(size_t bytes) {
+        if (bytes <= 4096) return std::max<size_t>(256, (bytes + 255) / 256 * 256);
+        size_t top = 4096;
+        while (top * 2 < bytes) top *= 2;
+        size_t step = top / 4;
+        return (bytes + step - 1) / step * step;
+    }
+    void start() {
+        std::string why;
+        d_ = cuda_driver(&why);
+        if (!d_) fail(why);
+        CUresult r = d_->cuInit(0);
+        if (r) fail("CUDA: cuInit failed: " + cu_error(*d_, r));
+        int count = 0;
+        check(d_->cuDeviceGetCount(&count), "cuDeviceGetCount");
+        if (count == 0) fail("CUDA: cuDeviceGetCount found no GPU");
+        CUdevice dev = 0;
+        check(d_->cuDeviceGet(&dev, 0), "cuDeviceGet");
+        int major = 0, minor = 0;
+        check(d_->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+              "cuDeviceGetAttribute");
+        check(d_->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+              "cuDeviceGetAttribute");
+        arch_ = major * 10 + minor;
+        check(d_->cuDevicePrimaryCtxRetain(&context_, dev), "cuDevicePrimaryCtxRetain");
+        check(d_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+        check(d_->cuStreamCreate(&stream_, 0), "cuStreamCreate");
+        ready_ = true;
+    }
+
+    std::mutex m_;
+    bool ready_ = false;
+    const CudaDriver* d_ = nullptr;
+    CUhandle context_ = nullptr, stream_ = nullptr;
+    int arch_ = 0;
+    std::multimap<size_t, CUdeviceptr> free_;          // cached blocks by size class
+    std::unordered_map<CUdeviceptr, size_t> sizes_;    // blocks in use
+};
+
+static CudaDevice& cuda_device() {
+    static CudaDevice* device = new CudaDevice;   // never destroyed: buffers outlive main()
+    return *device;
+}
+
+struct CudaProgram : Executable {
+    CudaDevice& dev;
+    CUhandle module = nullptr;
+    std::vector<CudaKernel> kernels;
+    void* err_buffer;   // int64_t[2] on the device
+    explicit CudaProgram(CudaDevice& d) : dev(d), err_buffer(d.alloc(16)) {}
+    ~CudaProgram() override { dev.free(err_buffer); }
+
+    void launch(CUhandle fn, int64_t blocks, std::vector<void*>& args) {
+        if (blocks == 0) return;   // a nest over an empty tensor
+        std::vector<void*> params;
+        for (void*& a : args) params.push_back(&a);
+        dev.check(dev.driver().cuLaunchKernel(fn, unsigned(blocks), 1, 1, CUDA_BLOCK_THREADS, 1, 1, 0,
+                                              dev.stream(), params.data(), nullptr),
+                  "cuLaunchKernel");
+    }
+    bool read_err(int64_t* err) {
+        const CudaDriver& d = dev.driver();
+        dev.check(d.cuMemcpyDtoHAsync(err, CUdeviceptr(err_buffer), 16, dev.stream()),
+                  "cuMemcpyDtoHAsync");
+        dev.check(d.cuStreamSynchronize(dev.stream()), "cuStreamSynchronize (a kernel failed)");
+        return err[0] != 0;
+    }
+    void run(void* const* buffers, int64_t* err) override {
+        const CudaDriver& d = dev.driver();
+        dev.check(d.cuMemsetD8Async(CUdeviceptr(err_buffer), 0, 16, dev.stream()),
+                  "cuMemsetD8Async");
+        for (const CudaKernel& k : kernels) {
+            std::vector<void*> args;
+            for (int b : k.buffers) args.push_back(buffers[b]);
+            args.push_back(err_buffer);
+            launch(k.fn, k.blocks, args);
+            if (k.finite_site < 0) continue;
+            CUhandle scan = nullptr;
+            const char* scan_name =
+                k.finite_dtype == DType::FLOAT32 ? "tg_finite_float" : "tg_finite_double";
+            dev.check(d.cuModuleGetFunction(&scan, module, scan_name), "cuModuleGetFunction");
+            int site = k.finite_site;
+            int64_t count = k.finite_count;
+            std::vector<void*> scan_args = {buffers[k.finite_buffer], nullptr, nullptr,
+                                            err_buffer};
+            std::vector<void*> params = {&scan_args[0], &count, &site, &scan_args[3]};
+            unsigned blocks = unsigned((count + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS);
+            if (blocks == 0) continue;
+            dev.check(d.cuLaunchKernel(scan, blocks, 1, 1, CUDA_BLOCK_THREADS, 1, 1, 0,
+                                       dev.stream(), params.data(), nullptr),
+                      "cuLaunchKernel");
+            if (read_err(err)) return;   // the nests after it do not run, as on the CPU
+        }
+        read_err(err);
+    }
+};
+
+std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
+    std::string src = render_cuda(p);
+    int debug = debug_level();
+    std::string name = p.name + ".cu";
+    if (debug >= 2)   // the file TG_DEBUG keeps: cuda-gdb finds the kernels' source there
+        name = cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(program_listing(p))).substr(0, 8) +
+               ".cu";
+    std::string cubin = nvrtc_compile(src, arch(), name, debug >= 4);
+    auto exe = std::make_shared<CudaProgram>(*this);
+    const CudaDriver& d = driver();
+    check(d.cuModuleLoadData(&exe->module, cubin.data()), "cuModuleLoadData");
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        const Block& b = p.blocks[k];
+        CudaKernel kernel;
+        std::string fn = strf("k%zu", k);
+        check(d.cuModuleGetFunction(&kernel.fn, exe->module, fn.c_str()), "cuModuleGetFunction");
+        BlockAccesses uses = block_accesses(b);
+        for (size_t i = 0; i < p.buffers.size(); i++)
+            if ((uses.reads(int(i)) || uses.writes(int(i))) && p.buffers[i].local_block != int(k))
+                kernel.buffers.push_back(int(i));
+        kernel.blocks = plan_kernel(p, k).blocks();
+        kernel.finite_site = b.finite_site;
+        kernel.finite_buffer = b.finite_buffer;
+        kernel.finite_count = b.finite_count;
+        if (b.finite_buffer >= 0) kernel.finite_dtype = p.buffers[size_t(b.finite_buffer)].dtype;
+        exe->kernels.push_back(kernel);
+    }
+    return exe;
+}
+
+static const bool cuda_registered = [] {
+    register_device("CUDA", &cuda_device());
+    return true;
+}();
+
+}  // namespace detail
+
+namespace cuda {
+bool available(std::string* why) {
+    try {
+        detail::cuda_device().driver();
+        return true;
+    } catch (const Error& e) {
+        if (why) *why = e.what();
+        return false;
+    }
+}
+bool nvrtc_available(std::string* why) { return detail::nvrtc(why) != nullptr; }
+void synchronize() { detail::cuda_device().synchronize(); }
+}  // namespace cuda
+}  // namespace tg
+
+#endif  // TINYGRAD_CUDA_IMPLEMENTATION_DONE

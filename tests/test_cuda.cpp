@@ -1,0 +1,295 @@
+// The CUDA device (cuda_backend.hpp) and the device seam: tensors know their device, to()
+// moves them, ops mixing devices fail. Without a GPU: every program the test run builds is
+// rendered to CUDA C and compiled by NVRTC for sm_90 (skipped when NVRTC is absent), and the
+// CUDA device fails with a clear error. With a GPU: ops, gradients, bounds checks and the
+// allocator on CUDA against the CPU (make test-cuda also runs the op, gradient and training
+// tests with TG_DEVICE=CUDA).
+#include "harness.hpp"
+#include "../cuda_backend.hpp"
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <dirent.h>
+#include <mutex>
+#include <set>
+#include <thread>
+
+using tg::Tensor;
+using th::EnvGuard;
+
+namespace {
+
+// Every program of this run, rendered for CUDA as it is prepared for its own device.
+struct Rendered {
+    std::vector<std::pair<std::string, std::string>> programs;   // name, CUDA source
+    std::set<uint64_t> seen;
+    std::vector<std::string> render_errors;
+};
+Rendered& rendered() {
+    static Rendered r;
+    return r;
+}
+uint64_t hash_of(const std::string& s) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+const bool collecting = [] {
+    if (!tg::cuda::nvrtc_available()) return false;
+    tg::detail::program_observer() = [](const tg::detail::Program& p) {
+        Rendered& r = rendered();
+        try {
+            std::string src = tg::detail::render_cuda(p);
+            if (r.seen.insert(hash_of(src)).second) r.programs.push_back({p.name, src});
+        } catch (const std::exception& e) {
+            r.render_errors.push_back(p.name + ": " + e.what());
+        }
+    };
+    return true;
+}();
+
+// Many programs in one NVRTC call, each in a namespace of its own (their kernels lose their C
+// names, which would collide); a batch that fails is compiled program by program to name the
+// one at fault.
+std::vector<std::string> compile_all(const std::vector<std::pair<std::string, std::string>>& ps) {
+    std::vector<std::string> failures;
+    std::mutex m;
+    const size_t batch = 64;
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t first; (first = next.fetch_add(batch)) < ps.size();) {
+        size_t last = std::min(ps.size(), first + batch);
+        std::string unit;
+        for (size_t i = first; i < last; i++) {
+            std::string src = ps[i].second;
+            for (size_t at; (at = src.find("extern \"C\" ")) != std::string::npos;)
+                src.erase(at, 11);
+            unit += "namespace p" + std::to_string(i) + " {\n" + src + "}\n";
+        }
+        try {
+            tg::detail::nvrtc_compile(unit, 90, "batch.cu");
+        } catch (const tg::Error&) {
+            for (size_t i = first; i < last; i++) try {
+                    tg::detail::nvrtc_compile(ps[i].second, 90, ps[i].first + ".cu");
+                } catch (const tg::Error& e) {
+                    std::lock_guard<std::mutex> lock(m);
+                    failures.push_back(e.what());
+                }
+        }
+      }
+    };
+    std::vector<std::thread> threads;   // a thread per core: the batches are independent
+    for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); t++)
+        threads.emplace_back(work);
+    work();
+    for (std::thread& t : threads) t.join();
+    return failures;
+}
+
+bool gpu(std::string* why = nullptr) { return tg::cuda::available(why); }
+
+std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+
+}  // namespace
+
+// ---- the device seam, with INTERP as the second device --------------------------------------
+
+TEST(device_each_tensor_knows_its_device) {
+    EnvGuard cpu("TG_DEVICE", "CPU");   // also under make test-cuda
+    Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3});
+    CHECK_EQ(a.device(), std::string("CPU"));
+    Tensor b = a.to("INTERP");
+    CHECK_EQ(b.device(), std::string("INTERP"));
+    CHECK_EQ((b * 2 + 1).device(), std::string("INTERP"));   // constants follow
+    CHECK_ALL_NEAR(values((b * 2 + 1).exp()), values((a * 2 + 1).exp()), 1e-6);
+    CHECK_EQ(b.to("interp").node(), b.node());                 // already there: itself
+    CHECK_ALL_NEAR(values(b.to("CPU")), (std::vector<float>{1, 2, 3}), 0);
+    cpu.set("INTERP");
+    CHECK_EQ(Tensor::ones({2}).device(), std::string("INTERP"));
+    CHECK_EQ(a.device(), std::string("CPU"));                  // made before: stays
+}
+
+TEST(device_mixing_is_an_error_naming_both) {
+    EnvGuard cpu("TG_DEVICE", "CPU");   // also under make test-cuda
+    Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3});
+    Tensor b = Tensor::from_vector(std::vector<float>{4, 5, 6}).to("INTERP");
+    CHECK_THROWS(a + b, "ADD", "different devices", "float32 [3] on CPU",
+                 "float32 [3] on INTERP", "test_cuda.cpp");
+    CHECK_THROWS(a.matmul(b.reshape({3, 1})), "different devices", "CPU", "INTERP");
+    CHECK_THROWS(a.to("TPU"), "unknown device 'TPU'", "CPU", "INTERP");
+}
+
+TEST(device_moved_leaf_trains_there) {
+    EnvGuard cpu("TG_DEVICE", "CPU");   // also under make test-cuda
+    Tensor w = Tensor::from_vector(std::vector<float>{0.5f, -1.0f}).requires_grad();
+    Tensor wi = w.to("INTERP");
+    CHECK(wi.tracks_grad());
+    Tensor x = Tensor::from_vector(std::vector<float>{2, 3}).to("INTERP");
+    (wi * x).sum().backward();
+    CHECK_EQ(wi.grad().device(), std::string("INTERP"));
+    CHECK_ALL_NEAR(values(wi.grad()), (std::vector<float>{2, 3}), 0);
+    CHECK(!w.grad().defined());   // the copy's gradient stays with the copy
+    CHECK_THROWS((w * 2).to("INTERP"), "to:", "require grad", "detach", "test_cuda.cpp");
+}
+
+TEST(device_jit_keeps_to_its_device) {
+    EnvGuard cpu("TG_DEVICE", "CPU");   // also under make test-cuda
+    tg::Jit step([](const std::vector<Tensor>& in) { return (in[0] * 3).sum(); });
+    Tensor x = Tensor::from_vector(std::vector<float>{1, 2});
+    CHECK_NEAR(step({x}).item(), 9, 0);
+    CHECK_NEAR(step({x}).item(), 9, 0);
+    CHECK_THROWS(step({x.to("INTERP")}), "jit: input 0 is on INTERP, traced on CPU");
+    tg::Jit moving([](const std::vector<Tensor>& in) { return in[0].to("INTERP"); });
+    CHECK_THROWS(moving({x}), "to:", "jitted step");
+}
+
+// A backward on one device and a read on another run as two programs, one per device.
+TEST(device_pending_work_runs_per_device) {
+    EnvGuard cpu("TG_DEVICE", "CPU");   // also under make test-cuda
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2}).to("INTERP").requires_grad();
+    (w * w).sum().backward();
+    Tensor c = Tensor::from_vector(std::vector<float>{5});
+    CHECK_NEAR((c * 2).item(), 10, 0);
+    CHECK_ALL_NEAR(values(w.grad()), (std::vector<float>{2, 4}), 0);
+}
+
+// ---- CUDA without a GPU ------------------------------------------------------------------------
+
+TEST(cuda_without_a_driver_is_a_clear_error) {
+    std::string why;
+    if (gpu()) SKIP("a GPU is present (the GPU cases test the device)");
+    CHECK(!tg::cuda::available(&why));
+    CHECK(why.find("CUDA: ") == 0);
+    // which library or call failed
+    CHECK(why.find("libcuda.so.1") != std::string::npos || why.find("cu") != std::string::npos);
+    Tensor a = Tensor::from_vector(std::vector<float>{1, 2});
+    CHECK_THROWS(a.to("CUDA"), "CUDA: ");
+    EnvGuard dev("TG_DEVICE", "CUDA");
+    CHECK_THROWS(Tensor::ones({2}).to_vector(), "CUDA: ");
+}
+
+TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
+    Tensor a = Tensor::randn({64, 32}, 1).realize(), b = Tensor::randn({32, 16}, 2).realize();
+    tg::detail::Program captured;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { captured = p; };
+    a.matmul(b).relu().sum(1).realize();
+    tg::detail::program_observer() = saved;
+    std::string cu = tg::detail::render_cuda(captured);
+    CHECK(cu.find("extern \"C\" __global__") != std::string::npos);
+    CHECK(cu.find("blockIdx.x") != std::string::npos);
+    CHECK(cu.find("if (t >= 64LL) return;") != std::string::npos);   // one thread per row
+    CHECK(cu.find("#include") == std::string::npos);                 // NVRTC: no headers
+    std::string why;
+    if (!tg::cuda::nvrtc_available(&why)) SKIP("NVRTC is absent: " + why);
+    std::string cubin = tg::detail::nvrtc_compile(cu, 90, "matmul.cu");
+    CHECK(cubin.size() > 4 && std::memcmp(cubin.data(), "\x7f" "ELF", 4) == 0);
+    CHECK_THROWS(tg::detail::nvrtc_compile("__global__ void k() { undefined_name; }", 90, "bad.cu"),
+                 "NVRTC", "bad.cu", "undefined_name", "sm_90");
+}
+
+TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
+    std::string why;
+    if (!tg::cuda::nvrtc_available(&why)) SKIP("NVRTC is absent: " + why);
+    CHECK(collecting);
+    // a few programs of its own, so that it compiles something when run alone
+    Tensor x = Tensor::randn({16, 8}, 3).requires_grad();
+    Tensor idx = Tensor::from_vector(std::vector<int32_t>{0, 2, 5});
+    Tensor loss = (x.index_select(0, idx).softmax(-1) * x.sum(0)).tanh().mean();
+    loss.backward();
+    x.assign(x - x.grad() * 0.1f).realize();
+    {
+        EnvGuard check("TG_CHECK", "1");
+        (x.exp2().log2() + x.abs().sqrt().sin().cos()).realize();
+    }
+    Rendered& r = rendered();
+    for (const std::string& e : r.render_errors) th::report(__FILE__, __LINE__, e);
+    CHECK(r.programs.size() >= 3);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> failures = compile_all(r.programs);
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t i = 0; i < failures.size() && i < 5; i++)
+        th::report(__FILE__, __LINE__, failures[i]);
+    CHECK_EQ(failures.size(), size_t(0));
+    std::printf("    %zu programs rendered for CUDA and compiled by NVRTC for sm_90 in %.1f s\n",
+                r.programs.size(), seconds);
+}
+
+// ---- CUDA on a GPU -----------------------------------------------------------------------------
+
+#define NEED_GPU()                                                                             \
+    do {                                                                                       \
+        std::string why_;                                                                      \
+        if (!gpu(&why_)) SKIP("no GPU: " + why_);                                             \
+    } while (0)
+
+TEST(cuda_ops_and_gradients_match_the_cpu) {
+    NEED_GPU();
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor a = Tensor::randn({33, 65}, 11).requires_grad();
+        Tensor b = Tensor::randn({65, 17}, 12).requires_grad();
+        Tensor h = a.matmul(b).gelu(true);
+        Tensor loss = (h.log_softmax(-1) * h.sigmoid()).sum() + h.max(0).sum() +
+                      a.abs().sqrt().mean() + h.exp2().min();
+        loss.backward();
+        std::vector<float> out = {float(loss.item())};
+        for (float v : values(a.grad())) out.push_back(v);
+        for (float v : values(b.grad())) out.push_back(v);
+        return out;
+    };
+    std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-4);
+    CHECK(cuda == run("CUDA"));   // the same bits on every run
+}
+
+TEST(cuda_failed_check_is_an_error_and_skips_in_place_writes) {
+    NEED_GPU();
+    EnvGuard dev("TG_DEVICE", "CUDA");
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}).contiguous().realize();
+    Tensor bad = Tensor::from_vector(std::vector<int32_t>{1, 9, 0, 2});
+    CHECK_THROWS(w.assign(w + w.gather(0, bad)).realize(), "gather", "got 9", "test_cuda.cpp");
+    CHECK_ALL_NEAR(values(w), (std::vector<float>{1, 2, 3, 4}), 0);
+    EnvGuard check("TG_CHECK", "1");
+    CHECK_THROWS((w.log() - 2 * w.log()).sqrt().realize(), "NaN");
+}
+
+TEST(cuda_memory_is_reused_and_copies_round_trip) {
+    NEED_GPU();
+    tg::detail::Device& d = tg::detail::device("CUDA");
+    void* p = d.alloc(1000);
+    d.free(p);
+    void* q = d.alloc(1000);
+    CHECK_EQ(p, q);   // the freed block came back
+    std::vector<int64_t> host = {1, -2, 3}, back(3);
+    d.copy_in(q, host.data(), 24);
+    d.copy_out(back.data(), q, 24);
+    CHECK(back == host);
+    d.free(q);
+    Tensor big = Tensor::ones({1 << 20}).to("CUDA");
+    CHECK_EQ(big.sum().item(), double(1 << 20));
+}
+
+TEST(cuda_debug_keeps_the_cu_source) {
+    NEED_GPU();
+    char tmpl[] = "/tmp/tg-cuda-debug-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    {
+        EnvGuard cache("TG_CACHE_DIR", dir.c_str());
+        EnvGuard debug("TG_DEBUG", "2");
+        EnvGuard dev("TG_DEVICE", "CUDA");
+        (Tensor::randn({7}, 4) * 3).realize();
+    }
+    int cu = 0;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 3 && n.compare(n.size() - 3, 3, ".cu") == 0 && n.find('-') != n.npos)
+                cu++;
+        }
+        closedir(d);
+    }
+    CHECK(cu >= 1);
+    if (std::system(("rm -rf " + dir).c_str()) != 0) th::report(__FILE__, __LINE__, "rm failed");
+}
