@@ -215,13 +215,13 @@ static std::string cu_error(const CudaDriver& d, CUresult r) {
 // width integer types defined here (NVRTC has no standard headers), the grid's thread index in
 // place of the outer loops, and bounds checks that report through an atomic compare-and-swap.
 
-// Whether the iterations of loop (in block k, inside the loops that are run as threads)
+// Whether the iterations of loop (in nest b, block k, inside the loops that run as threads)
 // write disjoint parts of every buffer written (chunked, as in pass_parallel_loops), with no
 // array declared around it (in the body of loop `around`, -1: the kernel's) that they share.
-static bool iterations_disjoint(const Program& p, size_t k, const Stmt& loop, int around) {
+static bool iterations_disjoint(const Program& p, size_t k, const Block& b, const Stmt& loop,
+                                int around) {
     for (const ProgramBuffer& pb : p.buffers)
         if (pb.local_block == int(k) && pb.local_loop == around) return false;
-    const Block& b = p.blocks[k];
     BlockAccesses uses = block_accesses(b);
     std::map<int, Chunk> chunks;
     for (const Access& a : uses.accesses) {
@@ -243,7 +243,8 @@ static bool stores(const std::vector<Stmt>& body) {
     return false;
 }
 
-// How a nest runs. Its outer loops, while each is the whole body of the one before and its
+// How a nest runs. Its outer loops, while each is the whole body of the one before (after
+// accumulators that are set and never updated: values every thread computes) and its
 // iterations are disjoint, are the grid: one item each. An item is one thread, which runs the
 // rest (body) as the loop IR says; or, for a nest of few items with long reductions
 // (cooperative), a block of CUDA_BLOCK_THREADS threads that split each loop of the body in a
@@ -253,7 +254,9 @@ static const int CUDA_BLOCK_THREADS = 256;
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
 struct KernelPlan {
     std::vector<const Stmt*> grid;      // loops, outermost first
-    const std::vector<Stmt>* body;      // what each item runs
+    const Stmt* serial = nullptr;       // a loop around the grid's, run inside each item
+    std::vector<const Stmt*> values;    // accumulators set once around the grid loops
+    const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
     int64_t items = 1;
     bool cooperative = false;
     int64_t blocks() const {
@@ -297,7 +300,7 @@ static int chain_acc(const Stmt& loop, std::vector<const Stmt*>& loops, ExprP& v
 // a check, a store, a reduction chain into an accumulator of 32 or 64 bits, a loop that
 // stores and updates no accumulator outside it, or a loop (run by every thread) whose body
 // runs cooperatively. Arrays of the nest rule it out (each thread would have its own).
-static bool cooperative_body(const Program& p, size_t k, const std::vector<Stmt>& body,
+static bool cooperative_body(const Block& b, const std::vector<Stmt>& body,
                              std::unordered_map<int, DType>& accs) {
     for (const Stmt& st : body) {
         if (st.kind == SK::ACC_INIT) accs[st.id] = st.dtype;
@@ -320,19 +323,50 @@ static bool cooperative_body(const Program& p, size_t k, const std::vector<Stmt>
             if (!stores(st.body)) return false;   // nothing it does would be kept
             continue;
         }
-        if (!cooperative_body(p, k, st.body, accs)) return false;
+        if (!cooperative_body(b, st.body, accs)) return false;
     }
     return true;
 }
 
-static KernelPlan plan_kernel(const Program& p, size_t k) {
-    const Block& b = p.blocks[k];
+// Whether the iterations of loop m, directly inside loop l, touch disjoint parts of every
+// buffer written over all iterations of l as well: the part of m's iteration is its chunk
+// plus a base that depends on l (a row picked by index, as a scatter does) only in whole
+// multiples of the span of m's chunks. Then m can run as the grid with l inside each thread,
+// which keeps l's order for each part (a scatter sums its rows in order).
+static bool columns_disjoint(const Block& b, const Stmt& m) {
+    BlockAccesses uses = block_accesses(b);
+    std::map<int, Chunk> chunks;
+    for (const Access& a : uses.accesses) {
+        if (!uses.writes(a.buffer)) continue;
+        Chunk& c = chunks[a.buffer];
+        if (!chunked(a.idx, m, b.extents, c)) return false;
+        int64_t span = c.stride * b.extents[size_t(m.id)];
+        Linear base;
+        base.add(1, c.base);
+        if (base.constant % span) return false;
+        for (auto& [coef, term] : base.terms)
+            if (coef % span) return false;
+    }
+    return true;
+}
+
+static KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     KernelPlan plan;
     plan.body = &b.body;
     int around = -1;
-    while (plan.body->size() == 1 && (*plan.body)[0].kind == SK::LOOP &&
-           iterations_disjoint(p, k, (*plan.body)[0], around)) {
-        const Stmt& loop = (*plan.body)[0];
+    std::unordered_set<int> updated;
+    acc_updates(b.body, updated);
+    for (;;) {   // [values...] loop: the values are computed by every thread
+        const std::vector<Stmt>& body = *plan.body;
+        size_t values = 0;
+        while (values < body.size() && body[values].kind == SK::ACC_INIT &&
+               !updated.count(body[values].id))
+            values++;
+        if (values + 1 != body.size() || body[values].kind != SK::LOOP ||
+            !iterations_disjoint(p, k, b, body[values], around))
+            break;
+        const Stmt& loop = body[values];
+        for (size_t i = 0; i < values; i++) plan.values.push_back(&body[i]);
         plan.grid.push_back(&loop);
         plan.items *= b.extents[size_t(loop.id)];
         around = loop.id;
@@ -340,20 +374,59 @@ static KernelPlan plan_kernel(const Program& p, size_t k) {
     }
     bool arrays = false;
     for (const ProgramBuffer& pb : p.buffers) arrays = arrays || pb.local_block == int(k);
+    const std::vector<Stmt>& body = *plan.body;
+    if (plan.grid.empty() && !arrays && body.size() == 1 && body[0].kind == SK::LOOP &&
+        body[0].body.size() == 1 && body[0].body[0].kind == SK::LOOP &&
+        columns_disjoint(b, body[0].body[0])) {
+        plan.serial = &body[0];
+        plan.grid.push_back(&body[0].body[0]);
+        plan.items = b.extents[size_t(body[0].body[0].id)];
+        plan.body = &body[0].body[0].body;
+        return plan;
+    }
     std::unordered_map<int, DType> accs;
     plan.cooperative = plan.items <= COOPERATIVE_MAX_ITEMS && !arrays &&
                        loop_work(*plan.body, b.extents) >= COOPERATIVE_MIN_WORK &&
-                       cooperative_body(p, k, *plan.body, accs);
+                       cooperative_body(b, *plan.body, accs);
     return plan;
+}
+
+// The launches of nest k: the nest as one kernel, or one kernel per statement when the nest
+// has no grid loop and its statements share no accumulator (an optimizer's update: a scalar
+// step count, then a loop per tensor). Each statement then gets a grid of its own; the
+// kernels' order keeps the statements' order.
+struct Launch {
+    size_t block;
+    Block part;
+    std::string name;
+};
+static std::vector<Launch> launches_of(const Program& p) {
+    std::vector<Launch> out;
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        const Block& b = p.blocks[k];
+        bool split = b.body.size() > 1 && plan_kernel(p, k, b).grid.empty();
+        for (const Stmt& st : b.body)
+            split = split && st.kind != SK::ACC_INIT && st.kind != SK::ACC_UPDATE;
+        if (!split) {
+            out.push_back({k, b, strf("k%zu", k)});
+            continue;
+        }
+        for (size_t i = 0; i < b.body.size(); i++) {
+            Block part = b;
+            part.body = {b.body[i]};
+            if (i + 1 < b.body.size()) part.finite_site = -1;   // the scan follows the last
+            out.push_back({k, part, strf("k%zu_%zu", k, i)});
+        }
+    }
+    return out;
 }
 
 // The body of a cooperative item (see KernelPlan and cooperative_body). Every thread runs
 // every statement at this level with the same values, so the __syncthreads() in the block
 // reductions and after each write are reached by all of them; a store is done by thread 0.
-static void cooperative_stmts(const Program& p, size_t k, const std::vector<Stmt>& body,
-                              std::unordered_map<int, Op>& accs, int depth, int& next_tmp,
-                              std::string& out) {
-    const Block& b = p.blocks[k];
+static void cooperative_stmts(const Program& p, size_t k, const Block& b,
+                              const std::vector<Stmt>& body, std::unordered_map<int, Op>& accs,
+                              int depth, int& next_tmp, std::string& out) {
     const std::map<int, std::string> no_arrays;
     std::string pad(size_t(depth) * 4, ' ');
     std::unordered_set<int> zero;   // accumulators that hold 0 since their initialisation
@@ -407,12 +480,12 @@ static void cooperative_stmts(const Program& p, size_t k, const std::vector<Stmt
         if (outer) {   // every thread runs every iteration; the body cooperates
             out += strf("%sfor (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", pad.c_str(), st.id,
                         st.id, n, st.id);
-            cooperative_stmts(p, k, st.body, accs, depth + 1, next_tmp, out);
+            cooperative_stmts(p, k, b, st.body, accs, depth + 1, next_tmp, out);
             out += pad + "}\n";
             continue;
         }
         std::string loop;   // stores only: split when its iterations write apart
-        if (iterations_disjoint(p, k, st, -1))
+        if (iterations_disjoint(p, k, b, st, -1))
             loop = strf("%sfor (int64_t i%d = threadIdx.x; i%d < %lldLL; i%d += %d) {\n",
                         pad.c_str(), st.id, st.id, n, st.id, CUDA_BLOCK_THREADS);
         else
@@ -480,8 +553,9 @@ static std::string cuda_prelude(const std::string& body) {
 
 std::string render_cuda(const Program& p) {
     std::string out;
-    for (size_t k = 0; k < p.blocks.size(); k++) {
-        const Block& b = p.blocks[k];
+    for (const Launch& launch : launches_of(p)) {
+        size_t k = launch.block;
+        const Block& b = launch.part;
         BlockAccesses uses = block_accesses(b);
         std::string params;
         std::map<int, std::string> arrays;   // by loop variable; -1: the kernel's
@@ -497,10 +571,10 @@ std::string render_cuda(const Program& p) {
             params += strf("%s%s *__restrict__ buf%zu, ", writes ? "" : "const ",
                            c_type(pb.dtype), i);
         }
-        KernelPlan plan = plan_kernel(p, k);
+        KernelPlan plan = plan_kernel(p, k, b);
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
-        out += strf("extern \"C\" __global__ void __launch_bounds__(%d) k%zu(%sint64_t *err) {\n",
-                    CUDA_BLOCK_THREADS, k, params.c_str());
+        out += strf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%sint64_t *err) {\n",
+                    CUDA_BLOCK_THREADS, launch.name.c_str(), params.c_str());
         if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
             out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
                    "    __syncthreads();\n    if (failed) return;\n";
@@ -520,12 +594,22 @@ std::string render_cuda(const Program& p) {
             }
         }
         if (arrays.count(-1)) out += "    " + arrays[-1];
+        int next_tmp = 0;
+        for (const Stmt* v : plan.values) c_stmts({*v}, b.extents, arrays, 1, next_tmp, out);
         int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
         if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
-        int next_tmp = 0;
         std::unordered_map<int, Op> accs;
-        if (plan.cooperative) cooperative_stmts(p, k, *plan.body, accs, 1, next_tmp, out);
-        else c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
+        if (plan.cooperative) {
+            cooperative_stmts(p, k, b, *plan.body, accs, 1, next_tmp, out);
+        } else if (plan.serial) {
+            int id = plan.serial->id;
+            out += strf("    for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", id, id,
+                        (long long)b.extents[size_t(id)], id);
+            c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, out);
+            out += "    }\n";
+        } else {
+            c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
+        }
         out += "}\n";
     }
     // TG_CHECK's scan: the element reported is one that is not finite (not always the first)
@@ -796,16 +880,17 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     auto exe = std::make_shared<CudaProgram>(*this);
     const CudaDriver& d = driver();
     check(d.cuModuleLoadData(&exe->module, cubin.data()), "cuModuleLoadData");
-    for (size_t k = 0; k < p.blocks.size(); k++) {
-        const Block& b = p.blocks[k];
+    for (const Launch& launch : launches_of(p)) {
+        size_t k = launch.block;
+        const Block& b = launch.part;
         CudaKernel kernel;
-        std::string fn = strf("k%zu", k);
-        check(d.cuModuleGetFunction(&kernel.fn, exe->module, fn.c_str()), "cuModuleGetFunction");
+        check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
+              "cuModuleGetFunction");
         BlockAccesses uses = block_accesses(b);
         for (size_t i = 0; i < p.buffers.size(); i++)
             if ((uses.reads(int(i)) || uses.writes(int(i))) && p.buffers[i].local_block != int(k))
                 kernel.buffers.push_back(int(i));
-        kernel.blocks = plan_kernel(p, k).blocks();
+        kernel.blocks = plan_kernel(p, k, b).blocks();
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;
