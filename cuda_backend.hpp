@@ -540,9 +540,15 @@ static std::string cuda_prelude(const std::string& body) {
         "== 0ull)\n        err[1] = i;\n"
         "    return 0;\n"
         "}\n";
+    // integer max as a call: ptxas of CUDA 13.0 at -O1 and above (sm_90) drops the negations
+    // of max(-a, max(-b, ...)), an integer min's loop (tests/test_cuda.cpp), which it cannot
+    // see through a call
+    const char* imax = "static __device__ __noinline__ int64_t tg_imax(int64_t a, int64_t b) {\n"
+                       "    return a > b ? a : b;\n}\n";
     for (auto& [name, code] : C_HELPERS) {
         if (body.find(name) == std::string::npos) continue;
         if (std::string(name) == "tg_check(") { out += check; continue; }
+        if (std::string(name) == "tg_imax(") { out += imax; continue; }
         std::string c = code;
         for (size_t at; (at = c.find("static inline")) != std::string::npos;)
             c.replace(at, 13, "static __device__ __forceinline__");
@@ -638,9 +644,11 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
     std::vector<std::string> options = {strf("--gpu-architecture=sm_%d", arch), "--fmad=false",
                                         "-std=c++17"};
     if (debug_info) { options.push_back("-G"); options.push_back("-lineinfo"); }
-    std::string key = hex16(fnv1a64(source + '\0' + std::to_string(arch) + '\0' +
-                                    strf("nvrtc %d.%d", nv->major, nv->minor) + '\0' +
-                                    (debug_info ? "debug" : "")));
+    std::istringstream extra(env_str("TG_NVRTC_FLAGS", ""));   // more options, space-separated
+    for (std::string o; extra >> o;) options.push_back(o);
+    std::string key_text = source + '\0' + strf("nvrtc %d.%d", nv->major, nv->minor);
+    for (const std::string& o : options) key_text += '\0' + o;
+    std::string key = hex16(fnv1a64(key_text));
     static std::unordered_map<std::string, std::string> compiled;   // guarded by runtime_mutex
     std::string path = cache_dir() + "/" + key + ".cubin", sum = path + ".sum", cubin, recorded;
     {
@@ -872,10 +880,8 @@ struct CudaProgram : Executable {
 std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     std::string src = render_cuda(p);
     int debug = debug_level();
-    std::string name = p.name + ".cu";
-    if (debug >= 2)   // the file TG_DEBUG keeps: cuda-gdb finds the kernels' source there
-        name = cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(program_listing(p))).substr(0, 8) +
-               ".cu";
+    // the file TG_DEBUG keeps: cuda-gdb finds the kernels' source there
+    std::string name = debug >= 2 ? artifact_stem(p) + ".cu" : p.name + ".cu";
     std::string cubin = nvrtc_compile(src, arch(), name, debug >= 4);
     auto exe = std::make_shared<CudaProgram>(*this);
     const CudaDriver& d = driver();

@@ -5311,9 +5311,13 @@ std::function<void(const Program&)>& program_observer() {
 // the targets become BUFFER nodes. With TG_DEBUG each step can be watched; >= 2 also keeps
 // the graph, the loop IR and the C of every program in the cache dir as NAME-HASH.*.
 
+// Where TG_DEBUG keeps a program's files: its name and a hash of its loop IR.
+static std::string artifact_stem(const Program& p) {
+    return cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(program_listing(p))).substr(0, 8);
+}
 static void keep_artifacts(const Program& p, const std::string& graph, const std::string& ir,
                            const std::string& source, const char* source_suffix) {
-    std::string stem = cache_dir() + "/" + p.name + "-" + hex16(fnv1a64(ir)).substr(0, 8);
+    std::string stem = artifact_stem(p);
     write_file_atomic(stem + ".graph", graph);
     write_file_atomic(stem + ".ir", ir);
     if (!source.empty()) write_file_atomic(stem + source_suffix, source);
