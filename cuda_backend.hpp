@@ -52,6 +52,28 @@ void synchronize();
 namespace detail {
 // CUDA C for a program: one __global__ function per nest, named k0, k1, ... (extern "C").
 std::string render_cuda(const Program& program);
+// How a nest runs on the GPU ([CUDA RENDER] says why): its grid loops, one item each; the
+// body each item runs, by one thread or (cooperative) by a block of CUDA_BLOCK_THREADS.
+const int CUDA_BLOCK_THREADS = 256;
+struct KernelPlan {
+    std::vector<const Stmt*> grid;      // loops, outermost first
+    const Stmt* serial = nullptr;       // a loop around the grid's, run inside each item
+    std::vector<const Stmt*> values;    // accumulators set once around the grid loops
+    const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
+    int64_t items = 1;
+    bool cooperative = false;
+    int64_t blocks() const {
+        return cooperative ? items : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
+    }
+};
+KernelPlan plan_kernel(const Program& program, size_t block, const Block& nest);
+// One kernel launch: nest `block` whole, or one of its statements (part), named k0, k3_1, ...
+struct Launch {
+    size_t block;
+    Block part;
+    std::string name;
+};
+std::vector<Launch> launches_of(const Program& program);
 // NVRTC: CUDA C to a CUBIN for sm_<arch> (e.g. 90); a compile error is a tg::Error with
 // NVRTC's log. name: the file name that line information and messages use.
 std::string nvrtc_compile(const std::string& source, int arch, const std::string& name = "tg.cu",
@@ -250,19 +272,7 @@ static bool stores(const std::vector<Stmt>& body) {
 // (cooperative), a block of CUDA_BLOCK_THREADS threads that split each loop of the body in a
 // fixed way (thread l takes iterations l, l + 256, ...) and combine their partial results in
 // a fixed tree (tg_block_reduce), so the result is the same on every run.
-static const int CUDA_BLOCK_THREADS = 256;
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
-struct KernelPlan {
-    std::vector<const Stmt*> grid;      // loops, outermost first
-    const Stmt* serial = nullptr;       // a loop around the grid's, run inside each item
-    std::vector<const Stmt*> values;    // accumulators set once around the grid loops
-    const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
-    int64_t items = 1;
-    bool cooperative = false;
-    int64_t blocks() const {
-        return cooperative ? items : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
-    }
-};
 
 // A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
 // or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
@@ -300,8 +310,7 @@ static int chain_acc(const Stmt& loop, std::vector<const Stmt*>& loops, ExprP& v
 // a check, a store, a reduction chain into an accumulator of 32 or 64 bits, a loop that
 // stores and updates no accumulator outside it, or a loop (run by every thread) whose body
 // runs cooperatively. Arrays of the nest rule it out (each thread would have its own).
-static bool cooperative_body(const Block& b, const std::vector<Stmt>& body,
-                             std::unordered_map<int, DType>& accs) {
+static bool cooperative_body(const std::vector<Stmt>& body, std::unordered_map<int, DType>& accs) {
     for (const Stmt& st : body) {
         if (st.kind == SK::ACC_INIT) accs[st.id] = st.dtype;
         if (st.kind != SK::LOOP) continue;
@@ -323,7 +332,7 @@ static bool cooperative_body(const Block& b, const std::vector<Stmt>& body,
             if (!stores(st.body)) return false;   // nothing it does would be kept
             continue;
         }
-        if (!cooperative_body(b, st.body, accs)) return false;
+        if (!cooperative_body(st.body, accs)) return false;
     }
     return true;
 }
@@ -350,7 +359,7 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
     return true;
 }
 
-static KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
+KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     KernelPlan plan;
     plan.body = &b.body;
     int around = -1;
@@ -387,7 +396,7 @@ static KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     std::unordered_map<int, DType> accs;
     plan.cooperative = plan.items <= COOPERATIVE_MAX_ITEMS && !arrays &&
                        loop_work(*plan.body, b.extents) >= COOPERATIVE_MIN_WORK &&
-                       cooperative_body(b, *plan.body, accs);
+                       cooperative_body(*plan.body, accs);
     return plan;
 }
 
@@ -395,12 +404,7 @@ static KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
 // has no grid loop and its statements share no accumulator (an optimizer's update: a scalar
 // step count, then a loop per tensor). Each statement then gets a grid of its own; the
 // kernels' order keeps the statements' order.
-struct Launch {
-    size_t block;
-    Block part;
-    std::string name;
-};
-static std::vector<Launch> launches_of(const Program& p) {
+std::vector<Launch> launches_of(const Program& p) {
     std::vector<Launch> out;
     for (size_t k = 0; k < p.blocks.size(); k++) {
         const Block& b = p.blocks[k];
@@ -437,7 +441,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             c_stmts({st}, b.extents, no_arrays, depth + store, next_tmp, part);
             if (st.kind == SK::ACC_INIT) accs[st.id] = st.op;
             if (st.kind == SK::ACC_INIT && is_const(st.val, 0)) zero.insert(st.id);
-            else zero.erase(st.id);
+            else if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) zero.erase(st.id);
             if (store)
                 part = pad + "if (threadIdx.x == 0) {\n" + part + pad + "}\n" + pad +
                        "__syncthreads();\n";
@@ -482,6 +486,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
                         st.id, n, st.id);
             cooperative_stmts(p, k, b, st.body, accs, depth + 1, next_tmp, out);
             out += pad + "}\n";
+            for (int a : updated) zero.erase(a);
             continue;
         }
         std::string loop;   // stores only: split when its iterations write apart
@@ -518,13 +523,15 @@ static std::string cuda_prelude(const std::string& body) {
         "template <int MAX, typename T> static __device__ T tg_block_reduce(T v) {\n"
         "    __shared__ T part[32];\n"
         "    __syncthreads();\n"
-        "    for (int o = 16; o > 0; o /= 2) v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
+        "    for (int o = 16; o > 0; o /= 2)\n"
+        "        v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
         "    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n"
         "    __syncthreads();\n"
         "    if (threadIdx.x < 32) {\n"
         "        const int warps = blockDim.x >> 5;\n"
         "        v = (int)threadIdx.x < warps ? part[threadIdx.x] : MAX ? part[0] : (T)0;\n"
-        "        for (int o = 16; o > 0; o /= 2) v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
+        "        for (int o = 16; o > 0; o /= 2)\n"
+        "            v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
         "        if (threadIdx.x == 0) part[0] = v;\n"
         "    }\n"
         "    __syncthreads();\n"
@@ -664,7 +671,8 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
     // compiled without the lock: NVRTC compiles programs on several threads at once
     auto t0 = std::chrono::steady_clock::now();
     void* prog = nullptr;
-    nvrtcResult r = nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
+    nvrtcResult r =
+        nv->nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
     if (r) fail(strf("CUDA: nvrtcCreateProgram failed: %s", nv->nvrtcGetErrorString(r)));
     std::vector<const char*> opts;
     for (auto& o : options) opts.push_back(o.c_str());
@@ -836,8 +844,8 @@ struct CudaProgram : Executable {
         if (blocks == 0) return;   // a nest over an empty tensor
         std::vector<void*> params;
         for (void*& a : args) params.push_back(&a);
-        dev.check(dev.driver().cuLaunchKernel(fn, unsigned(blocks), 1, 1, CUDA_BLOCK_THREADS, 1, 1, 0,
-                                              dev.stream(), params.data(), nullptr),
+        dev.check(dev.driver().cuLaunchKernel(fn, unsigned(blocks), 1, 1, CUDA_BLOCK_THREADS, 1,
+                                              1, 0, dev.stream(), params.data(), nullptr),
                   "cuLaunchKernel");
     }
     bool read_err(int64_t* err) {

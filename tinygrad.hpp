@@ -47,6 +47,7 @@
                           ▼
                   INTERP: interpreter over the IR, or             [INTERP] >>interp
                   C renderer → cc → disk cache → dlopen → run     [RENDER] [RUNTIME]
+                  (or CUDA C → NVRTC → driver API: cuda_backend.hpp, a second header)
    Data flows down; nothing below knows about anything above it. On top of the Tensor API
    only: [NN] layers and losses, [OPTIM], [DATA] datasets, [PLOT], [SAFETENSORS].
 
@@ -80,10 +81,15 @@
    jit       tg::Jit records every realize of a step function into one program and replays
              it on new inputs, building no graph. A learning rate or step count that changes
              lives in a tensor, so replays see it.
+   device    where a tensor lives and is computed: CPU, INTERP or, with cuda_backend.hpp,
+             CUDA. A tensor is made on the default device ($TG_DEVICE) and an op runs on its
+             operands' device; a constant goes where it is used; operands on two devices are
+             an error. x.to("CUDA") copies; moving a leaf gives a leaf there. One realize
+             runs one program per device.
 
  CONFIGURATION (environment, read when used)
-   TG_DEVICE     CPU (default: C + cc + dlopen) or INTERP (the loop-IR interpreter, no
-                 compiler); any case
+   TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
+                 compiler) or CUDA (with cuda_backend.hpp); any case
    TG_CC         C compiler                                   default: cc
    TG_CFLAGS     optimization flags                           default: -O3 -march=native
                  (-fPIC -shared -fno-math-errno -ffp-contract=off are always added, so a
@@ -97,6 +103,8 @@
    TG_DEBUG      0-4. 1 programs, compiles, cache hits, timings   2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
+                 (CUDA: NAME-HASH.cu, and at 4 kernels with debug and line information)
+   TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
                  dead_stores,first_write,local_temps,parallel_loops,plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
@@ -115,7 +123,9 @@
    float cast to an integer truncates and saturates at the ends of the range, NaN giving 0;
    NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
    NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
-   so its error grows with the logarithm of the length and it has the same bits everywhere.
+   so its error grows with the logarithm of the length and it has the same bits on the CPU
+   (any thread count) and INTERP. On CUDA a long sum with few outputs is split over a block of
+   threads and combined in a fixed tree: the same bits on every run, not the CPU's.
 
  HOW TO ADD AN OP
    Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
@@ -132,7 +142,8 @@
    in-place writes, and the error names the line that indexed.
 
  NOT YET
-   tiling, vectorization and threads (one core today); CUDA.
+   tiled and vectorized products of our own (CPU and CUDA: a product is one thread per output
+   element); CUDA graphs for jit replays; several CUDA devices, streams and events.
    The interpreter and constant folding hold integers exactly, but a constant in the graph
    (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */

@@ -141,6 +141,12 @@ TEST(device_jit_keeps_to_its_device) {
     CHECK_THROWS(step({x.to("INTERP")}), "jit: input 0 is on INTERP, traced on CPU");
     tg::Jit moving([](const std::vector<Tensor>& in) { return in[0].to("INTERP"); });
     CHECK_THROWS(moving({x}), "to:", "jitted step");
+    Tensor elsewhere = Tensor::from_vector(std::vector<float>{3}).to("INTERP");
+    tg::Jit two([&](const std::vector<Tensor>& in) {
+        (elsewhere * 2).realize();
+        return in[0] * 2;
+    });
+    CHECK_THROWS(two({x}), "one program cannot compute on two devices", "CPU", "INTERP");
 }
 
 // A backward on one device and a read on another run as two programs, one per device.
@@ -186,6 +192,46 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
     CHECK(cubin.size() > 4 && std::memcmp(cubin.data(), "\x7f" "ELF", 4) == 0);
     CHECK_THROWS(tg::detail::nvrtc_compile("__global__ void k() { undefined_name; }", 90, "bad.cu"),
                  "NVRTC", "bad.cu", "undefined_name", "sm_90");
+}
+
+// How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
+// with a block reduction; an optimizer's update (values, then a loop) is a grid over the
+// elements; a scatter (an index_select's gradient) is a grid over its columns, each summing
+// its rows in order after a kernel that zeroes the output.
+TEST(cuda_plans_nests_for_the_gpu) {
+    // the passes CudaDevice runs (runs_pass), on whichever device this run uses
+    EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
+                                 "parallel_loops,plan_memory");
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    Tensor a = Tensor::randn({4, 3000}, 5).realize();
+    (a * a).sum().realize();
+    Tensor w = Tensor::randn({16, 8}, 6).requires_grad();
+    Tensor idx = Tensor::from_vector(std::vector<int32_t>{1, 3, 1, 5, 0});
+    tg::optim::AdamW opt({w}, 1e-3, 0.9, 0.999, 1e-8, 0.01);
+    w.index_select(0, idx).sum().backward();
+    opt.step();
+    w.realize();
+    tg::detail::program_observer() = saved;
+    bool reduced = false, adam = false, scatter = false;
+    for (const tg::detail::Program& p : programs) {
+        std::string cu = tg::detail::render_cuda(p);
+        reduced = reduced || (cu.find("tg_block_reduce<0>(acc") != std::string::npos &&
+                              cu.find("int64_t t = blockIdx.x;") != std::string::npos);
+        auto launches = tg::detail::launches_of(p);
+        for (const auto& l : launches) {
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
+            const std::string& title = l.part.title;
+            if (title.find("RECIP SQRT ASSIGN") != std::string::npos)
+                adam = adam || (!plan.values.empty() && plan.items == 128 && !plan.cooperative);
+            if (title.find("SCATTER_ADD") != std::string::npos && plan.serial)
+                scatter = scatter || (plan.items == 8 && l.name.find('_') != std::string::npos);
+        }
+    }
+    CHECK(reduced);
+    CHECK(adam);
+    CHECK(scatter);
 }
 
 TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {

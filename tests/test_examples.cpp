@@ -76,12 +76,14 @@ TEST(example_05_regression) {
     CHECK(has(out, "logistic: training accuracy"));
 }
 
-// The header compiles alone with the implementation, as C++17 and C++20, with g++ and clang++.
+// The header (with cuda_backend.hpp after it) compiles alone with the implementation, as C++17
+// and C++20, with g++ and clang++.
 TEST(header_compiles_alone_cxx17_cxx20) {
     for (const char* cxx : {"g++", "clang++"}) {
         if (std::system((std::string("command -v ") + cxx + " >/dev/null 2>&1").c_str()) != 0) continue;
         for (const char* std : {"-std=c++17", "-std=c++20"}) {
-            std::string cmd = std::string("printf '#define TINYGRAD_IMPLEMENTATION\\n#include \"tinygrad.hpp\"\\n' | ") + cxx +
+            std::string cmd = std::string("printf '#define TINYGRAD_IMPLEMENTATION\\n#include \"tinygrad.hpp\"\\n"
+                                          "#include \"cuda_backend.hpp\"\\n' | ") + cxx +
                               " " + std + " -Wall -Wextra -Werror -fsyntax-only -I. -x c++ - 2>&1";
             CHECK(std::system(cmd.c_str()) == 0);
         }
