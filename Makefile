@@ -127,11 +127,15 @@ $(BUILD)/bench: bench/bench.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-# Speed figures: W1, W2, W3 and W5 of shared/bench/WORKLOADS.md (a private compile cache per
-# run). COMPARE=1: interleaved with reference_torch.py, with ratios (bench/compare.sh).
+# Speed figures: W1-W6 and M1 of shared/bench/WORKLOADS.md (a private compile cache per run).
+# COMPARE=1: interleaved with reference_torch.py, with ratios (bench/compare.sh). TG_DEVICE=CUDA
+# (a GPU): W3, W4, W5 and W7 on the GPU, then reference_torch_gpu.py (bench/compare_gpu.sh).
 REFERENCE ?= ../shared/bench/reference_torch.py
+REFERENCE_GPU ?= ../shared/bench/reference_torch_gpu.py
 bench: $(BUILD)/bench
-ifeq ($(COMPARE),1)
+ifeq ($(TG_DEVICE),CUDA)
+	@bench/compare_gpu.sh ./$(BUILD)/bench $(REFERENCE_GPU)
+else ifeq ($(COMPARE),1)
 	@bench/compare.sh ./$(BUILD)/bench $(REFERENCE)
 else
 	@dir=$$(mktemp -d /tmp/tg-bench-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/bench; rc=$$?; rm -rf $$dir; exit $$rc

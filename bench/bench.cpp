@@ -6,7 +6,8 @@
 // a tg::jit replay: one compiled program for forward, backward and update. Compare with
 // reference_torch.py run on the same machine in the same session, as a ratio (make bench
 // COMPARE=1). Beside each time: the step program's loop nests and temporary bytes
-// (tg::last_program()).
+// (tg::last_program()). W6 is W2's first step as a whole new process (cold and warm compile
+// cache); M1 sums up the temporaries of W3 and W5, unplanned and planned.
 //
 // TG_DEVICE=CUDA runs them on the GPU (W4 then also at n = 4096; W7, the larger GPT, runs when
 // TG_BENCH names it). Compare with reference_torch_gpu.py, run on that machine in the same call.
@@ -23,6 +24,8 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using tg::Tensor;
 namespace nn = tg::nn;
@@ -114,8 +117,8 @@ static void w1() {
 }
 
 // W2: Bengio char MLP, V=27 T=3 E=10 D=200 B=32, no biases, tanh, cross-entropy, SGD lr 0.01;
-// 20 warm-up steps, 7 blocks of 200
-static void w2() {
+// 20 warm-up steps, 7 blocks of 200. first_only: one step, its loss printed (W6's child).
+static void w2(bool first_only = false) {
     const int V = 27, T = 3, E = 10, D = 200, B = 32, pool = 32768;
     std::mt19937 rng(1337);
     std::uniform_int_distribution<int32_t> ch(0, V - 1);
@@ -135,9 +138,54 @@ static void w2() {
     });
     Tensor last;
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
+    if (first_only) {
+        one();
+        std::printf("first loss %.4f\n", last.item());
+        return;
+    }
     auto [t, program] = trace_and_time(one, 20, 200, 7);
     print_line("W2 bengio", t, false, "final loss", last.item(), program);
 }
+
+// W6: W2's first step as a whole process (this program again, TG_BENCH_CHILD=w6): from its
+// start to the first loss, with an empty compile cache (cold) and then with the cache that
+// run left (warm); the median of 3 of each, each cold run with a new cache.
+static double process_ms(const std::string& cache) {
+    std::fflush(stdout);   // or the child writes this process's pending output again
+    auto t0 = std::chrono::steady_clock::now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("TG_CACHE_DIR", cache.c_str(), 1);
+        setenv("TG_BENCH_CHILD", "w6", 1);
+        if (!std::freopen("/dev/null", "w", stdout)) _exit(2);
+        execl("/proc/self/exe", "bench", (char*)nullptr);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::printf("W6 first   the child failed (status %d)\n", status);
+        std::exit(1);
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+static void w6() {
+    std::vector<double> cold, warm;
+    for (int i = 0; i < 3; i++) {
+        char dir[] = "/tmp/tg-bench-w6-XXXXXX";
+        if (!mkdtemp(dir)) { std::perror("mkdtemp"); std::exit(1); }
+        cold.push_back(process_ms(dir));
+        warm.push_back(process_ms(dir));
+        if (std::system((std::string("rm -rf ") + dir).c_str()) != 0) std::exit(1);
+    }
+    std::sort(cold.begin(), cold.end());
+    std::sort(warm.begin(), warm.end());
+    std::printf("W6 first   %9.1f ms cold cache median %7.1f ms warm cache median (whole process, "
+                "start to the first W2 loss; min %.1f, %.1f)\n",
+                cold[1], warm[1], cold[0], warm[0]);
+}
+
+static tg::ProgramInfo w3_program, w5_program;   // for M1
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
 // of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps
@@ -162,6 +210,7 @@ static void w3() {
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 2, 2, 3);
     print_line("W3 mlp", t, true, "final loss", last.item(), program);
+    w3_program = program;
 }
 
 // W4: C = A·B for n×n float32 A and B from randn, realized (the eager path, as a user writes
@@ -258,6 +307,7 @@ static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
     auto [t, program] = trace_and_time(one, 5, 10, blocks_timed);
     print_line(name, t, true, "final loss", last.item(), program);
+    if (std::string(name) == "W5 gpt") w5_program = program;
 }
 
 // TG_BENCH=w2,w5 runs those workloads only (all by default)
@@ -268,7 +318,24 @@ static bool enabled(const char* workload) {
     return list.find(std::string(",") + workload + ",") != std::string::npos;
 }
 
+// M1: the temporaries of the W3 and W5 step programs, unplanned (each its own allocation) and
+// planned into one arena by lifetime.
+static void m1() {
+    auto mib = [](int64_t b) { return double(b) / (1 << 20); };
+    std::printf("M1 memory  W3 %.2f MiB unplanned -> %.2f MiB planned (%.0f%%), W5 %.2f MiB -> "
+                "%.2f MiB (%.0f%%)\n",
+                mib(w3_program.temp_bytes), mib(w3_program.arena_bytes),
+                100.0 * double(w3_program.arena_bytes) / double(w3_program.temp_bytes),
+                mib(w5_program.temp_bytes), mib(w5_program.arena_bytes),
+                100.0 * double(w5_program.arena_bytes) / double(w5_program.temp_bytes));
+}
+
 int main() {
+    if (const char* child = std::getenv("TG_BENCH_CHILD"))
+        if (std::string(child) == "w6") {
+            w2(true);
+            return 0;
+        }
     bool cuda = tg::detail::default_device().name() == std::string("CUDA");
     std::printf("device %s\n", tg::detail::default_device().name());
     if (enabled("w1")) w1();
@@ -277,6 +344,8 @@ int main() {
     if (enabled("w4")) w4(1024);
     if (enabled("w4") && cuda) w4(4096);
     if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);
+    if (enabled("w6")) w6();
     if (std::getenv("TG_BENCH") && enabled("w7")) gpt("W7 gpt", 256, 256, 512, 8, 6, 32, 5);
+    if (enabled("w3") && enabled("w5")) m1();
     return 0;
 }
