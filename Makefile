@@ -59,7 +59,7 @@ CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
 CUDA_GRAPHS ?= 300
 test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
-	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA ./$(BUILD)/run_tests $(CUDA_TESTS) $(FILTER); rc=$$?; \
+	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; \
 	TG_CACHE_DIR=$$dir TG_ORACLE_DEVICE=CUDA ./$(BUILD)/oracle 1 $(CUDA_GRAPHS) || rc=1; \
 	rm -rf $$dir; exit $$rc
 
