@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <algorithm>
 #include <fstream>
+#include <thread>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -346,4 +347,48 @@ TEST(threads_after_fork_run_in_the_child) {
     int status = 0;
     CHECK(waitpid(child, &status, 0) == child);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// A program of four or more nests compiles as two C files in two compiler processes and one
+// link (where there are two cores): the first file's functions are hidden and declared in the
+// second, which holds tg_program; the results are those of the one-file program. A compile
+// error in either part names its command and its kept file.
+TEST(large_programs_compile_as_two_files_at_once) {
+    if (std::thread::hardware_concurrency() < 2) SKIP("one core: programs compile as one file");
+    std::string dir = fresh_dir();
+    EnvGuard cache("TG_CACHE_DIR", dir.c_str());
+    // nests of different extents, which no pass fuses
+    std::vector<Tensor> in;
+    for (int64_t n : {7, 11, 13, 17, 19}) in.push_back(Tensor::from_vector(th::randf(size_t(n), n)));
+    auto run = [&] {
+        std::vector<Tensor> outs;
+        for (const Tensor& x : in) outs.push_back((x.exp() * x).sum());
+        tg::realize(outs);
+        std::vector<float> all;
+        for (const Tensor& t : outs)
+            for (float v : t.to_vector()) all.push_back(v);
+        return all;
+    };
+    std::vector<float> split = run();
+    CHECK(tg::last_program().nests >= 4);
+    std::vector<std::string> first = files_in(dir, ".0.c"), second = files_in(dir, ".1.c");
+    CHECK_EQ(first.size(), size_t(1));
+    CHECK_EQ(second.size(), size_t(1));
+    if (first.size() == 1 && second.size() == 1) {
+        std::string f0 = slurp(first[0]), f1 = slurp(second[0]);
+        CHECK(f0.find("visibility(\"hidden\")") != std::string::npos);
+        CHECK(f0.find("tg_program") == std::string::npos);
+        CHECK(f1.find("void tg_program(") != std::string::npos);
+    }
+    std::vector<float> one;
+    {
+        EnvGuard interp("TG_DEVICE", "INTERP");
+        for (Tensor& x : in) x = x.to("INTERP");
+        one = run();
+    }
+    CHECK(split == one);
+    EnvGuard flags("TG_CFLAGS", "-O2 --no-such-flag");
+    for (Tensor& x : in) x = x.to("CPU");
+    CHECK_THROWS(run(), "compile", "--no-such-flag", "source kept at", ".0.c");
+    remove_tree(dir);
 }
