@@ -59,7 +59,8 @@
              every loop variable's range, folds the composition back to strides and offsets.
              Where a ShapeTracker would need a stack of views (a reshape of a permuted tensor,
              say), the index keeps its / and %; nothing is ever copied for a view.
-   realize   run the pipeline for some tensors, so that they hold a buffer.
+   realize   run the pipeline for some tensors, so that they hold a buffer (a constant, such as
+             zeros() or ones(), is filled without a program).
    buffer    memory of one realized tensor (or of a temporary inside one program).
    kernel    one loop nest that stores one buffer. Elementwise ops fuse into it, broadcast
              operands are read through stride-0 indices, and a reduction fuses with its
@@ -5567,12 +5568,29 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
 
 // realize: the targets plus whatever backward() left pending, in one program (or, while a
 // jit traces, noted for the jit's program). now skips the jit: for storage made on the way.
+// A constant needs no kernel: its buffer is filled here and copied in, so parameters and
+// optimizer state made by zeros() or ones() cost no compile.
+static void fill_constant(Node* n, Device& dev) {
+    int64_t count = shape_numel(n->shape);
+    auto buf = std::make_shared<Buffer>(&dev, n->dtype, count);
+    std::vector<char> host(buf->bytes());
+    Num v = num_of(n->value, n->dtype);
+    for (int64_t i = 0; i < count; i++) store_value(host.data(), n->dtype, i, v);
+    dev.copy_in(buf->ptr, host.data(), host.size());
+    n->buffer = buf;
+    if (!n->requires_grad || n->leaf) n->op = Op::BUFFER;
+}
+
 // One program per device, in the order each device first appears among the targets.
 static void run_per_device(const std::vector<NodeP>& targets) {
     std::vector<std::pair<Device*, std::vector<NodeP>>> groups;
     for (const NodeP& t : targets) {
         Device* d = node_device(t.get());
         if (!d) d = &default_device();
+        if (t->op == Op::CONST && !t->buffer) {
+            fill_constant(t.get(), *d);
+            continue;
+        }
         auto g = std::find_if(groups.begin(), groups.end(), [&](auto& x) { return x.first == d; });
         if (g == groups.end()) groups.push_back({d, {t}});
         else g->second.push_back(t);

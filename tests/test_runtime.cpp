@@ -86,7 +86,7 @@ TEST(cache_dir_created_private) {
     std::string parent = fresh_dir(), dir = parent + "/a/b";
     {
         EnvGuard g("TG_CACHE_DIR", dir.c_str());
-        CHECK_EQ(Tensor::full({2}, 5, tg::DType::INT32).to_vector<int>()[1], 5);
+        CHECK_EQ((Tensor::arange(2) * 5).to_vector<int>()[1], 5);   // a program: it compiles
     }
     struct stat st;
     CHECK(stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
@@ -391,4 +391,32 @@ TEST(large_programs_compile_as_two_files_at_once) {
     for (Tensor& x : in) x = x.to("CPU");
     CHECK_THROWS(run(), "compile", "--no-such-flag", "source kept at", ".0.c");
     remove_tree(dir);
+}
+
+// A constant is realized without a kernel: its buffer is filled on the host (the optimizers'
+// state and zeros()/ones() parameters compile nothing), with the values a kernel would store.
+TEST(constants_realize_without_a_kernel) {
+    for (const char* device : {"CPU", "INTERP"}) {
+        EnvGuard dev("TG_DEVICE", device);
+        tg::Stats before = tg::stats();
+        Tensor z = Tensor::zeros({3, 4}).realize();
+        Tensor d = Tensor::full({5}, 0.1, tg::DType::FLOAT64).realize();
+        Tensor f = Tensor::full({2}, 0.1).realize();
+        Tensor i = Tensor::full({3}, -7, tg::DType::INT32).realize();
+        Tensor b = Tensor::full({2}, 3, tg::DType::BOOL).realize();
+        Tensor e = Tensor::zeros({0, 3}).realize();
+        tg::Stats after = tg::stats();
+        CHECK_EQ(after.compiles, before.compiles);
+        CHECK_EQ(after.programs_run, before.programs_run);
+        CHECK(z.to_vector() == std::vector<float>(12, 0.0f));
+        CHECK(d.to_vector<double>() == std::vector<double>(5, 0.1));
+        CHECK(f.to_vector() == std::vector<float>(2, 0.1f));
+        CHECK(i.to_vector<int32_t>() == std::vector<int32_t>(3, -7));
+        CHECK(b.cast(tg::DType::INT32).to_vector<int32_t>() == std::vector<int32_t>(2, 1));
+        CHECK_EQ(e.numel(), int64_t(0));
+        Tensor w = Tensor::ones({3}).requires_grad();   // a leaf: filled with the next program
+        (w * Tensor::from_vector(std::vector<float>{1, 2, 3})).sum().backward();
+        CHECK(w.grad().to_vector() == (std::vector<float>{1, 2, 3}));
+        CHECK(w.to_vector() == std::vector<float>(3, 1.0f));
+    }
 }
