@@ -14,10 +14,13 @@
    library or call that failed.
 
    How a program runs on the GPU. Each loop nest of the program (a Block of the loop IR, after
-   the same passes as on the CPU) becomes one kernel. Its outer loops, as long as each
-   iteration writes its own part of every buffer it writes (the test the CPU's parallel_loops
-   pass uses), become one grid of threads; what is inside them runs in each thread in the
-   loop IR's order, so a result does not depend on the launch and is the same on every run.
+   the CPU's passes less its fusion into row loops) becomes a kernel. Its outer loops, as long
+   as each iteration writes its own part of every buffer it writes (the test the CPU's
+   parallel_loops pass uses), become one grid of threads; what is inside them runs in each
+   thread in the loop IR's order. A nest with few grid items and long reductions gives each
+   item a block of threads that split the loops and combine their partial results in a fixed
+   tree; a nest without grid loops runs as one kernel per statement; a scatter runs a thread
+   per column. Every order is fixed by the shapes, so results are the same on every run.
    Bounds checks write the failing site into a small device buffer, which is read back after
    the program; a nest that writes in place starts by looking at it, so a failed check still
    prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
@@ -569,21 +572,12 @@ std::string render_cuda(const Program& p) {
     for (const Launch& launch : launches_of(p)) {
         size_t k = launch.block;
         const Block& b = launch.part;
-        BlockAccesses uses = block_accesses(b);
+        NestBuffers buffers = nest_buffers(p, k, b);
+        std::map<int, std::string>& arrays = buffers.arrays;
         std::string params;
-        std::map<int, std::string> arrays;   // by loop variable; -1: the kernel's
-        for (size_t i = 0; i < p.buffers.size(); i++) {
-            bool writes = uses.writes(int(i));
-            if (!writes && !uses.reads(int(i))) continue;
-            const ProgramBuffer& pb = p.buffers[i];
-            if (pb.local_block == int(k)) {
-                arrays[pb.local_loop] += strf("%s buf%zu[%lld];\n", c_type(pb.dtype), i,
-                                              (long long)pb.numel);
-                continue;
-            }
-            params += strf("%s%s *__restrict__ buf%zu, ", writes ? "" : "const ",
-                           c_type(pb.dtype), i);
-        }
+        for (auto [i, writes] : buffers.params)
+            params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
+                           c_type(p.buffers[size_t(i)].dtype), i);
         KernelPlan plan = plan_kernel(p, k, b);
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         out += strf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%sint64_t *err) {\n",
@@ -900,10 +894,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         CudaKernel kernel;
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
               "cuModuleGetFunction");
-        BlockAccesses uses = block_accesses(b);
-        for (size_t i = 0; i < p.buffers.size(); i++)
-            if ((uses.reads(int(i)) || uses.writes(int(i))) && p.buffers[i].local_block != int(k))
-                kernel.buffers.push_back(int(i));
+        for (auto [i, writes] : nest_buffers(p, k, b).params) kernel.buffers.push_back(i);
         kernel.blocks = plan_kernel(p, k, b).blocks();
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;

@@ -4977,6 +4977,29 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "}\n"},
 };
 
+// The buffers nest b (block k of p, or a part of it) touches: the arrays declared in it, by
+// the loop whose body declares them (-1: the function's), and the others, its parameters in
+// buffer order, each with whether the nest writes it. Renderers of every device share it.
+struct NestBuffers {
+    std::map<int, std::string> arrays;
+    std::vector<std::pair<int, bool>> params;   // buffer, written
+};
+static NestBuffers nest_buffers(const Program& p, size_t k, const Block& b) {
+    BlockAccesses uses = block_accesses(b);
+    NestBuffers out;
+    for (size_t i = 0; i < p.buffers.size(); i++) {
+        bool writes = uses.writes(int(i));
+        if (!writes && !uses.reads(int(i))) continue;
+        const ProgramBuffer& pb = p.buffers[i];
+        if (pb.local_block == int(k))
+            out.arrays[pb.local_loop] +=
+                strf("%s buf%zu[%lld];\n", c_type(pb.dtype), i, (long long)pb.numel);
+        else
+            out.params.push_back({int(i), writes});
+    }
+    return out;
+}
+
 // The C of a program as `parts` files (1: the file TG_DEBUG keeps and tests read). With 2, the
 // first nests, about half of the text, go into a file of their own with hidden rather than
 // static functions, declared in the second, so that two compiler processes build it at once.
@@ -4986,26 +5009,17 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
     std::string calls;
     for (size_t k = 0; k < p.blocks.size(); k++) {
         const Block& b = p.blocks[k];
-        BlockAccesses uses = block_accesses(b);
-        bool checks = uses.checks;
         std::string params, args, &out = kernels[k];
-        std::map<int, std::string> arrays;   // by loop variable; -1: the function's
-        for (size_t i = 0; i < p.buffers.size(); i++) {
-            bool writes = uses.writes(int(i));
-            if (!writes && !uses.reads(int(i))) continue;
-            const ProgramBuffer& pb = p.buffers[i];
-            if (pb.local_block == int(k)) {
-                arrays[pb.local_loop] += strf("%s buf%zu[%lld];\n", c_type(pb.dtype), i,
-                                              (long long)pb.numel);
-                continue;
-            }
+        NestBuffers buffers = nest_buffers(p, k, b);
+        std::map<int, std::string>& arrays = buffers.arrays;
+        for (auto [i, writes] : buffers.params) {
             const char* constness = writes ? "" : "const ";
-            params += strf("%s%s%s *restrict buf%zu", params.empty() ? "" : ", ", constness,
-                           c_type(p.buffers[i].dtype), i);
-            args += strf("%s(%s%s *)b[%zu]", args.empty() ? "" : ", ", constness,
-                         c_type(p.buffers[i].dtype), i);
+            const char* type = c_type(p.buffers[size_t(i)].dtype);
+            params +=
+                strf("%s%s%s *restrict buf%d", params.empty() ? "" : ", ", constness, type, i);
+            args += strf("%s(%s%s *)b[%d]", args.empty() ? "" : ", ", constness, type, i);
         }
-        if (checks) { params += ", int64_t *err"; args += ", err"; }
+        if (block_accesses(b).checks) { params += ", int64_t *err"; args += ", err"; }
         bool chunked = b.parallel_chunks > 0;
         if (chunked) {
             params += ", int64_t lo, int64_t hi";
