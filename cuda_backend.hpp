@@ -703,7 +703,7 @@ struct CudaKernel {
     int64_t blocks = 1;
     int finite_site = -1, finite_buffer = -1;
     int64_t finite_count = 0;
-    DType finite_dtype = DType::FLOAT32;
+    CUhandle finite_scan = nullptr;   // TG_CHECK's scan of its output, if any
 };
 
 class CudaDevice : public Device {
@@ -834,10 +834,9 @@ struct CudaProgram : Executable {
     explicit CudaProgram(CudaDevice& d) : dev(d), err_buffer(d.alloc(16)) {}
     ~CudaProgram() override { dev.free(err_buffer); }
 
-    void launch(CUhandle fn, int64_t blocks, std::vector<void*>& args) {
+    // params: a pointer to each argument's value, as cuLaunchKernel takes them
+    void launch(CUhandle fn, int64_t blocks, std::vector<void*> params) {
         if (blocks == 0) return;   // a nest over an empty tensor
-        std::vector<void*> params;
-        for (void*& a : args) params.push_back(&a);
         dev.check(dev.driver().cuLaunchKernel(fn, unsigned(blocks), 1, 1, CUDA_BLOCK_THREADS, 1,
                                               1, 0, dev.stream(), params.data(), nullptr),
                   "cuLaunchKernel");
@@ -857,22 +856,15 @@ struct CudaProgram : Executable {
             std::vector<void*> args;
             for (int b : k.buffers) args.push_back(buffers[b]);
             args.push_back(err_buffer);
-            launch(k.fn, k.blocks, args);
-            if (k.finite_site < 0) continue;
-            CUhandle scan = nullptr;
-            const char* scan_name =
-                k.finite_dtype == DType::FLOAT32 ? "tg_finite_float" : "tg_finite_double";
-            dev.check(d.cuModuleGetFunction(&scan, module, scan_name), "cuModuleGetFunction");
+            std::vector<void*> params;
+            for (void*& a : args) params.push_back(&a);
+            launch(k.fn, k.blocks, params);
+            if (!k.finite_scan) continue;
+            void *x = buffers[k.finite_buffer], *e = err_buffer;
             int site = k.finite_site;
             int64_t count = k.finite_count;
-            std::vector<void*> scan_args = {buffers[k.finite_buffer], nullptr, nullptr,
-                                            err_buffer};
-            std::vector<void*> params = {&scan_args[0], &count, &site, &scan_args[3]};
-            unsigned blocks = unsigned((count + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS);
-            if (blocks == 0) continue;
-            dev.check(d.cuLaunchKernel(scan, blocks, 1, 1, CUDA_BLOCK_THREADS, 1, 1, 0,
-                                       dev.stream(), params.data(), nullptr),
-                      "cuLaunchKernel");
+            launch(k.finite_scan, (count + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS,
+                   {&x, &count, &site, &e});
             if (read_err(err)) return;   // the nests after it do not run, as on the CPU
         }
         read_err(err);
@@ -899,7 +891,12 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;
-        if (b.finite_buffer >= 0) kernel.finite_dtype = p.buffers[size_t(b.finite_buffer)].dtype;
+        if (b.finite_site >= 0) {
+            bool f32 = p.buffers[size_t(b.finite_buffer)].dtype == DType::FLOAT32;
+            check(d.cuModuleGetFunction(&kernel.finite_scan, exe->module,
+                                        f32 ? "tg_finite_float" : "tg_finite_double"),
+                  "cuModuleGetFunction");
+        }
         exe->kernels.push_back(kernel);
     }
     return exe;
