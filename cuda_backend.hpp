@@ -353,6 +353,7 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
         Chunk& c = chunks[a.buffer];
         if (!chunked(a.idx, m, b.extents, c)) return false;
         int64_t span = c.stride * b.extents[size_t(m.id)];
+        if (span == 0) return false;   // every iteration writes the same place, or none runs
         Linear base;
         base.add(1, c.base);
         if (base.constant % span) return false;
@@ -774,9 +775,10 @@ public:
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
     // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
-    // serial loops (W3's step: 256 threads where unfused nests give 262,144).
+    // serial loops (W3's step: 256 threads where unfused nests give 262,144). The CPU's
+    // tiles of vector sums (tile_products) are plan_kernel's business here.
     bool runs_pass(const std::string& pass) const override {
-        return pass != "fuse_loops" && pass != "local_temps";
+        return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products";
     }
 
 private:

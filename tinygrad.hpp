@@ -108,7 +108,8 @@
                  (CUDA: NAME-HASH.cu, and at 4 kernels with debug and line information)
    TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write,local_temps,parallel_loops,plan_memory); default all;
+                 dead_stores,first_write,local_temps,tile_products,parallel_loops,
+                 plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
    TG_THREADS    threads for nests whose outer iterations write disjoint parts (default:
                  the machine's cores); results are the same bits for any count
@@ -498,6 +499,7 @@ struct ProgramInfo {            // the most recent program run (this thread), fo
     int nests_lowered = 0, nests = 0;          // loop nests before and after the passes
     int temporaries_lowered = 0, temporaries = 0;
     int local_arrays = 0;                      // temporaries that became arrays of one nest
+    int tiled_nests = 0;                       // nests computed as tiled matrix products
     int64_t temp_bytes_lowered = 0;            // bytes of the temporaries lowering made,
     int64_t temp_bytes = 0, arena_bytes = 0;   // of those left after the passes, and planned
 };
@@ -720,6 +722,12 @@ struct Block {
     // > 0: the body is one loop whose iterations write disjoint parts (parallel_loops); its
     // range is cut into this many chunks, which may run on different threads
     int64_t parallel_chunks = 0;
+    // rows > 0 (tile_products): a matrix product rendered as register tiles of rows × cols
+    // sums over packed operands, the columns in panels of panel_cols and the rows in blocks
+    // of row_block; its tasks (other output loops × panels × row blocks) are what the
+    // parallel chunks cut
+    struct Tiles { int rows = 0, cols = 0; int64_t panel_cols = 0, row_block = 0, tasks = 0; };
+    Tiles tile;
 };
 
 struct ProgramBuffer {
@@ -3762,6 +3770,9 @@ static std::string program_listing(const Program& p) {
     }
     for (const Block& b : p.blocks) {
         out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")");
+        if (b.tile.rows)
+            out += strf("   [tiles: %d x %d, panels of %lld columns, %lld tasks]", b.tile.rows,
+                        b.tile.cols, (long long)b.tile.panel_cols, (long long)b.tile.tasks);
         if (b.parallel_chunks) out += strf("   [parallel: %lld chunks]", (long long)b.parallel_chunks);
         out += "\n";
         stmts_str(b.body, b.extents, 1, out);
@@ -3787,6 +3798,8 @@ static std::string program_listing(const Program& p) {
 //   first_write       a short accumulation starts from its first term instead of zero
 //   local_temps       a temporary used in one nest only becomes an array of the loop whose
 //                     iterations each use their own part of it (a row on the stack)
+//   tile_products     a matrix product's nest is computed in tiles of sums held in vector
+//                     registers over packed operands, each sum in its untiled order
 //   parallel_loops    a nest of enough work whose outer iterations write disjoint parts is
 //                     cut into fixed chunks that the thread pool runs (TG_THREADS)
 //   plan_memory       temporaries share one arena by lifetime
@@ -4068,6 +4081,184 @@ static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, in
 }
 
 
+// How nests are shared out to threads: pass_tile_products, pass_parallel_loops.
+static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
+
+// -- pass_tile_products: matrix products as register tiles over packed operands
+// A nest whose output loops each hold only the next, and whose innermost one holds sum trees
+// of products followed by stores,
+//     for o..: for i: for j: { acc trees of Σ x(i, k)·y(k, j) };  out[..] = f(accs, loads)
+// where x never reads j and y never reads i, is computed in tiles of sums held in vector
+// registers: the terms x are packed for a tile of rows and y for a panel of columns, both
+// contiguous in the order the terms are added, and each multiply-add serves a whole vector
+// of columns. Every element's sum is the same tree, its terms added in the same order, so the
+// tiled nest gives the bits of the loops it replaces: what changes is only how many sums are
+// in flight at once, which is what lets the C compiler use vector instructions without
+// reordering any one sum (it may not, without -ffast-math).
+struct ProductMatch {
+    std::vector<int> loops;                     // output loop variables, outermost first
+    int rows = -1, cols = -1;                   // the axes x and y run along
+    const std::vector<Stmt>* inner = nullptr;   // the innermost output loop's body
+    size_t epilogue_from = 0;                   // inner[epilogue_from..]: stores and locals
+    int64_t terms = 0;                          // terms in each element's sum
+};
+static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AVX-512's width
+                                             // (compilers split it where vectors are narrower)
+static const int64_t TILE_MIN_WORK = int64_t(1) << 15;   // multiply-adds; fewer stay loops
+static const int64_t PANEL_BYTES = int64_t(1) << 18;     // packed columns: about half an L2
+
+static bool expr_has(const ExprP& e, EK kind) {
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) { found = found || part->kind == kind; });
+    return found;
+}
+static bool uses_buffer(const ExprP& e, int buffer) {
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        found = found || (part->kind == EK::LOAD && part->id == buffer);
+    });
+    return found;
+}
+static bool uses_var(const ExprP& e, int var) {
+    std::unordered_set<int> vars;
+    vars_used(e, vars);
+    return vars.count(var) > 0;
+}
+// the term's operand that runs along the rows (x), given which axes are rows and columns;
+// -1 when neither can be
+static int row_operand(const ExprP& term, int rows, int cols) {
+    const ExprP &a = term->src[0], &b = term->src[1];
+    if (!uses_var(a, cols) && !uses_var(b, rows)) return 0;
+    if (!uses_var(b, cols) && !uses_var(a, rows)) return 1;
+    return -1;
+}
+// A term of a sum tree: acc += x·y, or acc = x·y where first_write started the sum with it.
+static bool is_term(const Stmt& st) {
+    return (st.kind == SK::ACC_UPDATE || st.kind == SK::ACC_INIT) && st.val->kind == EK::ALU;
+}
+// body is a forest of sum trees: loops, float accumulators set to +0, acc += acc and terms
+// (returned in terms); count is how many terms one pass over body adds
+static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
+                      std::vector<ExprP>& terms, int64_t& count) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::LOOP) {
+            int64_t inner = 0;
+            if (!sum_trees(st.body, extents, terms, inner)) return false;
+            count += inner * extents[size_t(st.id)];
+            continue;
+        }
+        if (st.op != Op::REDUCE_SUM || st.dtype != DType::FLOAT32 ||
+            (st.kind != SK::ACC_INIT && st.kind != SK::ACC_UPDATE))
+            return false;
+        const ExprP& v = st.val;
+        if (is_term(st)) {
+            if (v->op != Op::MUL || expr_has(v, EK::ACC) || expr_has(v, EK::CHECK)) return false;
+            terms.push_back(v);
+            count++;
+        } else if (st.kind == SK::ACC_INIT ? !is_const(v, 0) || std::signbit(v->num)
+                                            : v->kind != EK::ACC) {
+            return false;
+        }
+    }
+    return true;
+}
+static bool match_product(const Block& b, ProductMatch& m) {
+    m = ProductMatch{};
+    const std::vector<Stmt>* body = &b.body;
+    while (body->size() == 1 && (*body)[0].kind == SK::LOOP) {
+        m.loops.push_back((*body)[0].id);
+        body = &(*body)[0].body;
+    }
+    m.inner = body;
+    for (size_t s = 0; s < body->size(); s++)   // the epilogue: after the last loop or update
+        if ((*body)[s].kind == SK::LOOP || (*body)[s].kind == SK::ACC_UPDATE)
+            m.epilogue_from = s + 1;
+    if (m.loops.size() < 2 || m.epilogue_from == 0 || m.epilogue_from == body->size()) return false;
+    std::vector<Stmt> trees(body->begin(), body->begin() + std::ptrdiff_t(m.epilogue_from));
+    std::vector<ExprP> terms;
+    if (!sum_trees(trees, b.extents, terms, m.terms) || terms.empty()) return false;
+    std::map<int, ExprP> stored;   // buffer → the index its store writes
+    for (size_t s = m.epilogue_from; s < body->size(); s++) {
+        const Stmt& st = (*body)[s];
+        bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
+        if ((!store && st.kind != SK::ACC_INIT) || expr_has(st.val, EK::CHECK) ||
+            (store && (expr_has(st.idx, EK::CHECK) || stored.count(st.id))))
+            return false;
+        if (store) stored[st.id] = st.idx;
+    }
+    if (stored.empty()) return false;
+    // the terms read no buffer the nest writes; the epilogue reads one only where it writes it
+    for (const ExprP& t : terms)
+        for (auto& [buffer, idx] : stored)
+            if (uses_buffer(t, buffer)) return false;
+    for (size_t s = m.epilogue_from; s < body->size(); s++) {
+        bool apart = false;
+        std::unordered_set<const Expr*> seen;
+        each_part((*body)[s].val, seen, [&](const ExprP& part) {
+            auto w = part->kind == EK::LOAD ? stored.find(part->id) : stored.end();
+            apart = apart || (w != stored.end() && !expr_eq(w->second, part->src[0]));
+        });
+        if (apart) return false;
+    }
+    for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c)
+        for (auto r = m.loops.rbegin(); r != m.loops.rend(); ++r) {
+            bool fits = *r != *c;
+            for (const ExprP& t : terms) fits = fits && row_operand(t, *r, *c) >= 0;
+            if (!fits) continue;
+            m.rows = *r;
+            m.cols = *c;
+            return true;
+        }
+    return false;
+}
+// Tile sizes: 1, 2 or 4 vectors of columns, rows so that the innermost sums fill about half the
+// 32 vector registers (the level above them takes the rest, then spills). Tasks, what threads
+// share: panels of columns (at most PANEL_BYTES packed), narrowed to give PARALLEL_CHUNKS
+// tasks where they can, then blocks of at least MIN_ROW_BLOCK rows; each task packs its own
+// operands, so the packing is a small part of its work.
+static const int64_t MIN_ROW_BLOCK = 64;
+static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
+    int64_t rows = b.extents[size_t(m.rows)], cols = b.extents[size_t(m.cols)], outer = 1;
+    for (int v : m.loops)
+        if (v != m.rows && v != m.cols) outer *= b.extents[size_t(v)];
+    if (outer * rows * cols * m.terms < TILE_MIN_WORK) return false;
+    int64_t vectors = cols > 2 * TILE_LANES ? 4 : cols > TILE_LANES ? 2 : 1;
+    while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
+    if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
+    t.cols = int(vectors * TILE_LANES);
+    t.rows = vectors >= 3 ? 4 : vectors == 2 ? 6 : 8;
+    int64_t col_tiles = (cols + t.cols - 1) / t.cols;
+    int64_t panels = std::max((col_tiles * t.cols * m.terms * 4 + PANEL_BYTES - 1) / PANEL_BYTES,
+                              std::min(col_tiles, (PARALLEL_CHUNKS + outer - 1) / outer));
+    t.panel_cols = (col_tiles + panels - 1) / panels * t.cols;
+    panels = (cols + t.panel_cols - 1) / t.panel_cols;
+    int64_t blocks = std::min((rows + MIN_ROW_BLOCK - 1) / MIN_ROW_BLOCK,
+                              (PARALLEL_CHUNKS + outer * panels - 1) / (outer * panels));
+    t.row_block = blocks == 1 ? rows
+                              : ((rows + blocks - 1) / blocks + t.rows - 1) / t.rows * t.rows;
+    t.tasks = outer * panels * ((rows + t.row_block - 1) / t.row_block);
+    return true;
+}
+static void pass_tile_products(Program& p) {
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        Block& b = p.blocks[k];
+        bool locals = false;   // arrays of the nest's loops (local_temps) are not packed
+        for (const ProgramBuffer& pb : p.buffers) locals = locals || pb.local_block == int(k);
+        ProductMatch m;
+        b.tile = {};
+        if (locals || !match_product(b, m) || !plan_tiles(b, m, b.tile)) {
+            b.tile = {};
+            continue;
+        }
+        int64_t work = m.terms;
+        for (int v : m.loops) work *= b.extents[size_t(v)];
+        b.parallel_chunks = work >= PARALLEL_MIN_WORK && b.tile.tasks > 1
+                                ? std::min(b.tile.tasks, PARALLEL_CHUNKS) : 0;
+    }
+}
+
 // -- pass_fuse_loops: adjacent nests over the same extent become one nest
 // Two loops fuse when they have the same extent and every buffer that one writes and the other
 // touches is accessed in chunks of the loop variable: index = v·S + base + r, with the same S
@@ -4208,8 +4399,14 @@ static void fuse_inner_loops(std::vector<Stmt>& body, const std::vector<int64_t>
 }
 static const size_t FUSED_MAX_STMTS = 64;   // a bound on a fused loop's body: the analyses
                                             // above are linear in it, and so is the C
-static bool blocks_fusable(const Block& a, const Block& b) {
+static bool tiled_later(const Block& b) {   // pass_tile_products will take it
+    ProductMatch m;
+    Block::Tiles t;
+    return match_product(b, m) && plan_tiles(b, m, t);
+}
+static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
     if (a.body.size() != 1 || b.body.size() != 1) return false;
+    if (tiling && (tiled_later(a) || tiled_later(b))) return false;
     if (a.body[0].kind != SK::LOOP ||
         a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
         return false;
@@ -4246,23 +4443,73 @@ static void fuse_into(Block& a, Block& b) {
         a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
     a.writes_in_place = a.writes_in_place || b.writes_in_place;
 }
+// A product's epilogue: nest b, loops like a's output loops around stores and locals only
+// (an elementwise op of the product's result: bias, activation, a gradient's chain, an
+// optimizer's update), joins a's stores, so it runs on each element of a tile as it is done.
+// False, with a unchanged, where b is not such a nest.
+static bool fuse_epilogue(Block& a, const Block& b) {
+    std::vector<Stmt*> la;
+    std::vector<const Stmt*> lb;
+    std::vector<Stmt>* ia = &a.body;
+    const std::vector<Stmt>* ib = &b.body;
+    for (; ia->size() == 1 && (*ia)[0].kind == SK::LOOP; ia = &(*ia)[0].body)
+        la.push_back(&(*ia)[0]);
+    for (; ib->size() == 1 && (*ib)[0].kind == SK::LOOP; ib = &(*ib)[0].body)
+        lb.push_back(&(*ib)[0]);
+    if (la.size() != lb.size() || b.finite_site >= 0 || a.finite_site >= 0) return false;
+    for (size_t d = 0; d < la.size(); d++)
+        if (a.extents[size_t(la[d]->id)] != b.extents[size_t(lb[d]->id)]) return false;
+    for (const Stmt& st : *ib)
+        if (st.kind != SK::STORE && st.kind != SK::STORE_ADD && st.kind != SK::ACC_INIT)
+            return false;
+    std::vector<int> var_of(b.extents.size(), -1);
+    for (size_t d = 0; d < lb.size(); d++) var_of[size_t(lb[d]->id)] = la[d]->id;
+    for (size_t v = 0; v < var_of.size(); v++)
+        if (var_of[v] < 0) {
+            var_of[v] = int(a.extents.size());
+            a.extents.push_back(b.extents[v]);
+        }
+    std::vector<Stmt> moved = *ib;
+    renumber(moved, var_of, accumulators_used(a.body));
+    for (Stmt& st : moved) ia->push_back(std::move(st));
+    a.title += " + " + b.title;
+    if (!b.origin.empty() && a.origin.find(b.origin) == std::string::npos)
+        a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
+    a.writes_in_place = a.writes_in_place || b.writes_in_place;
+    return true;
+}
+static bool epilogue_fusable(const Block& a, const Block& b) {
+    bool checks = block_accesses(a).checks || block_accesses(b).checks;
+    if (checks && (a.writes_in_place || b.writes_in_place)) return false;
+    Block trial = a;
+    return fuse_epilogue(trial, b) && tiled_later(trial);
+}
 static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
+static std::vector<std::string> passes_selected();
 static void pass_fuse_loops(Program& p) {
+    std::vector<std::string> passes = passes_selected();
+    bool tiling = std::find(passes.begin(), passes.end(), "tile_products") != passes.end();
     std::vector<Block>& bs = p.blocks;
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-            if (!blocks_fusable(bs[i], bs[j])) continue;
+            bool epilogue = tiling && tiled_later(bs[i]);
+            if (epilogue ? !epilogue_fusable(bs[i], bs[j]) : !blocks_fusable(bs[i], bs[j], tiling))
+                continue;
             bool left = true, right = true;
             for (size_t k = i + 1; k < j; k++) {
                 left = left && blocks_independent(bs[k], bs[j]);
                 right = right && blocks_independent(bs[i], bs[k]);
             }
             if (!left && !right) continue;
+            auto fuse = [&] {
+                if (epilogue) fuse_epilogue(bs[i], bs[j]);
+                else fuse_into(bs[i], bs[j]);
+            };
             if (left) {
-                fuse_into(bs[i], bs[j]);
+                fuse();
                 bs.erase(bs.begin() + std::ptrdiff_t(j));
             } else {   // i merges right: the fused nest takes j's place
-                fuse_into(bs[i], bs[j]);
+                fuse();
                 bs[j] = std::move(bs[i]);
                 bs.erase(bs.begin() + std::ptrdiff_t(i));
                 i--;   // bs[i] is now the next unvisited nest
@@ -4490,7 +4737,6 @@ static void pass_local_temps(Program& p) {
 // its extent, and each iteration computes what it computes alone, so results are the same bits
 // on any number of threads. A nest of little work (fewer than PARALLEL_MIN_WORK iterations of
 // its loops, all counted) runs on the calling thread: waking a thread costs microseconds.
-static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
 static int64_t loop_work(const std::vector<Stmt>& body, const std::vector<int64_t>& extents) {
     int64_t n = 0;
     for (const Stmt& st : body)
@@ -4502,7 +4748,7 @@ static int64_t loop_work(const std::vector<Stmt>& body, const std::vector<int64_
 static void pass_parallel_loops(Program& p) {
     for (size_t k = 0; k < p.blocks.size(); k++) {
         Block& b = p.blocks[k];
-        if (b.body.size() != 1 || b.body[0].kind != SK::LOOP ||
+        if (b.tile.rows || b.body.size() != 1 || b.body[0].kind != SK::LOOP ||
             loop_work(b.body, b.extents) < PARALLEL_MIN_WORK)
             continue;
         const Stmt& loop = b.body[0];
@@ -4578,6 +4824,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},
     {"local_temps", pass_local_temps},
+    {"tile_products", pass_tile_products},
     {"parallel_loops", pass_parallel_loops},
     {"plan_memory", pass_plan_memory},
 };
@@ -4910,6 +5157,182 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
     }
 }
 
+// Whether some load in e moves by one element when var does (e is read along var).
+static bool read_along(const ExprP& e, int var) {
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        if (part->kind != EK::LOAD) return;
+        Linear lin;
+        lin.add(1, part->src[0]);
+        for (auto& [coef, term] : lin.terms)
+            found = found || (coef == 1 && term->kind == EK::VAR && term->id == var);
+    });
+    return found;
+}
+
+// The function of a tiled product (pass_tile_products), for tasks [lo, hi). A task packs its
+// panel of columns (y), then for each tile of rows packs the rows (x) and for each tile of
+// columns adds the terms into vector sums: the untiled sum trees with each accumulator an
+// array of rows × vectors. The stores then run for each element of the tile. An operand read
+// along its rows or columns is packed with them in the inner loop, else term by term.
+static std::string c_tiled_product(const Block& b) {
+    ProductMatch m;
+    if (!match_product(b, m)) fail("render: a nest tiled as a product is no longer one");
+    const Block::Tiles& t = b.tile;
+    long long R = t.rows, W = t.cols, V = t.cols / TILE_LANES, NT = m.terms;
+    long long PC = t.panel_cols, RB = t.row_block;
+    long long M = b.extents[size_t(m.rows)], N = b.extents[size_t(m.cols)];
+    long long panels = (N + PC - 1) / PC, blocks = (M + RB - 1) / RB;
+    int rows = m.rows, cols = m.cols, next_tmp = 0;
+    std::vector<Stmt> trees(m.inner->begin(), m.inner->begin() + std::ptrdiff_t(m.epilogue_from));
+    std::vector<Stmt> epilogue(m.inner->begin() + std::ptrdiff_t(m.epilogue_from), m.inner->end());
+    std::string out;
+    // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums
+    using Term = std::function<void(const ExprP& x, const ExprP& y, const std::string& pad)>;
+    std::function<void(const std::vector<Stmt>&, int, const Term*)> walk =
+        [&](const std::vector<Stmt>& body, int depth, const Term* term) {
+        std::string pad(size_t(depth) * 4, ' ');
+        for (const Stmt& st : body) {
+            if (st.kind == SK::LOOP) {
+                out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id,
+                            st.id, (long long)b.extents[size_t(st.id)], st.id);
+                walk(st.body, depth + 1, term);
+                out += pad + "}\n";
+                continue;
+            }
+            bool a_term = is_term(st);
+            size_t x = a_term ? size_t(row_operand(st.val, rows, cols)) : 0;
+            const char* op = st.kind == SK::ACC_INIT ? "=" : "+=";
+            if (term) {
+                if (a_term) (*term)(st.val->src[x], st.val->src[1 - x], pad);
+            } else if (!a_term) {
+                std::string v =
+                    st.kind == SK::ACC_INIT ? "(tg_vf){0}" : strf("sum%d[r][v]", st.val->id);
+                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
+                            st.id, op, v.c_str());
+            } else {   // the operands in the order the term multiplies them
+                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
+                            st.id, op, x == 0 ? "x[r] * TG_VEC(y, v)" : "TG_VEC(y, v) * x[r]");
+                out += strf("%sx += %lld;\n%sy += %lld;\n", pad.c_str(), R, pad.c_str(), W);
+            }
+        }
+    };
+    auto assign = [&](const std::string& pad, const std::string& to, const ExprP& v) {
+        CExprs cx{{}, next_tmp};
+        out += cx.declare_shared({v}, pad) + pad + to + " = " + cx.str(v) + ";\n";
+    };
+    bool y_along = false, x_along = false;
+    Term probe = [&](const ExprP& x, const ExprP& y, const std::string&) {
+        x_along = x_along || read_along(x, rows);
+        y_along = y_along || read_along(y, cols);
+    };
+    walk(trees, 0, &probe);
+    out.clear();
+
+    out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
+                "       vector registers (%lld vectors of %lld floats a row) for each level of\n"
+                "       a sum's tree; the rows' terms packed for each tile, the columns' for\n"
+                "       each panel of %lld */\n",
+                R, W, R * V, V, (long long)TILE_LANES, PC);
+    out += strf("    float xs[%lld] __attribute__((aligned(64)));   /* a tile's rows */\n", NT * R);
+    out += strf("    float ys[%lld] __attribute__((aligned(64)));   /* a panel's columns */\n",
+                NT * PC);
+    out += "    for (int64_t task = lo; task < hi; task++) {\n";
+    out += blocks > 1 ? strf("        int64_t row0 = task %% %lld * %lld;\n", blocks, RB)
+                      : "        int64_t row0 = 0;\n";
+    out += panels > 1
+               ? strf("        int64_t col0 = task / %lld %% %lld * %lld;\n", blocks, panels, PC)
+               : "        int64_t col0 = 0;\n";
+    long long below = blocks * panels;
+    for (auto v = m.loops.rbegin(); v != m.loops.rend(); ++v) {
+        if (*v == rows || *v == cols) continue;
+        long long e = b.extents[size_t(*v)];
+        out += strf("        int64_t i%d = task / %lld %% %lld;\n", *v, below, e);
+        below *= e;
+    }
+    out += strf("        int64_t row_end = row0 + %lld < %lld ? row0 + %lld : %lld;\n", RB, M, RB,
+                M);
+    out += strf("        int64_t col_end = col0 + %lld < %lld ? col0 + %lld : %lld;\n", PC, N, PC,
+                N);
+    // the panel: ys[c / W][n][c % W] is term n of column col0 + c, 0 past the last column
+    out += strf("        for (int64_t c = col_end - col0; c < (col_end - col0 + %lld) / %lld * "
+                "%lld; c++)\n", W - 1, W, W);
+    out += strf("            for (int64_t n = 0; n < %lld; n++) ys[c / %lld * %lld + n * %lld + "
+                "c %% %lld] = 0;\n", NT, W, NT * W, W, W);
+    if (y_along) {
+        out += "        {\n            float *to = ys;\n";
+        Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
+            out += pad + "for (int64_t c = 0; c < col_end - col0; c++) {\n";
+            out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
+            assign(pad + "    ", strf("to[c / %lld * %lld + c %% %lld]", W, NT * W, W), y);
+            out += pad + "}\n" + pad + strf("to += %lld;\n", W);
+        };
+        walk(trees, 3, &pack);
+        out += "        }\n";
+    } else {
+        out += "        for (int64_t c = 0; c < col_end - col0; c++) {\n";
+        out += strf("            int64_t i%d = col0 + c;\n", cols);
+        out += strf("            float *to = ys + c / %lld * %lld + c %% %lld;\n", W, NT * W, W);
+        Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
+            assign(pad, "*to", y);
+            out += pad + strf("to += %lld;\n", W);
+        };
+        walk(trees, 3, &pack);
+        out += "        }\n";
+    }
+    out += strf("        for (int64_t r0 = row0; r0 < row_end; r0 += %lld) {\n", R);
+    // the tile's rows: xs[n][r] is term n of row r0 + r, 0 past the last row
+    out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
+    out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = 0;\n", NT,
+                R);
+    if (x_along) {
+        out += "            {\n                float *to = xs;\n";
+        Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
+            out += pad + strf("for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
+            out += pad + strf("    int64_t i%d = r0 + r;\n", rows);
+            assign(pad + "    ", "to[r]", x);
+            out += pad + "}\n" + pad + strf("to += %lld;\n", R);
+        };
+        walk(trees, 4, &pack);
+        out += "            }\n";
+    } else {
+        out += strf("            for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
+        out += strf("                int64_t i%d = r0 + r;\n", rows);
+        out += "                float *to = xs + r;\n";
+        Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
+            assign(pad, "*to", x);
+            out += pad + strf("to += %lld;\n", R);
+        };
+        walk(trees, 4, &pack);
+        out += "            }\n";
+    }
+    out += strf("            for (int64_t c0 = col0; c0 < col_end; c0 += %lld) {\n", W);
+    out += strf("                const float *x = xs, *y = ys + (c0 - col0) / %lld * %lld;\n", W,
+                NT * W);
+    std::unordered_set<int> set, read;
+    accs_set(trees, set);
+    accs_read(epilogue, read);
+    std::vector<int> sums(set.begin(), set.end());
+    std::sort(sums.begin(), sums.end());
+    for (int acc : sums) out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
+    walk(trees, 4, nullptr);
+    // the epilogue: loops of known bounds, which the C compiler vectorizes
+    out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : %lld;\n", R, R);
+    out += strf("                int64_t cn = col_end - c0 < %lld ? col_end - c0 : %lld;\n", W, W);
+    out += "                for (int64_t r = 0; r < rn; r++) {\n";
+    out += strf("                    int64_t i%d = r0 + r;\n", rows);
+    out += "                    for (int64_t c = 0; c < cn; c++) {\n";
+    out += strf("                        int64_t i%d = c0 + c;\n", cols);
+    for (int acc : sums)
+        if (read.count(acc))
+            out += strf("                        float acc%d = ((const float *)sum%d[r])[c];\n",
+                        acc, acc);
+    c_stmts(epilogue, b.extents, {}, 6, next_tmp, out);
+    out += "                    }\n                }\n            }\n        }\n    }\n";
+    return out;
+}
+
 // TG_CHECK's scan of a float buffer: err[1] = 2·index + 1 for an infinity, 2·index for a NaN
 // (x - x is NaN for both).
 #define TG_FINITE_SOURCE(type, name)                                                           \
@@ -4956,6 +5379,12 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     // selects by bit masks, not by c ? a : b: GCC 12 at -O3 if-converts conditional
     // expressions into masked vector code that computes wrong values in some nests (two
     // selects on one condition in a loop of 7 or 14 iterations; tests/test_interp.cpp)
+    // a tiled product's vectors of 16 floats (pass_tile_products), and its loop over a tile
+    {"TG_TILE(",
+     "typedef float tg_vf __attribute__((vector_size(64), may_alias));\n"
+     "#define TG_VEC(p, v) (((const tg_vf *)(p))[v])\n"
+     "#define TG_TILE(rows, vectors) \\\n"
+     "    for (int r = 0; r < rows; r++) for (int v = 0; v < vectors; v++)\n"},
     {"tg_wheref(",
      "static inline float tg_wheref(int c, float a, float b) {\n"
      "    union { float f; uint32_t u; } x = {a}, y = {b};\n"
@@ -5020,8 +5449,9 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
             args += strf("%s(%s%s *)b[%d]", args.empty() ? "" : ", ", constness, type, i);
         }
         if (block_accesses(b).checks) { params += ", int64_t *err"; args += ", err"; }
-        bool chunked = b.parallel_chunks > 0;
-        if (chunked) {
+        bool chunked = b.parallel_chunks > 0, tiled = b.tile.rows > 0;
+        std::string inline_args = args + strf(", 0, %lldLL", (long long)b.tile.tasks);
+        if (chunked || tiled) {
             params += ", int64_t lo, int64_t hi";
             args += ", lo, hi";
         }
@@ -5032,7 +5462,8 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
         prototypes[k] = strf("void k%zu(%s);\n", k, params.c_str());
         int next_tmp = 0;
         if (arrays.count(-1)) out += "    " + arrays[-1];
-        c_stmts(b.body, b.extents, arrays, 1, next_tmp, out, chunked);
+        if (tiled) out += c_tiled_product(b);
+        else c_stmts(b.body, b.extents, arrays, 1, next_tmp, out, chunked);
         out += "}\n";
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         if (chunked) {   // the entry the thread pool calls for each chunk
@@ -5041,9 +5472,11 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
                         LINKAGE, k, k, args.c_str());
             prototypes[k] +=
                 strf("void k%zu_chunk(void *const *b, int64_t *err, int64_t lo, int64_t hi);\n", k);
-            int loop = b.body[0].id;
+            int64_t items = tiled ? b.tile.tasks : b.extents[size_t(b.body[0].id)];
             calls += strf("    run_chunks(k%zu_chunk, b, err, %lldLL, %lldLL);\n", k,
-                          (long long)b.extents[size_t(loop)], (long long)b.parallel_chunks);
+                          (long long)items, (long long)b.parallel_chunks);
+        } else if (tiled) {
+            calls += strf("    k%zu(%s);\n", k, inline_args.c_str());
         } else {
             calls += strf("    k%zu(%s);\n", k, args.c_str());
         }
@@ -5506,6 +5939,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
     run_passes(prog, targets_device);                            // 3. passes
     info.nests = int(prog.blocks.size());
+    for (const Block& b : prog.blocks) info.tiled_nests += b.tile.rows > 0;
     temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
     info.arena_bytes = prog.arena_bytes;
     Device& dev = *targets_device;
@@ -5515,10 +5949,11 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
                      sched_listing(sched).c_str());
         std::fprintf(stderr,
                      "[tg] %s: %d nests, %d temporaries (%lld bytes) as lowered; after the "
-                     "passes %d nests, %d local arrays, %d temporaries: %lld bytes unplanned -> "
-                     "%lld planned\n",
+                     "passes %d nests (%d tiled products), %d local arrays, %d temporaries: "
+                     "%lld bytes unplanned -> %lld planned\n",
                      prog.name.c_str(), info.nests_lowered, info.temporaries_lowered,
-                     (long long)info.temp_bytes_lowered, info.nests, info.local_arrays,
+                     (long long)info.temp_bytes_lowered, info.nests, info.tiled_nests,
+                     info.local_arrays,
                      info.temporaries, (long long)info.temp_bytes, (long long)info.arena_bytes);
         if (debug >= 3)
             std::fprintf(stderr, "[tg] loop IR before passes:\n%s[tg] after passes:\n%s",

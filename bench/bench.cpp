@@ -51,9 +51,10 @@ template <typename F> static Timing time_blocks(F&& step, int warmup, int steps,
 static std::string program_figures(const tg::ProgramInfo& p) {
     char line[240];
     std::snprintf(line, sizeof line,
-                  "  nests %d (lowered %d)  local arrays %d  temporaries %lld B lowered, %lld B"
-                  " unplanned -> %lld B planned",
-                  p.nests, p.nests_lowered, p.local_arrays, (long long)p.temp_bytes_lowered,
+                  "  nests %d (lowered %d, tiled %d)  local arrays %d  temporaries %lld B"
+                  " lowered, %lld B unplanned -> %lld B planned",
+                  p.nests, p.nests_lowered, p.tiled_nests, p.local_arrays,
+                  (long long)p.temp_bytes_lowered,
                   (long long)p.temp_bytes, (long long)p.arena_bytes);
     return line;
 }
