@@ -4126,17 +4126,38 @@ static bool uses_var(const ExprP& e, int var) {
     vars_used(e, vars);
     return vars.count(var) > 0;
 }
-// the term's operand that runs along the rows (x), given which axes are rows and columns;
-// -1 when neither can be
-static int row_operand(const ExprP& term, int rows, int cols) {
-    const ExprP &a = term->src[0], &b = term->src[1];
-    if (!uses_var(a, cols) && !uses_var(b, rows)) return 0;
-    if (!uses_var(b, cols) && !uses_var(a, rows)) return 1;
-    return -1;
+// Whether some load in e moves by one element when var does (e is read along var).
+static bool read_along(const ExprP& e, int var) {
+    bool found = false;
+    std::unordered_set<const Expr*> seen;
+    each_part(e, seen, [&](const ExprP& part) {
+        if (part->kind != EK::LOAD) return;
+        Linear lin;
+        lin.add(1, part->src[0]);
+        for (auto& [coef, term] : lin.terms)
+            found = found || (coef == 1 && term->kind == EK::VAR && term->id == var);
+    });
+    return found;
 }
-// A term of a sum tree: acc += x·y, or acc = x·y where first_write started the sum with it.
+
+// A term as x·y given the axes of the rows and the columns (rows -1: none): x, the operand
+// that does not read the columns, is src[x_at] of the product; y does not read the rows. A
+// term that is no such product and does not read the rows is y alone (x null): a sum of
+// columns. False where it is neither.
+static bool split_term(const ExprP& term, int rows, int cols, ExprP& x, ExprP& y, int& x_at) {
+    if (term->kind == EK::ALU && term->op == Op::MUL && rows >= 0)
+        for (x_at = 0; x_at < 2; x_at++) {
+            x = term->src[size_t(x_at)];
+            y = term->src[size_t(1 - x_at)];
+            if (!uses_var(x, cols) && !uses_var(y, rows)) return true;
+        }
+    x = nullptr;
+    y = term;
+    return rows < 0 || !uses_var(term, rows);
+}
+// A term of a sum tree: acc += v, or acc = v where first_write started the sum with it.
 static bool is_term(const Stmt& st) {
-    return (st.kind == SK::ACC_UPDATE || st.kind == SK::ACC_INIT) && st.val->kind == EK::ALU;
+    return st.kind == SK::ACC_UPDATE ? st.val->kind != EK::ACC : st.val->kind != EK::CONST;
 }
 // body is a forest of sum trees: loops, float accumulators set to +0, acc += acc and terms
 // (returned in terms); count is how many terms one pass over body adds
@@ -4154,7 +4175,8 @@ static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>&
             return false;
         const ExprP& v = st.val;
         if (is_term(st)) {
-            if (v->op != Op::MUL || expr_has(v, EK::ACC) || expr_has(v, EK::CHECK)) return false;
+            if (v->dtype != DType::FLOAT32 || expr_has(v, EK::ACC) || expr_has(v, EK::CHECK))
+                return false;
             terms.push_back(v);
             count++;
         } else if (st.kind == SK::ACC_INIT ? !is_const(v, 0) || std::signbit(v->num)
@@ -4202,15 +4224,29 @@ static bool match_product(const Block& b, ProductMatch& m) {
         });
         if (apart) return false;
     }
+    // the rows and columns: innermost loops first; without rows, only sums of columns that
+    // are read along them (elsewhere packing them would cost what tiling saves)
+    ExprP x, y;
+    int x_at = 0;
     for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c)
         for (auto r = m.loops.rbegin(); r != m.loops.rend(); ++r) {
-            bool fits = *r != *c;
-            for (const ExprP& t : terms) fits = fits && row_operand(t, *r, *c) >= 0;
-            if (!fits) continue;
+            bool fits = *r != *c, products = false;
+            for (const ExprP& t : terms) {
+                fits = fits && split_term(t, *r, *c, x, y, x_at);
+                products = products || x;
+            }
+            if (!fits || !products) continue;
             m.rows = *r;
             m.cols = *c;
             return true;
         }
+    for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c) {
+        bool along = true;
+        for (const ExprP& t : terms) along = along && read_along(t, *c);
+        if (!along) continue;
+        m.cols = *c;
+        return true;
+    }
     return false;
 }
 // Tile sizes: 1, 2 or 4 vectors of columns, rows so that the innermost sums fill about half the
@@ -4220,7 +4256,8 @@ static bool match_product(const Block& b, ProductMatch& m) {
 // operands, so the packing is a small part of its work.
 static const int64_t MIN_ROW_BLOCK = 64;
 static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
-    int64_t rows = b.extents[size_t(m.rows)], cols = b.extents[size_t(m.cols)], outer = 1;
+    int64_t rows = m.rows >= 0 ? b.extents[size_t(m.rows)] : 1;
+    int64_t cols = b.extents[size_t(m.cols)], outer = 1;
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) outer *= b.extents[size_t(v)];
     if (outer * rows * cols * m.terms < TILE_MIN_WORK) return false;
@@ -4228,7 +4265,7 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
     if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
     t.cols = int(vectors * TILE_LANES);
-    t.rows = vectors >= 3 ? 4 : vectors == 2 ? 6 : 8;
+    t.rows = int(std::min<int64_t>(rows, vectors >= 3 ? 4 : vectors == 2 ? 6 : 8));
     int64_t col_tiles = (cols + t.cols - 1) / t.cols;
     int64_t panels = std::max((col_tiles * t.cols * m.terms * 4 + PANEL_BYTES - 1) / PANEL_BYTES,
                               std::min(col_tiles, (PARALLEL_CHUNKS + outer - 1) / outer));
@@ -5157,37 +5194,36 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
     }
 }
 
-// Whether some load in e moves by one element when var does (e is read along var).
-static bool read_along(const ExprP& e, int var) {
-    bool found = false;
-    std::unordered_set<const Expr*> seen;
-    each_part(e, seen, [&](const ExprP& part) {
-        if (part->kind != EK::LOAD) return;
-        Linear lin;
-        lin.add(1, part->src[0]);
-        for (auto& [coef, term] : lin.terms)
-            found = found || (coef == 1 && term->kind == EK::VAR && term->id == var);
-    });
-    return found;
-}
-
-// The function of a tiled product (pass_tile_products), for tasks [lo, hi). A task packs its
-// panel of columns (y), then for each tile of rows packs the rows (x) and for each tile of
-// columns adds the terms into vector sums: the untiled sum trees with each accumulator an
-// array of rows × vectors. The stores then run for each element of the tile. An operand read
-// along its rows or columns is packed with them in the inner loop, else term by term.
+// The function of a tiled product (pass_tile_products), for tasks [lo, hi). A task runs over
+// a panel of columns and a block of rows, tile by tile: R rows × W columns of vector sums, the
+// untiled sum trees with each accumulator an array of R × W/16 vectors. Each term multiplies
+// one value of a row (x) by a vector of the columns' values (y). An operand that is a load is
+// read where it lies (x's row clamped to the last one for a partial tile; y when it is read
+// along the columns and no tile is partial); else it is packed: y for the panel (ys[c / W][n]
+// [c % W] is term n of column col0 + c), x for the tile (xs[n][r]), in the order of the terms,
+// rows and columns past the end as 0. The epilogue then runs for each element of the tile.
 static std::string c_tiled_product(const Block& b) {
     ProductMatch m;
     if (!match_product(b, m)) fail("render: a nest tiled as a product is no longer one");
     const Block::Tiles& t = b.tile;
     long long R = t.rows, W = t.cols, V = t.cols / TILE_LANES, NT = m.terms;
     long long PC = t.panel_cols, RB = t.row_block;
-    long long M = b.extents[size_t(m.rows)], N = b.extents[size_t(m.cols)];
+    long long M = m.rows >= 0 ? b.extents[size_t(m.rows)] : 1, N = b.extents[size_t(m.cols)];
     long long panels = (N + PC - 1) / PC, blocks = (M + RB - 1) / RB;
     int rows = m.rows, cols = m.cols, next_tmp = 0;
     std::vector<Stmt> trees(m.inner->begin(), m.inner->begin() + std::ptrdiff_t(m.epilogue_from));
     std::vector<Stmt> epilogue(m.inner->begin() + std::ptrdiff_t(m.epilogue_from), m.inner->end());
     std::string out;
+    // an operand's C with the rows' or columns' variable written as `as`
+    auto operand = [&](const ExprP& e, int var, const std::string& as) {
+        CExprs cx{{}, next_tmp};
+        std::unordered_set<const Expr*> seen;
+        each_part(e, seen, [&](const ExprP& part) {
+            if (part->kind == EK::VAR && part->id == var) cx.names[part.get()] = as;
+        });
+        return cx.str(e);
+    };
+    bool x_direct = true, y_direct = N % W == 0, x_along = false, y_along = false;
     // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums
     using Term = std::function<void(const ExprP& x, const ExprP& y, const std::string& pad)>;
     std::function<void(const std::vector<Stmt>&, int, const Term*)> walk =
@@ -5202,29 +5238,48 @@ static std::string c_tiled_product(const Block& b) {
                 continue;
             }
             bool a_term = is_term(st);
-            size_t x = a_term ? size_t(row_operand(st.val, rows, cols)) : 0;
+            ExprP xe, ye;
+            int x_at = 0;
+            if (a_term) split_term(st.val, rows, cols, xe, ye, x_at);
             const char* op = st.kind == SK::ACC_INIT ? "=" : "+=";
             if (term) {
-                if (a_term) (*term)(st.val->src[x], st.val->src[1 - x], pad);
-            } else if (!a_term) {
+                if (a_term) (*term)(xe, ye, pad);
+                continue;
+            }
+            if (!a_term) {
                 std::string v =
                     st.kind == SK::ACC_INIT ? "(tg_vf){0}" : strf("sum%d[r][v]", st.val->id);
                 out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
                             st.id, op, v.c_str());
-            } else {   // the operands in the order the term multiplies them
-                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
-                            st.id, op, x == 0 ? "x[r] * TG_VEC(y, v)" : "TG_VEC(y, v) * x[r]");
-                out += strf("%sx += %lld;\n%sy += %lld;\n", pad.c_str(), R, pad.c_str(), W);
+                continue;
             }
+            std::string yv = "TG_VEC(" + (y_direct ? "&" + operand(ye, cols, "c0") : "y") + ", v)";
+            if (!xe) {   // a sum of columns
+                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
+                            st.id, op, yv.c_str());
+            } else {
+                std::string xv = x_direct ? operand(xe, rows, "row[r]") : "x[r]";
+                std::string prod = x_at == 0 ? "xr * " + yv : yv + " * xr";   // the term's order
+                out += strf("%sfor (int r = 0; r < %lld; r++) {\n", pad.c_str(), R);
+                out += strf("%s    float xr = %s;\n", pad.c_str(), xv.c_str());
+                out += strf("%s    for (int v = 0; v < %lld; v++) sum%d[r][v] %s %s;\n",
+                            pad.c_str(), V, st.id, op, prod.c_str());
+                out += pad + "}\n";
+                if (!x_direct) out += strf("%sx += %lld;\n", pad.c_str(), R);
+            }
+            if (!y_direct) out += strf("%sy += %lld;\n", pad.c_str(), W);
         }
     };
     auto assign = [&](const std::string& pad, const std::string& to, const ExprP& v) {
         CExprs cx{{}, next_tmp};
         out += cx.declare_shared({v}, pad) + pad + to + " = " + cx.str(v) + ";\n";
     };
-    bool y_along = false, x_along = false;
+    bool products = false;
     Term probe = [&](const ExprP& x, const ExprP& y, const std::string&) {
-        x_along = x_along || read_along(x, rows);
+        products = products || x;
+        x_direct = x_direct && (!x || x->kind == EK::LOAD);
+        y_direct = y_direct && y->kind == EK::LOAD && read_along(y, cols);
+        x_along = x_along || (x && read_along(x, rows));
         y_along = y_along || read_along(y, cols);
     };
     walk(trees, 0, &probe);
@@ -5232,18 +5287,21 @@ static std::string c_tiled_product(const Block& b) {
 
     out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
                 "       vector registers (%lld vectors of %lld floats a row) for each level of\n"
-                "       a sum's tree; the rows' terms packed for each tile, the columns' for\n"
-                "       each panel of %lld */\n",
-                R, W, R * V, V, (long long)TILE_LANES, PC);
-    out += strf("    float xs[%lld] __attribute__((aligned(64)));   /* a tile's rows */\n", NT * R);
-    out += strf("    float ys[%lld] __attribute__((aligned(64)));   /* a panel's columns */\n",
-                NT * PC);
+                "       a sum's tree */\n", R, W, R * V, V, (long long)TILE_LANES);
+    x_direct = x_direct || !products;
+    if (!x_direct)
+        out += strf("    float xs[%lld] __attribute__((aligned(64)));   /* a tile's rows */\n",
+                    NT * R);
+    if (!y_direct)
+        out += strf("    float ys[%lld] __attribute__((aligned(64)));   /* a panel's columns */\n",
+                    NT * PC);
     out += "    for (int64_t task = lo; task < hi; task++) {\n";
     out += blocks > 1 ? strf("        int64_t row0 = task %% %lld * %lld;\n", blocks, RB)
                       : "        int64_t row0 = 0;\n";
-    out += panels > 1
-               ? strf("        int64_t col0 = task / %lld %% %lld * %lld;\n", blocks, panels, PC)
-               : "        int64_t col0 = 0;\n";
+    std::string task_over_blocks = blocks > 1 ? strf("task / %lld", blocks) : "task";
+    out += panels > 1 ? strf("        int64_t col0 = %s %% %lld * %lld;\n",
+                             task_over_blocks.c_str(), panels, PC)
+                      : "        int64_t col0 = 0;\n";
     long long below = blocks * panels;
     for (auto v = m.loops.rbegin(); v != m.loops.rend(); ++v) {
         if (*v == rows || *v == cols) continue;
@@ -5255,12 +5313,13 @@ static std::string c_tiled_product(const Block& b) {
                 M);
     out += strf("        int64_t col_end = col0 + %lld < %lld ? col0 + %lld : %lld;\n", PC, N, PC,
                 N);
-    // the panel: ys[c / W][n][c % W] is term n of column col0 + c, 0 past the last column
-    out += strf("        for (int64_t c = col_end - col0; c < (col_end - col0 + %lld) / %lld * "
-                "%lld; c++)\n", W - 1, W, W);
-    out += strf("            for (int64_t n = 0; n < %lld; n++) ys[c / %lld * %lld + n * %lld + "
-                "c %% %lld] = 0;\n", NT, W, NT * W, W, W);
-    if (y_along) {
+    if (!y_direct) {
+        out += strf("        for (int64_t c = col_end - col0; c < (col_end - col0 + %lld) / %lld * "
+                    "%lld; c++)\n", W - 1, W, W);
+        out += strf("            for (int64_t n = 0; n < %lld; n++) ys[c / %lld * %lld + n * %lld "
+                    "+ c %% %lld] = 0;\n", NT, W, NT * W, W, W);
+    }
+    if (!y_direct && y_along) {
         out += "        {\n            float *to = ys;\n";
         Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
             out += pad + "for (int64_t c = 0; c < col_end - col0; c++) {\n";
@@ -5270,7 +5329,7 @@ static std::string c_tiled_product(const Block& b) {
         };
         walk(trees, 3, &pack);
         out += "        }\n";
-    } else {
+    } else if (!y_direct) {
         out += "        for (int64_t c = 0; c < col_end - col0; c++) {\n";
         out += strf("            int64_t i%d = col0 + c;\n", cols);
         out += strf("            float *to = ys + c / %lld * %lld + c %% %lld;\n", W, NT * W, W);
@@ -5282,13 +5341,19 @@ static std::string c_tiled_product(const Block& b) {
         out += "        }\n";
     }
     out += strf("        for (int64_t r0 = row0; r0 < row_end; r0 += %lld) {\n", R);
-    // the tile's rows: xs[n][r] is term n of row r0 + r, 0 past the last row
-    out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
-    out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = 0;\n", NT,
-                R);
-    if (x_along) {
+    if (x_direct && rows >= 0) {
+        out += strf("            int64_t row[%lld];\n", R);
+        out += strf("            for (int r = 0; r < %lld; r++) row[r] = r0 + r < row_end ? r0 + r "
+                    ": row_end - 1;\n", R);
+    } else if (!x_direct) {
+        out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
+        out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = 0;\n",
+                    NT, R);
+    }
+    if (!x_direct && x_along) {
         out += "            {\n                float *to = xs;\n";
         Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
+            if (!x) return;
             out += pad + strf("for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
             out += pad + strf("    int64_t i%d = r0 + r;\n", rows);
             assign(pad + "    ", "to[r]", x);
@@ -5296,11 +5361,12 @@ static std::string c_tiled_product(const Block& b) {
         };
         walk(trees, 4, &pack);
         out += "            }\n";
-    } else {
+    } else if (!x_direct) {
         out += strf("            for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
-        out += strf("                int64_t i%d = r0 + r;\n", rows);
+        if (rows >= 0) out += strf("                int64_t i%d = r0 + r;\n", rows);
         out += "                float *to = xs + r;\n";
         Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
+            if (!x) return;
             assign(pad, "*to", x);
             out += pad + strf("to += %lld;\n", R);
         };
@@ -5308,8 +5374,10 @@ static std::string c_tiled_product(const Block& b) {
         out += "            }\n";
     }
     out += strf("            for (int64_t c0 = col0; c0 < col_end; c0 += %lld) {\n", W);
-    out += strf("                const float *x = xs, *y = ys + (c0 - col0) / %lld * %lld;\n", W,
-                NT * W);
+    if (!x_direct) out += "                const float *x = xs;\n";
+    if (!y_direct)
+        out += strf("                const float *y = ys + (c0 - col0) / %lld * %lld;\n", W,
+                    NT * W);
     std::unordered_set<int> set, read;
     accs_set(trees, set);
     accs_read(epilogue, read);
@@ -5321,7 +5389,7 @@ static std::string c_tiled_product(const Block& b) {
     out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : %lld;\n", R, R);
     out += strf("                int64_t cn = col_end - c0 < %lld ? col_end - c0 : %lld;\n", W, W);
     out += "                for (int64_t r = 0; r < rn; r++) {\n";
-    out += strf("                    int64_t i%d = r0 + r;\n", rows);
+    if (rows >= 0) out += strf("                    int64_t i%d = r0 + r;\n", rows);
     out += "                    for (int64_t c = 0; c < cn; c++) {\n";
     out += strf("                        int64_t i%d = c0 + c;\n", cols);
     for (int acc : sums)
@@ -5382,7 +5450,8 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     // a tiled product's vectors of 16 floats (pass_tile_products), and its loop over a tile
     {"TG_TILE(",
      "typedef float tg_vf __attribute__((vector_size(64), may_alias));\n"
-     "#define TG_VEC(p, v) (((const tg_vf *)(p))[v])\n"
+     "typedef float tg_vf_unaligned __attribute__((vector_size(64), may_alias, aligned(4)));\n"
+     "#define TG_VEC(p, v) (((const tg_vf_unaligned *)(p))[v])\n"
      "#define TG_TILE(rows, vectors) \\\n"
      "    for (int r = 0; r < rows; r++) for (int v = 0; v < vectors; v++)\n"},
     {"tg_wheref(",

@@ -278,6 +278,10 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
         {data({53, 37}).transpose(0, 1), data({41, 53}, 4).transpose(0, 1), 1, 37, 53, 41, true},
         {data({1, 53}).expand({37, 53}), data({53, 41}, 5), 1, 37, 53, 41, true},   // broadcast
         {data({3, 17, 33}), data({3, 33, 29}, 6), 3, 17, 33, 29, true},          // batched
+        // operands computed, so packed: along the rows and columns, and across them
+        {data({37, 53}) * data({37, 53}, 9), data({53, 41}, 1) * 2.0f, 1, 37, 53, 41, true},
+        {data({53, 37}).transpose(0, 1) * 2.0f, data({41, 53}, 4).transpose(0, 1) + 1.0f, 1, 37,
+         53, 41, true},
         {data({1, 64}), data({64, 64}, 7), 1, 1, 64, 64, false},                 // one row
         {data({4, 0}), data({0, 5}, 8), 1, 4, 0, 5, false},                      // empty sums
     };
@@ -336,7 +340,8 @@ typedef void (*tg_chunk)(void *const *b, int64_t *err, int64_t lo, int64_t hi);
 typedef void (*tg_run_chunks)(tg_chunk f, void *const *b, int64_t *err, int64_t n,
                               int64_t chunks);
 typedef float tg_vf __attribute__((vector_size(64), may_alias));
-#define TG_VEC(p, v) (((const tg_vf *)(p))[v])
+typedef float tg_vf_unaligned __attribute__((vector_size(64), may_alias, aligned(4)));
+#define TG_VEC(p, v) (((const tg_vf_unaligned *)(p))[v])
 #define TG_TILE(rows, vectors) \
     for (int r = 0; r < rows; r++) for (int v = 0; v < vectors; v++)
 static inline float tg_wheref(int c, float a, float b) {
@@ -351,53 +356,26 @@ static inline float tg_wheref(int c, float a, float b) {
 static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2, const float *restrict buf3, int64_t lo, int64_t hi) {
     /* a matrix product in tiles of 6 rows x 32 columns: 12 sums in
        vector registers (2 vectors of 16 floats a row) for each level of
-       a sum's tree; the rows' terms packed for each tile, the columns' for
-       each panel of 32 */
-    float xs[192] __attribute__((aligned(64)));   /* a tile's rows */
-    float ys[1024] __attribute__((aligned(64)));   /* a panel's columns */
+       a sum's tree */
     for (int64_t task = lo; task < hi; task++) {
         int64_t row0 = 0;
         int64_t col0 = 0;
         int64_t row_end = row0 + 32 < 32 ? row0 + 32 : 32;
         int64_t col_end = col0 + 32 < 32 ? col0 + 32 : 32;
-        for (int64_t c = col_end - col0; c < (col_end - col0 + 31) / 32 * 32; c++)
-            for (int64_t n = 0; n < 32; n++) ys[c / 32 * 1024 + n * 32 + c % 32] = 0;
-        {
-            float *to = ys;
-            for (int64_t i2 = 0; i2 < 2; i2++) {
-                for (int64_t i3 = 0; i3 < 16; i3++) {
-                    for (int64_t c = 0; c < col_end - col0; c++) {
-                        int64_t i1 = col0 + c;
-                        to[c / 32 * 1024 + c % 32] = buf2[(i1 + (i2 * 512) + (i3 * 32))];
-                    }
-                    to += 32;
-                }
-            }
-        }
         for (int64_t r0 = row0; r0 < row_end; r0 += 6) {
-            for (int64_t r = row_end - r0; r < 6; r++)
-                for (int64_t n = 0; n < 32; n++) xs[n * 6 + r] = 0;
-            for (int64_t r = 0; r < 6 && r0 + r < row_end; r++) {
-                int64_t i0 = r0 + r;
-                float *to = xs + r;
-                for (int64_t i2 = 0; i2 < 2; i2++) {
-                    for (int64_t i3 = 0; i3 < 16; i3++) {
-                        *to = buf1[((i0 * 32) + (i2 * 16) + i3)];
-                        to += 6;
-                    }
-                }
-            }
+            int64_t row[6];
+            for (int r = 0; r < 6; r++) row[r] = r0 + r < row_end ? r0 + r : row_end - 1;
             for (int64_t c0 = col0; c0 < col_end; c0 += 32) {
-                const float *x = xs, *y = ys + (c0 - col0) / 32 * 1024;
                 tg_vf sum0[6][2];
                 tg_vf sum1[6][2];
                 TG_TILE(6, 2) sum0[r][v] = (tg_vf){0};
                 for (int64_t i2 = 0; i2 < 2; i2++) {
                     TG_TILE(6, 2) sum1[r][v] = (tg_vf){0};
                     for (int64_t i3 = 0; i3 < 16; i3++) {
-                        TG_TILE(6, 2) sum1[r][v] += x[r] * TG_VEC(y, v);
-                        x += 6;
-                        y += 32;
+                        for (int r = 0; r < 6; r++) {
+                            float xr = buf1[((row[r] * 32) + (i2 * 16) + i3)];
+                            for (int v = 0; v < 2; v++) sum1[r][v] += xr * TG_VEC(&buf2[(c0 + (i2 * 512) + (i3 * 32))], v);
+                        }
                     }
                     TG_TILE(6, 2) sum0[r][v] += sum1[r][v];
                 }
