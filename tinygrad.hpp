@@ -129,6 +129,9 @@
    so its error grows with the logarithm of the length and it has the same bits on the CPU
    (any thread count) and INTERP. On CUDA a long sum with few outputs is split over a block of
    threads and combined in a fixed tree: the same bits on every run, not the CPU's.
+   The CPU computes matrix products (and sums of columns) in tiles: many element sums at once
+   in vector registers, each still its own tree in its own order, so tiling changes speed,
+   never bits (pass tile_products; TG_DEBUG=4 shows the C).
 
  HOW TO ADD AN OP
    Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
@@ -145,8 +148,9 @@
    in-place writes, and the error names the line that indexed.
 
  NOT YET
-   tiled and vectorized products of our own (CPU and CUDA: a product is one thread per output
-   element); CUDA graphs for jit replays; several CUDA devices, streams and events.
+   tiled products on CUDA (one thread per output element); the CPU's tiles multiply and add
+   separately (no fused multiply-add: a sum's bits would change) and run at about half the
+   core's peak; CUDA graphs for jit replays; several CUDA devices, streams and events.
    The interpreter and constant folding hold integers exactly, but a constant in the graph
    (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */
@@ -4081,6 +4085,27 @@ static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, in
 }
 
 
+// The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
+static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
+    std::unordered_set<const Expr*> seen;
+    auto in_expr = [&](const ExprP& e) {
+        each_part(e, seen, [&](const ExprP& part) {
+            if (part->kind == EK::ACC) read.insert(part->id);
+        });
+    };
+    for (const Stmt& st : body) {
+        in_expr(st.idx);
+        in_expr(st.val);
+        accs_read(st.body, read);
+    }
+}
+static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
+        accs_set(st.body, set);
+    }
+}
+
 // How nests are shared out to threads: pass_tile_products, pass_parallel_loops.
 static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
 
@@ -4098,8 +4123,9 @@ static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
 struct ProductMatch {
     std::vector<int> loops;                     // output loop variables, outermost first
     int rows = -1, cols = -1;                   // the axes x and y run along
-    const std::vector<Stmt>* inner = nullptr;   // the innermost output loop's body
-    size_t epilogue_from = 0;                   // inner[epilogue_from..]: stores and locals
+    // the innermost output loop's body: its sum trees, and the stores and the locals they
+    // read, which run after all the trees (each in its order)
+    std::vector<Stmt> trees, epilogue;
     int64_t terms = 0;                          // terms in each element's sum
 };
 static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AVX-512's width
@@ -4193,19 +4219,30 @@ static bool match_product(const Block& b, ProductMatch& m) {
         m.loops.push_back((*body)[0].id);
         body = &(*body)[0].body;
     }
-    m.inner = body;
-    for (size_t s = 0; s < body->size(); s++)   // the epilogue: after the last loop or update
-        if ((*body)[s].kind == SK::LOOP || (*body)[s].kind == SK::ACC_UPDATE)
-            m.epilogue_from = s + 1;
-    if (m.loops.size() < 2 || m.epilogue_from == 0 || m.epilogue_from == body->size()) return false;
-    std::vector<Stmt> trees(body->begin(), body->begin() + std::ptrdiff_t(m.epilogue_from));
-    std::vector<ExprP> terms;
-    if (!sum_trees(trees, b.extents, terms, m.terms) || terms.empty()) return false;
-    std::map<int, ExprP> stored;   // buffer → the index its store writes
-    for (size_t s = m.epilogue_from; s < body->size(); s++) {
-        const Stmt& st = (*body)[s];
+    // An epilogue statement moves after the trees that follow it: no accumulator it reads is
+    // set after it (the terms read no accumulator and no buffer it writes, checked below).
+    std::unordered_set<int> read_before;   // by the epilogue statements so far
+    for (const Stmt& st : *body) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
-        if ((!store && st.kind != SK::ACC_INIT) || expr_has(st.val, EK::CHECK) ||
+        std::unordered_set<int> reads, sets;
+        accs_read({st}, reads);
+        if (store || (st.kind == SK::ACC_INIT && !reads.empty())) {
+            m.epilogue.push_back(st);
+            read_before.insert(reads.begin(), reads.end());
+            continue;
+        }
+        accs_set({st}, sets);
+        for (int acc : sets)
+            if (read_before.count(acc)) return false;
+        m.trees.push_back(st);
+    }
+    std::vector<ExprP> terms;
+    if (m.loops.empty() || !sum_trees(m.trees, b.extents, terms, m.terms) || terms.empty())
+        return false;
+    std::map<int, ExprP> stored;   // buffer → the index its store writes
+    for (const Stmt& st : m.epilogue) {
+        bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
+        if (expr_has(st.val, EK::CHECK) ||
             (store && (expr_has(st.idx, EK::CHECK) || stored.count(st.id))))
             return false;
         if (store) stored[st.id] = st.idx;
@@ -4215,10 +4252,10 @@ static bool match_product(const Block& b, ProductMatch& m) {
     for (const ExprP& t : terms)
         for (auto& [buffer, idx] : stored)
             if (uses_buffer(t, buffer)) return false;
-    for (size_t s = m.epilogue_from; s < body->size(); s++) {
+    for (const Stmt& st : m.epilogue) {
         bool apart = false;
         std::unordered_set<const Expr*> seen;
-        each_part((*body)[s].val, seen, [&](const ExprP& part) {
+        each_part(st.val, seen, [&](const ExprP& part) {
             auto w = part->kind == EK::LOAD ? stored.find(part->id) : stored.end();
             apart = apart || (w != stored.end() && !expr_eq(w->second, part->src[0]));
         });
@@ -4306,26 +4343,6 @@ static void pass_tile_products(Program& p) {
 // the same index ends in one loop body (pass_substitute_temps). A nest between two that could
 // fuse is stepped over (seed 004): the right one merges left when it is independent of the
 // nests in between, else the left one merges right when it is.
-// The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
-static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
-    std::unordered_set<const Expr*> seen;
-    auto in_expr = [&](const ExprP& e) {
-        each_part(e, seen, [&](const ExprP& part) {
-            if (part->kind == EK::ACC) read.insert(part->id);
-        });
-    };
-    for (const Stmt& st : body) {
-        in_expr(st.idx);
-        in_expr(st.val);
-        accs_read(st.body, read);
-    }
-}
-static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
-    for (const Stmt& st : body) {
-        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
-        accs_set(st.body, set);
-    }
-}
 static void vars_bound(const std::vector<Stmt>& body, std::unordered_set<int>& vars) {
     for (const Stmt& st : body)
         if (st.kind == SK::LOOP) {
@@ -5211,8 +5228,7 @@ static std::string c_tiled_product(const Block& b) {
     long long M = m.rows >= 0 ? b.extents[size_t(m.rows)] : 1, N = b.extents[size_t(m.cols)];
     long long panels = (N + PC - 1) / PC, blocks = (M + RB - 1) / RB;
     int rows = m.rows, cols = m.cols, next_tmp = 0;
-    std::vector<Stmt> trees(m.inner->begin(), m.inner->begin() + std::ptrdiff_t(m.epilogue_from));
-    std::vector<Stmt> epilogue(m.inner->begin() + std::ptrdiff_t(m.epilogue_from), m.inner->end());
+    const std::vector<Stmt> &trees = m.trees, &epilogue = m.epilogue;
     std::string out;
     // an operand's C with the rows' or columns' variable written as `as`
     auto operand = [&](const ExprP& e, int var, const std::string& as) {

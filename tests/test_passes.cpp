@@ -405,3 +405,22 @@ void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {
     th::EnvGuard env("TG_PASSES", "all");
     CHECK_EQ(tg::inspect({y}).c_source, std::string(want));
 }
+
+// A sum over rows whose elements lie along the outputs (a bias's gradient, LayerNorm's weight
+// gradient) is tiled too: vector sums across the columns, each in its untiled order. A sum
+// along a row is not (its terms would have to be packed across the rows first).
+TEST(tile_products_sum_columns_read_along_them) {
+    Tensor x = data({1030, 70}), w = data({1030, 70}, 1);
+    for (Tensor s : {x.sum(0), (x * w).sum(0)}) {
+        CHECK(optimized({s * 1.0f}, "all").find("[tiles: 1 x ") != std::string::npos);
+        std::vector<float> tiled = values({s}, "all")[0];
+        CHECK(tiled == values({s}, "none")[0]);
+    }
+    std::vector<float> xv = x.to_vector(), wv = w.to_vector();
+    std::vector<float> got = values({(x * w).sum(0)}, "all")[0];
+    std::vector<double> want(70, 0.0);
+    for (size_t i = 0; i < 1030; i++)
+        for (size_t j = 0; j < 70; j++) want[j] += double(xv[i * 70 + j]) * double(wv[i * 70 + j]);
+    CHECK_ALL_NEAR(got, want, 1e-4);
+    CHECK(optimized({x.sum(1) * 1.0f}, "all").find("[tiles:") == std::string::npos);
+}
