@@ -111,6 +111,8 @@
                  dead_stores,first_write,local_temps,tile_products,parallel_loops,
                  plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
+   TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles
+                 (default 32768; the oracle uses 1 to tile every product it makes)
    TG_THREADS    threads for nests whose outer iterations write disjoint parts (default:
                  the machine's cores); results are the same bits for any count
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
@@ -4130,7 +4132,7 @@ struct ProductMatch {
 };
 static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AVX-512's width
                                              // (compilers split it where vectors are narrower)
-static const int64_t TILE_MIN_WORK = int64_t(1) << 15;   // multiply-adds; fewer stay loops
+static const int TILE_MIN_WORK = 1 << 15;   // multiply-adds; fewer stay loops (TG_TILE_MIN_WORK)
 static const int64_t PANEL_BYTES = int64_t(1) << 18;     // packed columns: about half an L2
 
 static bool expr_has(const ExprP& e, EK kind) {
@@ -4297,7 +4299,8 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     int64_t cols = b.extents[size_t(m.cols)], outer = 1;
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) outer *= b.extents[size_t(v)];
-    if (outer * rows * cols * m.terms < TILE_MIN_WORK) return false;
+    if (outer * rows * cols * m.terms < env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX))
+        return false;
     int64_t vectors = cols > 2 * TILE_LANES ? 4 : cols > TILE_LANES ? 2 : 1;
     while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
     if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
@@ -5464,7 +5467,7 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     // expressions into masked vector code that computes wrong values in some nests (two
     // selects on one condition in a loop of 7 or 14 iterations; tests/test_interp.cpp)
     // a tiled product's vectors of 16 floats (pass_tile_products), and its loop over a tile
-    {"TG_TILE(",
+    {"tg_vf sum",
      "typedef float tg_vf __attribute__((vector_size(64), may_alias));\n"
      "typedef float tg_vf_unaligned __attribute__((vector_size(64), may_alias, aligned(4)));\n"
      "#define TG_VEC(p, v) (((const tg_vf_unaligned *)(p))[v])\n"

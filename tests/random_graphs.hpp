@@ -634,7 +634,8 @@ inline Tensor apply_node(const Node& n, const std::vector<Tensor>* t, std::strin
 struct Options {
     int min_ops = 3, max_ops = 15;
     int64_t max_numel = 2048;          // of any node
-    int64_t max_matmul_numel = 8192;   // of a matmul's broadcast product before its sum
+    int64_t max_matmul_numel = 65536;  // of a matmul's broadcast product before its sum: big
+                                       // enough for tiled products (tile_products)
 };
 
 class Generator {
