@@ -4134,6 +4134,10 @@ static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AV
                                              // (compilers split it where vectors are narrower)
 static const int TILE_MIN_WORK = 1 << 15;   // multiply-adds; fewer stay loops (TG_TILE_MIN_WORK)
 static const int64_t PANEL_BYTES = int64_t(1) << 18;     // packed columns: about half an L2
+// multiply-adds below which a tiled nest runs on the calling thread: about 30 µs of a core,
+// against the microseconds of handing chunks to the pool (W2's products: 1.3M at most; on
+// threads its step took 500 µs, on one 330-380)
+static const int64_t TILE_PARALLEL_MIN_WORK = int64_t(1) << 21;
 
 static bool expr_has(const ExprP& e, EK kind) {
     bool found = false;
@@ -4331,7 +4335,7 @@ static void pass_tile_products(Program& p) {
         }
         int64_t work = m.terms;
         for (int v : m.loops) work *= b.extents[size_t(v)];
-        b.parallel_chunks = work >= PARALLEL_MIN_WORK && b.tile.tasks > 1
+        b.parallel_chunks = work >= TILE_PARALLEL_MIN_WORK && b.tile.tasks > 1
                                 ? std::min(b.tile.tasks, PARALLEL_CHUNKS) : 0;
     }
 }
@@ -4461,9 +4465,9 @@ static bool tiled_later(const Block& b) {   // pass_tile_products will take it
     Block::Tiles t;
     return match_product(b, m) && plan_tiles(b, m, t);
 }
+static void fuse_into(Block& a, Block& b);
 static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
     if (a.body.size() != 1 || b.body.size() != 1) return false;
-    if (tiling && (tiled_later(a) || tiled_later(b))) return false;
     if (a.body[0].kind != SK::LOOP ||
         a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
         return false;
@@ -4471,7 +4475,12 @@ static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
     // a failed bounds check stops the program before in-place writes: keep them apart
     bool checks = block_accesses(a).checks || block_accesses(b).checks;
     if (checks && (a.writes_in_place || b.writes_in_place)) return false;
-    return loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false);
+    if (!loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false)) return false;
+    // a nest to be tiled fuses only into one that still is (sums of columns side by side)
+    if (!tiling || (!tiled_later(a) && !tiled_later(b))) return true;
+    Block fused = a, other = b;
+    fuse_into(fused, other);
+    return tiled_later(fused);
 }
 static bool blocks_independent(const Block& a, const Block& b) {
     BlockAccesses ua = block_accesses(a), ub = block_accesses(b);
@@ -4549,9 +4558,8 @@ static void pass_fuse_loops(Program& p) {
     std::vector<Block>& bs = p.blocks;
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-            bool epilogue = tiling && tiled_later(bs[i]);
-            if (epilogue ? !epilogue_fusable(bs[i], bs[j]) : !blocks_fusable(bs[i], bs[j], tiling))
-                continue;
+            bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bs[j]);
+            if (!epilogue && !blocks_fusable(bs[i], bs[j], tiling)) continue;
             bool left = true, right = true;
             for (size_t k = i + 1; k < j; k++) {
                 left = left && blocks_independent(bs[k], bs[j]);
