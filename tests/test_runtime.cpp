@@ -257,6 +257,21 @@ TEST(cache_key_includes_the_compilers_identity) {
     remove_tree(dir);
 }
 
+// The macros the compiler predefines are asked once per cache directory, compiler version and
+// CPU: a second process finds them kept and runs no preprocessor before its first program.
+TEST(cache_keeps_the_compilers_macros) {
+    std::string dir = fresh_dir(), cc = dir + "/cc", log = dir + "/macro-runs", out;
+    std::ofstream(cc) << "#!/bin/sh\ncase \"$*\" in *-dM*) echo run >> '" << log
+                      << "';; esac\nexec cc \"$@\"\n";
+    chmod(cc.c_str(), 0755);
+    std::string env = "TG_CC='" + cc + "'";
+    CHECK(run_child(dir, out, env) && out.find("compiles 1") != std::string::npos);
+    CHECK(run_child(dir, out, env) && out.find("compiles 0") != std::string::npos);
+    CHECK_EQ(slurp(log), std::string("run\n"));
+    CHECK_EQ(files_in(dir, ".macros").size(), size_t(1));
+    remove_tree(dir);
+}
+
 TEST(cache_serves_processes_compiling_at_once) {
     std::string dir = fresh_dir();
     std::string one = "TG_TEST_CHILD=child_program TG_CACHE_DIR='" + dir + "' '" + self_exe() +
