@@ -3804,8 +3804,8 @@ static std::string program_listing(const Program& p) {
 //   first_write       a short accumulation starts from its first term instead of zero
 //   local_temps       a temporary used in one nest only becomes an array of the loop whose
 //                     iterations each use their own part of it (a row on the stack)
-//   tile_products     a matrix product's nest is computed in tiles of sums held in vector
-//                     registers over packed operands, each sum in its untiled order
+//   tile_products     a matrix product's nest (or a sum over rows) is computed in tiles of
+//                     sums held in vector registers, each sum in its untiled order
 //   parallel_loops    a nest of enough work whose outer iterations write disjoint parts is
 //                     cut into fixed chunks that the thread pool runs (TG_THREADS)
 //   plan_memory       temporaries share one arena by lifetime
@@ -4116,12 +4116,14 @@ static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
 // of products followed by stores,
 //     for o..: for i: for j: { acc trees of Σ x(i, k)·y(k, j) };  out[..] = f(accs, loads)
 // where x never reads j and y never reads i, is computed in tiles of sums held in vector
-// registers: the terms x are packed for a tile of rows and y for a panel of columns, both
-// contiguous in the order the terms are added, and each multiply-add serves a whole vector
-// of columns. Every element's sum is the same tree, its terms added in the same order, so the
-// tiled nest gives the bits of the loops it replaces: what changes is only how many sums are
-// in flight at once, which is what lets the C compiler use vector instructions without
-// reordering any one sum (it may not, without -ffast-math).
+// registers: each term multiplies one value of x by a vector of y's columns (operands read in
+// place or packed: c_tiled_product), so each multiply and add serves a whole vector of
+// outputs. A nest whose terms are y alone, read along the columns (a bias's gradient: a sum
+// over rows), is a product without rows. Every element's sum is the same tree, its terms
+// added in the same order, so the tiled nest gives the bits of the loops it replaces: what
+// changes is only how many sums are in flight at once, which is what lets the C compiler use
+// vector instructions without reordering any one sum (it may not, without -ffast-math).
+// Elementwise nests after a product join it as its epilogue (fuse_epilogue, in fuse_loops).
 struct ProductMatch {
     std::vector<int> loops;                     // output loop variables, outermost first
     int rows = -1, cols = -1;                   // the axes x and y run along
