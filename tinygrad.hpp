@@ -4160,6 +4160,18 @@ static bool uses_var(const ExprP& e, int var) {
     vars_used(e, vars);
     return vars.count(var) > 0;
 }
+// Whether an index moves by exactly one element when var does, wherever var is.
+static bool steps_by_one(const ExprP& idx, int var) {
+    Linear lin;
+    lin.add(1, idx);
+    bool one = false;
+    for (auto& [coef, term] : lin.terms) {
+        bool is_var = term->kind == EK::VAR && term->id == var;
+        if (!is_var && uses_var(term, var)) return false;
+        one = one || (is_var && coef == 1);
+    }
+    return one;
+}
 // Whether some load in e moves by one element when var does (e is read along var).
 static bool read_along(const ExprP& e, int var) {
     bool found = false;
@@ -5307,7 +5319,7 @@ static std::string c_tiled_product(const Block& b) {
     Term probe = [&](const ExprP& x, const ExprP& y, const std::string&) {
         products = products || x;
         x_direct = x_direct && (!x || x->kind == EK::LOAD);
-        y_direct = y_direct && y->kind == EK::LOAD && read_along(y, cols);
+        y_direct = y_direct && y->kind == EK::LOAD && steps_by_one(y->src[0], cols);
         x_along = x_along || (x && read_along(x, rows));
         y_along = y_along || read_along(y, cols);
     };

@@ -282,6 +282,9 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
         {data({37, 53}) * data({37, 53}, 9), data({53, 41}, 1) * 2.0f, 1, 37, 53, 41, true},
         {data({53, 37}).transpose(0, 1) * 2.0f, data({41, 53}, 4).transpose(0, 1) + 1.0f, 1, 37,
          53, 41, true},
+        // columns that step by one and jump every 8 (a slice of a wider array, reshaped)
+        {data({37, 53}), data({53, 8, 9}, 10).slice(2, 0, 8).reshape({53, 64}), 1, 37, 53, 64,
+         true},
         {data({1, 64}), data({64, 64}, 7), 1, 1, 64, 64, false},                 // one row
         {data({4, 0}), data({0, 5}, 8), 1, 4, 0, 5, false},                      // empty sums
     };
