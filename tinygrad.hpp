@@ -5264,7 +5264,7 @@ static std::string c_tiled_product(const Block& b) {
         });
         return cx.str(e);
     };
-    bool x_direct = true, y_direct = N % W == 0, x_along = false, y_along = false;
+    bool x_direct = true, y_direct = N % W == 0;
     // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums
     using Term = std::function<void(const ExprP& x, const ExprP& y, const std::string& pad)>;
     std::function<void(const std::vector<Stmt>&, int, const Term*)> walk =
@@ -5320,8 +5320,6 @@ static std::string c_tiled_product(const Block& b) {
         products = products || x;
         x_direct = x_direct && (!x || x->kind == EK::LOAD);
         y_direct = y_direct && y->kind == EK::LOAD && steps_by_one(y->src[0], cols);
-        x_along = x_along || (x && read_along(x, rows));
-        y_along = y_along || read_along(y, cols);
     };
     walk(trees, 0, &probe);
     out.clear();
@@ -5360,23 +5358,17 @@ static std::string c_tiled_product(const Block& b) {
         out += strf("            for (int64_t n = 0; n < %lld; n++) ys[c / %lld * %lld + n * %lld "
                     "+ c %% %lld] = 0;\n", NT, W, NT * W, W, W);
     }
-    if (!y_direct && y_along) {
-        out += "        {\n            float *to = ys;\n";
+    // the panel, 16 columns at a time for each term: the loads of a term's 16 columns and the
+    // stores of 16 terms' columns each stay in a few cache lines, across or along them
+    if (!y_direct) {
+        out += "        for (int64_t cb = 0; cb < col_end - col0; cb += 16) {\n";
+        out += "            int64_t ce = cb + 16 < col_end - col0 ? cb + 16 : col_end - col0;\n";
+        out += "            float *to = ys;\n";
         Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
-            out += pad + "for (int64_t c = 0; c < col_end - col0; c++) {\n";
+            out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
             out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
             assign(pad + "    ", strf("to[c / %lld * %lld + c %% %lld]", W, NT * W, W), y);
             out += pad + "}\n" + pad + strf("to += %lld;\n", W);
-        };
-        walk(trees, 3, &pack);
-        out += "        }\n";
-    } else if (!y_direct) {
-        out += "        for (int64_t c = 0; c < col_end - col0; c++) {\n";
-        out += strf("            int64_t i%d = col0 + c;\n", cols);
-        out += strf("            float *to = ys + c / %lld * %lld + c %% %lld;\n", W, NT * W, W);
-        Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
-            assign(pad, "*to", y);
-            out += pad + strf("to += %lld;\n", W);
         };
         walk(trees, 3, &pack);
         out += "        }\n";
@@ -5391,7 +5383,7 @@ static std::string c_tiled_product(const Block& b) {
         out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = 0;\n",
                     NT, R);
     }
-    if (!x_direct && x_along) {
+    if (!x_direct) {   // the tile's rows for each term
         out += "            {\n                float *to = xs;\n";
         Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
             if (!x) return;
@@ -5399,17 +5391,6 @@ static std::string c_tiled_product(const Block& b) {
             out += pad + strf("    int64_t i%d = r0 + r;\n", rows);
             assign(pad + "    ", "to[r]", x);
             out += pad + "}\n" + pad + strf("to += %lld;\n", R);
-        };
-        walk(trees, 4, &pack);
-        out += "            }\n";
-    } else if (!x_direct) {
-        out += strf("            for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
-        if (rows >= 0) out += strf("                int64_t i%d = r0 + r;\n", rows);
-        out += "                float *to = xs + r;\n";
-        Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
-            if (!x) return;
-            assign(pad, "*to", x);
-            out += pad + strf("to += %lld;\n", R);
         };
         walk(trees, 4, &pack);
         out += "            }\n";
