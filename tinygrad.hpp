@@ -4282,7 +4282,7 @@ static bool match_product(const Block& b, ProductMatch& m) {
         if (apart) return false;
     }
     // the rows and columns: innermost loops first (choosing the pair that packs the fewest
-    // values made W2 about 30% faster and W5 10-15% slower in one A/B run: W5's products then
+    // values made W2 20-35% faster and W5 8-30% slower in two A/B runs: W5's products then
     // took the tokens as columns, so their GELU epilogues stored across the columns);
     // without rows, only sums of columns that are read along them (elsewhere packing them
     // would cost what tiling saves)
