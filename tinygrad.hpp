@@ -2568,9 +2568,23 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
         return {g.pad(p, 0, loc)};
     }
     case Op::FLIP: return {g.flip(std::vector<int>(n->arg.begin(), n->arg.end()), loc)};
-    case Op::GATHER:   // scatter_add is gather's adjoint: each read sends its gradient back
-        return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), n->src[1]}, loc, n->arg)),
+    case Op::GATHER: {   // scatter_add is gather's adjoint: each read sends its gradient back
+        int axis = int(n->arg[0]);
+        const NodeP& index = n->src[1];
+        Shape one_pick = in;
+        one_pick[size_t(axis)] = 1;
+        if (index->shape == one_pick) {
+            // one element picked per row (cross-entropy's label): the scatter into zeros is
+            // a select, [j == index] g, which fuses into its reader instead of being a kernel
+            Shape along(in.size(), 1);
+            along[size_t(axis)] = in[size_t(axis)];
+            Tensor j = Tensor::arange(in[size_t(axis)], loc).cast(index->dtype, loc);
+            Tensor hit = j.reshape(along, loc).expand(in, loc) == wrap(index).expand(in, loc);
+            return {where(hit, g.expand(in, loc), 0, loc), Tensor()};
+        }
+        return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), index}, loc, n->arg)),
                 Tensor()};
+    }
     case Op::SCATTER_ADD:
         return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
     case Op::ASSIGN: return {};                                            // writes, not math
@@ -4486,7 +4500,53 @@ static bool tiled_later(const Block& b) {   // pass_tile_products will take it
     return match_product(b, m) && plan_tiles(b, m, t);
 }
 static void fuse_into(Block& a, Block& b);
+// A nest that stores only outside loops (a loss, an optimizer's step count and its bias
+// corrections): two such nests are one when their statements run one after the other.
+static bool stores_in_loops(const std::vector<Stmt>& body, bool in_loop) {
+    for (const Stmt& st : body)
+        if ((in_loop && (st.kind == SK::STORE || st.kind == SK::STORE_ADD)) ||
+            (st.kind == SK::LOOP && stores_in_loops(st.body, true)))
+            return true;
+    return false;
+}
+static bool scalar_block(const Block& b) { return !stores_in_loops(b.body, false); }
+// Values of a nest that lowering computes once before its loop (loop-invariant: Adam's bias
+// corrections) go into the loop, so the nest is one loop that can fuse: each iteration
+// computes them again, a load and an op or two. False, with b unchanged, where they read what
+// the loop writes.
+static bool sink_invariants(Block& b) {
+    if (b.body.size() < 2 || b.body.back().kind != SK::LOOP) return false;
+    std::vector<Stmt> loop(1, b.body.back());
+    BlockAccesses in_loop;
+    std::vector<int> loops;
+    collect_accesses(loop, loops, in_loop);
+    std::unordered_set<int> set_in_loop;
+    accs_set(loop, set_in_loop);
+    std::map<int, ExprP> value;   // accumulator → the value it holds
+    std::unordered_map<const Expr*, ExprP> done;
+    auto by_value = [&](const ExprP& e) -> ExprP {
+        auto v = e->kind == EK::ACC ? value.find(e->id) : value.end();
+        return v != value.end() ? v->second : nullptr;
+    };
+    for (size_t s = 0; s + 1 < b.body.size(); s++) {
+        const Stmt& st = b.body[s];
+        if (st.kind != SK::ACC_INIT || set_in_loop.count(st.id) || value.count(st.id))
+            return false;
+        for (const Access& a : in_loop.accesses)
+            if (a.write && uses_buffer(st.val, a.buffer)) return false;
+        value[st.id] = substitute(st.val, by_value, done);
+    }
+    substitute(loop, by_value, done);
+    b.body = std::move(loop);
+    return true;
+}
 static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
+    if (scalar_block(a) && scalar_block(b)) {
+        bool checks = block_accesses(a).checks || block_accesses(b).checks;
+        return !(checks && (a.writes_in_place || b.writes_in_place)) &&
+               a.finite_site < 0 && b.finite_site < 0 &&
+               a.body.size() + b.body.size() <= FUSED_MAX_STMTS;
+    }
     if (a.body.size() != 1 || b.body.size() != 1) return false;
     if (a.body[0].kind != SK::LOOP ||
         a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
@@ -4512,7 +4572,24 @@ static bool blocks_independent(const Block& a, const Block& b) {
         if (ub.writes(acc.buffer) || (acc.write && ub.reads(acc.buffer))) return false;
     return true;
 }
+static void take_title(Block& a, const Block& b) {   // a now also does what b did
+    a.title += " + " + b.title;
+    if (!b.origin.empty() && a.origin.find(b.origin) == std::string::npos)
+        a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
+    a.writes_in_place = a.writes_in_place || b.writes_in_place;
+}
 static void fuse_into(Block& a, Block& b) {
+    if (scalar_block(a) && scalar_block(b)) {   // one after the other
+        std::vector<int> var_of(b.extents.size());
+        for (size_t v = 0; v < b.extents.size(); v++) {
+            var_of[v] = int(a.extents.size());
+            a.extents.push_back(b.extents[v]);
+        }
+        renumber(b.body, var_of, accumulators_used(a.body));
+        for (Stmt& st : b.body) a.body.push_back(std::move(st));
+        take_title(a, b);
+        return;
+    }
     int outer = a.body[0].id, b_outer = b.body[0].id;
     std::vector<int> var_of(b.extents.size());
     for (size_t v = 0; v < b.extents.size(); v++) {
@@ -4524,10 +4601,7 @@ static void fuse_into(Block& a, Block& b) {
     renumber(moved, var_of, accumulators_used(a.body));
     for (Stmt& st : moved) a.body[0].body.push_back(std::move(st));
     fuse_inner_loops(a.body[0].body, a.extents);
-    a.title += " + " + b.title;
-    if (!b.origin.empty() && a.origin.find(b.origin) == std::string::npos)
-        a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
-    a.writes_in_place = a.writes_in_place || b.writes_in_place;
+    take_title(a, b);
 }
 // A product's epilogue: nest b, loops like a's output loops around stores and locals only
 // (an elementwise op of the product's result: bias, activation, a gradient's chain, an
@@ -4558,10 +4632,7 @@ static bool fuse_epilogue(Block& a, const Block& b) {
     std::vector<Stmt> moved = *ib;
     renumber(moved, var_of, accumulators_used(a.body));
     for (Stmt& st : moved) ia->push_back(std::move(st));
-    a.title += " + " + b.title;
-    if (!b.origin.empty() && a.origin.find(b.origin) == std::string::npos)
-        a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
-    a.writes_in_place = a.writes_in_place || b.writes_in_place;
+    take_title(a, b);
     return true;
 }
 static bool epilogue_fusable(const Block& a, const Block& b) {
@@ -4578,8 +4649,11 @@ static void pass_fuse_loops(Program& p) {
     std::vector<Block>& bs = p.blocks;
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-            bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bs[j]);
-            if (!epilogue && !blocks_fusable(bs[i], bs[j], tiling)) continue;
+            Block sunk;
+            bool sinks = bs[j].body.size() > 1 && (sunk = bs[j], sink_invariants(sunk));
+            const Block& bj = sinks ? sunk : bs[j];
+            bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bj);
+            if (!epilogue && !blocks_fusable(bs[i], bj, tiling)) continue;
             bool left = true, right = true;
             for (size_t k = i + 1; k < j; k++) {
                 left = left && blocks_independent(bs[k], bs[j]);
@@ -4587,6 +4661,7 @@ static void pass_fuse_loops(Program& p) {
             }
             if (!left && !right) continue;
             auto fuse = [&] {
+                if (sinks) bs[j] = std::move(sunk);
                 if (epilogue) fuse_epilogue(bs[i], bs[j]);
                 else fuse_into(bs[i], bs[j]);
             };

@@ -110,6 +110,42 @@ TEST(fuse_loops_keeps_dependences_across_rows) {
     check_same_values(product_and_exp);
 }
 
+// A value lowering computes once before a nest's loop (1 - e here; Adam's bias corrections)
+// moves into the loop, so the nest fuses with the one beside it.
+TEST(fuse_loops_sinks_loop_invariant_values_into_the_loop) {
+    Tensor x = data({4, 10}), t = Tensor::full({}, 3.0f);
+    t.realize();
+    Tensor e = (t * 0.5f).exp2(), c = 1.0f - e;
+    std::vector<Tensor> ts = {x * 2.0f, x / c, (x * x) / c, e};
+    std::string apart = optimized(ts, "simplify");
+    CHECK_EQ(nests(apart), 4);
+    CHECK_EQ(th::count_of(apart, "  acc0 = (1 + -buf"), 2);   // before the loops
+    std::string fused = optimized(ts, "simplify,fuse_loops");
+    CHECK_EQ(nests(fused), 2);   // e, then the three nests over x as one
+    CHECK(fused.find("K1 forward float32 []") < fused.find("K0 forward float32 [4,10]: MUL + K2"));
+    CHECK_EQ(th::count_of(fused, "acc0"), 0);
+    check_same_values(ts);
+}
+
+// Nests that store only outside loops (a loss, an optimizer's step count) run one after the
+// other in one nest; a bounds check stays apart from an in-place write.
+TEST(fuse_loops_joins_nests_without_output_loops) {
+    Tensor x = data({4, 10}), y = data({7}, 2);
+    std::vector<Tensor> sums = {x.sum(), (x * 2.0f).max(), y.exp().sum()};
+    CHECK_EQ(nests(optimized(sums, "simplify")), 3);
+    std::string one = optimized(sums, "simplify,fuse_loops");
+    CHECK_EQ(nests(one), 1);
+    CHECK(one.find("REDUCE_SUM + K1 forward float32 []: MUL REDUCE_MAX + K2") != std::string::npos);
+    check_same_values(sums);
+
+    Tensor count = Tensor::full({}, 1.0f), table = data({5});
+    count.realize();
+    table.realize();
+    Tensor idx = Tensor::from_vector(std::vector<int32_t>{4});
+    std::vector<Tensor> checked = {table.gather(0, idx).sum(), count.assign(count + 1.0f)};
+    CHECK_EQ(nests(optimized(checked, "simplify,fuse_loops")), 2);
+}
+
 TEST(substitute_temps_reads_a_stored_value_from_a_local) {
     Tensor x = data({4, 10});
     Tensor y = x * 3.0f + 1.0f;
