@@ -2506,6 +2506,17 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
 
 namespace detail {
 
+static bool is_zero(const NodeP& n) { return n->op == Op::CONST && n->value == 0; }
+static bool is_relu(const Node* n) {   // where(x <= 0, 0, x), as Tensor::relu builds it
+    if (n->op != Op::WHERE || !is_zero(n->src[1])) return false;
+    const Node* c = n->src[0].get();
+    const NodeP& x = n->src[2];
+    auto test = [&](const NodeP& t, Op op) {
+        return t->op == op && t->src[0] == x && is_zero(t->src[1]);
+    };
+    return c->op == Op::MAX && test(c->src[0], Op::CMPLT) && test(c->src[1], Op::CMPEQ);
+}
+
 static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     auto src = [&](size_t i) { return wrap(n->src[i]); };
     Tensor out = wrap(n);
@@ -2533,8 +2544,12 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     }
     case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
         return {};
-    case Op::WHERE:   // d where(c,a,b) = [c] da + [not c] db
-        return {Tensor(), where(src(0), g, 0, loc), where(src(0), 0, g, loc)};
+    case Op::WHERE: {   // d where(c,a,b) = [c] da + [not c] db
+        // relu's output passes relu's test (x <= 0) as x does: the gradient tests the output,
+        // which is kept anyway, so x need not be (an MLP stores no pre-activation)
+        Tensor c = is_relu(n.get()) ? out <= 0 : src(0);
+        return {Tensor(), where(c, g, 0, loc), where(c, 0, g, loc)};
+    }
     case Op::REDUCE_SUM: return {g.expand(in, loc)}; // each x_i adds to one sum
     case Op::REDUCE_MAX: {   // to the maxima (the NaNs, if any); ties share evenly, as PyTorch
         Tensor x = src(0);

@@ -184,6 +184,25 @@ TEST(relu_condition_is_recomputed_not_stored) {
     CHECK_EQ(kernels(x.relu() * 2.0f), 1);
 }
 
+// relu's gradient tests relu's output, which passes x <= 0 as x does: a layer's pre-activation
+// (a matrix product) is read by relu alone and computed inside its kernel, never stored.
+TEST(relu_gradient_tests_the_output_not_the_input) {
+    Tensor x = data({8, 4}), w = (data({4, 6}) * 0.5f).requires_grad();
+    Tensor h = x.matmul(w).relu();
+    Tensor g = tg::gradients((h * h).sum(), {w})[0];
+    std::string schedule = tg::inspect({h, g}).schedule;
+    CHECK_EQ(th::count_of(schedule, "REDUCE_SUM"), 0);   // no kernel stores x·w
+    CHECK_EQ(th::count_of(schedule, "reduction read by 2+ kernels"), 0);
+    // dL/dw = xᵀ (2h ⊙ [h > 0]) = xᵀ 2h
+    std::vector<float> xv = x.to_vector(), hv = h.to_vector(), gv = g.to_vector();
+    for (size_t k = 0; k < 4; k++)
+        for (size_t j = 0; j < 6; j++) {
+            double want = 0;
+            for (size_t i = 0; i < 8; i++) want += double(xv[i * 4 + k]) * 2 * hv[i * 6 + j];
+            CHECK_NEAR(gv[k * 6 + j], want, 1e-5);
+        }
+}
+
 // The gradient of a gather that picks one element per row (cross-entropy's label) is a select
 // fused into the softmax gradient's kernel, not a scatter into zeros of its own.
 TEST(label_pick_gradient_is_a_select_not_a_scatter) {
