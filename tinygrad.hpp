@@ -108,8 +108,8 @@
                  (CUDA: NAME-HASH.cu, and at 4 kernels with debug and line information)
    TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write,local_temps,tile_products,parallel_loops,
-                 plan_memory); default all;
+                 dead_stores,first_write,order_nests,local_temps,tile_products,
+                 parallel_loops,plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
    TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles
                  (default 32768; the oracle uses 1 to tile every product it makes)
@@ -809,6 +809,7 @@ std::function<void(const Program&)>& program_observer();
 #include <mutex>
 #include <condition_variable>
 #include <sstream>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -3831,6 +3832,9 @@ static std::string program_listing(const Program& p) {
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
 //                     loops that only fed them go too
 //   first_write       a short accumulation starts from its first term instead of zero
+//   order_nests       each nest runs as early as what it reads allows, the one that frees the
+//                     most temporary bytes first, so activations end where their last
+//                     gradient is computed
 //   local_temps       a temporary used in one nest only becomes an array of the loop whose
 //                     iterations each use their own part of it (a row on the stack)
 //   tile_products     a matrix product's nest (or a sum over rows) is computed in tiles of
@@ -4941,13 +4945,94 @@ static void pass_parallel_loops(Program& p) {
     }
 }
 
+static int64_t temp_bytes(const ProgramBuffer& b) { return b.numel * int64_t(dtype_size(b.dtype)); }
+
+// -- pass_order_nests: nests in an order that ends temporaries early
+// Lowering orders nests as the graph's sort found them: the forward pass, the gradients, then
+// each weight's gradient and update at the end, which keeps every activation alive to the end.
+// Here each step runs, of the nests whose dependences have run, the one that frees the most
+// temporary bytes net of those it starts (ties: the earlier nest), so a weight's gradient runs
+// as soon as its inputs exist and the activations it reads end there. A nest depends on the
+// last nest that wrote a buffer it touches, and a writer on the readers since; nests with a
+// bounds or finite check keep their order with nests that write in place. Values do not
+// change: every nest reads what it read before.
+static void pass_order_nests(Program& p) {
+    size_t n = p.blocks.size();
+    std::vector<std::vector<size_t>> next(n);   // the nests that wait for each
+    std::vector<int> waiting(n, 0);
+    std::vector<std::vector<int>> touched(n);   // buffers, each once
+    std::vector<int> uses(p.buffers.size(), 0);
+    std::map<int, size_t> last_writer;
+    std::map<int, std::vector<size_t>> readers_since;
+    std::vector<size_t> checked, in_place;
+    auto after = [&](size_t before, size_t k) {
+        if (before == k) return;
+        next[before].push_back(k);
+        waiting[k]++;
+    };
+    for (size_t k = 0; k < n; k++) {
+        const Block& b = p.blocks[k];
+        BlockAccesses acc = block_accesses(b);
+        if (b.finite_site >= 0) acc.accesses.push_back({b.finite_buffer, nullptr, false, {}});
+        std::set<int> reads, writes;
+        for (const Access& a : acc.accesses) (a.write ? writes : reads).insert(a.buffer);
+        for (int buf : reads) {
+            if (last_writer.count(buf)) after(last_writer[buf], k);
+            if (!writes.count(buf)) readers_since[buf].push_back(k);
+        }
+        for (int buf : writes) {
+            if (last_writer.count(buf)) after(last_writer[buf], k);
+            for (size_t r : readers_since[buf]) after(r, k);
+            readers_since[buf].clear();
+            last_writer[buf] = k;
+        }
+        bool checks = acc.checks || b.finite_site >= 0;
+        if (checks)
+            for (size_t w : in_place) after(w, k);
+        if (b.writes_in_place)
+            for (size_t c : checked) after(c, k);
+        if (checks) checked.push_back(k);
+        if (b.writes_in_place) in_place.push_back(k);
+        std::set_union(reads.begin(), reads.end(), writes.begin(), writes.end(),
+                       std::back_inserter(touched[k]));
+        for (int buf : touched[k]) uses[size_t(buf)]++;
+    }
+    auto temp = [&](int buf) { return p.buffers[size_t(buf)].role == ProgramBuffer::TEMP; };
+    std::vector<bool> started(p.buffers.size(), false);
+    std::set<size_t> ready;
+    for (size_t k = 0; k < n; k++)
+        if (!waiting[k]) ready.insert(k);
+    std::vector<Block> ordered;
+    while (!ready.empty()) {
+        size_t best = *ready.begin();
+        int64_t best_net = INT64_MAX;
+        for (size_t k : ready) {
+            int64_t net = 0;
+            for (int buf : touched[k]) {
+                if (!temp(buf)) continue;
+                if (!started[size_t(buf)]) net += temp_bytes(p.buffers[size_t(buf)]);
+                if (uses[size_t(buf)] == 1) net -= temp_bytes(p.buffers[size_t(buf)]);
+            }
+            if (net < best_net) best = k, best_net = net;
+        }
+        ready.erase(best);
+        for (int buf : touched[best]) {
+            started[size_t(buf)] = true;
+            uses[size_t(buf)]--;
+        }
+        for (size_t k : next[best])
+            if (--waiting[k] == 0) ready.insert(k);
+        ordered.push_back(std::move(p.blocks[best]));
+    }
+    p.blocks = std::move(ordered);
+}
+
 // -- pass_plan_memory: temporaries share one arena by lifetime
 // A temporary lives from the first block that touches it to the last. Largest first (ties by
 // number, so the plan depends only on the program), each takes the lowest 64-byte-aligned
 // offset that overlaps no placed temporary whose lifetime overlaps its own. Inputs, outputs
 // and buffers assigned in place are never in the arena. A temporary no block touches (its
 // stores were removed) takes no space.
-static int64_t temp_bytes(const ProgramBuffer& b) { return b.numel * int64_t(dtype_size(b.dtype)); }
 static void pass_plan_memory(Program& p) {
     size_t n = p.buffers.size();
     std::vector<int> first(n, -1), last(n, -1);
@@ -4998,6 +5083,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"substitute_temps", pass_substitute_temps},
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},
+    {"order_nests", pass_order_nests},
     {"local_temps", pass_local_temps},
     {"tile_products", pass_tile_products},
     {"parallel_loops", pass_parallel_loops},

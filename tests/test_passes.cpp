@@ -242,6 +242,41 @@ TEST(local_temps_keep_a_row_in_an_array_of_its_loop) {
     check_same_values(two);
 }
 
+// Two stored values, each read by two sums: as lowered, the sums of a and b alternate, so both
+// live together; ordered, a's second sum runs before b exists and b takes a's place.
+TEST(order_nests_ends_temporaries_early) {
+    Tensor x = data({1000}), y = data({1000}, 3);
+    Tensor a = x.exp(), b = y.exp();
+    std::vector<Tensor> ts = {(a * 2.0f).sum(), (b * 2.0f).sum(), (a * 3.0f).sum(),
+                              (b * 3.0f).sum()};
+    auto arena = [&](const char* passes) {
+        values(ts, passes);
+        return tg::last_program().arena_bytes;
+    };
+    CHECK_EQ(arena("simplify,plan_memory"), int64_t(4032 + 4000));   // 64-byte aligned
+    CHECK_EQ(arena("simplify,order_nests,plan_memory"), int64_t(4000));
+    std::string ir = optimized(ts, "simplify,order_nests");
+    // a's second sum (K4) runs before b (K2) exists
+    CHECK(ir.find("K4 forward float32 []") < ir.find("K2 forward float32 [1000]"));
+    auto none = values(ts, "none"), ordered = values(ts, "simplify,order_nests,plan_memory");
+    CHECK(none == ordered);   // the same arithmetic in another order: the same bits
+}
+
+// An in-place write that frees nothing would go first; it stays after the bounds check, so a
+// bad index still leaves the counter as it was.
+TEST(order_nests_keeps_in_place_writes_after_bounds_checks) {
+    Tensor table = data({5}), count = Tensor::full({}, 1.0f);
+    count.realize();
+    Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 9});   // 9 is out of range
+    Tensor picked = table.gather(0, ids).exp();                    // stored: two readers
+    std::vector<Tensor> ts = {(picked * 2.0f).sum(), (picked * 3.0f).sum(),
+                              count.assign(count + 1.0f)};
+    std::string ir = optimized(ts, "simplify,order_nests");
+    CHECK(ir.find("GATHER") < ir.find("ASSIGN"));
+    CHECK_THROWS(tg::realize(ts), "out of range", "got 9");
+    CHECK_EQ(count.to_vector(), std::vector<float>{1});
+}
+
 TEST(plan_memory_shares_the_arena_by_lifetime) {
     Tensor x = data({64, 64});
     // three costly values, each read by two kernels: stored, and each dead once the next
