@@ -30,7 +30,9 @@
        });
        for (const Tensor& idx : tg::data::batches(n, 32, epoch)) step({idx});
    The first call traces forward, backward and update into one program (one compile); later
-   calls only run it. Without the jit the same code runs eagerly, one program per step.
+   calls only run it. Without the jit the same code runs eagerly, one program per step; from
+   the second step on, that program is found by the structure of the step's graph, so an
+   eager step skips scheduling and compiling (W2: about 1.6x the jitted step's time).
 
  HOW IT WORKS (sections of Part C, in pipeline order; grep the >>tag)
    Tensor API ──► graph of primitive ops          [GRAPH] >>graph, [COMPOSED] >>composed
@@ -749,7 +751,8 @@ struct ProgramBuffer {
 struct Program {
     std::string name;                    // readable: where the user built the last kernel
     std::vector<ProgramBuffer> buffers;  // buffer i is argument i of the compiled function
-    std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage
+    std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage, as lowered
+                                         // (then ProgramRun::owners: programs are reused)
     std::vector<Block> blocks;
     std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
@@ -6073,13 +6076,52 @@ struct CompiledProgram : Executable {
     void run(void* const* buffers, int64_t* err) override { fn(buffers, err, run_chunks); }
 };
 
+// Freed blocks of BLOCK_REUSE_MIN bytes or more wait, by size, for the next allocation of that
+// size (an eager step allocates the same temporaries and gradients at every step): the memory
+// comes back without the page faults of a fresh mapping. At most BLOCKS_KEPT_MAX bytes wait.
 struct HostMemoryDevice : Device {
+    static constexpr size_t BLOCK_REUSE_MIN = size_t(64) << 10, BLOCKS_KEPT_MAX = size_t(256) << 20;
+    std::mutex blocks_mutex;
+    std::unordered_map<void*, size_t> block_size;        // blocks of the reused sizes, in use
+    std::unordered_multimap<size_t, void*> blocks_kept;  // and freed
+    size_t bytes_kept = 0;
     void* alloc(size_t bytes) override {
-        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+        size_t size = (bytes + 63) / 64 * 64;
+        if (size >= BLOCK_REUSE_MIN) {
+            std::lock_guard<std::mutex> lock(blocks_mutex);
+            auto kept = blocks_kept.find(size);
+            if (kept != blocks_kept.end()) {
+                void* p = kept->second;
+                blocks_kept.erase(kept);
+                bytes_kept -= size;
+                block_size[p] = size;
+                return p;
+            }
+        }
+        void* p = std::aligned_alloc(64, size);
         if (!p) fail(strf("out of memory allocating %zu bytes", bytes));
+        if (size >= BLOCK_REUSE_MIN) {
+            std::lock_guard<std::mutex> lock(blocks_mutex);
+            block_size[p] = size;
+        }
         return p;
     }
-    void free(void* ptr) override { std::free(ptr); }
+    void free(void* ptr) override {
+        {
+            std::lock_guard<std::mutex> lock(blocks_mutex);
+            auto it = block_size.find(ptr);
+            if (it != block_size.end()) {
+                size_t size = it->second;
+                block_size.erase(it);
+                if (bytes_kept + size <= BLOCKS_KEPT_MAX) {
+                    blocks_kept.emplace(size, ptr);
+                    bytes_kept += size;
+                    return;
+                }
+            }
+        }
+        std::free(ptr);
+    }
     void copy_in(void* dst, const void* src, size_t bytes) override {
         if (bytes) std::memcpy(dst, src, bytes);
     }
@@ -6161,7 +6203,8 @@ static void keep_artifacts(const Program& p, const std::string& graph, const std
 // What one run of a program used: the jit keeps it to run the program again.
 struct ProgramRun {
     std::shared_ptr<Executable> exe;
-    Program prog;
+    std::shared_ptr<const Program> prog;            // shared with the programs reused
+    std::vector<Node*> owners;                      // per program buffer: its storage's node
     std::vector<std::shared_ptr<Buffer>> buffers;   // per program buffer
     std::unordered_map<Node*, int> buffer_ids;
     std::vector<NodeP> targets;
@@ -6222,26 +6265,136 @@ static Device* device_of(const std::vector<NodeP>& targets) {
     return dev ? dev : &default_device();
 }
 
-static ProgramRun run_program(std::vector<NodeP> targets) {
-    auto t0 = std::chrono::steady_clock::now();
-    Device* targets_device = device_of(targets);
+// -- programs reused by the graph's structure: an eager step builds the same graph each time
+// (new nodes, the same ops, shapes, constants, lines and buffers); its program is found by a
+// key of that structure before scheduling, so the step costs a walk over its graph instead of
+// scheduling, lowering, the passes, rendering and hashing C. The key holds every field the
+// pipeline reads, the settings it reads (TG_CHECK, TG_PASSES, TG_TILE_MIN_WORK, the compiler
+// and its flags) and, for realized nodes, which distinct buffer each is; the reused program
+// binds the new graph's nodes by their place in the graph's order.
+struct ReusedProgram {
+    std::shared_ptr<const Program> prog;       // shared by every run of it
+    std::shared_ptr<Executable> exe;
+    std::vector<int> owner_at;                 // per program buffer: its owner's place
+    std::vector<std::pair<int, int>> ids;      // (place, program buffer) of buffer_ids
+    std::vector<int> target_at;                // places of the schedule's targets
+    ProgramInfo info;
+};
+static const size_t REUSED_PROGRAMS_MAX = 64;   // then the table starts again, empty
+static std::mutex reused_mutex;
+static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>>& reused_programs() {
+    static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>> table;
+    return table;
+}
+template <class T> static void key_add(std::string& key, const T& v) {
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+// False where the graph must take the full pipeline (which reports its errors): an assignment
+// to a buffer that another assignment of the graph also writes.
+static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::string& key,
+                           std::vector<Node*>& order) {
+    order = graph_toposort(targets);
+    key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
+          env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
+          env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|';
+    std::unordered_map<const Node*, int> place;
+    std::unordered_map<const Buffer*, int> slot;
+    std::unordered_set<const Buffer*> assigned;
+    for (size_t i = 0; i < order.size(); i++) {
+        Node* n = order[i];
+        place[n] = int(i);
+        key_add(key, n->dtype);
+        key_add(key, n->shape.size());
+        for (int64_t d : n->shape) key_add(key, d);
+        if (n->buffer) {   // an input: which distinct buffer, and where it lives
+            auto s = slot.emplace(n->buffer.get(), int(slot.size())).first->second;
+            key_add(key, 'B');
+            key_add(key, s);
+            key_add(key, n->buffer->device);
+            continue;
+        }
+        check_fresh(n);
+        if (n->op == Op::ASSIGN && !assigned.insert(n->src[0]->buffer.get()).second) return false;
+        key_add(key, n->op);
+        key_add(key, n->value);
+        key_add(key, n->phase);
+        key_add(key, n->leaf);
+        key_add(key, n->requires_grad);
+        key_add(key, n->device);
+        key_add(key, n->loc.file);
+        key_add(key, n->loc.line);
+        key_add(key, n->arg.size());
+        for (int64_t a : n->arg) key_add(key, a);
+        key_add(key, n->src.size());
+        for (auto& src : n->src) key_add(key, place.at(src.get()));
+    }
+    for (const NodeP& t : targets) key_add(key, place.at(t.get()));
+    return true;
+}
+static bool reuse_program(const std::string& key, const std::vector<Node*>& order,
+                          ProgramRun& run) {
+    std::shared_ptr<const ReusedProgram> r;
+    {
+        std::lock_guard<std::mutex> lock(reused_mutex);
+        auto it = reused_programs().find(key);
+        if (it == reused_programs().end()) return false;
+        r = it->second;
+    }
+    run.exe = r->exe;
+    run.prog = r->prog;
+    for (int at : r->owner_at) run.owners.push_back(order[size_t(at)]);
+    for (auto [at, id] : r->ids) run.buffer_ids[order[size_t(at)]] = id;
+    for (int at : r->target_at) run.targets.push_back(order[size_t(at)]->shared_from_this());
+    last_program_info = r->info;
+    std::lock_guard<std::mutex> lock(runtime_mutex);
+    global_stats.memory_cache_hits++;
+    return true;
+}
+static void keep_program(const std::string& key, const std::vector<Node*>& order,
+                         const ProgramRun& run) {
+    auto r = std::make_shared<ReusedProgram>();
+    std::unordered_map<const Node*, int> place;
+    for (size_t i = 0; i < order.size(); i++) place[order[i]] = int(i);
+    auto at = [&](const Node* n) {
+        auto it = place.find(n);
+        return it == place.end() ? -1 : it->second;
+    };
+    for (Node* owner : run.owners) r->owner_at.push_back(at(owner));
+    for (auto& [n, id] : run.buffer_ids) r->ids.push_back({at(n), id});
+    for (const NodeP& t : run.targets) r->target_at.push_back(at(t.get()));
+    for (std::vector<int>* places : {&r->owner_at, &r->target_at})
+        if (std::count(places->begin(), places->end(), -1)) return;   // off the graph: not kept
+    for (auto& [place_of, id] : r->ids)
+        if (place_of < 0) return;
+    r->prog = run.prog;
+    r->exe = run.exe;
+    r->info = last_program_info;
+    std::lock_guard<std::mutex> lock(reused_mutex);
+    if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
+    reused_programs()[key] = std::move(r);
+}
+
+// Steps 1-4 of the pipeline; false where there is nothing to compute.
+static bool build_program(const std::vector<NodeP>& targets, Device& dev, ProgramRun& run) {
     int debug = debug_level();
-    ProgramRun run;
     Schedule sched;                                              // 1. kernels and buffers
-    Program& prog = run.prog;                                    // 2. loop IR
+    auto planned = std::make_shared<Program>();                  // 2. loop IR
+    Program& prog = *planned;
     prog = plan_program(targets, sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1));
     run.targets = sched.targets;
-    if (sched.kernels.empty()) return run;
+    run.owners = std::move(prog.buffer_nodes);   // bound to this graph: the program is shared
+    prog.buffer_nodes.clear();
+    run.prog = planned;
+    if (sched.kernels.empty()) return false;
     std::string before = debug >= 2 ? program_listing(prog) : "";
     ProgramInfo& info = last_program_info;
     info = ProgramInfo{prog.name, int(prog.blocks.size())};
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
-    run_passes(prog, targets_device);                            // 3. passes
+    run_passes(prog, &dev);                                      // 3. passes
     info.nests = int(prog.blocks.size());
     for (const Block& b : prog.blocks) info.tiled_nests += b.tile.rows > 0;
     temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
     info.arena_bytes = prog.arena_bytes;
-    Device& dev = *targets_device;
     if (debug >= 2) {
         std::string ir = program_listing(prog);
         std::fprintf(stderr, "[tg] schedule of %s:\n%s", prog.name.c_str(),
@@ -6265,14 +6418,31 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
                        dev.source_suffix());
     }
     if (program_observer()) program_observer()(prog);
-    Stats at_start = stats();
     run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
+    return true;
+}
+
+static ProgramRun run_program(std::vector<NodeP> targets) {
+    auto t0 = std::chrono::steady_clock::now();
+    Device* targets_device = device_of(targets);
+    int debug = debug_level();
+    ProgramRun run;
+    Stats at_start = stats();
+    Device& dev = *targets_device;
+    std::string key;
+    std::vector<Node*> order;
+    bool reusable = debug < 2 && structural_key(targets, targets_device, key, order);
+    if (!reusable || !reuse_program(key, order, run)) {
+        if (!build_program(targets, dev, run)) return run;
+        if (reusable) keep_program(key, order, run);
+    }
+    const Program& prog = *run.prog;
     std::vector<void*> ptrs(prog.buffers.size());
     run.buffers.resize(prog.buffers.size());
     std::shared_ptr<Buffer> arena =                              // 5. allocate
         prog.arena_bytes ? std::make_shared<Buffer>(&dev, DType::BOOL, prog.arena_bytes) : nullptr;
     for (size_t i = 0; i < prog.buffers.size(); i++) {
-        Node* owner = prog.buffer_nodes[i];
+        Node* owner = run.owners[i];
         auto& pb = prog.buffers[i];
         if (owner->buffer) run.buffers[i] = owner->buffer;
         else if (arena && pb.offset >= 0)
@@ -6291,7 +6461,7 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
         global_stats.run_seconds += run_s;
     }
     check_errors(prog, err);
-    for (const NodeP& t : sched.targets) {                       // 7. results become buffers
+    for (const NodeP& t : run.targets) {                         // 7. results become buffers
         t->buffer = run.buffers[size_t(run.buffer_ids.at(t.get()))];
         if (!t->requires_grad || t->leaf) {   // its history is needed only for gradients
             t->op = Op::BUFFER;
@@ -6456,8 +6626,8 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
         if (st.input_slots[i] >= 0) ptrs[size_t(st.input_slots[i])] = inputs[i].node()->buffer->ptr;
     int64_t err[2] = {0, 0};
     if (st.run.exe) st.run.exe->run(ptrs.data(), err);
-    note_updates(st.run.prog, st.run.buffers);
-    check_errors(st.run.prog, err);
+    note_updates(*st.run.prog, st.run.buffers);
+    check_errors(*st.run.prog, err);
     double run_s = seconds_since(t0);
     {
         std::lock_guard<std::mutex> lock(runtime_mutex);
@@ -6467,7 +6637,7 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
     st.replays++;
     if (debug_level() >= 1)
         std::fprintf(stderr, "[tg] jit %-24s replay %lld  compiles 0  run %.3f ms\n",
-                     st.run.prog.name.c_str(), (long long)st.replays, run_s * 1e3);
+                     st.run.prog->name.c_str(), (long long)st.replays, run_s * 1e3);
     const Buffer& result =
         st.output_slot >= 0 ? *st.run.buffers[size_t(st.output_slot)] : *st.output->buffer;
     NodeP n = node_make(Op::BUFFER, st.output->dtype, st.output->shape, {}, st.output->loc);

@@ -146,6 +146,19 @@ static void w2(bool first_only = false) {
     }
     auto [t, program] = trace_and_time(one, 20, 200, 7);
     print_line("W2 bengio", t, false, "final loss", last.item(), program);
+    // the same step eager, as a user first writes it: each step builds its graph again and
+    // finds its program by the graph's structure
+    auto eager = [&] {
+        Tensor idx = Tensor::from_vector(random_batch(rng, pool, B));
+        last = nn::cross_entropy(mlp(C[X[idx]].reshape({B, T * E})), Y[idx]);
+        opt.zero_grad();
+        last.backward();
+        opt.step();
+    };
+    Timing e = time_blocks(eager, 20, 200, 7);
+    std::printf("W2e eager %9.1f us/step median %9.1f us/step min  threads %d  %.2fx the jitted "
+                "step (medians)\n", e.median_us, e.min_us, tg::threads(),
+                e.median_us / t.median_us);
 }
 
 // W6: W2's first step as a whole process (this program again, TG_BENCH_CHILD=w6): from its

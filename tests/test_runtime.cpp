@@ -161,6 +161,57 @@ TEST(memory_cache_hit_in_same_process) {
     CHECK_EQ(after.memory_cache_hits, before.memory_cache_hits + 1);
 }
 
+// An eager step builds a graph of the same structure each time: its program is found by that
+// structure, without scheduling, lowering or rendering again (the pipeline runs once, seen by
+// the program observer). Constants, which buffers are the same one, in-place updates, bounds
+// checks and stale reads all still count.
+TEST(eager_graphs_of_one_structure_reuse_their_program) {
+    int built = 0;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program&) { built++; };
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3});
+    Tensor v = Tensor::from_vector(std::vector<float>{4, 5, 6});
+    for (int i = 0; i < 3; i++) CHECK_EQ((w * 2.0f + 1.0f).sum().item(), 15.0);
+    CHECK_EQ(built, 1);
+    CHECK_EQ((w * 3.0f + 1.0f).sum().item(), 21.0);   // another constant, another program
+    CHECK_EQ(built, 2);
+    auto dot = [](const Tensor& a, const Tensor& b) { return (a * b).sum().item(); };
+    CHECK_EQ(dot(w, v), 32.0);
+    CHECK_EQ(dot(v, w), 32.0);                        // the same structure, other buffers
+    CHECK_EQ(dot(w, w), 14.0);                        // one buffer read twice: another program
+    CHECK_EQ(built, 4);
+    Tensor count = Tensor::full({}, 1.0f);
+    count.realize();
+    for (int i = 0; i < 3; i++) count.assign(count + 1.0f).realize();
+    CHECK_EQ(count.item(), 4.0);
+    CHECK_EQ(built, 5);
+    auto pick = [&](std::vector<int32_t> ids) {
+        return w.gather(0, Tensor::from_vector(ids)).sum().item();
+    };
+    CHECK_EQ(pick({0, 2}), 4.0);
+    CHECK_THROWS(pick({0, 9}), "out of range", "got 9");   // the reused program's check
+    CHECK_EQ(built, 6);
+    Tensor before = w * 2.0f;
+    w.assign(w + 1.0f).realize();
+    CHECK_THROWS(before.realize(), "stale read");
+    tg::detail::program_observer() = saved;
+}
+
+// A freed block of 64 KiB or more serves the next allocation of its size (no fresh pages at
+// every eager step), and a program's results written there are its own.
+TEST(freed_large_blocks_serve_the_next_allocation_of_their_size) {
+    tg::detail::Device& cpu = tg::detail::device("CPU");
+    void* first = cpu.alloc(200000);
+    cpu.free(first);
+    void* again = cpu.alloc(200000);
+    CHECK(again == first);
+    cpu.free(again);
+    for (float v : {1.0f, 3.0f}) {   // the second result lands where the first one was
+        std::vector<float> got = (Tensor::full({50000}, v) * 2.0f).contiguous().to_vector();
+        CHECK(std::all_of(got.begin(), got.end(), [&](float x) { return x == 2 * v; }));
+    }
+}
+
 TEST(debug_2_keeps_graph_ir_and_c_side_by_side) {
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
