@@ -6079,43 +6079,52 @@ struct CompiledProgram : Executable {
 // Freed blocks of BLOCK_REUSE_MIN bytes or more wait, by size, for the next allocation of that
 // size (an eager step allocates the same temporaries and gradients at every step): the memory
 // comes back without the page faults of a fresh mapping. At most BLOCKS_KEPT_MAX bytes wait.
+// The table is never destroyed: a tensor may free its buffer after static destructors ran.
+struct KeptBlocks {
+    std::mutex mutex;
+    std::unordered_map<void*, size_t> size_of;   // blocks of the reused sizes, in use
+    std::unordered_multimap<size_t, void*> freed;   // and freed, by size
+    size_t bytes = 0;
+};
+static KeptBlocks& kept_blocks() {
+    static KeptBlocks* table = new KeptBlocks;
+    return *table;
+}
 struct HostMemoryDevice : Device {
     static constexpr size_t BLOCK_REUSE_MIN = size_t(64) << 10, BLOCKS_KEPT_MAX = size_t(256) << 20;
-    std::mutex blocks_mutex;
-    std::unordered_map<void*, size_t> block_size;        // blocks of the reused sizes, in use
-    std::unordered_multimap<size_t, void*> blocks_kept;  // and freed
-    size_t bytes_kept = 0;
     void* alloc(size_t bytes) override {
         size_t size = (bytes + 63) / 64 * 64;
+        KeptBlocks& k = kept_blocks();
         if (size >= BLOCK_REUSE_MIN) {
-            std::lock_guard<std::mutex> lock(blocks_mutex);
-            auto kept = blocks_kept.find(size);
-            if (kept != blocks_kept.end()) {
+            std::lock_guard<std::mutex> lock(k.mutex);
+            auto kept = k.freed.find(size);
+            if (kept != k.freed.end()) {
                 void* p = kept->second;
-                blocks_kept.erase(kept);
-                bytes_kept -= size;
-                block_size[p] = size;
+                k.freed.erase(kept);
+                k.bytes -= size;
+                k.size_of[p] = size;
                 return p;
             }
         }
         void* p = std::aligned_alloc(64, size);
         if (!p) fail(strf("out of memory allocating %zu bytes", bytes));
         if (size >= BLOCK_REUSE_MIN) {
-            std::lock_guard<std::mutex> lock(blocks_mutex);
-            block_size[p] = size;
+            std::lock_guard<std::mutex> lock(k.mutex);
+            k.size_of[p] = size;
         }
         return p;
     }
     void free(void* ptr) override {
+        KeptBlocks& k = kept_blocks();
         {
-            std::lock_guard<std::mutex> lock(blocks_mutex);
-            auto it = block_size.find(ptr);
-            if (it != block_size.end()) {
+            std::lock_guard<std::mutex> lock(k.mutex);
+            auto it = k.size_of.find(ptr);
+            if (it != k.size_of.end()) {
                 size_t size = it->second;
-                block_size.erase(it);
-                if (bytes_kept + size <= BLOCKS_KEPT_MAX) {
-                    blocks_kept.emplace(size, ptr);
-                    bytes_kept += size;
+                k.size_of.erase(it);
+                if (k.bytes + size <= BLOCKS_KEPT_MAX) {
+                    k.freed.emplace(size, ptr);
+                    k.bytes += size;
                     return;
                 }
             }
