@@ -60,7 +60,9 @@
              index expression (pad adds a validity condition) and the simplifier, which knows
              every loop variable's range, folds the composition back to strides and offsets.
              Where a ShapeTracker would need a stack of views (a reshape of a permuted tensor,
-             say), the index keeps its / and %; nothing is ever copied for a view.
+             say), the index keeps its / and %; nothing is ever copied for a view. A range of
+             rows of a realized tensor (x.slice(0, a, b): a batch of a dataset) is a part of
+             its buffer instead, so the programs reading it do not depend on a and b.
    realize   run the pipeline for some tensors, so that they hold a buffer (a constant, such as
              zeros() or ones(), is filled without a program).
    buffer    memory of one realized tensor (or of a temporary inside one program).
@@ -1287,6 +1289,8 @@ struct Buffer {
     size_t bytes() const { return size_t(numel) * dtype_size(dtype); }
 };
 
+static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to = nullptr);   // [JIT]
+
 // Which part of a training step built a node; the generated C says it beside each kernel.
 enum class Phase : uint8_t { FORWARD, BACKWARD, UPDATE };
 static const char* phase_name(Phase p) {
@@ -1424,7 +1428,10 @@ static void check_fresh(const Node* n) {
         reads.pop_back();
         if (!s->buffer && op_kind(s->op) == OpKind::MOVEMENT) reads.push_back(s->src[0].get());
         const Buffer* b = s->buffer.get();
-        if (!b || b->written_at <= n->built_at) continue;
+        uint64_t written_at = 0;   // a part of a buffer (a slice's rows) sees its whole's writes
+        for (const Buffer* part = b; part; part = part->arena.get())
+            written_at = std::max(written_at, part->written_at);
+        if (!b || written_at <= n->built_at) continue;
         fail(strf("stale read: this %s %s %s reads a %s %s buffer that the in-place update at %s "
                   "overwrote after it was built; realize it before the update (PyTorch computes "
                   "it at once) or build it again",
@@ -1570,6 +1577,25 @@ static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, i
     Shape out;
     std::vector<int64_t> arg;
     for (auto& [b, e] : p) { out.push_back(e - b); arg.push_back(b); arg.push_back(e); }
+    // A range of rows of a realized tensor (a batch of a dataset) is a part of its buffer: the
+    // view is a buffer at an offset, so a program reading it gets a pointer and does not
+    // change (or compile again) with the offset. Not for tensors with a gradient history.
+    size_t cut = 0;   // axes before it keep one index, axes after it are whole
+    while (cut + 1 < p.size() && p[cut].second - p[cut].first == 1) cut++;
+    bool rows = x->buffer && x->op == Op::BUFFER && !x->requires_grad;
+    for (size_t d = cut + 1; rows && d < p.size(); d++)
+        rows = p[d].first == 0 && p[d].second == x->shape[d];
+    if (rows) {
+        int64_t offset = 0, stride = 1;
+        for (size_t d = p.size(); d-- > 0;) {
+            offset += p[d].first * stride;
+            stride *= x->shape[d];
+        }
+        NodeP n = node_make(Op::BUFFER, x->dtype, out, {}, loc);
+        n->buffer = std::make_shared<Buffer>(x->buffer, offset * int64_t(dtype_size(x->dtype)),
+                                             x->dtype, shape_numel(out));
+        return n;
+    }
     return node_make(Op::SHRINK, x->dtype, out, {x}, loc, arg);
 }
 
@@ -2723,6 +2749,9 @@ Tensor Tensor::assign(const Tensor& value, Loc loc) const {
                   shape_str(value.shape()).c_str(), shape_str(shape()).c_str()),
              loc);
     if (!node()->buffer) realize_nodes({node()}, true);   // the target needs storage
+    // a slice's rows share their tensor's buffer: as for any view, the assignment writes a
+    // copy of the slice, not the tensor it came from
+    if (node()->buffer->arena) node()->buffer = copy_buffer(*node()->buffer);
     Tensor v = value.cast(dtype(), loc).expand(shape(), loc);
     NodeP a = node_make(Op::ASSIGN, dtype(), shape(), {node(), v.node()}, loc);
     a->requires_grad = false;
@@ -6548,7 +6577,7 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
     run_per_device(all);
 }
 
-static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to = nullptr) {
+static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to) {
     auto out = std::make_shared<Buffer>(to ? to : b.device, b.dtype, b.numel);
     std::vector<char> host(b.bytes());
     b.device->copy_out(host.data(), b.ptr, b.bytes());

@@ -197,6 +197,35 @@ TEST(eager_graphs_of_one_structure_reuse_their_program) {
     tg::detail::program_observer() = saved;
 }
 
+// Rows sliced from a realized tensor (a batch of a dataset) are a part of its buffer: every
+// batch runs the same program, whose C holds no offset. Other slices stay views; assigning to
+// a slice writes a copy, as for any view; a computation on a slice built before its tensor was
+// updated in place is a stale read.
+TEST(row_slices_of_realized_tensors_share_their_buffer) {
+    int built = 0;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program&) { built++; };
+    std::vector<float> v(64 * 3);
+    for (size_t i = 0; i < v.size(); i++) v[i] = float(i);
+    Tensor X = Tensor::from_vector(v, {64, 3});
+    for (int b = 0; b < 4; b++) {
+        double want = 0;
+        for (size_t i = size_t(b) * 48; i < size_t(b + 1) * 48; i++) want += 2.0 * v[i];
+        CHECK_EQ((X.slice(0, 16 * b, 16 * (b + 1)) * 2.0f).sum().item(), want);
+    }
+    CHECK_EQ(built, 1);
+    CHECK_EQ(X.slice(0, 5, 6).reshape({3}).to_vector(), (std::vector<float>{15, 16, 17}));
+    CHECK_EQ(X.slice(1, 1, 2).sum().item(), 64.0 * 63 / 2 * 3 + 64);   // columns: a view
+    Tensor part = X.slice(0, 0, 2);
+    part.assign(part * 0.0f).realize();
+    CHECK_EQ(part.to_vector(), std::vector<float>(6, 0.0f));
+    CHECK_EQ(X.to_vector(), v);
+    Tensor doubled = X.slice(0, 0, 16) * 2.0f;
+    X.assign(X + 1.0f).realize();
+    CHECK_THROWS(doubled.realize(), "stale read");
+    tg::detail::program_observer() = saved;
+}
+
 // A freed block of 64 KiB or more serves the next allocation of its size (no fresh pages at
 // every eager step), and a program's results written there are its own.
 TEST(freed_large_blocks_serve_the_next_allocation_of_their_size) {
