@@ -6307,8 +6307,8 @@ static Device* device_of(const std::vector<NodeP>& targets) {
 // (new nodes, the same ops, shapes, constants, lines and buffers); its program is found by a
 // key of that structure before scheduling, so the step costs a walk over its graph instead of
 // scheduling, lowering, the passes, rendering and hashing C. The key holds every field the
-// pipeline reads, the settings it reads (TG_CHECK, TG_PASSES, TG_TILE_MIN_WORK, the compiler
-// and its flags) and, for realized nodes, which distinct buffer each is; the reused program
+// pipeline reads, the settings it reads (TG_CHECK, TG_PASSES, TG_TILE_MIN_WORK, the compilers
+// and their flags) and, for realized nodes, which distinct buffer each is; the reused program
 // binds the new graph's nodes by their place in the graph's order.
 struct ReusedProgram {
     std::shared_ptr<const Program> prog;       // shared by every run of it
@@ -6334,8 +6334,11 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
     order = graph_toposort(targets);
     key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
           env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
-          env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|';
+          env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
+          env_str("TG_NVRTC_FLAGS", "") + '|';
+    key.reserve(key.size() + order.size() * 96);
     std::unordered_map<const Node*, int> place;
+    place.reserve(order.size());
     std::unordered_map<const Buffer*, int> slot;
     std::unordered_set<const Buffer*> assigned;
     for (size_t i = 0; i < order.size(); i++) {
