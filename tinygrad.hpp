@@ -4592,20 +4592,17 @@ static bool sink_invariants(Block& b) {
     return true;
 }
 static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
-    if (scalar_block(a) && scalar_block(b)) {
-        bool checks = block_accesses(a).checks || block_accesses(b).checks;
-        return !(checks && (a.writes_in_place || b.writes_in_place)) &&
-               a.finite_site < 0 && b.finite_site < 0 &&
-               a.body.size() + b.body.size() <= FUSED_MAX_STMTS;
-    }
-    if (a.body.size() != 1 || b.body.size() != 1) return false;
-    if (a.body[0].kind != SK::LOOP ||
-        a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
+    bool one_after_other = scalar_block(a) && scalar_block(b);
+    if (one_after_other ? a.body.size() + b.body.size() > FUSED_MAX_STMTS
+                        : a.body.size() != 1 || b.body.size() != 1 ||
+                              a.body[0].kind != SK::LOOP ||
+                              a.body[0].body.size() + b.body[0].body.size() > FUSED_MAX_STMTS)
         return false;
     if (a.finite_site >= 0 || b.finite_site >= 0) return false;
     // a failed bounds check stops the program before in-place writes: keep them apart
     bool checks = block_accesses(a).checks || block_accesses(b).checks;
     if (checks && (a.writes_in_place || b.writes_in_place)) return false;
+    if (one_after_other) return true;
     if (!loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false)) return false;
     // a nest to be tiled fuses only into one that still is (sums of columns side by side)
     if (!tiling || (!tiled_later(a) && !tiled_later(b))) return true;
@@ -4630,28 +4627,19 @@ static void take_title(Block& a, const Block& b) {   // a now also does what b d
     a.writes_in_place = a.writes_in_place || b.writes_in_place;
 }
 static void fuse_into(Block& a, Block& b) {
-    if (scalar_block(a) && scalar_block(b)) {   // one after the other
-        std::vector<int> var_of(b.extents.size());
-        for (size_t v = 0; v < b.extents.size(); v++) {
-            var_of[v] = int(a.extents.size());
-            a.extents.push_back(b.extents[v]);
-        }
-        renumber(b.body, var_of, accumulators_used(a.body));
-        for (Stmt& st : b.body) a.body.push_back(std::move(st));
-        take_title(a, b);
-        return;
-    }
-    int outer = a.body[0].id, b_outer = b.body[0].id;
+    bool one_after_other = scalar_block(a) && scalar_block(b);   // else the outer loops fuse
+    int outer = one_after_other ? -1 : a.body[0].id, b_outer = one_after_other ? -1 : b.body[0].id;
     std::vector<int> var_of(b.extents.size());
     for (size_t v = 0; v < b.extents.size(); v++) {
         if (int(v) == b_outer) { var_of[v] = outer; continue; }
         var_of[v] = int(a.extents.size());
         a.extents.push_back(b.extents[v]);
     }
-    std::vector<Stmt> moved = std::move(b.body[0].body);
+    std::vector<Stmt>& into = one_after_other ? a.body : a.body[0].body;
+    std::vector<Stmt> moved = std::move(one_after_other ? b.body : b.body[0].body);
     renumber(moved, var_of, accumulators_used(a.body));
-    for (Stmt& st : moved) a.body[0].body.push_back(std::move(st));
-    fuse_inner_loops(a.body[0].body, a.extents);
+    for (Stmt& st : moved) into.push_back(std::move(st));
+    if (!one_after_other) fuse_inner_loops(into, a.extents);
     take_title(a, b);
 }
 // A product's epilogue: nest b, loops like a's output loops around stores and locals only
@@ -4701,7 +4689,11 @@ static void pass_fuse_loops(Program& p) {
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
             Block sunk;
-            bool sinks = bs[j].body.size() > 1 && (sunk = bs[j], sink_invariants(sunk));
+            bool sinks = false;
+            if (bs[j].body.size() > 1) {
+                sunk = bs[j];
+                sinks = sink_invariants(sunk);
+            }
             const Block& bj = sinks ? sunk : bs[j];
             bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bj);
             if (!epilogue && !blocks_fusable(bs[i], bj, tiling)) continue;
@@ -4998,7 +4990,6 @@ static void pass_order_nests(Program& p) {
     std::map<int, std::vector<size_t>> readers_since;
     std::vector<size_t> checked, in_place;
     auto after = [&](size_t before, size_t k) {
-        if (before == k) return;
         next[before].push_back(k);
         waiting[k]++;
     };

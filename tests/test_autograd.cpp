@@ -458,9 +458,12 @@ TEST(autograd_gather_index_select_embedding) {
     // one pick per row (a label's logit): the gradient is a select; over fewer rows, a scatter
     Tensor pick1 = I32({2, 0, 1, 2}, {4, 1}), pick0 = I32({3, 0, 3}, {1, 3});
     Tensor some_rows = I32({1, 2}, {2, 1});
-    gc.add1("gather(1), one pick per row", [pick1](const Tensor& t) { return t.gather(1, pick1); }, src);
-    gc.add1("gather(0), one pick per column", [pick0](const Tensor& t) { return t.gather(0, pick0); }, src);
-    gc.add1("gather(1), picks in some rows", [some_rows](const Tensor& t) { return t.gather(1, some_rows); }, src);
+    gc.add1("gather(1), one pick per row",
+            [pick1](const Tensor& t) { return t.gather(1, pick1); }, src);
+    gc.add1("gather(0), one pick per column",
+            [pick0](const Tensor& t) { return t.gather(0, pick0); }, src);
+    gc.add1("gather(1), picks in some rows",
+            [some_rows](const Tensor& t) { return t.gather(1, some_rows); }, src);
     Tensor sel = I32({3, 1, 3, 3, 0}, {5});
     gc.add1("index_select(0) with repeats", [sel](const Tensor& t) { return t.index_select(0, sel); }, src);
     Tensor sel1 = I32({2, 2, 0}, {3});
