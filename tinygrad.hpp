@@ -6320,15 +6320,17 @@ template <class T> static void key_add(std::string& key, const T& v) {
 }
 // False where the graph must take the full pipeline (which reports its errors): an assignment
 // to a buffer that another assignment of the graph also writes.
+// order: the graph's nodes, sources first; place: each node's index in it.
+using Places = std::unordered_map<const Node*, int>;
 static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::string& key,
-                           std::vector<Node*>& order) {
+                           std::vector<Node*>& order, Places& place) {
     order = graph_toposort(targets);
     key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
           env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
           env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
           env_str("TG_NVRTC_FLAGS", "") + '|';
     key.reserve(key.size() + order.size() * 96);
-    std::unordered_map<const Node*, int> place;
+    place.clear();
     place.reserve(order.size());
     std::unordered_map<const Buffer*, int> slot;
     std::unordered_set<const Buffer*> assigned;
@@ -6382,11 +6384,8 @@ static bool reuse_program(const std::string& key, const std::vector<Node*>& orde
     global_stats.memory_cache_hits++;
     return true;
 }
-static void keep_program(const std::string& key, const std::vector<Node*>& order,
-                         const ProgramRun& run) {
+static void keep_program(const std::string& key, const Places& place, const ProgramRun& run) {
     auto r = std::make_shared<ReusedProgram>();
-    std::unordered_map<const Node*, int> place;
-    for (size_t i = 0; i < order.size(); i++) place[order[i]] = int(i);
     auto at = [&](const Node* n) {
         auto it = place.find(n);
         return it == place.end() ? -1 : it->second;
@@ -6463,10 +6462,11 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     Device& dev = *targets_device;
     std::string key;
     std::vector<Node*> order;
-    bool reusable = debug < 2 && structural_key(targets, targets_device, key, order);
+    Places place;
+    bool reusable = debug < 2 && structural_key(targets, targets_device, key, order, place);
     if (!reusable || !reuse_program(key, order, run)) {
         if (!build_program(targets, dev, run)) return run;
-        if (reusable) keep_program(key, order, run);
+        if (reusable) keep_program(key, place, run);
     }
     const Program& prog = *run.prog;
     std::vector<void*> ptrs(prog.buffers.size());
