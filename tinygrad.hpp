@@ -32,7 +32,7 @@
    The first call traces forward, backward and update into one program (one compile); later
    calls only run it. Without the jit the same code runs eagerly, one program per step; from
    the second step on, that program is found by the structure of the step's graph, so an
-   eager step skips scheduling and compiling (W2: about 1.6x the jitted step's time).
+   eager step skips scheduling and compiling (W2: 1.4-1.8x the jitted step's time).
 
  HOW IT WORKS (sections of Part C, in pipeline order; grep the >>tag)
    Tensor API ──► graph of primitive ops          [GRAPH] >>graph, [COMPOSED] >>composed
