@@ -3892,16 +3892,23 @@ static bool expr_eq(const ExprP& a, const ExprP& b) {
 
 static bool is_const(const ExprP& e, double v) { return e->kind == EK::CONST && e->num == v; }
 
-static Range range_of(const ExprP& e, const std::vector<int64_t>& extents) {
+// A loop variable's values where a select has decided a comparison of it: a pad's clamped
+// index (i < 256 ? 0 : i - 256) then has the range of its source axis.
+struct VarRange { int var; int64_t lo, hi; };
+static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
+                      std::vector<VarRange>& narrowed) {
     switch (e->kind) {
     case EK::CONST: return {int64_t(e->num), int64_t(e->num), !dtype_is_float(e->dtype)};
-    case EK::VAR: return {0, extents[size_t(e->id)] - 1, true};
+    case EK::VAR:
+        for (auto n = narrowed.rbegin(); n != narrowed.rend(); ++n)
+            if (n->var == e->id) return {n->lo, n->hi, true};
+        return {0, extents[size_t(e->id)] - 1, true};
     case EK::CHECK: return {0, e->bound - 1, true};
     case EK::LOAD: case EK::ACC: return {0, 1, e->dtype == DType::BOOL};
     case EK::ALU: break;
     }
     if (dtype_is_float(e->dtype)) return {};
-    auto r = [&](size_t i) { return range_of(e->src[i], extents); };
+    auto r = [&](size_t i) { return range_in(e->src[i], extents, narrowed); };
     switch (e->op) {
     case Op::CMPLT: case Op::CMPEQ: return {0, 1, true};
     case Op::CAST: return dtype_is_float(e->src[0]->dtype) ? Range{} : r(0);
@@ -3923,11 +3930,33 @@ static Range range_of(const ExprP& e, const std::vector<int64_t>& extents) {
         return {0, std::min(a.hi, c - 1), true};
     }
     case Op::WHERE: {
+        const ExprP& cond = e->src[0];
+        if (cond->kind == EK::ALU && cond->op == Op::CMPLT && cond->src[0]->kind == EK::VAR &&
+            cond->src[1]->kind == EK::CONST) {   // var < c ? a : b
+            Range v = range_in(cond->src[0], extents, narrowed), a, b;
+            int64_t c = int64_t(cond->src[1]->num);
+            auto branch = [&](size_t i, int64_t lo, int64_t hi) {
+                if (lo > hi) return Range{};   // never taken
+                narrowed.push_back({cond->src[0]->id, lo, hi});
+                Range out = r(i);
+                narrowed.pop_back();
+                return out;
+            };
+            a = branch(1, v.lo, std::min(v.hi, c - 1));
+            b = branch(2, std::max(v.lo, c), v.hi);
+            if (v.lo >= c) return b;
+            if (v.hi < c) return a;
+            return {std::min(a.lo, b.lo), std::max(a.hi, b.hi), a.known && b.known};
+        }
         Range a = r(1), b = r(2);
         return {std::min(a.lo, b.lo), std::max(a.hi, b.hi), a.known && b.known};
     }
     default: return {};
     }
+}
+static Range range_of(const ExprP& e, const std::vector<int64_t>& extents) {
+    std::vector<VarRange> narrowed;
+    return range_in(e, extents, narrowed);
 }
 
 // An index sum as Σ coef·term + constant.
@@ -4173,6 +4202,17 @@ static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set
     }
 }
 
+// the accumulators that sum trees update or add into others
+static void accs_in_trees(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_UPDATE) {
+            set.insert(st.id);
+            accs_read({st}, set);
+        }
+        accs_in_trees(st.body, set);
+    }
+}
+
 // How nests are shared out to threads: pass_tile_products, pass_parallel_loops.
 static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
 
@@ -4306,12 +4346,18 @@ static bool match_product(const Block& b, ProductMatch& m) {
     }
     // An epilogue statement moves after the trees that follow it: no accumulator it reads is
     // set after it (the terms read no accumulator and no buffer it writes, checked below).
+    // Locals (an accumulator set once from loads, as substitute_temps leaves an optimizer's
+    // moments) are epilogue statements too.
     std::unordered_set<int> read_before;   // by the epilogue statements so far
+    std::unordered_set<int> in_trees;
+    accs_in_trees(*body, in_trees);
     for (const Stmt& st : *body) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
         std::unordered_set<int> reads, sets;
         accs_read({st}, reads);
-        if (store || (st.kind == SK::ACC_INIT && !reads.empty())) {
+        bool local =
+            st.kind == SK::ACC_INIT && st.val->kind != EK::CONST && !in_trees.count(st.id);
+        if (store || (st.kind == SK::ACC_INIT && !reads.empty()) || local) {
             m.epilogue.push_back(st);
             read_before.insert(reads.begin(), reads.end());
             continue;

@@ -201,6 +201,18 @@ TEST(simplify_drops_loops_of_one_iteration) {
     check_same_values({x.sum(1)});
 }
 
+// A pad clamps its source index (i < 32 ? 0 : i - 32); on the side where the select reads the
+// source, i >= 32, so the index splits into the source's axes without dividing by the row.
+TEST(simplify_splits_a_padded_index_by_the_range_its_select_allows) {
+    Tensor x = data({4, 32, 2});
+    Tensor y = x.permute({0, 2, 1}).reshape({4, 64}).pad({{0, 0}, {32, 0}});
+    std::string ir = optimized({y}, "simplify");
+    CHECK(ir.find("buf1[(i0*64 + ") != std::string::npos);
+    CHECK(ir.find("/ 64") == std::string::npos);
+    CHECK(ir.find("% 64") == std::string::npos);
+    check_same_values({y});
+}
+
 // A maximum that simplify proves unused loses its accumulator, but its gather's bounds check
 // stays (the C once kept the loop and lost the accumulator's declaration).
 TEST(dead_stores_keep_the_bounds_checks_of_what_they_drop) {
@@ -399,6 +411,25 @@ TEST(tile_products_take_their_elementwise_consumers_along) {
     }
     std::vector<float> after = p.to_vector();
     for (size_t i = 0; i < after.size(); i++) CHECK_EQ(after[i], before[i] - grad[i] * 0.5f);
+    // another parameter's momentum update fused beside it (as an optimizer's updates fuse):
+    // its new moment is a local that reads no sum, computed in the tile's epilogue too
+    Tensor m = data({96, 80}, 5), q = data({96, 80}, 6), h = data({96, 80}, 7);
+    std::vector<float> m0 = m.to_vector(), q0 = q.to_vector(), h0 = h.to_vector();
+    before = p.to_vector();
+    {
+        th::EnvGuard env("TG_PASSES", "all");
+        Tensor m1 = m.assign(m * 0.9f + h);
+        tg::realize({p.assign(p - g * 0.5f), m1, q.assign(q - m1 * 0.5f)});
+        CHECK_EQ(tg::last_program().nests, 1);
+        CHECK_EQ(tg::last_program().tiled_nests, 1);
+    }
+    after = p.to_vector();
+    std::vector<float> m2 = m.to_vector(), q2 = q.to_vector();
+    for (size_t i = 0; i < m2.size(); i++) {
+        CHECK_EQ(after[i], before[i] - grad[i] * 0.5f);
+        CHECK_EQ(m2[i], m0[i] * 0.9f + h0[i]);
+        CHECK_EQ(q2[i], q0[i] - (m0[i] * 0.9f + h0[i]) * 0.5f);
+    }
 }
 
 // The emitted C, character for character, for a tiled product with its epilogue (bias, relu):
