@@ -10,6 +10,7 @@
 #include "harness.hpp"
 #include <setjmp.h>
 #include <signal.h>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -1117,6 +1118,32 @@ TEST(interp_product_then_matmul_across_kernels) {
     };
     Outcome c = run_on("CPU", build), i = run_on("INTERP", build);
     CHECK_EQ(compare(c, i, 1e-12), std::string());
+}
+
+// A sum adds a product term as one fused multiply-add: with u = 1 + 2^-12, the product u·u =
+// 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 alone, so -(1 + 2^-11) + u·u is 0 when multiplied and
+// added apart and 2^-24 when fused. Each row of x·w is that sum, in loops, in tiles of a
+// matrix product (on threads too) and in the interpreter.
+TEST(interp_sums_of_products_use_fused_multiply_add) {
+    const float u = 1 + std::ldexp(1.0f, -12), c = -(1 + std::ldexp(1.0f, -11));
+    const float fused = std::fma(u, u, c);
+    CHECK_EQ(double(fused), std::ldexp(1.0, -24));
+    CHECK_EQ(c + u * u, 0.0f);
+    const int64_t n = 48;   // x [n, 2] times w [2, n]: every entry is c·1 + u·u
+    std::vector<float> x, w(size_t(2 * n));
+    for (int64_t i = 0; i < n; i++) x.insert(x.end(), {c, u});
+    for (int64_t j = 0; j < n; j++) w[size_t(j)] = 1, w[size_t(n + j)] = u;
+    for (const char* min_work : {"1000000000", "1"})   // in loops, then in tiles
+        for (const char* dev : {"CPU", "INTERP"}) {
+            th::EnvGuard tile("TG_TILE_MIN_WORK", min_work);
+            Outcome o = run_on(dev, [&] {
+                Tensor a = Tensor::from_vector(x, {n, 2}), b = Tensor::from_vector(w, {2, n});
+                return std::vector<Tensor>{a.matmul(b)};
+            });
+            CHECK_EQ(o.error, std::string());
+            CHECK_EQ(o.v.size(), size_t(n * n));
+            for (double v : o.v) CHECK_EQ(v, double(fused));
+        }
 }
 
 // float64 → float32 → float64 in loops of 2, 3, 6, 7 and 19 elements and in [15,2] and [5,3]

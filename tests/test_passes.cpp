@@ -449,6 +449,36 @@ typedef float tg_vf_unaligned __attribute__((vector_size(64), may_alias, aligned
 #define TG_VEC(p, v) (((const tg_vf_unaligned *)(p))[v])
 #define TG_TILE(rows, vectors) \
     for (int r = 0; r < rows; r++) for (int v = 0; v < vectors; v++)
+#if defined(__AVX512F__)
+#define TG_IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define TG_IN_REGISTER(v) (void)(v)
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define TG_FMA(x, y, s) \
+    ((tg_vf)_mm512_fmadd_ps(_mm512_set1_ps(x), (__m512)(y), (__m512)(s)))
+#elif defined(__FMA__)
+#include <immintrin.h>
+static inline tg_vf TG_FMA(float x, tg_vf y, tg_vf s) {
+    union { tg_vf v; __m256 h[2]; } a = {y}, b = {s};
+    for (int i = 0; i < 2; i++)
+        b.h[i] = _mm256_fmadd_ps(_mm256_set1_ps(x), a.h[i], b.h[i]);
+    return b.v;
+}
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+static inline tg_vf TG_FMA(float x, tg_vf y, tg_vf s) {
+    union { tg_vf v; float32x4_t q[4]; } a = {y}, b = {s};
+    for (int i = 0; i < 4; i++) b.q[i] = vfmaq_n_f32(b.q[i], a.q[i], x);
+    return b.v;
+}
+#else
+static inline tg_vf TG_FMA(float x, tg_vf y, tg_vf s) {
+    for (int l = 0; l < 16; l++) s[l] = fmaf(x, y[l], s[l]);
+    return s;
+}
+#endif
 static inline float tg_wheref(int c, float a, float b) {
     union { float f; uint32_t u; } x = {a}, y = {b};
     uint32_t m = -(uint32_t)(c != 0);
@@ -477,9 +507,16 @@ static __attribute__((noinline)) void k0(float *restrict buf0, const float *rest
                 for (int64_t i2 = 0; i2 < 2; i2++) {
                     TG_TILE(6, 2) sum1[r][v] = (tg_vf){0};
                     for (int64_t i3 = 0; i3 < 16; i3++) {
-                        for (int r = 0; r < 6; r++) {
-                            float xr = buf1[((row[r] * 32) + (i2 * 16) + i3)];
-                            for (int v = 0; v < 2; v++) sum1[r][v] += xr * TG_VEC(&buf2[(c0 + (i2 * 512) + (i3 * 32))], v);
+                        {
+                            tg_vf yv[2];
+                            for (int v = 0; v < 2; v++) {
+                                yv[v] = TG_VEC(&buf2[(c0 + (i2 * 512) + (i3 * 32))], v);
+                                TG_IN_REGISTER(yv[v]);
+                            }
+                            for (int r = 0; r < 6; r++) {
+                                float xr = buf1[((row[r] * 32) + (i2 * 16) + i3)];
+                                for (int v = 0; v < 2; v++) sum1[r][v] = TG_FMA(xr, yv[v], sum1[r][v]);
+                            }
                         }
                     }
                     TG_TILE(6, 2) sum0[r][v] += sum1[r][v];

@@ -124,7 +124,7 @@ TEST(golden_c_for_matvec_relu) {
         "    for (int64_t i0 = 0; i0 < 2; i0++) {\n"
         "        float acc0 = 0.0f;\n"
         "        for (int64_t i1 = 0; i1 < 3; i1++) {\n"
-        "            acc0 += (buf1[((i0 * 3) + i1)] * buf2[i1]);\n"
+        "            acc0 = fmaf(buf1[((i0 * 3) + i1)], buf2[i1], acc0);\n"
         "        }\n"
         "        buf0[i0] = tg_wheref(((acc0 < 0.0f) | (acc0 == 0.0f)), 0.0f, acc0);\n"
         "    }\n"
