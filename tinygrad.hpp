@@ -4462,6 +4462,44 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     t.tasks = outer * panels * ((rows + t.row_block - 1) / t.row_block);
     return true;
 }
+// Two outer loops whose variables index everything only as one (v0·E1 + v1, as the batch and
+// time axes of a [B,T,C] activation) become one loop of E0·E1 iterations: a product over B
+// batches of T rows is then one product over B·T rows, which packs its other operand once,
+// not once per batch.
+static bool merge_outer_loops(Block& b) {
+    if (b.body.size() != 1 || b.body[0].kind != SK::LOOP || b.body[0].body.size() != 1 ||
+        b.body[0].body[0].kind != SK::LOOP)
+        return false;
+    Block merged = b;
+    Stmt& loop = merged.body[0];
+    int v0 = loop.id, v1 = loop.body[0].id, j = int(merged.extents.size());
+    int64_t e1 = merged.extents[size_t(v1)];
+    merged.extents.push_back(merged.extents[size_t(v0)] * e1);
+    std::vector<Stmt> inner = std::move(loop.body[0].body);
+    loop.body = std::move(inner);
+    loop.id = j;
+    substitute_var(loop.body, v0, ex_alu(Op::IDIV, DType::INDEX, {ex_var(j), ix(e1)}));
+    substitute_var(loop.body, v1, ex_alu(Op::MOD, DType::INDEX, {ex_var(j), ix(e1)}));
+    SimplifyMemo memo{&merged.extents, {}};
+    simplify_stmts(loop.body, memo);
+    bool split = false;   // somewhere the two variables are still apart
+    std::unordered_set<const Expr*> seen;
+    std::function<void(const std::vector<Stmt>&)> check = [&](const std::vector<Stmt>& body) {
+        for (const Stmt& st : body) {
+            for (const ExprP& e : {st.idx, st.val})
+                if (e) each_part(e, seen, [&](const ExprP& part) {
+                    split = split || (part->kind == EK::ALU &&
+                                      (part->op == Op::IDIV || part->op == Op::MOD) &&
+                                      uses_var(part, j));
+                });
+            check(st.body);
+        }
+    };
+    check(loop.body);
+    if (split) return false;
+    b = std::move(merged);
+    return true;
+}
 static void pass_tile_products(Program& p) {
     for (size_t k = 0; k < p.blocks.size(); k++) {
         Block& b = p.blocks[k];
@@ -4469,6 +4507,11 @@ static void pass_tile_products(Program& p) {
         for (const ProgramBuffer& pb : p.buffers) locals = locals || pb.local_block == int(k);
         ProductMatch m;
         b.tile = {};
+        for (Block merged = b; !locals && merge_outer_loops(merged);) {
+            Block::Tiles t;
+            if (!match_product(merged, m) || !plan_tiles(merged, m, t)) break;
+            b = merged;
+        }
         if (locals || !match_product(b, m) || !plan_tiles(b, m, b.tile)) {
             b.tile = {};
             continue;

@@ -432,6 +432,24 @@ TEST(tile_products_take_their_elementwise_consumers_along) {
     }
 }
 
+// A product over a batch of rows ([B,T,C] @ [C,N]) is one product over B·T rows when every
+// index reads the batch and time variables only as b·T + t; a bias over time alone keeps the
+// loops apart (its index would need t = row % T).
+TEST(tile_products_merge_batch_loops_into_rows) {
+    th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
+    Tensor x = data({4, 8, 16}), w = data({16, 40}, 1), b = data({8, 1}, 2);
+    std::string merged = optimized({x.matmul(w)}, "all");
+    CHECK(merged.find("[tiles: ") != std::string::npos);
+    CHECK(merged.find(" < 32:") != std::string::npos);
+    CHECK(merged.find(" < 4:") == std::string::npos);
+    std::string apart = optimized({x.matmul(w) + b}, "all");
+    CHECK(apart.find("[tiles: ") != std::string::npos);
+    CHECK(apart.find(" < 32:") == std::string::npos);
+    CHECK(apart.find(" < 4:") != std::string::npos);
+    check_same_values({x.matmul(w), x.matmul(w) + b});
+    CHECK(values({x.matmul(w)}, "all")[0] == values({x.matmul(w)}, "none")[0]);
+}
+
 // The emitted C, character for character, for a tiled product with its epilogue (bias, relu):
 // what TG_DEBUG=4 shows a reader of tile_products.
 TEST(golden_c_for_a_tiled_product) {
