@@ -4313,6 +4313,9 @@ static bool split_term(const ExprP& term, int rows, int cols, ExprP& x, ExprP& y
         }
     x = nullptr;
     y = term;
+    // a product packed as one value would be rounded before its addition, which the loops
+    // fuse (fused_term): it is no sum of columns
+    if (term->kind == EK::ALU && term->op == Op::MUL && dtype_is_float(term->dtype)) return false;
     return rows < 0 || !uses_var(term, rows);
 }
 // A term of a sum tree: acc += v, or acc = v where first_write started the sum with it.
@@ -4422,7 +4425,8 @@ static bool match_product(const Block& b, ProductMatch& m) {
         }
     for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c) {
         bool along = true;
-        for (const ExprP& t : terms) along = along && read_along(t, *c);
+        for (const ExprP& t : terms)
+            along = along && read_along(t, *c) && split_term(t, -1, *c, x, y, x_at);
         if (!along) continue;
         m.cols = *c;
         return true;
@@ -5456,8 +5460,10 @@ struct CExprs {
         if (e->op == Op::CAST && wraps && dtype_is_float(e->src[0]->dtype))
             form = e->dtype == DType::INT32 ? "tg_f2i({0})" : "tg_f2l({0})";
         // value selects evaluate both sides (every load is in bounds), so a vectorizing
-        // compiler blends instead of using masked loads
-        if (e->op == Op::WHERE && e->dtype != DType::INDEX)
+        // compiler blends instead of using masked loads. Index selects are masks too: GCC 12
+        // at -O2 (its value ranges, with PRE) computed a wrong index from c ? 0 : i - 406
+        // in a nest that read three pieces of a cat (tests/test_interp.cpp)
+        if (e->op == Op::WHERE)
             form = e->dtype == DType::FLOAT32   ? "tg_wheref({0}, {1}, {2})"
                    : e->dtype == DType::FLOAT64 ? "tg_whered({0}, {1}, {2})"
                                                 : "tg_wherei({0}, {1}, {2})";
@@ -5809,18 +5815,18 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "#define TG_IN_REGISTER(v) (void)(v)\n"
      "#endif\n"},
     // x·y + s for a float x and vectors y, s, rounded once in each lane: the instruction where
-    // the target has one (the lanes' fmaf otherwise, slower, with the same bits)
+    // the target has one (the lanes' fmaf otherwise, slower, with the same bits). Compiler
+    // builtins, not <immintrin.h>: parsing that header took 0.17 s of every compile.
     {"TG_FMA(",
      "#if defined(__AVX512F__)\n"
-     "#include <immintrin.h>\n"
-     "#define TG_FMA(x, y, s) \\\n"
-     "    ((tg_vf)_mm512_fmadd_ps(_mm512_set1_ps(x), (__m512)(y), (__m512)(s)))\n"
+     "#define TG_FMA(x, y, s) ((tg_vf)__builtin_ia32_vfmaddps512_mask( \\\n"
+     "    (x) - (tg_vf){0}, (y), (s), (unsigned short)0xFFFF, 4))\n"
      "#elif defined(__FMA__)\n"
-     "#include <immintrin.h>\n"
+     "typedef float tg_v8 __attribute__((vector_size(32)));\n"
      "static inline tg_vf TG_FMA(float x, tg_vf y, tg_vf s) {\n"
-     "    union { tg_vf v; __m256 h[2]; } a = {y}, b = {s};\n"
+     "    union { tg_vf v; tg_v8 h[2]; } a = {y}, b = {s};\n"
      "    for (int i = 0; i < 2; i++)\n"
-     "        b.h[i] = _mm256_fmadd_ps(_mm256_set1_ps(x), a.h[i], b.h[i]);\n"
+     "        b.h[i] = __builtin_ia32_vfmaddps256(x - (tg_v8){0}, a.h[i], b.h[i]);\n"
      "    return b.v;\n"
      "}\n"
      "#elif defined(__aarch64__)\n"

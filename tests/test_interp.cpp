@@ -1120,6 +1120,22 @@ TEST(interp_product_then_matmul_across_kernels) {
     CHECK_EQ(compare(c, i, 1e-12), std::string());
 }
 
+// A cat of a vector and two views of one random tensor, read by a product: the fused nest
+// clamps each piece's index with selects (i < 4 ? 0 : i - 4, i < 406 ? 0 : i - 406), and GCC
+// 12 at -O2 computed the third piece's index wrong from the conditional expression (found by
+// the oracle); index selects are bit masks now.
+TEST(interp_cat_pieces_with_clamped_indices) {
+    auto build = [] {
+        Tensor r = Tensor::rand({3, 7, 7, 4}, 63045u).reshape({588}).shrink({{186, 588}});
+        Tensor head = Tensor::from_vector(std::vector<float>{0.5f, -1.25f, 1, 2});
+        std::vector<double> values = th::randd(808 * 5, 71);
+        Tensor w = Tensor::from_vector(std::vector<float>(values.begin(), values.end()), {808, 5});
+        return std::vector<Tensor>{tg::cat({head, r, r}, -1).matmul(w)};
+    };
+    Outcome c = run_on("CPU", build), i = run_on("INTERP", build);
+    CHECK_EQ(compare(c, i, 1e-5), std::string());
+}
+
 // A sum adds a product term as one fused multiply-add: with u = 1 + 2^-12, the product u·u =
 // 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 alone, so -(1 + 2^-11) + u·u is 0 when multiplied and
 // added apart and 2^-24 when fused. Each row of x·w is that sum, in loops, in tiles of a
