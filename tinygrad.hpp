@@ -315,12 +315,29 @@ public:
                               Loc loc = Loc::here());
     static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());
+    static Tensor from_vector(const std::vector<bool>& values, const Shape& shape = {-1},
+                              Loc loc = Loc::here());
+    // a braced list, its dtype from its elements: from_vector({1.f, 2.f}) float32, ({1, 2})
+    // int32, ({1.0, 2.0}) float64, ({true, false}) bool
+    template <typename T>
+    static Tensor from_vector(std::initializer_list<T> values, const Shape& shape = {-1},
+                              Loc loc = Loc::here()) {
+        return from_vector(std::vector<T>(values), shape, loc);
+    }
     static uint64_t next_seed();                       // the global stream that manual_seed sets
+    // x's shape, dtype and device; rand_like and randn_like need a float x
+    static Tensor zeros_like(const Tensor& x, Loc loc = Loc::here());
+    static Tensor ones_like(const Tensor& x, Loc loc = Loc::here());
+    static Tensor full_like(const Tensor& x, Scalar value, Loc loc = Loc::here());
+    static Tensor rand_like(const Tensor& x, uint64_t seed = next_seed(), Loc loc = Loc::here());
+    static Tensor randn_like(const Tensor& x, uint64_t seed = next_seed(), Loc loc = Loc::here());
 
     // what it is
     const Shape& shape() const;
+    const Shape& size() const { return shape(); }
     int64_t size(int axis) const;                      // negative axes count from the end
     int ndim() const;
+    int dim() const { return ndim(); }
     int64_t numel() const;
     DType dtype() const;
     bool defined() const { return node_ != nullptr; }
@@ -343,6 +360,7 @@ public:
     Tensor relu(Loc loc = Loc::here()) const;
     Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
     Tensor abs(Loc loc = Loc::here()) const;
+    Tensor square(Loc loc = Loc::here()) const;
     Tensor pow(const Tensor& exponent, Loc loc = Loc::here()) const;
     Tensor pow(Scalar exponent, Loc loc = Loc::here()) const;
     Tensor maximum(const Tensor& other, Loc loc = Loc::here()) const;
@@ -373,13 +391,15 @@ public:
     Tensor view(const Shape& shape, Loc loc = Loc::here()) const;       // same as reshape
     Tensor permute(const std::vector<int>& order, Loc loc = Loc::here()) const;
     Tensor transpose(int axis0 = -2, int axis1 = -1, Loc loc = Loc::here()) const;
+    Tensor t(Loc loc = Loc::here()) const;             // 0-2 axes: rows and columns swapped
+    Tensor mT(Loc loc = Loc::here()) const;            // the last two axes swapped
     Tensor expand(const Shape& shape, Loc loc = Loc::here()) const;     // -1 keeps a size
     Tensor pad(const std::vector<std::pair<int64_t, int64_t>>& before_after, Scalar value = 0,
                Loc loc = Loc::here()) const;                             // one pair per axis
     Tensor shrink(const std::vector<std::pair<int64_t, int64_t>>& begin_end,
                   Loc loc = Loc::here()) const;                          // one pair per axis
     Tensor slice(int axis, int64_t start, int64_t end, int64_t step = 1,
-                 Loc loc = Loc::here()) const;                           // like x[start:end:step]
+                 Loc loc = Loc::here()) const;   // like x[start:end:step], bounds clamped
     Tensor flip(const std::vector<int>& axes, Loc loc = Loc::here()) const;
     Tensor flip(int axis, Loc loc = Loc::here()) const;
     Tensor squeeze(Loc loc = Loc::here()) const;                         // every size-1 axis
@@ -387,9 +407,12 @@ public:
     Tensor unsqueeze(int axis, Loc loc = Loc::here()) const;
     Tensor flatten(int start_axis = 0, int end_axis = -1, Loc loc = Loc::here()) const;
     Tensor contiguous(Loc loc = Loc::here()) const;   // forces its own buffer when realized
+    Tensor clone(Loc loc = Loc::here()) const;        // a copy in its own buffer; grads flow
 
     // composed
     Tensor matmul(const Tensor& other, Loc loc = Loc::here()) const;    // like torch.matmul
+    Tensor mm(const Tensor& other, Loc loc = Loc::here()) const;        // [n,k] @ [k,m] only
+    Tensor bmm(const Tensor& other, Loc loc = Loc::here()) const;       // [b,n,k] @ [b,k,m]
     Tensor softmax(int axis = -1, Loc loc = Loc::here()) const;
     Tensor log_softmax(int axis = -1, Loc loc = Loc::here()) const;
     Tensor gather(int axis, const Tensor& index, Loc loc = Loc::here()) const;  // torch.gather
@@ -1682,7 +1705,7 @@ static Tensor as_float(const Tensor& x, Loc loc) {
     return dtype_is_float(x.dtype()) ? x : x.cast(DType::FLOAT32, loc);
 }
 
-static Tensor full_like(const Tensor& x, double v, DType dt, Loc loc) {
+static Tensor const_like(const Tensor& x, double v, DType dt, Loc loc) {
     return wrap(graph_const(v, dt, x.shape(), loc));
 }
 
@@ -1709,7 +1732,7 @@ static Tensor bin(Op op, const Tensor& a, const Tensor& b, const char* name, Loc
 }
 
 static Tensor scalar_operand(const Tensor& like, Scalar s, Loc loc) {
-    return full_like(like, s.value, scalar_dtype(like.dtype(), s), loc);
+    return const_like(like, s.value, scalar_dtype(like.dtype(), s), loc);
 }
 
 static void check_not_bool(const Tensor& x, const char* op, Loc loc) {
@@ -1787,6 +1810,29 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Loc loc) {
     return full(shape, 1, dtype, loc);
 }
 
+// on x's device: a constant made on the default device moves there
+static Tensor on_device_of(const Tensor& x, const Tensor& made, Loc loc) {
+    return made.device() == x.device() ? made : made.to(x.device(), loc);
+}
+Tensor Tensor::zeros_like(const Tensor& x, Loc loc) { return full_like(x, 0, loc); }
+Tensor Tensor::ones_like(const Tensor& x, Loc loc) { return full_like(x, 1, loc); }
+Tensor Tensor::full_like(const Tensor& x, Scalar value, Loc loc) {
+    return on_device_of(x, full(x.shape(), value, x.dtype(), loc), loc);
+}
+static void check_float_like(const Tensor& x, const char* op, Loc loc) {
+    if (!dtype_is_float(x.dtype()))
+        fail(strf("%s: %s %s is not a float tensor (random values are float)", op,
+                  dtype_name(x.dtype()), shape_str(x.shape()).c_str()), loc);
+}
+Tensor Tensor::rand_like(const Tensor& x, uint64_t seed, Loc loc) {
+    check_float_like(x, "rand_like", loc);
+    return on_device_of(x, rand(x.shape(), seed, loc).cast(x.dtype(), loc), loc);
+}
+Tensor Tensor::randn_like(const Tensor& x, uint64_t seed, Loc loc) {
+    check_float_like(x, "randn_like", loc);
+    return on_device_of(x, randn(x.shape(), seed, loc).cast(x.dtype(), loc), loc);
+}
+
 Tensor Tensor::arange(Scalar stop, Loc loc) { return arange(0, stop, 1, loc); }
 // start + i·step for i in [0, ceil((stop-start)/step))
 Tensor Tensor::arange(Scalar start, Scalar stop, Scalar step, Loc loc) {
@@ -1844,6 +1890,9 @@ Tensor Tensor::from_vector(const std::vector<int32_t>& v, const Shape& shape, Lo
 }
 Tensor Tensor::from_vector(const std::vector<int64_t>& v, const Shape& shape, Loc loc) {
     return tensor_from_data(v, shape, DType::INT64, loc);
+}
+Tensor Tensor::from_vector(const std::vector<bool>& v, const Shape& shape, Loc loc) {
+    return tensor_from_data(std::vector<uint8_t>(v.begin(), v.end()), shape, DType::BOOL, loc);
 }
 
 
@@ -1922,7 +1971,7 @@ Tensor Tensor::rsqrt(Loc loc) const { return sqrt(loc).reciprocal(loc); }
 // nothing overflows, so values and gradients stay finite where they saturate, and the sign is
 // a constant factor in the gradient.
 static Tensor sign_pm1(const Tensor& x, Loc loc) {
-    Tensor one = full_like(x, 1, x.dtype(), loc);
+    Tensor one = const_like(x, 1, x.dtype(), loc);
     return where(x < 0, neg(one, loc), one, loc);
 }
 // σ(x) = 1/(1 + e) for x >= 0, e/(1 + e) for x < 0
@@ -1959,7 +2008,7 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     }
     Tensor z = mul_c(x, 1 / std::sqrt(2.0), loc), az = z.abs(loc);
     Tensor t = add_c(mul_c(az, 0.3275911, loc), 1, loc).reciprocal(loc);
-    Tensor poly = full_like(t, 1.061405429, t.dtype(), loc);
+    Tensor poly = const_like(t, 1.061405429, t.dtype(), loc);
     for (double a : {-1.453152027, 1.421413741, -0.284496736, 0.254829592})
         poly = add_c(mul(poly, t, loc), a, loc);
     poly = mul(poly, t, loc);
@@ -1968,6 +2017,11 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
 }
 // |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (max(-0, +0) may be either); |x|'(0) = 0
+// x·x; a bool squares as int64, as in PyTorch
+Tensor Tensor::square(Loc loc) const {
+    Tensor x = dtype() == DType::BOOL ? cast(DType::INT64, loc) : *this;
+    return mul(x, x, loc);
+}
 Tensor Tensor::abs(Loc loc) const {
     if (dtype() == DType::BOOL) return *this;
     Tensor m = maximum(neg(*this, loc), loc);
@@ -2004,7 +2058,7 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     auto [x, y] = operands(*this, exponent, "pow", loc, true);
     DType dt = x.dtype();
     Tensor ax = x.abs(loc), ay = y.abs(loc), zero = ax == 0;
-    Tensor one = full_like(x, 1, dt, loc), inf = full_like(x, INFINITY, dt, loc);
+    Tensor one = const_like(x, 1, dt, loc), inf = const_like(x, INFINITY, dt, loc);
     Tensor at_zero = where(y > 0, 0, where(y < 0, inf, one, loc), loc);
     Tensor mag =
         where(zero, at_zero, mul(y, where(zero, one, ax, loc).log2(loc), loc).exp2(loc), loc);
@@ -2021,7 +2075,7 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
                              .maximum((x == 1).minimum(y != y, loc), loc)
                              .maximum((ax == 1).minimum(ay == INFINITY, loc), loc);
     return where(exactly_one, one,
-                 where(undefined, full_like(x, NAN, dt, loc), signed_mag, loc), loc);
+                 where(undefined, const_like(x, NAN, dt, loc), signed_mag, loc), loc);
 }
 // Whole exponents up to 64 by repeated squaring: exact, integer tensors stay integer (for an
 // int exponent), and x^-k = 1/x^k.
@@ -2029,7 +2083,7 @@ Tensor Tensor::pow(Scalar e, Loc loc) const {
     if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 &&
         (e.value >= 0 || e.is_float || dtype_is_float(dtype()))) {
         DType dt = scalar_dtype(dtype(), e);
-        Tensor result = full_like(*this, 1, dt, loc), base = cast(dt, loc);
+        Tensor result = const_like(*this, 1, dt, loc), base = cast(dt, loc);
         for (int64_t k = int64_t(std::fabs(e.value)); k > 0; k >>= 1) {
             if (k & 1) result = mul(result, base, loc);
             if (k > 1) base = mul(base, base, loc);
@@ -2172,20 +2226,23 @@ Tensor Tensor::pad(const std::vector<std::pair<int64_t, int64_t>>& p, Scalar val
 Tensor Tensor::shrink(const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) const {
     return wrap(graph_shrink(node(), p, loc));
 }
-// x[start:end:step]: shrink, then for step > 1 pad to a multiple of step, fold the axis into
-// [count, step] and keep column 0.
+// x[start:end:step] as Python and PyTorch read it: negative bounds count from the end, bounds
+// beyond the axis are clamped to it, and an end before the start gives an empty axis. Then
+// shrink, and for step > 1 pad to a multiple of step, fold the axis into [count, step] and
+// keep column 0.
 Tensor Tensor::slice(int axis, int64_t start, int64_t end, int64_t step, Loc loc) const {
     int ax = normalize_axis(axis, shape().size(), "slice", shape(), loc, false);
-    int64_t n = shape()[size_t(ax)], b = wrap_index(start, n), e = wrap_index(end, n);
-    if (step < 1) fail(strf("slice: step must be positive, got %lld", (long long)step), loc);
-    if (b < 0 || e > n || b > e)
-        fail(strf("slice: [%lld:%lld] out of range for axis %d of shape %s", (long long)start,
-                  (long long)end, ax, shape_str(shape()).c_str()), loc);
+    if (step < 1)
+        fail(strf("slice: step must be positive, got %lld (as in PyTorch; for a reversed slice, "
+                  "flip the axis first)", (long long)step), loc);
+    int64_t n = shape()[size_t(ax)];
+    auto bound = [n](int64_t i) { return std::clamp<int64_t>(wrap_index(i, n), 0, n); };
+    int64_t b = bound(start), e = std::max(b, bound(end));
     std::vector<std::pair<int64_t, int64_t>> box;
     for (int64_t d : shape()) box.push_back({0, d});
     box[size_t(ax)] = {b, e};
     Tensor x = shrink(box, loc);
-    if (step == 1) return x;
+    if (step == 1 || e == b) return x;
     int64_t count = (e - b + step - 1) / step;
     std::vector<std::pair<int64_t, int64_t>> pads(size_t(ndim()), {0, 0});
     pads[size_t(ax)].second = count * step - (e - b);
@@ -2236,10 +2293,34 @@ Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
     return reshape(out, loc);
 }
 Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc); }
+Tensor Tensor::clone(Loc loc) const { return contiguous(loc); }
+Tensor Tensor::t(Loc loc) const {
+    if (ndim() > 2)
+        fail(strf("t: %s has %d axes; t() takes at most 2 (mT() swaps the last two)",
+                  shape_str(shape()).c_str(), ndim()), loc);
+    return ndim() < 2 ? *this : transpose(0, 1, loc);
+}
+Tensor Tensor::mT(Loc loc) const {
+    if (ndim() < 2)
+        fail(strf("mT: %s has fewer than 2 axes", shape_str(shape()).c_str()), loc);
+    return transpose(-2, -1, loc);
+}
 
 // -- composed
 // a [..., n, k] @ b [..., k, m] = sum over k of a[..., n, k, 1] · b[..., 1, k, m]; a 1-D operand
 // gets a unit axis (front for a, back for b) that is removed from the result.
+Tensor Tensor::mm(const Tensor& other, Loc loc) const {
+    if (ndim() != 2 || other.ndim() != 2)
+        fail(strf("mm: %s @ %s: both operands must have 2 axes (matmul broadcasts)",
+                  shape_str(shape()).c_str(), shape_str(other.shape()).c_str()), loc);
+    return matmul(other, loc);
+}
+Tensor Tensor::bmm(const Tensor& other, Loc loc) const {
+    if (ndim() != 3 || other.ndim() != 3 || size(0) != other.size(0))
+        fail(strf("bmm: %s @ %s: both operands must have 3 axes and the same batch size",
+                  shape_str(shape()).c_str(), shape_str(other.shape()).c_str()), loc);
+    return matmul(other, loc);
+}
 Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
     if (ndim() == 0 || other.ndim() == 0)
         fail(strf("matmul: %s @ %s: both operands need at least one axis",

@@ -247,6 +247,19 @@ TEST(autograd_binary_broadcast) {
     gc.run();
 }
 
+// PyTorch's other names: their gradients are those of what they compose
+TEST(autograd_mm_bmm_t_mT_square_clone) {
+    GradCheck gc;
+    In a = rnd({3, 4}, 41), b = rnd({4, 2}, 42), ba = rnd({2, 3, 4}, 43), bb = rnd({2, 4, 2}, 44);
+    gc.add2("mm", [](const Tensor& x, const Tensor& y) { return x.mm(y); }, a, b);
+    gc.add2("bmm", [](const Tensor& x, const Tensor& y) { return x.bmm(y); }, ba, bb);
+    gc.add1("t", [](const Tensor& x) { return x.t() * 2.0; }, a);
+    gc.add1("mT", [](const Tensor& x) { return x.mT() * 2.0; }, ba);
+    gc.add1("square", [](const Tensor& x) { return x.square(); }, a);
+    gc.add1("clone", [](const Tensor& x) { return x.clone() * x; }, a);
+    gc.run();
+}
+
 TEST(autograd_scalar_operands) {
     GradCheck gc;
     In a = rnd({2, 3}, 7), pos = rnd({2, 3}, 8, 0.5, 2, true);

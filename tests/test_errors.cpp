@@ -164,11 +164,9 @@ TEST(errors_pad_shrink_slice) {
     CHECK_THROWS((x.shrink({{-1, 2}, {0, 4}})), "shrink", "(-1,2)", "[3,4]");
     CHECK_THROWS((x.shrink({{0, 1}})), "shrink", "[3,4]");
     here = at(__LINE__ + 1);
-    CHECK_THROWS(x.slice(0, 0, 5), "slice", "[0:5]", "[3,4]", "out of range", here.c_str());
-    CHECK_THROWS(x.slice(1, -6, 2), "slice", "[-6:2]", "[3,4]");
-    CHECK_THROWS(x.slice(0, 2, 1), "slice", "[2:1]", "[3,4]");
-    CHECK_THROWS(x.slice(0, 0, 3, 0), "slice", "step");
-    CHECK_THROWS(x.slice(0, 0, 3, -1), "slice", "step");
+    CHECK_THROWS(x.slice(0, 0, 3, 0), "slice", "step must be positive", "got 0", here.c_str());
+    CHECK_THROWS(x.slice(0, 0, 3, -1), "slice", "step", "got -1", "flip");
+    CHECK_THROWS(x.slice(2, 0, 1), "slice", "axis 2", "[3,4]");
     CHECK_THROWS(x[3], "index", "3", "[3,4]");
     CHECK_THROWS(x[-4], "index", "-4", "[3,4]");
     CHECK_THROWS(Tensor::zeros({})[0], "index");
@@ -234,7 +232,7 @@ TEST(errors_name_callers_file) {
     here = at(__LINE__ + 1);
     CHECK_THROWS(tg::einsum("ij,jk", {x, x}), here.c_str());
     here = at(__LINE__ + 1);
-    CHECK_THROWS(x.slice(0, 0, 9), here.c_str());
+    CHECK_THROWS(x.slice(0, 0, 9, -1), here.c_str());
     here = at(__LINE__ + 1);
     CHECK_THROWS(x.flip(5), here.c_str());
     here = at(__LINE__ + 1);

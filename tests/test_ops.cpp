@@ -311,6 +311,23 @@ TEST(ops_from_vector) {
     Tensor d2 = d * 3;
     CHECK(d2.dtype() == DType::FLOAT64);
     CHECK_ALL_NEAR(vals(d2), (Vec{0.1 * 3, 3e-300, -9}), F64);
+    // bools, and braced lists whose elements name the dtype
+    Tensor b = Tensor::from_vector(std::vector<bool>{true, false, true, true});
+    CHECK(b.dtype() == DType::BOOL);
+    CHECK(b.to_vector<int64_t>() == (std::vector<int64_t>{1, 0, 1, 1}));
+    CHECK_EQ(b.sum().item(), 3);
+    Tensor lf = Tensor::from_vector({1.5f, 2.f, -3.f}), li = Tensor::from_vector({4, -5}, {2, 1});
+    Tensor ld = Tensor::from_vector({0.1, 0.2}), lb = Tensor::from_vector({false, true});
+    Tensor ll = Tensor::from_vector({int64_t(1) << 40, int64_t(-3)});
+    CHECK(lf.dtype() == DType::FLOAT32 && lf.shape() == S({3}));
+    CHECK(li.dtype() == DType::INT32 && li.shape() == S({2, 1}));
+    CHECK(ld.dtype() == DType::FLOAT64 && lb.dtype() == DType::BOOL);
+    CHECK(ll.dtype() == DType::INT64);
+    CHECK_ALL_NEAR(vals(lf), (Vec{1.5, 2, -3}), 0);
+    CHECK(li.to_vector<int64_t>() == (std::vector<int64_t>{4, -5}));
+    CHECK(ld.to_vector<double>() == (std::vector<double>{0.1, 0.2}));
+    CHECK(lb.to_vector<int64_t>() == (std::vector<int64_t>{0, 1}));
+    CHECK(ll.to_vector<int64_t>() == (std::vector<int64_t>{int64_t(1) << 40, -3}));
 }
 
 // =============================================================================== elementwise
@@ -980,6 +997,25 @@ TEST(ops_slice) {
     CHECK_ALL_NEAR(vals(s5), ref(1, 2, 6, 2), 0);
     CHECK_ALL_NEAR(vals(s6), ref(0, 0, 6, 4), 0);
     CHECK_ALL_NEAR(vals(s7), ref(1, 2, 3, 1), 0);
+    // bounds beyond the axis are clamped as Python's x[a:b:c] clamps them (x has 6 rows, 7
+    // columns): x[0:100] is every row, x[-100:2] the first 2, x[4:2] and x[9:12] none,
+    // x[:, 5:100:2] column 5 alone, x[:, -100:-4:2] columns 0 and 2
+    Tensor c1 = x.slice(0, 0, 100), c2 = x.slice(0, -100, 2), c3 = x.slice(0, 4, 2),
+           c4 = x.slice(0, 9, 12), c5 = x.slice(1, 5, 100, 2), c6 = x.slice(1, -100, -4, 2),
+           c7 = x.slice(0, 4, 2, 3);
+    CHECK(c1.shape() == S({6, 7}));
+    CHECK(c2.shape() == S({2, 7}));
+    CHECK(c3.shape() == S({0, 7}));
+    CHECK(c4.shape() == S({0, 7}));
+    CHECK(c5.shape() == S({6, 1}));
+    CHECK(c6.shape() == S({6, 2}));
+    CHECK(c7.shape() == S({0, 7}));
+    tg::realize({c1, c2, c5, c6});
+    CHECK_ALL_NEAR(vals(c1), ref(0, 0, 6, 1), 0);
+    CHECK_ALL_NEAR(vals(c2), ref(0, 0, 2, 1), 0);
+    CHECK_ALL_NEAR(vals(c5), ref(1, 5, 6, 2), 0);
+    CHECK_ALL_NEAR(vals(c6), ref(1, 0, 3, 2), 0);
+    CHECK(vals(c3).empty() && vals(c7).empty());
     // x[i] drops the first axis; negative i counts from the end
     Tensor r1 = x[1], rl = x[-1];
     tg::realize({r1, rl});
@@ -1101,6 +1137,64 @@ TEST(ops_matmul_shapes) {
     Vec wbb = ref_matmul(D(b2134), {2, 1, 3, 4}, D(b542), {5, 4, 2}, &os);
     CHECK(os == S({2, 5, 3, 2}));
     CHECK_ALL_NEAR(vals(bb), wbb, F32);
+}
+
+// PyTorch's other names for products, transposes and copies, against double references
+TEST(ops_mm_bmm_t_mT_square_clone) {
+    std::vector<float> m34 = randf(12, 111), m45 = randf(20, 112), b234 = randf(24, 113),
+                       b245 = randf(40, 114);
+    Tensor M34 = Tensor::from_vector(m34, {3, 4}), M45 = Tensor::from_vector(m45, {4, 5}),
+           B234 = Tensor::from_vector(b234, {2, 3, 4}), B245 = Tensor::from_vector(b245, {2, 4, 5});
+    Tensor mm = M34.mm(M45), bmm = B234.bmm(B245), t = M34.t(), mt = B234.mT();
+    Tensor sq = M34.square(), cl = M34.clone();
+    tg::realize({mm, bmm, t, mt, sq, cl});
+    CHECK(mm.shape() == S({3, 5}) && bmm.shape() == S({2, 3, 5}));
+    CHECK(t.shape() == S({4, 3}) && mt.shape() == S({2, 4, 3}));
+    CHECK_ALL_NEAR(vals(mm), ref_matmul(D(m34), {3, 4}, D(m45), {4, 5}, nullptr), F32);
+    CHECK_ALL_NEAR(vals(bmm), ref_matmul(D(b234), {2, 3, 4}, D(b245), {2, 4, 5}, nullptr), F32);
+    Vec wt, wmt, wsq;
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 3; i++) wt.push_back(m34[size_t(i * 4 + j)]);
+    for (int b = 0; b < 2; b++)
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 3; i++) wmt.push_back(b234[size_t(b * 12 + i * 4 + j)]);
+    for (float v : m34) wsq.push_back(double(v) * v);
+    CHECK_ALL_NEAR(vals(t), wt, 0);
+    CHECK_ALL_NEAR(vals(mt), wmt, 0);
+    CHECK_ALL_NEAR(vals(sq), wsq, F32);
+    CHECK_ALL_NEAR(vals(cl), D(m34), 0);
+    CHECK(cl.realized() && M34.realized());
+    Tensor v = Tensor::from_vector({1.f, 2.f});
+    CHECK(v.t().shape() == S({2}));
+    CHECK(Tensor::from_vector({true, false}).square().dtype() == DType::INT64);
+    CHECK(Tensor::from_vector({3, -4}).square().to_vector<int64_t>() == (std::vector<int64_t>{9, 16}));
+    CHECK(M34.size() == S({3, 4}) && M34.dim() == 2 && B234.dim() == 3);
+    CHECK_THROWS(M34.mm(B245), "mm", "[3,4]", "[2,4,5]", "2 axes");
+    CHECK_THROWS(B234.bmm(M45), "bmm", "[2,3,4]", "[4,5]");
+    CHECK_THROWS(B234.bmm(Tensor::zeros({3, 4, 5})), "bmm", "same batch");
+    CHECK_THROWS(B234.t(), "t:", "[2,3,4]", "mT");
+    CHECK_THROWS(v.mT(), "mT", "[2]");
+}
+
+// zeros_like, ones_like, full_like, rand_like, randn_like: the shape and dtype of their model
+TEST(ops_like_constructors) {
+    Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
+    Tensor i = Tensor::from_vector({1, 2, 3});
+    Tensor z = Tensor::zeros_like(x), o = Tensor::ones_like(i), f = Tensor::full_like(x, 2.5);
+    Tensor r = Tensor::rand_like(x, 7), n = Tensor::randn_like(x, 7);
+    CHECK(z.shape() == S({2, 3}) && z.dtype() == DType::FLOAT64);
+    CHECK(o.shape() == S({3}) && o.dtype() == DType::INT32);
+    CHECK(f.dtype() == DType::FLOAT64 && r.dtype() == DType::FLOAT64 && n.dtype() == DType::FLOAT64);
+    CHECK(r.shape() == S({2, 3}) && n.shape() == S({2, 3}));
+    CHECK_ALL_NEAR(vals(z), (Vec(6, 0.0)), 0);
+    CHECK(o.to_vector<int64_t>() == (std::vector<int64_t>{1, 1, 1}));
+    CHECK_ALL_NEAR(vals(f), (Vec(6, 2.5)), 0);
+    // the same values as rand and randn of that seed, in x's dtype
+    CHECK_ALL_NEAR(vals(r), vals(Tensor::rand({2, 3}, 7)), 0);
+    CHECK_ALL_NEAR(vals(n), vals(Tensor::randn({2, 3}, 7)), 0);
+    for (double u : vals(r)) CHECK(u >= 0 && u < 1);
+    CHECK_THROWS(Tensor::rand_like(i), "rand_like", "int32", "[3]", "not a float");
+    CHECK_THROWS(Tensor::randn_like(i), "randn_like", "int32");
 }
 
 TEST(ops_matmul_larger_and_dtypes) {
