@@ -174,6 +174,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -305,6 +306,8 @@ public:
     static Tensor arange(Scalar stop, Loc loc = Loc::here());            // int32 unless a float
     static Tensor arange(Scalar start, Scalar stop, Scalar step = 1, Loc loc = Loc::here());
     static Tensor eye(int64_t n, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
+    // steps values from start to end, both included (float32), as torch.linspace
+    static Tensor linspace(double start, double end, int64_t steps, Loc loc = Loc::here());
     static Tensor rand(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor randn(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor from_vector(const std::vector<float>& values, const Shape& shape = {-1},
@@ -361,6 +364,14 @@ public:
     Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
     Tensor abs(Loc loc = Loc::here()) const;
     Tensor square(Loc loc = Loc::here()) const;
+    // min(max(x, min), max), either bound optional; the gradient passes where
+    // min <= x <= max, as in PyTorch
+    Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+                 Loc loc = Loc::here()) const;
+    Tensor clip(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
+                Loc loc = Loc::here()) const;
+    Tensor masked_fill(const Tensor& mask, Scalar value,
+                       Loc loc = Loc::here()) const;   // value where the bool mask holds
     Tensor pow(const Tensor& exponent, Loc loc = Loc::here()) const;
     Tensor pow(Scalar exponent, Loc loc = Loc::here()) const;
     Tensor maximum(const Tensor& other, Loc loc = Loc::here()) const;
@@ -385,6 +396,19 @@ public:
     Tensor min(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor argmax(Loc loc = Loc::here()) const;       // index into the flattened tensor
     Tensor argmax(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor argmin(Loc loc = Loc::here()) const;
+    Tensor argmin(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    // Σ(x - mean)² / (n - correction) over the axes (all: none given); std is its root
+    Tensor var(Loc loc = Loc::here()) const;
+    Tensor var(int axis, int64_t correction = 1, bool keepdim = false,
+               Loc loc = Loc::here()) const;
+    Tensor var(const std::vector<int>& axes, int64_t correction = 1, bool keepdim = false,
+               Loc loc = Loc::here()) const;
+    Tensor std(Loc loc = Loc::here()) const;
+    Tensor std(int axis, int64_t correction = 1, bool keepdim = false,
+               Loc loc = Loc::here()) const;
+    Tensor std(const std::vector<int>& axes, int64_t correction = 1, bool keepdim = false,
+               Loc loc = Loc::here()) const;
 
     // movement: views of the same data, nothing is copied until a kernel reads them
     Tensor reshape(const Shape& shape, Loc loc = Loc::here()) const;    // one -1 is inferred
@@ -407,6 +431,14 @@ public:
     Tensor unsqueeze(int axis, Loc loc = Loc::here()) const;
     Tensor flatten(int start_axis = 0, int end_axis = -1, Loc loc = Loc::here()) const;
     Tensor contiguous(Loc loc = Loc::here()) const;   // forces its own buffer when realized
+    // x.repeat({2, 3}): tiles of x, repeats.size() >= ndim (new leading axes), as PyTorch's
+    Tensor repeat(const std::vector<int64_t>& repeats, Loc loc = Loc::here()) const;
+    // pieces along an axis: chunk(n) of ceil(size / n) each (the last smaller, maybe fewer
+    // than n); split(size) of size each (the last smaller); split(sizes) of the sizes given
+    std::vector<Tensor> chunk(int64_t chunks, int axis = 0, Loc loc = Loc::here()) const;
+    std::vector<Tensor> split(int64_t size, int axis = 0, Loc loc = Loc::here()) const;
+    std::vector<Tensor> split(const std::vector<int64_t>& sizes, int axis = 0,
+                              Loc loc = Loc::here()) const;
     Tensor clone(Loc loc = Loc::here()) const;        // a copy in its own buffer; grads flow
 
     // composed
@@ -1833,6 +1865,17 @@ Tensor Tensor::randn_like(const Tensor& x, uint64_t seed, Loc loc) {
     return on_device_of(x, randn(x.shape(), seed, loc).cast(x.dtype(), loc), loc);
 }
 
+// start + i·step for the first half, end - (steps-1-i)·step for the second, as PyTorch
+Tensor Tensor::linspace(double start, double end, int64_t steps, Loc loc) {
+    UserLocScope at(loc);   // for the operators below
+    if (steps < 0) fail(strf("linspace: negative steps %lld", (long long)steps), loc);
+    if (steps == 1) return full({1}, start, DType::FLOAT32, loc);
+    double step = steps > 1 ? (end - start) / double(steps - 1) : 0;
+    Tensor i = arange(double(0), double(steps), 1.0, loc);
+    Tensor first = i * step + start, second = end - (double(steps - 1) - i) * step;
+    return where(i < double(steps / 2), first, second, loc);
+}
+
 Tensor Tensor::arange(Scalar stop, Loc loc) { return arange(0, stop, 1, loc); }
 // start + i·step for i in [0, ceil((stop-start)/step))
 Tensor Tensor::arange(Scalar start, Scalar stop, Scalar step, Loc loc) {
@@ -2017,6 +2060,23 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
 }
 // |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (max(-0, +0) may be either); |x|'(0) = 0
+Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    check_not_bool(*this, "clamp", loc);
+    Tensor y = *this;   // NaN fails both tests and stays
+    if (min) y = where(y < *min, *min, y, loc);
+    if (max) y = where(y > *max, *max, y, loc);   // after min: min > max gives max
+    return y;
+}
+Tensor Tensor::clip(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
+    return clamp(min, max, loc);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
+    if (mask.dtype() != DType::BOOL)
+        fail(strf("masked_fill: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
+                  dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
+    return where(mask, value, *this, loc);
+}
 // x·x; a bool squares as int64, as in PyTorch
 Tensor Tensor::square(Loc loc) const {
     Tensor x = dtype() == DType::BOOL ? cast(DType::INT64, loc) : *this;
@@ -2168,6 +2228,39 @@ Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     return ndim() == 0 ? idx.reshape({}, loc) : idx;
 }
 
+// The first index of the minimum: argmax of -x (of x in int64, so that -x cannot wrap)
+Tensor Tensor::argmin(Loc loc) const { return flatten(0, -1, loc).argmin(0, false, loc); }
+Tensor Tensor::argmin(int axis, bool keepdim, Loc loc) const {
+    if (dtype() == DType::BOOL) return logical_not(loc).argmax(axis, keepdim, loc);
+    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    return neg(x, loc).argmax(axis, keepdim, loc);
+}
+Tensor Tensor::var(Loc loc) const { return var(std::vector<int>{}, 1, false, loc); }
+Tensor Tensor::var(int axis, int64_t correction, bool keepdim, Loc loc) const {
+    return var(std::vector<int>{axis}, correction, keepdim, loc);
+}
+// n - correction <= 0 divides by 0 (inf, or NaN for a sum of 0), as in PyTorch
+Tensor Tensor::var(const std::vector<int>& axes, int64_t correction, bool keepdim,
+                   Loc loc) const {
+    std::vector<int> all = axes;
+    for (int i = 0; axes.empty() && i < ndim(); i++) all.push_back(i);
+    normalize_axes(all, shape(), "var", loc);
+    Tensor x = as_float(*this, loc);
+    Tensor d = add(x, neg(x.mean(all, true, loc), loc), loc);
+    Tensor s = mul(d, d, loc).sum(all, keepdim, loc);
+    double n = double(numel()) / double(std::max<int64_t>(1, s.numel()));
+    if (numel() == 0) n = 0;
+    return mul_c(s, 1 / std::max(0.0, n - double(correction)), loc);
+}
+Tensor Tensor::std(Loc loc) const { return var(loc).sqrt(loc); }
+Tensor Tensor::std(int axis, int64_t correction, bool keepdim, Loc loc) const {
+    return var(axis, correction, keepdim, loc).sqrt(loc);
+}
+Tensor Tensor::std(const std::vector<int>& axes, int64_t correction, bool keepdim,
+                   Loc loc) const {
+    return var(axes, correction, keepdim, loc).sqrt(loc);
+}
+
 // -- movement
 Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
     Shape s = shape_in;
@@ -2294,6 +2387,57 @@ Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
 }
 Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc); }
 Tensor Tensor::clone(Loc loc) const { return contiguous(loc); }
+// x as [1, d0, 1, d1, ...] (leading 1s for new axes), expanded to [r0, d0, r1, d1, ...] and
+// merged to [r0·d0, r1·d1, ...]
+Tensor Tensor::repeat(const std::vector<int64_t>& repeats, Loc loc) const {
+    if (repeats.size() < size_t(ndim()))
+        fail(strf("repeat: %zu repeats for %s: give at least one per axis", repeats.size(),
+                  shape_str(shape()).c_str()), loc);
+    Shape s(repeats.size() - size_t(ndim()), 1), folded, expanded, out;
+    s.insert(s.end(), shape().begin(), shape().end());
+    for (size_t i = 0; i < s.size(); i++) {
+        if (repeats[i] < 0)
+            fail(strf("repeat: negative repeat %lld", (long long)repeats[i]), loc);
+        folded.insert(folded.end(), {1, s[i]});
+        expanded.insert(expanded.end(), {repeats[i], s[i]});
+        out.push_back(repeats[i] * s[i]);
+    }
+    return reshape(folded, loc).expand(expanded, loc).reshape(out, loc);
+}
+std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "split", shape(), loc, false);
+    int64_t total = 0;
+    for (int64_t n : sizes) {
+        if (n < 0) fail(strf("split: negative size %lld", (long long)n), loc);
+        total += n;
+    }
+    if (total != shape()[size_t(ax)])
+        fail(strf("split: sizes sum to %lld, axis %d of %s has %lld", (long long)total, ax,
+                  shape_str(shape()).c_str(), (long long)shape()[size_t(ax)]), loc);
+    std::vector<Tensor> pieces;
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+        pieces.push_back(slice(ax, at, at + n, 1, loc));
+        at += n;
+    }
+    return pieces;
+}
+std::vector<Tensor> Tensor::split(int64_t size, int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "split", shape(), loc, false);
+    if (size < 1) fail(strf("split: size must be positive, got %lld", (long long)size), loc);
+    int64_t n = shape()[size_t(ax)];
+    std::vector<int64_t> sizes;
+    for (int64_t at = 0; at < n; at += size) sizes.push_back(std::min(size, n - at));
+    if (sizes.empty()) sizes.push_back(0);   // an empty axis: one empty piece, as PyTorch
+    return split(sizes, ax, loc);
+}
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "chunk", shape(), loc, false);
+    if (chunks < 1)
+        fail(strf("chunk: chunks must be positive, got %lld", (long long)chunks), loc);
+    int64_t n = shape()[size_t(ax)];
+    return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), ax, loc);
+}
 Tensor Tensor::t(Loc loc) const {
     if (ndim() > 2)
         fail(strf("t: %s has %d axes; t() takes at most 2 (mT() swaps the last two)",

@@ -257,6 +257,16 @@ TEST(autograd_mm_bmm_t_mT_square_clone) {
     gc.add1("mT", [](const Tensor& x) { return x.mT() * 2.0; }, ba);
     gc.add1("square", [](const Tensor& x) { return x.square(); }, a);
     gc.add1("clone", [](const Tensor& x) { return x.clone() * x; }, a);
+    // values away from the bounds (the gradient is 1 inside [min, max], 0 outside)
+    gc.add1("clamp", [](const Tensor& x) { return x.clamp(-0.33, 0.41) * x; }, a);
+    gc.add1("masked_fill", [](const Tensor& x) { return x.masked_fill(x > 0.2, 3.0) * x; }, a);
+    gc.add1("var", [](const Tensor& x) { return x.var(1); }, a);
+    gc.add1("std over all, correction 0", [](const Tensor& x) {
+        return x.std(std::vector<int>{0, 1}, 0); }, a);
+    gc.add1("repeat", [](const Tensor& x) { return x.repeat({2, 1, 3}) * 1.5; }, a);
+    gc.add1("split", [](const Tensor& x) {
+        std::vector<Tensor> p = x.split({1, 3}, 1);
+        return p[0] * p[1].sum(1, true); }, a);
     gc.run();
 }
 

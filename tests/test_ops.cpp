@@ -1176,6 +1176,102 @@ TEST(ops_mm_bmm_t_mT_square_clone) {
     CHECK_THROWS(v.mT(), "mT", "[2]");
 }
 
+// clamp/clip, masked_fill, argmin, var/std, repeat, split/chunk, linspace against double
+TEST(ops_clamp_masked_fill_argmin_var_std) {
+    std::vector<float> xv = randf(24, 121, -3, 3);
+    xv[5] = NAN;
+    Tensor x = Tensor::from_vector(xv, {4, 6});
+    Tensor c = x.clamp(-1.0, 2.0), lo = x.clamp(0.5), hi = x.clip(std::nullopt, -0.5);
+    Tensor swapped = x.clamp(1.0, -1.0);   // min > max: every value is max, as in PyTorch
+    Tensor m = x.masked_fill(x > 1.0, -9.0);
+    tg::realize({c, lo, hi, swapped, m});
+    Vec wc, wlo, whi, wm;
+    for (float v : xv) {
+        double d = v;
+        wc.push_back(std::isnan(d) ? d : std::min(std::max(d, -1.0), 2.0));
+        wlo.push_back(std::isnan(d) ? d : std::max(d, 0.5));
+        whi.push_back(std::isnan(d) ? d : std::min(d, -0.5));
+        wm.push_back(d > 1 ? -9.0 : d);
+    }
+    CHECK_ALL_NEAR(vals(c), wc, 0);
+    CHECK_ALL_NEAR(vals(lo), wlo, 0);
+    CHECK_ALL_NEAR(vals(hi), whi, 0);
+    CHECK_ALL_NEAR(vals(m), wm, 0);
+    for (size_t i = 0; i < xv.size(); i++)
+        if (i != 5) CHECK_EQ(vals(swapped)[i], -1.0);
+    CHECK_THROWS(x.masked_fill(x, 0.0), "masked_fill", "float32", "bool");
+    // argmin: the first minimum; a NaN is the minimum (the first NaN), as in PyTorch
+    std::vector<float> yv = {3, 1, 2, 1, 5, 0, 0, 7, 4, 4, 4, 4};
+    Tensor y = Tensor::from_vector(yv, {3, 4});
+    CHECK(y.argmin(1).to_vector<int64_t>() == (std::vector<int64_t>{1, 1, 0}));
+    CHECK(y.argmin(0).to_vector<int64_t>() == (std::vector<int64_t>{0, 1, 1, 0}));
+    CHECK_EQ(y.argmin().item(), 5);
+    CHECK(x.argmin(1).to_vector<int64_t>()[0] == 5);
+    Tensor yi = Tensor::from_vector(std::vector<int32_t>{5, -2147483647 - 1, 7});
+    CHECK_EQ(yi.argmin().item(), 1);   // no wrap-around in -x
+    // var and std with correction (Bessel's by default) and keepdim, over an axis and all
+    std::vector<double> zv = th::randd(30, 122, -2, 2);
+    Tensor z = Tensor::from_vector(zv, {5, 6});
+    auto var_ref = [&](int axis, int64_t correction) {
+        Vec out;
+        int n = axis == 0 ? 5 : 6, m_ = axis == 0 ? 6 : 5;
+        for (int j = 0; j < m_; j++) {
+            auto at = [&](int i) { return axis == 0 ? zv[size_t(i * 6 + j)] : zv[size_t(j * 6 + i)]; };
+            double mean = 0, ss = 0;
+            for (int i = 0; i < n; i++) mean += at(i) / n;
+            for (int i = 0; i < n; i++) ss += (at(i) - mean) * (at(i) - mean);
+            out.push_back(ss / double(n - correction));
+        }
+        return out;
+    };
+    CHECK_ALL_NEAR(vals(z.var(0)), var_ref(0, 1), F64);
+    CHECK_ALL_NEAR(vals(z.var(1, 0)), var_ref(1, 0), F64);
+    Vec sd = var_ref(1, 1);
+    for (double& v : sd) v = std::sqrt(v);
+    CHECK_ALL_NEAR(vals(z.std(1)), sd, F64);
+    CHECK(z.var(1, 1, true).shape() == S({5, 1}));
+    double mean = 0, ss = 0;
+    for (double v : zv) mean += v / 30;
+    for (double v : zv) ss += (v - mean) * (v - mean);
+    CHECK_NEAR(z.var().item(), ss / 29, F64);
+    CHECK_NEAR(z.std(std::vector<int>{0, 1}, 0).item(), std::sqrt(ss / 30), F64);
+    CHECK(std::isnan(Tensor::from_vector({2.f}).var().item()));   // one value, correction 1
+    CHECK(Tensor::from_vector({1, 2, 3, 4}).var().dtype() == DType::FLOAT32);
+    CHECK_NEAR(Tensor::from_vector({1, 2, 3, 4}).var().item(), 5.0 / 3, F32);
+}
+
+TEST(ops_repeat_split_chunk_linspace) {
+    Tensor x = Tensor::from_vector({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {2, 3});
+    Tensor r = x.repeat({2, 2}), r3 = x.repeat({2, 1, 1});
+    CHECK(r.shape() == S({4, 6}) && r3.shape() == S({2, 2, 3}));
+    CHECK_ALL_NEAR(vals(r), (Vec{1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6,
+                                 1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6}), 0);
+    CHECK_ALL_NEAR(vals(r3), (Vec{1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}), 0);
+    CHECK_THROWS(x.repeat({2}), "repeat", "[2,3]");
+    std::vector<Tensor> c = x.chunk(2, 1), sp = x.split(2, 1), sz = x.split({1, 2}, 1);
+    CHECK(c.size() == 2 && c[0].shape() == S({2, 2}) && c[1].shape() == S({2, 1}));
+    CHECK(sp.size() == 2 && sp[0].shape() == S({2, 2}) && sp[1].shape() == S({2, 1}));
+    CHECK(sz.size() == 2 && sz[0].shape() == S({2, 1}) && sz[1].shape() == S({2, 2}));
+    CHECK_ALL_NEAR(vals(c[0]), (Vec{1, 2, 4, 5}), 0);
+    CHECK_ALL_NEAR(vals(c[1]), (Vec{3, 6}), 0);
+    CHECK_ALL_NEAR(vals(sz[1]), (Vec{2, 3, 5, 6}), 0);
+    CHECK(Tensor::zeros({5}).chunk(3).size() == 3);    // pieces of 2, 2, 1
+    CHECK(Tensor::zeros({6}).chunk(4).size() == 3);    // pieces of 2: fewer than asked
+    CHECK_THROWS(x.split({1, 1}, 1), "split", "sum to 2", "[2,3]");
+    CHECK_THROWS(x.chunk(0), "chunk", "positive");
+    for (auto [a, b, n] : {std::tuple{0.0, 1.0, 5}, {-2.0, 3.5, 12}, {3.0, -1.0, 7}}) {
+        Tensor l = Tensor::linspace(a, b, n);
+        CHECK(l.shape() == S({n}) && l.dtype() == DType::FLOAT32);
+        Vec want;
+        for (int i = 0; i < n; i++) want.push_back(a + (b - a) * i / (n - 1));
+        CHECK_ALL_NEAR(vals(l), want, 1e-6);
+        CHECK_EQ(vals(l)[0], double(float(a)));
+        CHECK_EQ(vals(l)[size_t(n - 1)], double(float(b)));
+    }
+    CHECK_ALL_NEAR(vals(Tensor::linspace(2, 9, 1)), (Vec{2}), 0);
+    CHECK(Tensor::linspace(0, 1, 0).shape() == S({0}));
+}
+
 // zeros_like, ones_like, full_like, rand_like, randn_like: the shape and dtype of their model
 TEST(ops_like_constructors) {
     Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
