@@ -310,6 +310,9 @@ public:
     static Tensor linspace(double start, double end, int64_t steps, Loc loc = Loc::here());
     static Tensor rand(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor randn(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
+    // int64 uniform in [low, high), from 48 random bits a value
+    static Tensor randint(int64_t low, int64_t high, const Shape& shape,
+                          uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor from_vector(const std::vector<float>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());   // {-1}: 1-D; {}: a scalar
     static Tensor from_vector(const std::vector<double>& values, const Shape& shape = {-1},
@@ -619,6 +622,7 @@ struct Lambda : Module {                    // any function as a layer
     Tensor forward(const Tensor& x) override { return fn(x); }
     std::function<Tensor(const Tensor&)> fn;
 };
+struct Identity : Module { Tensor forward(const Tensor& x) override { return x; } };
 struct ReLU : Module { Tensor forward(const Tensor& x) override { return x.relu(); } };
 struct Tanh : Module { Tensor forward(const Tensor& x) override { return x.tanh(); } };
 struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.sigmoid(); } };
@@ -1863,6 +1867,20 @@ Tensor Tensor::rand_like(const Tensor& x, uint64_t seed, Loc loc) {
 Tensor Tensor::randn_like(const Tensor& x, uint64_t seed, Loc loc) {
     check_float_like(x, "randn_like", loc);
     return on_device_of(x, randn(x.shape(), seed, loc).cast(x.dtype(), loc), loc);
+}
+
+// two uniform floats are 24 random bits each (k / 2^24): v = k1·2^24 + k2 in [0, 2^48), and
+// low + v mod (high - low), whose bias is below (high - low) / 2^48
+Tensor Tensor::randint(int64_t low, int64_t high, const Shape& shape, uint64_t seed, Loc loc) {
+    if (low >= high)
+        fail(strf("randint: low %lld must be below high %lld", (long long)low,
+                  (long long)high), loc);
+    const double two24 = 16777216;
+    Tensor k1 = mul_c(rand(shape, mix_seed(seed, 0), loc), two24, loc).cast(DType::INT64, loc);
+    Tensor k2 = mul_c(rand(shape, mix_seed(seed, 1), loc), two24, loc).cast(DType::INT64, loc);
+    Tensor v = add(mul_c(k1, two24, loc), k2, loc);
+    Tensor n = const_like(v, double(high - low), DType::INT64, loc);
+    return add_c(wrap(graph_binary(Op::MOD, N(v), N(n), loc)), double(low), loc);
 }
 
 // start + i·step for the first half, end - (steps-1-i)·step for the second, as PyTorch

@@ -1272,6 +1272,31 @@ TEST(ops_repeat_split_chunk_linspace) {
     CHECK(Tensor::linspace(0, 1, 0).shape() == S({0}));
 }
 
+// randint: int64 in [low, high), every value drawn, the same values for the same seed
+TEST(ops_randint) {
+    Tensor r = Tensor::randint(-3, 4, {2000}, 11);
+    CHECK(r.dtype() == DType::INT64 && r.shape() == S({2000}));
+    std::vector<int64_t> v = r.to_vector<int64_t>();
+    std::vector<int> count(7, 0);
+    for (int64_t x : v) {
+        CHECK(x >= -3 && x < 4);
+        if (x >= -3 && x < 4) count[size_t(x + 3)]++;
+    }
+    for (int c : count) CHECK(c > 200 && c < 380);   // 2000 / 7 = 286 each on average
+    CHECK(Tensor::randint(-3, 4, {2000}, 11).to_vector<int64_t>() == v);
+    CHECK(Tensor::randint(-3, 4, {2000}, 12).to_vector<int64_t>() != v);
+    std::vector<int64_t> big = Tensor::randint(0, int64_t(1) << 40, {64}, 5).to_vector<int64_t>();
+    int64_t top = 0;
+    for (int64_t x : big) {
+        CHECK(x >= 0 && x < (int64_t(1) << 40));
+        top = std::max(top, x);
+    }
+    CHECK(top > (int64_t(1) << 38));   // the high bits are drawn too
+    CHECK_THROWS(Tensor::randint(4, 4, {2}), "randint", "low 4", "high 4");
+    tg::nn::Identity id;
+    CHECK_ALL_NEAR(vals(id(Tensor::from_vector({1.f, -2.f}))), (Vec{1, -2}), 0);
+}
+
 // zeros_like, ones_like, full_like, rand_like, randn_like: the shape and dtype of their model
 TEST(ops_like_constructors) {
     Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
