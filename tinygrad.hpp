@@ -142,9 +142,10 @@
 
  HOW TO ADD AN OP
    Most ops are compositions: write a Tensor method in [COMPOSED] from existing ones.
-   A new primitive needs: a row in TG_OPS (Part B), shape inference in [GRAPH], a case in
-   lowering ([LOOPIR] lower_node) and, for new arithmetic, in alu_eval ([SHAPES]) and its C form
-   in the TG_OPS row. Tests: tests/test_ops.cpp compares every op with a double-precision loop.
+   A new primitive needs: a row in TG_OPS (Part B), shape inference in [GRAPH] (graph_unary,
+   graph_binary, ...), a case in lowering ([LOOPIR] Lowering::lower_new), its gradient in
+   [AUTOGRAD] and, for new arithmetic, a case in alu_eval ([SHAPES]) and its C form in the
+   TG_OPS row. Tests: tests/test_ops.cpp compares every op with a double-precision loop.
 
  ERRORS
    Every invalid call throws tg::Error naming the op, the shapes and the caller's file:line
