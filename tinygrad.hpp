@@ -2094,7 +2094,8 @@ Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
     if (mask.dtype() != DType::BOOL)
         fail(strf("masked_fill: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
                   dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
-    return where(mask, value, *this, loc);
+    // the value in x's dtype, as PyTorch casts it (2.5 into an int tensor is 2)
+    return where(mask, const_like(*this, value.value, dtype(), loc), *this, loc);
 }
 // x·x; a bool squares as int64, as in PyTorch
 Tensor Tensor::square(Loc loc) const {

@@ -1200,6 +1200,10 @@ TEST(ops_clamp_masked_fill_argmin_var_std) {
     for (size_t i = 0; i < xv.size(); i++)
         if (i != 5) CHECK_EQ(vals(swapped)[i], -1.0);
     CHECK_THROWS(x.masked_fill(x, 0.0), "masked_fill", "float32", "bool");
+    Tensor mi = Tensor::from_vector({1, 2, 3}).masked_fill(Tensor::from_vector({true, false, true}),
+                                                           2.5);   // x's dtype, as PyTorch
+    CHECK(mi.dtype() == DType::INT32);
+    CHECK(mi.to_vector<int64_t>() == (std::vector<int64_t>{2, 2, 2}));
     // argmin: the first minimum; a NaN is the minimum (the first NaN), as in PyTorch
     std::vector<float> yv = {3, 1, 2, 1, 5, 0, 0, 7, 4, 4, 4, 4};
     Tensor y = Tensor::from_vector(yv, {3, 4});
