@@ -368,6 +368,8 @@ public:
     Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
     Tensor abs(Loc loc = Loc::here()) const;
     Tensor square(Loc loc = Loc::here()) const;
+    Tensor log1p(Loc loc = Loc::here()) const;         // ln(1 + x), accurate for tiny x
+    Tensor expm1(Loc loc = Loc::here()) const;         // e^x - 1, accurate for tiny x
     // min(max(x, min), max), either bound optional; the gradient passes where
     // min <= x <= max, as in PyTorch
     Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
@@ -2096,6 +2098,27 @@ Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
                   dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
     // the value in x's dtype, as PyTorch casts it (2.5 into an int tensor is 2)
     return where(mask, const_like(*this, value.value, dtype(), loc), *this, loc);
+}
+// ln(1 + x) as ln(u) - ((u - 1) - x) / u with u = 1 + x rounded: the second term is the
+// rounding of u, taken where it matters (|x| < 1/2; elsewhere x is 0 in it, so it is 0 and
+// no 0/0 reaches the gradient); its own gradient is nearly 0, so d/dx is 1/u
+Tensor Tensor::log1p(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(*this, loc);
+    Tensor small = x.abs(loc) < 0.5, xs = where(small, x, 0.0, loc);
+    Tensor us = add_c(xs, 1, loc);
+    Tensor rounding = mul(add(add_c(us, -1, loc), neg(xs, loc), loc), us.reciprocal(loc), loc);
+    return add(add_c(x, 1, loc).log(loc), neg(where(small, rounding, 0.0, loc), loc), loc);
+}
+// e^x - 1: for |x| < 1/2 the series x(1 + x/2(1 + x/3(1 + ...))) to x^18/18! (below 1e-17 of
+// the value, so float64 too), elsewhere exp(x) - 1, which loses nothing there
+Tensor Tensor::expm1(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(*this, loc);
+    Tensor small = x.abs(loc) < 0.5, xs = where(small, x, 0.0, loc);
+    Tensor p = const_like(x, 1, x.dtype(), loc);
+    for (int k = 18; k >= 2; k--) p = add_c(mul(mul_c(xs, 1.0 / k, loc), p, loc), 1, loc);
+    return where(small, mul(xs, p, loc), add_c(x.exp(loc), -1, loc), loc);
 }
 // x·x; a bool squares as int64, as in PyTorch
 Tensor Tensor::square(Loc loc) const {

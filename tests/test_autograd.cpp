@@ -264,6 +264,9 @@ TEST(autograd_mm_bmm_t_mT_square_clone) {
     gc.add1("std over all, correction 0", [](const Tensor& x) {
         return x.std(std::vector<int>{0, 1}, 0); }, a);
     gc.add1("repeat", [](const Tensor& x) { return x.repeat({2, 1, 3}) * 1.5; }, a);
+    gc.add1("log1p", [](const Tensor& x) { return (x * 0.9).log1p(); }, a);   // |x| < 1
+    gc.add1("log1p near 0", [](const Tensor& x) { return (x * 1e-4).log1p() * 1e4; }, a);
+    gc.add1("expm1", [](const Tensor& x) { return (x * 2.0).expm1(); }, a);
     gc.add1("split", [](const Tensor& x) {
         std::vector<Tensor> p = x.split({1, 3}, 1);
         return p[0] * p[1].sum(1, true); }, a);

@@ -1276,6 +1276,35 @@ TEST(ops_repeat_split_chunk_linspace) {
     CHECK(Tensor::linspace(0, 1, 0).shape() == S({0}));
 }
 
+// log1p and expm1 keep their relative accuracy near 0, where log(1 + x) and exp(x) - 1 lose it
+TEST(ops_log1p_expm1) {
+    std::vector<double> xs = {0, 1e-30, -1e-12, 1e-8, -3e-5, 1e-3, 0.1, -0.3, 0.49, 0.5, -0.5,
+                              0.75, 2, -0.9, 30, -20};
+    std::vector<float> xf(xs.begin(), xs.end());
+    for (bool f64 : {false, true}) {
+        Tensor x = f64 ? Tensor::from_vector(xs) : Tensor::from_vector(xf);
+        Tensor l = x.log1p(), e = x.expm1();
+        tg::realize({l, e});
+        CHECK(l.dtype() == x.dtype() && e.dtype() == x.dtype());
+        Vec lv = vals(l), ev = vals(e);
+        double tol = f64 ? 1e-14 : 4e-7;
+        for (size_t i = 0; i < xs.size(); i++) {
+            double v = f64 ? xs[i] : double(xf[i]);
+            double wl = std::log1p(v), we = std::expm1(v);
+            // beyond |x| = 1 they are exp and log, as accurate as those (float32 exp(30): 1e-6)
+            double far = std::fabs(v) > 1 && !f64 ? 4e-6 : tol;
+            if (std::isnan(wl)) CHECK(std::isnan(lv[i]));   // log1p(-20)
+            else CHECK(std::fabs(lv[i] - wl) <= far * std::fabs(wl));
+            CHECK(std::fabs(ev[i] - we) <= far * std::fabs(we));
+        }
+    }
+    Tensor edge = Tensor::from_vector({-1.f, -2.f, INFINITY, -INFINITY, NAN});
+    Vec l = vals(edge.log1p()), e = vals(edge.expm1());
+    CHECK(std::isinf(l[0]) && l[0] < 0 && std::isnan(l[1]) && std::isinf(l[2]) && std::isnan(l[4]));
+    CHECK(std::isinf(e[2]) && e[3] == -1 && std::isnan(e[4]));
+    CHECK(Tensor::from_vector({1, 2}).log1p().dtype() == DType::FLOAT32);
+}
+
 // randint: int64 in [low, high), every value drawn, the same values for the same seed
 TEST(ops_randint) {
     Tensor r = Tensor::randint(-3, 4, {2000}, 11);
