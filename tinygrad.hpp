@@ -86,7 +86,8 @@
              is an error ("stale read"), as are two assigns to one buffer in one realize.
    jit       tg::Jit records every realize of a step function into one program and replays
              it on new inputs, building no graph. A learning rate or step count that changes
-             lives in a tensor, so replays see it.
+             lives in a tensor, so replays see it; so does nn::Dropout's count of masks drawn
+             (the RAND op adds an optional integer source to its seed).
    device    where a tensor lives and is computed: CPU, INTERP or, with cuda_backend.hpp,
              CUDA. A tensor is made on the default device ($TG_DEVICE) and an op runs on its
              operands' device; a constant goes where it is used; operands on two devices are
@@ -127,8 +128,10 @@
    the two (bool < int32 < int64 < float32 < float64); a scalar takes the tensor's dtype unless
    it is a float and the tensor is not (then float32), or a number other than 0 or 1 next to
    bool (then int64), like PyTorch. Division and transcendental functions of integers give
-   float32. Comparisons give bool. Sums of integers and bools are int64.
-   Values, the same on every device: integer arithmetic wraps around (two's complement); a
+   float32. Comparisons give bool. Sums of integers and bools are int64, and so are indices
+   (argmax, argmin, x.max(axis).indices, topk), as in PyTorch.
+   Values, the same on every device: integer arithmetic wraps around (two's complement), an
+   integer x % 0 is 0 (PyTorch raises); a
    float cast to an integer truncates and saturates at the ends of the range, NaN giving 0;
    NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
    NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
@@ -232,7 +235,7 @@ struct Scalar {
     X(BUFFER,      SOURCE,   "")                   /* realized data                          */ \
     X(CONST,       SOURCE,   "")                   /* one value broadcast to any shape       */ \
     X(ARANGE,      SOURCE,   "")                   /* int32 0,1,...,n-1                      */ \
-    X(RAND,        SOURCE,   "tg_rand({0}, {1})")  /* uniform [0,1) from (seed, index)       */ \
+    X(RAND,        SOURCE,   "tg_rand({0}, {1})")  /* [0,1) from (seed [+ src], index)      */ \
     X(NEG,         UNARY,    "(-{0})")                                                         \
     X(EXP2,        UNARY,    "tg_exp2{f}({0})")                                                \
     X(LOG2,        UNARY,    "tg_log2{f}({0})")                                                \
@@ -275,6 +278,7 @@ OpKind op_kind(Op op);
 
 namespace detail { struct Node; }
 class Tensor;
+struct ValuesIndices;
 
 // The left operand of an operator (a + b, -a) or the index of x[i]. An operator cannot take a
 // defaulted location argument, but the implicit conversion to this type can: it runs at the
@@ -368,6 +372,9 @@ public:
     Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
     Tensor abs(Loc loc = Loc::here()) const;
     Tensor square(Loc loc = Loc::here()) const;
+    Tensor trunc(Loc loc = Loc::here()) const;         // toward 0; integers as they are
+    Tensor floor(Loc loc = Loc::here()) const;
+    Tensor ceil(Loc loc = Loc::here()) const;
     Tensor log1p(Loc loc = Loc::here()) const;         // ln(1 + x), accurate for tiny x
     Tensor expm1(Loc loc = Loc::here()) const;         // e^x - 1, accurate for tiny x
     // min(max(x, min), max), either bound optional; the gradient passes where
@@ -395,12 +402,19 @@ public:
     Tensor mean(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor mean(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor max(Loc loc = Loc::here()) const;
-    Tensor max(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    // along one axis: the values and (.indices) where the first of them is, as torch.max(x, 1)
+    ValuesIndices max(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor max(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor min(Loc loc = Loc::here()) const;
-    Tensor min(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    ValuesIndices min(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor min(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
-    Tensor argmax(Loc loc = Loc::here()) const;       // index into the flattened tensor
+    // the k largest (smallest) along the axis, in order, and their indices; ties: the first
+    // index first, NaN above +∞. k passes over the axis: meant for a small k
+    ValuesIndices topk(int64_t k, int axis = -1, bool largest = true,
+                       Loc loc = Loc::here()) const;
+    // y_i = x_0 + ... + x_i along the axis; integers sum in int64
+    Tensor cumsum(int axis, Loc loc = Loc::here()) const;
+    Tensor argmax(Loc loc = Loc::here()) const;       // int64 index into the flattened tensor
     Tensor argmax(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor argmin(Loc loc = Loc::here()) const;
     Tensor argmin(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
@@ -480,6 +494,17 @@ private:
     std::shared_ptr<detail::Node> node_;
 };
 
+// What x.max(axis), x.min(axis) and x.topk(k) give, as torch.return_types: .values and the
+// int64 .indices; it is also the values tensor itself, so x.max(1, true) stands where a tensor
+// is expected, and auto [values, indices] = x.max(1) unpacks it. The gradient of max and min
+// values goes to every tie evenly; topk's to the elements it picked.
+struct ValuesIndices : Tensor {
+    Tensor values, indices;
+    ValuesIndices(const Tensor& v, const Tensor& i) : Tensor(v), values(v), indices(i) {}
+    template <size_t I> Tensor& get() { return I == 0 ? values : indices; }
+    template <size_t I> const Tensor& get() const { return I == 0 ? values : indices; }
+};
+
 namespace detail {
 std::vector<double> tensor_values(const Tensor& t);   // NaN canonical
 std::vector<int64_t> tensor_ints(const Tensor& t);    // exact; floats truncated, saturating
@@ -499,6 +524,7 @@ Tensor operator+(Operand a, const Tensor& b);
 Tensor operator-(Operand a, const Tensor& b);
 Tensor operator*(Operand a, const Tensor& b);
 Tensor operator/(Operand a, const Tensor& b);   // true division: ints give float32
+Tensor operator%(Operand a, const Tensor& b);   // remainder with the divisor's sign, as Python
 Tensor operator<(Operand a, const Tensor& b);   // comparisons give bool
 Tensor operator<=(Operand a, const Tensor& b);
 Tensor operator>(Operand a, const Tensor& b);
@@ -509,6 +535,7 @@ Tensor operator!=(Operand a, Operand b);        // b == a, which must not be a b
     Tensor operator op(Operand a, Scalar b);                                                   \
     Tensor operator op(Scalar a, Operand b);
 TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
+TG_SCALAR_OPERATORS(%)
 TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
 TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
 #undef TG_SCALAR_OPERATORS
@@ -593,7 +620,11 @@ struct Module {
     virtual std::vector<Tensor> parameters() { return {}; }
     virtual void reset_parameters(const std::vector<uint64_t>& new_seeds) { seeds = new_seeds; }
     Tensor operator()(const Tensor& x, Loc loc = Loc::here());
+    // training (the default) or evaluating: layers such as Dropout act only while training
+    virtual void train(bool on = true) { training = on; }
+    void eval() { train(false); }
     std::vector<uint64_t> seeds;
+    bool training = true;
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
@@ -606,7 +637,7 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
     bool has_bias = true;
     Tensor weight, bias;
 };
-struct Embedding : Module {                 // rows of weight [num, dim] picked by int32 ids
+struct Embedding : Module {                 // rows of weight [num, dim] picked by int ids
     Embedding(int64_t num_embeddings, int64_t embedding_dim);
     Tensor forward(const Tensor& ids) override;
     std::vector<Tensor> parameters() override { return {weight}; }
@@ -626,6 +657,15 @@ struct Lambda : Module {                    // any function as a layer
     std::function<Tensor(const Tensor&)> fn;
 };
 struct Identity : Module { Tensor forward(const Tensor& x) override { return x; } };
+// While training, each element is zeroed with probability p and the others scaled by 1/(1-p);
+// in eval() x passes as it is. Every call draws a new mask, in a jitted step too: the count of
+// masks drawn is a tensor that the step's program reads and counts on.
+struct Dropout : Module {
+    explicit Dropout(double p = 0.5);
+    Tensor forward(const Tensor& x) override;
+    double p;
+    Tensor draws;   // int64, made on the first call, on the input's device
+};
 struct ReLU : Module { Tensor forward(const Tensor& x) override { return x.relu(); } };
 struct Tanh : Module { Tensor forward(const Tensor& x) override { return x.tanh(); } };
 struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.sigmoid(); } };
@@ -646,6 +686,7 @@ struct Sequential : Module {
     Tensor forward(const Tensor& x) override;
     std::vector<Tensor> parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;   // layer by layer
+    void train(bool on = true) override;                                      // every layer
     std::vector<std::shared_ptr<Module>> layers;
 };
 
@@ -671,6 +712,44 @@ Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Re
 // relu(1 - y·score) with labels y = ±1: the margin loss of a support vector machine
 Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN,
                   Loc loc = Loc::here());
+
+// PyTorch's torch.nn.functional as free functions: namespace F = tg::nn::functional;
+namespace functional {
+inline Tensor relu(const Tensor& x, Loc loc = Loc::here()) { return x.relu(loc); }
+inline Tensor gelu(const Tensor& x, bool tanh_approximation = false, Loc loc = Loc::here()) {
+    return x.gelu(tanh_approximation, loc);
+}
+inline Tensor sigmoid(const Tensor& x, Loc loc = Loc::here()) { return x.sigmoid(loc); }
+inline Tensor tanh(const Tensor& x, Loc loc = Loc::here()) { return x.tanh(loc); }
+inline Tensor softmax(const Tensor& x, int axis = -1, Loc loc = Loc::here()) {
+    return x.softmax(axis, loc);
+}
+inline Tensor log_softmax(const Tensor& x, int axis = -1, Loc loc = Loc::here()) {
+    return x.log_softmax(axis, loc);
+}
+inline Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::here()) {
+    return a.matmul(b, loc);
+}
+// x Wᵀ + b with W [out, in]; bias optional
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Loc loc = Loc::here());
+// rows of weight [num, dim] picked by int32 or int64 ids
+inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here()) {
+    return weight[Operand(ids, loc)];
+}
+// (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
+Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                  double eps = 1e-5, Loc loc = Loc::here());
+// int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids)
+Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
+// as nn::Dropout while training, with a mask drawn from seed; x itself when not training
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
+               uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+using nn::binary_cross_entropy_with_logits;
+using nn::cross_entropy;
+using nn::hinge_loss;
+using nn::mse_loss;
+}  // namespace functional
 }  // namespace nn
 
 // ---- [OPTIM] optimizers: one program updates every parameter in place ------------------- >>optim
@@ -854,6 +933,12 @@ std::function<void(const Program&)>& program_observer();
 }  // namespace detail
 
 }  // namespace tg
+
+// auto [values, indices] = x.max(1) unpacks a tg::ValuesIndices
+namespace std {
+template <> struct tuple_size<tg::ValuesIndices> : integral_constant<size_t, 2> {};
+template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg::Tensor; };
+}  // namespace std
 
 #endif  // TINYGRAD_HPP_INCLUDED
 
@@ -1928,6 +2013,13 @@ Tensor Tensor::randn(const Shape& shape, uint64_t seed, Loc loc) {
     return mul(r, mul_c(u2, 2 * PI, loc).cos(loc), loc);
 }
 
+// rand whose seed is seed + the value of an integer scalar tensor, read when the program runs
+static Tensor rand_offset(const Shape& shape, uint64_t seed, const Tensor& offset, Loc loc) {
+    Tensor o = offset.reshape(Shape(shape.size(), 1), loc).expand(shape, loc);
+    return wrap(node_make(Op::RAND, DType::FLOAT32, shape, {N(o)}, loc, {},
+                          double(fold_seed(seed))));
+}
+
 template <typename T>
 static Tensor tensor_from_data(const std::vector<T>& values, const Shape& shape_in, DType dt,
                                Loc loc) {
@@ -1990,6 +2082,24 @@ Tensor operator/(Operand a, const Tensor& b) {                         // a · (
     auto [x, y] = operands(a.tensor, b, "div", a.loc, true);
     return mul(x, y.reciprocal(a.loc), a.loc);
 }
+// Integers: C's remainder, moved by b where its sign differs from b's (x % 0 is 0).
+// Floats: a - b·floor(a/b), moved by b where a rounded a/b made its sign differ from b's; a
+// finite a over an infinite b is a itself, or b where their signs differ. The gradient is
+// 1 for a and -floor(a/b) for b, as PyTorch's.
+Tensor operator%(Operand a_in, const Tensor& b_in) {
+    Loc loc = a_in.loc;
+    UserLocScope at(loc);   // for the operators below
+    auto [a, b] = operands(a_in.tensor, b_in, "remainder", loc);
+    check_not_bool(a, "remainder", loc);
+    Tensor r;
+    if (dtype_is_float(a.dtype())) r = a - b * (a / b).floor(loc);
+    else r = wrap(graph_binary(Op::MOD, N(a), N(b), loc));
+    Tensor moved = where((r != 0).minimum((r < 0) != (b < 0), loc), r + b, r, loc);
+    if (!dtype_is_float(a.dtype())) return moved;
+    Tensor a_finite = a.abs(loc) < INFINITY, b_infinite = b.abs(loc) == INFINITY;
+    Tensor over_infinity = where((a != 0).minimum((a < 0) != (b < 0), loc), b, a, loc);
+    return where(a_finite.minimum(b_infinite, loc), over_infinity, moved, loc);
+}
 Tensor operator<(Operand a, const Tensor& b) { return bin(Op::CMPLT, a.tensor, b, "lt", a.loc); }
 Tensor operator>(Operand a, const Tensor& b) { return bin(Op::CMPLT, b, a.tensor, "gt", a.loc); }
 Tensor operator==(Operand a, Operand b) { return bin(Op::CMPEQ, a.tensor, b.tensor, "eq", a.loc); }
@@ -2012,6 +2122,7 @@ Tensor operator>=(Operand a, const Tensor& b) {                        // (b < a
         return Operand(scalar_operand(b.tensor, a, b.loc), b.loc) op b.tensor;                 \
     }
 TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
+TG_SCALAR_OPERATORS(%)
 TG_SCALAR_OPERATORS(<) TG_SCALAR_OPERATORS(<=) TG_SCALAR_OPERATORS(>) TG_SCALAR_OPERATORS(>=)
 TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
 #undef TG_SCALAR_OPERATORS
@@ -2125,6 +2236,27 @@ Tensor Tensor::square(Loc loc) const {
     Tensor x = dtype() == DType::BOOL ? cast(DType::INT64, loc) : *this;
     return mul(x, x, loc);
 }
+// A float with |x| >= 2^23 (2^52 in float64) is whole already; a smaller one goes through int64,
+// and a zero result keeps x's sign (trunc(-0.5) = -0). No gradient reaches x, as in PyTorch.
+Tensor Tensor::trunc(Loc loc) const {
+    if (!dtype_is_float(dtype())) return *this;
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = detach();
+    Tensor t = x.cast(DType::INT64, loc).cast(dtype(), loc);
+    Tensor signed_t = where(t == 0, mul_c(x, 0, loc), t, loc);
+    return where(x.abs(loc) < (dtype() == DType::FLOAT32 ? 8388608.0 : 4503599627370496.0),
+                 signed_t, x, loc);
+}
+Tensor Tensor::floor(Loc loc) const {
+    if (!dtype_is_float(dtype())) return *this;
+    Tensor t = trunc(loc);
+    return where(t > detach(), add_c(t, -1, loc), t, loc);
+}
+Tensor Tensor::ceil(Loc loc) const {
+    if (!dtype_is_float(dtype())) return *this;
+    Tensor t = trunc(loc);
+    return where(t < detach(), add_c(t, 1, loc), t, loc);
+}
 Tensor Tensor::abs(Loc loc) const {
     if (dtype() == DType::BOOL) return *this;
     Tensor m = maximum(neg(*this, loc), loc);
@@ -2236,15 +2368,15 @@ Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return mul_c(s, 1 / count, loc);
 }
 Tensor Tensor::max(Loc loc) const { return max(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::max(int axis, bool keepdim, Loc loc) const {
-    return max(std::vector<int>{axis}, keepdim, loc);
+ValuesIndices Tensor::max(int axis, bool keepdim, Loc loc) const {
+    return {max(std::vector<int>{axis}, keepdim, loc), argmax(axis, keepdim, loc)};
 }
 Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return reduce(Op::REDUCE_MAX, *this, axes, axes.empty(), keepdim, "max", loc);
 }
 Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
-Tensor Tensor::min(int axis, bool keepdim, Loc loc) const {
-    return min(std::vector<int>{axis}, keepdim, loc);
+ValuesIndices Tensor::min(int axis, bool keepdim, Loc loc) const {
+    return {min(std::vector<int>{axis}, keepdim, loc), argmin(axis, keepdim, loc)};
 }
 // min x = -max(-x); for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
@@ -2266,8 +2398,10 @@ Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     Shape along(x.shape().size(), 1);
     along[size_t(ax)] = n;
     Tensor rev = add_c(neg(arange(n, loc), loc), double(n), loc).reshape(along, loc);
-    Tensor hit = where((x == x.max(ax, true, loc)).maximum(x != x, loc), rev, 0, loc);
-    Tensor idx = add_c(neg(hit.max(ax, keepdim, loc), loc), double(n), loc);
+    Tensor best = x.max(std::vector<int>{ax}, true, loc);
+    Tensor hit = where((x == best).maximum(x != x, loc), rev, 0, loc);
+    Tensor idx = add_c(neg(hit.max(std::vector<int>{ax}, keepdim, loc), loc), double(n), loc)
+                     .cast(DType::INT64, loc);
     return ndim() == 0 ? idx.reshape({}, loc) : idx;
 }
 
@@ -2278,6 +2412,86 @@ Tensor Tensor::argmin(int axis, bool keepdim, Loc loc) const {
     Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
     return neg(x, loc).argmax(axis, keepdim, loc);
 }
+// Round i takes, of the elements not taken yet, the first with the largest key. A float's key is
+// (tier, value): NaN has tier 1 for the largest (above +∞) and -1 for the smallest (after +∞).
+// The values are gathered from x, so the gradient goes to the elements picked.
+ValuesIndices Tensor::topk(int64_t k, int axis, bool largest, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, shape().size(), "topk", shape(), loc);
+    int64_t n = ndim() == 0 ? 1 : shape()[size_t(ax)];
+    if (k < 0 || k > n)
+        fail(strf("topk: k = %lld is not in [0, %lld] for shape %s along axis %d", (long long)k,
+                  (long long)n, shape_str(shape()).c_str(), ax), loc);
+    Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
+    Shape along(x.shape().size(), 1);
+    along[size_t(ax)] = n;
+    std::vector<int> axes{ax};
+    Tensor position = arange(n, loc).reshape(along, loc);
+    Tensor rev = add_c(neg(position, loc), double(n), loc);
+    bool is_float = dtype_is_float(dtype());
+    Tensor key = is_float ? x.detach() : x.cast(DType::INT64, loc), tier;
+    if (!largest) key = neg(key, loc);
+    double lowest = is_float ? -INFINITY : double(INT64_MIN);
+    if (is_float) {
+        Tensor nan = key != key;
+        tier = where(nan, largest ? 1 : -1, const_like(nan, 0, DType::INT32, loc), loc);
+        key = where(nan, 0, key, loc);
+    }
+    Tensor taken = const_like(x, 0, DType::BOOL, loc);
+    std::vector<Tensor> picked;
+    for (int64_t i = 0; i < k; i++) {
+        Tensor open = taken.logical_not(loc);
+        if (is_float) {
+            Tensor top_tier = where(open, tier, -2, loc).max(axes, true, loc);
+            open = open.minimum(tier == top_tier, loc);
+        }
+        Tensor best = where(open, key, const_like(key, lowest, key.dtype(), loc), loc)
+                          .max(axes, true, loc);
+        Tensor first = where(open.minimum(key == best, loc), rev, 0, loc).max(axes, true, loc);
+        Tensor idx = add_c(neg(first, loc), double(n), loc);
+        picked.push_back(idx);
+        taken = taken.maximum(position == idx, loc);
+    }
+    Shape out = x.shape();
+    out[size_t(ax)] = k;
+    Tensor indices = k == 0 ? Tensor::zeros(out, DType::INT64, loc)
+                            : cat(picked, ax, loc).cast(DType::INT64, loc);
+    Tensor values = x.gather(ax, indices, loc);
+    if (ndim() == 0) return {values.reshape({}, loc), indices.reshape({}, loc)};
+    return {values, indices};
+}
+
+// Along the last axis: a row of up to 256 sums a triangle of x (n² work); a longer row is cut
+// into blocks of 256, each block's cumsum plus the sum of the blocks before it (n·256 work).
+static Tensor cumsum_last(const Tensor& x, Loc loc) {
+    UserLocScope at(loc);   // for the operators below
+    const int64_t block = 256;
+    int64_t n = x.shape().back();
+    if (n <= block) {
+        Tensor i = Tensor::arange(n, loc);
+        Tensor lower = i.reshape({1, n}, loc) <= i.reshape({n, 1}, loc);   // [i, j]: j <= i
+        return where(lower, x.unsqueeze(-2, loc), 0, loc).sum(-1, false, loc);
+    }
+    int64_t m = (n + block - 1) / block;
+    std::vector<std::pair<int64_t, int64_t>> pads(x.shape().size(), {0, 0});
+    pads.back() = {0, m * block - n};
+    Shape blocks = x.shape(), flat = x.shape();
+    blocks.back() = m;
+    blocks.push_back(block);
+    flat.back() = m * block;
+    Tensor inner = cumsum_last(x.pad(pads, 0, loc).reshape(blocks, loc), loc);
+    Tensor totals = inner.slice(-1, block - 1, block, 1, loc).squeeze(-1, loc);
+    pads.back() = {1, 0};   // the sum of the blocks before: shifted one block on
+    Tensor before = cumsum_last(totals, loc).pad(pads, 0, loc).slice(-1, 0, m, 1, loc);
+    return add(inner, before.unsqueeze(-1, loc), loc).reshape(flat, loc).slice(-1, 0, n, 1, loc);
+}
+Tensor Tensor::cumsum(int axis, Loc loc) const {
+    int ax = normalize_axis(axis, shape().size(), "cumsum", shape(), loc);
+    if (ndim() == 0) return dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    return cumsum_last(x.transpose(ax, -1, loc), loc).transpose(ax, -1, loc);
+}
+
 Tensor Tensor::var(Loc loc) const { return var(std::vector<int>{}, 1, false, loc); }
 Tensor Tensor::var(int axis, int64_t correction, bool keepdim, Loc loc) const {
     return var(std::vector<int>{axis}, correction, keepdim, loc);
@@ -2546,7 +2760,7 @@ Tensor Tensor::softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
-    Tensor e = (x - x.max(axis, true, loc)).exp(loc);
+    Tensor e = (x - x.max(std::vector<int>{axis}, true, loc)).exp(loc);
     return e / e.sum(axis, true, loc);
 }
 // log_softmax x = (x - max x) - ln Σ e^(x - max x)
@@ -2554,7 +2768,7 @@ Tensor Tensor::log_softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "log_softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
-    Tensor shifted = x - x.max(axis, true, loc);
+    Tensor shifted = x - x.max(std::vector<int>{axis}, true, loc);
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
 }
 static void check_index(const Tensor& src, const Tensor& index, const char* op, Loc loc) {
@@ -3663,9 +3877,13 @@ struct Lowering {
         switch (n->op) {
         case Op::CONST: return ex_const(n->value, n->dtype);
         case Op::ARANGE: return ex_alu(Op::CAST, DType::INT32, {idx[0]});
-        case Op::RAND:
-            return ex_alu(Op::RAND, DType::FLOAT32,
-                          {ix(int64_t(n->value)), linear_index(idx, n->shape)});
+        case Op::RAND: {   // a source, if any, is added to the seed (nn::Dropout's count)
+            ExprP seed = ix(int64_t(n->value));
+            if (s0)
+                seed = ex_alu(Op::ADD, DType::INDEX,
+                              {seed, ex_alu(Op::CAST, DType::INDEX, {lower(s0, idx)})});
+            return ex_alu(Op::RAND, DType::FLOAT32, {seed, linear_index(idx, n->shape)});
+        }
         case Op::CONTIGUOUS: return lower(s0, idx);
         case Op::ASSIGN: return lower(n->src[1].get(), idx);   // stored into src[0]'s buffer
         case Op::RESHAPE: return lower(s0, reshape_index(idx, n->shape, s0->shape));
@@ -5724,6 +5942,7 @@ struct CExprs {
         if (e->op == Op::ADD && wraps) form = "(({t})((u{t}){0} + (u{t}){1}))";
         if (e->op == Op::MUL && wraps) form = "(({t})((u{t}){0} * (u{t}){1}))";
         if (e->op == Op::NEG && wraps) form = "(({t})(0u - (u{t}){0}))";
+        if (e->op == Op::MOD && wraps) form = "tg_imod({0}, {1})";   // C traps at 0 and -1
         if (e->op == Op::CAST && is_bool) form = "({0} != 0)";
         if (e->op == Op::CAST && wraps && dtype_is_float(e->src[0]->dtype))
             form = e->dtype == DType::INT32 ? "tg_f2i({0})" : "tg_f2l({0})";
@@ -6124,6 +6343,10 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "    uint64_t m = -(uint64_t)(c != 0);\n"
      "    x.u = (x.u & m) | (y.u & ~m);\n"
      "    return x.f;\n"
+     "}\n"},
+    {"tg_imod(",
+     "static inline int64_t tg_imod(int64_t a, int64_t b) {\n"
+     "    return b == 0 || b == -1 ? 0 : a % b;\n"
      "}\n"},
     {"tg_wherei(",
      "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) {\n"
@@ -7384,6 +7607,70 @@ Tensor LayerNorm::forward(const Tensor& x) {
     return centered * (var + eps).rsqrt() * weight + bias;
 }
 
+static void check_dropout_p(double p, const char* op) {
+    if (!(p >= 0 && p <= 1)) detail::fail(strf("%s: p must be in [0, 1], got %g", op, p));
+}
+// kept: u >= p for u uniform in [0, 1), scaled by 1/(1-p); p = 1 zeroes (no 0·∞ in gradients)
+static Tensor dropout_mask(const Tensor& x, double p, const Tensor& u) {
+    if (p == 1) return x * 0;
+    return where(u >= p, x * (1 / (1 - p)), 0);
+}
+Dropout::Dropout(double p_) : p(p_) {
+    check_dropout_p(p, "Dropout");
+    seeds = {Tensor::next_seed()};
+}
+// The count goes up before the mask is built: a mask that read it before would be stale.
+Tensor Dropout::forward(const Tensor& x) {
+    if (!training || p == 0) return x;
+    if (!dtype_is_float(x.dtype()))
+        detail::fail(strf("Dropout: input %s %s is not a float tensor", dtype_name(x.dtype()),
+                          shape_str(x.shape()).c_str()));
+    if (!draws.defined() || draws.device() != x.device()) {
+        // a buffer now, while a jit traces too: a constant count would fold into the program
+        draws = Tensor::from_vector(std::vector<int64_t>{0}, {});
+        if (draws.device() != x.device()) {
+            draws = draws.to(x.device());
+            detail::realize_nodes({draws.node()}, true);
+        }
+    }
+    Tensor counted = draws.assign(draws + 1);
+    counted.realize();
+    Tensor u = rand_offset(x.shape(), detail::mix_seed(seeds.at(0), 0), draws,
+                                   Loc::here());
+    return dropout_mask(x, p, u);
+}
+
+namespace functional {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc) {
+    detail::UserLocScope at(loc);
+    Tensor y = x.matmul(weight.mT());
+    return bias.defined() ? y + bias : y;
+}
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  Loc loc) {
+    detail::UserLocScope at(loc);
+    Tensor centered = x - x.mean(-1, true);
+    Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
+    if (weight.defined()) y = y * weight;
+    return bias.defined() ? y + bias : y;
+}
+Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (ids.dtype() != DType::INT32 && ids.dtype() != DType::INT64)
+        detail::fail(strf("one_hot: ids must be int32 or int64, got %s",
+                          dtype_name(ids.dtype())));
+    if (num_classes < 0) num_classes = ids.numel() ? int64_t(ids.max().item()) + 1 : 0;
+    Tensor classes = Tensor::arange(num_classes).cast(ids.dtype());
+    return (ids.unsqueeze(-1) == classes).cast(DType::INT64);
+}
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_dropout_p(p, "dropout");
+    if (!training || p == 0) return x;
+    return dropout_mask(x, p, Tensor::rand_like(x, seed));
+}
+}  // namespace functional
+
 Sequential& Sequential::add(std::shared_ptr<Module> layer) {
     layers.push_back(std::move(layer));
     return *this;
@@ -7392,6 +7679,10 @@ Tensor Sequential::forward(const Tensor& x) {
     Tensor y = x;
     for (auto& l : layers) y = l->forward(y);
     return y;
+}
+void Sequential::train(bool on) {
+    training = on;
+    for (auto& l : layers) l->train(on);
 }
 void Sequential::reset_parameters(const std::vector<uint64_t>& s) {
     seeds = s;

@@ -1195,7 +1195,7 @@ private:
 
     // argmax over one axis (or all): ties go to the first index, so its operand is exact.
     int argmax_of(int x, int axis, bool keepdim) {
-        Node n = node(Kind::ARGMAX, {x}, {}, DType::INT32);
+        Node n = node(Kind::ARGMAX, {x}, {}, DType::INT64);
         int r = rank(x);
         int64_t len = numel(at(x).shape);
         if (axis < 0) {

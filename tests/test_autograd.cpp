@@ -273,6 +273,32 @@ TEST(autograd_mm_bmm_t_mT_square_clone) {
     gc.run();
 }
 
+TEST(autograd_max_min_topk_cumsum_remainder_functional) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    In a = rnd({3, 5}, 51, -2, 2), b = rnd({3, 5}, 52, 0.7, 1.9, true), w = rnd({4, 5}, 53);
+    In bias = rnd({4}, 54), long_row = rnd({300}, 55);
+    gc.add1("max(1).values", [](const Tensor& x) { return x.max(1).values * 2.0; }, a);
+    gc.add1("min(0, keepdim)", [](const Tensor& x) { return x.min(0, true) * x; }, a);
+    gc.add1("topk(2)", [](const Tensor& x) { return x.topk(2, 1).values * 3.0; }, a);
+    gc.add1("topk smallest", [](const Tensor& x) { return x.topk(3, 0, false).values; }, a);
+    gc.add1("cumsum(1)", [](const Tensor& x) { return x.cumsum(1) * x; }, a);
+    gc.add1("cumsum(0)", [](const Tensor& x) { return x.cumsum(0).square(); }, a);
+    gc.add1("cumsum of 300 (blocks)", [](const Tensor& x) { return x.cumsum(0) * x; },
+            long_row);
+    gc.add2("remainder", [](const Tensor& x, const Tensor& y) { return x % y; }, a, b);
+    gc.add1("x % 0.9", [](const Tensor& x) { return x % 0.9; }, a);
+    gc.add1("floor(x) * x", [](const Tensor& x) { return x.floor() * x + x.ceil(); }, a);
+    gc.add2("F::linear", [&](const Tensor& x, const Tensor& y) { return F::linear(x, y); }, a, w);
+    gc.add2("F::layer_norm", [](const Tensor& x, const Tensor& y) {
+        return F::layer_norm(x, y, Tensor()); }, a, b);
+    gc.add1("F::dropout (a fixed mask)", [](const Tensor& x) {
+        return F::dropout(x, 0.3, true, 11) * x; }, a);
+    gc.add1("linear bias", [&](const Tensor& c) {
+        return F::linear(Tensor::ones({2, 5}), Tensor::ones({4, 5}), c); }, bias);
+    gc.run();
+}
+
 TEST(autograd_scalar_operands) {
     GradCheck gc;
     In a = rnd({2, 3}, 7), pos = rnd({2, 3}, 8, 0.5, 2, true);

@@ -301,7 +301,7 @@ TEST(cuda_integer_min_and_max_match_the_cpu) {
         Tensor y = Tensor::from_vector(th::randi(450, 7, -4, 4), {3, 6, 5, 5});
         std::vector<int32_t> out;
         for (const Tensor& t : {x.min(std::vector<int>{2, -1}, true), (-x).max({2, -1}, true),
-                                y.min(std::vector<int>{2, -1}, true), y.max(1), y.argmax(-1)})
+                                y.min(std::vector<int>{2, -1}, true), y.max(1).values, y.argmax(-1)})
             for (int32_t v : t.to_vector<int32_t>()) out.push_back(v);
         return out;
     };

@@ -426,7 +426,7 @@ private:
                 if (kind == 1) return t.max(axes, keep);
                 return ints ? t.min(axes, keep) : t.mean(axes, keep);
             };
-            auto red1 = [&](const Tensor& t, int axis, bool keep) {
+            auto red1 = [&](const Tensor& t, int axis, bool keep) -> Tensor {
                 if (kind == 0) return t.sum(axis, keep);
                 if (kind == 1) return t.max(axis, keep);
                 return ints ? t.min(axis, keep) : t.mean(axis, keep);

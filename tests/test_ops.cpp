@@ -831,8 +831,8 @@ TEST(ops_argmax) {
     Tensor x = Tensor::from_vector(xv, {3, 4});
     Tensor all = x.argmax(), a0 = x.argmax(0), a1 = x.argmax(1), a1k = x.argmax(-1, true);
     Tensor a0k = x.argmax(0, true);
-    CHECK(all.dtype() == DType::INT32);
-    CHECK(a1.dtype() == DType::INT32);
+    CHECK(all.dtype() == DType::INT64);   // as PyTorch
+    CHECK(a1.dtype() == DType::INT64);
     CHECK(all.shape() == S({}));
     CHECK(a0.shape() == S({4}));
     CHECK(a1.shape() == S({3}));
@@ -1739,4 +1739,218 @@ TEST(ops_print_summarized) {
     std::vector<float> ones(2000, 1.0f);
     ones[1000] = 123456;
     CHECK_EQ(Tensor::from_vector(ones).to_string(), std::string("tensor([1., 1., 1.,  ..., 1., 1., 1.])"));
+}
+
+// x.max(axis) / x.min(axis) give values and indices (torch.return_types); topk in order
+TEST(ops_max_min_indices_topk) {
+    std::vector<float> xv = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+    Tensor x = Tensor::from_vector(xv, {3, 4});
+    auto [values, indices] = x.max(1);
+    CHECK(values.shape() == S({3}) && indices.dtype() == DType::INT64);
+    CHECK_ALL_NEAR(vals(values), (Vec{4, 9, 8}), 0);
+    CHECK(indices.to_vector<int64_t>() == (std::vector<int64_t>{2, 1, 3}));
+    tg::ValuesIndices mn = x.min(0, true);
+    CHECK(mn.values.shape() == S({1, 4}) && mn.indices.shape() == S({1, 4}));
+    CHECK_ALL_NEAR(vals(mn.values), (Vec{3, 1, 2, 1}), 0);
+    CHECK(mn.indices.to_vector<int64_t>() == (std::vector<int64_t>{0, 0, 1, 0}));   // first tie
+    // it is the values tensor where a tensor is expected
+    Tensor shifted = x - x.max(1, true);
+    CHECK_ALL_NEAR(vals(shifted), (Vec{-1, -3, 0, -3, -4, 0, -7, -3, -3, -5, -3, 0}), 0);
+    CHECK_ALL_NEAR(vals(x.max(-1).exp()), (Vec{std::exp(4.0), std::exp(9.0), std::exp(8.0)}),
+                   F32);
+
+    // topk against a stable sort in double, largest and smallest, over each axis
+    std::vector<float> rv = randf(5 * 7 * 6, 131, -4, 4);
+    rv[3] = rv[9];   // a tie
+    Tensor r = Tensor::from_vector(rv, {5, 7, 6});
+    for (int axis = 0; axis < 3; axis++)
+        for (bool largest : {true, false}) {
+            Shape s = {5, 7, 6};
+            int64_t n = s[size_t(axis)], k = std::min<int64_t>(3, n);
+            tg::ValuesIndices t = r.topk(k, axis, largest);
+            Shape out = s;
+            out[size_t(axis)] = k;
+            CHECK(t.values.shape() == out && t.indices.shape() == out);
+            Vec tv = vals(t.values);
+            std::vector<int64_t> ti = t.indices.to_vector<int64_t>();
+            for (int64_t flat = 0; flat < count(out); flat++) {
+                Idx at = unravel(flat, out);
+                std::vector<std::pair<double, int64_t>> line;
+                for (int64_t j = 0; j < n; j++) {
+                    Idx src = at;
+                    src[size_t(axis)] = j;
+                    double v = rv[size_t(ravel(src, s))];
+                    line.push_back({largest ? -v : v, j});
+                }
+                std::stable_sort(line.begin(), line.end(),
+                                 [](auto& a, auto& b) { return a.first < b.first; });
+                int64_t rank = at[size_t(axis)];
+                CHECK_EQ(ti[size_t(flat)], line[size_t(rank)].second);
+                CHECK_EQ(tv[size_t(flat)], largest ? -line[size_t(rank)].first
+                                                   : line[size_t(rank)].first);
+            }
+        }
+    // NaN ranks above +inf: first for the largest, last for the smallest; ints; k = 0 and n
+    Tensor nanx = Tensor::from_vector({1.f, NAN, INFINITY, -INFINITY, 2.f});
+    CHECK(nanx.topk(3).indices.to_vector<int64_t>() == (std::vector<int64_t>{1, 2, 4}));
+    CHECK(nanx.topk(5, 0, false).indices.to_vector<int64_t>() ==
+          (std::vector<int64_t>{3, 0, 4, 2, 1}));
+    Tensor iv = Tensor::from_vector({7, -3, 7, 2147483647, -2147483647 - 1});
+    tg::ValuesIndices ti = iv.topk(4);
+    CHECK(ti.values.dtype() == DType::INT32);
+    CHECK(ti.values.to_vector<int64_t>() == (std::vector<int64_t>{2147483647, 7, 7, -3}));
+    CHECK(ti.indices.to_vector<int64_t>() == (std::vector<int64_t>{3, 0, 2, 1}));
+    CHECK(iv.topk(2, 0, false).indices.to_vector<int64_t>() == (std::vector<int64_t>{4, 1}));
+    CHECK(x.topk(0, 1).values.shape() == S({3, 0}));
+    CHECK(x.topk(4, 1).indices.to_vector<int64_t>() ==
+          (std::vector<int64_t>{2, 0, 1, 3, 1, 3, 0, 2, 3, 0, 2, 1}));
+    CHECK_THROWS(x.topk(5, 1), "topk", "k = 5", "[0, 4]", "[3,4]");
+    CHECK_THROWS(x.topk(1, 2), "topk", "axis 2", "[3,4]");
+}
+
+// cumsum against running sums in double: short rows (a triangle) and long ones (blocks)
+TEST(ops_cumsum) {
+    for (int64_t n : {1, 5, 256, 257, 1000, 70000}) {
+        std::vector<float> xv = randf(size_t(2 * n), uint64_t(140 + n), -1, 1);
+        Tensor x = Tensor::from_vector(xv, {2, n});
+        Tensor c1 = x.cumsum(1), c0 = x.cumsum(0);
+        tg::realize({c1, c0});
+        Vec w1, w0;
+        for (int r = 0; r < 2; r++) {
+            double run = 0;
+            for (int64_t j = 0; j < n; j++) w1.push_back(run += xv[size_t(r * n + j)]);
+        }
+        for (int r = 0; r < 2; r++)
+            for (int64_t j = 0; j < n; j++)
+                w0.push_back(xv[size_t(j)] + (r ? xv[size_t(n + j)] : 0.0));
+        CHECK(c1.shape() == S({2, n}) && c1.dtype() == DType::FLOAT32);
+        // float32 sums of n terms of size <= 1: error grows like sqrt(n) ulps of the total
+        CHECK_ALL_NEAR(vals(c1), w1, 1e-6 * std::sqrt(double(n)) * 10);
+        CHECK_ALL_NEAR(vals(c0), w0, F32);
+    }
+    // integers sum exactly in int64; bools count; a 0-d tensor is itself
+    Tensor ci = Tensor::from_vector({2147483647, 2147483647, -5}).cumsum(0);
+    CHECK(ci.dtype() == DType::INT64);
+    CHECK(ci.to_vector<int64_t>() == (std::vector<int64_t>{2147483647, 4294967294, 4294967289}));
+    CHECK(Tensor::from_vector({true, false, true}).cumsum(0).to_vector<int64_t>() ==
+          (std::vector<int64_t>{1, 1, 2}));
+    CHECK_EQ(Tensor::full({}, 3.5).cumsum(0).item(), 3.5);
+    // an infinity stays where it is (no 0·∞ in the triangle)
+    Vec inf = vals(Tensor::from_vector({1.f, INFINITY, 1.f}).cumsum(0));
+    CHECK(inf[0] == 1 && std::isinf(inf[1]) && std::isinf(inf[2]));
+    CHECK_THROWS(Tensor::zeros({2, 3}).cumsum(2), "cumsum", "axis 2", "[2,3]");
+}
+
+// % is Python's remainder (the divisor's sign); floor, ceil, trunc as C's
+TEST(ops_remainder_floor_ceil_trunc) {
+    std::vector<int32_t> a = {-7, 7, -7, 7, 0, 6, -6, 5}, b = {3, -3, -3, 3, 4, 3, 3, 0};
+    Tensor ri = Tensor::from_vector(a) % Tensor::from_vector(b);
+    CHECK(ri.dtype() == DType::INT32);
+    CHECK(ri.to_vector<int64_t>() == (std::vector<int64_t>{2, -2, -1, 1, 0, 0, 0, 0}));
+    CHECK((Tensor::from_vector(a) % 4).to_vector<int64_t>() ==
+          (std::vector<int64_t>{1, 3, 1, 3, 0, 2, 2, 1}));
+    CHECK((9 % Tensor::from_vector({4, -4})).to_vector<int64_t>() ==
+          (std::vector<int64_t>{1, -3}));
+    std::vector<float> xv = randf(64, 151, -20, 20), yv = randf(64, 152, -3, 3);
+    Tensor x = Tensor::from_vector(xv), y = Tensor::from_vector(yv);
+    Tensor rf = x % y, rs = x % 2.5, fl = x.floor(), ce = x.ceil(), tr = x.trunc();
+    tg::realize({rf, rs, fl, ce, tr});
+    auto py_mod = [](double p, double q) {
+        double m = std::fmod(p, q);
+        return m != 0 && ((m < 0) != (q < 0)) ? m + q : m;
+    };
+    Vec wrf, wrs, wfl, wce, wtr;
+    for (size_t i = 0; i < xv.size(); i++) {
+        wrf.push_back(py_mod(xv[i], yv[i]));
+        wrs.push_back(py_mod(xv[i], 2.5));
+        wfl.push_back(std::floor(xv[i]));
+        wce.push_back(std::ceil(xv[i]));
+        wtr.push_back(std::trunc(xv[i]));
+    }
+    CHECK_ALL_NEAR(vals(rf), wrf, 1e-5);
+    CHECK_ALL_NEAR(vals(rs), wrs, 1e-5);
+    CHECK_ALL_NEAR(vals(fl), wfl, 0);
+    CHECK_ALL_NEAR(vals(ce), wce, 0);
+    CHECK_ALL_NEAR(vals(tr), wtr, 0);
+    Vec rv = vals(rf);
+    for (size_t i = 0; i < rv.size(); i++)   // in [0, y) or (y, 0]
+        CHECK(yv[i] > 0 ? rv[i] >= 0 && rv[i] < yv[i] : rv[i] <= 0 && rv[i] > yv[i]);
+    // special values: C's and PyTorch's
+    Tensor sp = Tensor::from_vector({-0.5f, 0.5f, -0.f, 1e30f, -3e9f, INFINITY, NAN});
+    Vec t = vals(sp.trunc()), f = vals(sp.floor()), c = vals(sp.ceil());
+    std::vector<float> spv = {-0.5f, 0.5f, -0.f, 1e30f, -3e9f, INFINITY, NAN};
+    for (size_t i = 0; i < spv.size(); i++) {
+        for (auto [got, want] : {std::pair{t[i], std::trunc(double(spv[i]))},
+                                 {f[i], std::floor(double(spv[i]))},
+                                 {c[i], std::ceil(double(spv[i]))}}) {
+            if (std::isnan(want)) { CHECK(std::isnan(got)); continue; }
+            CHECK_EQ(got, want);
+            CHECK_EQ(std::signbit(got), std::signbit(want));
+        }
+    }
+    Vec m = vals(Tensor::from_vector({5.f, -5.f, 5.f, 1.f, INFINITY}) %
+                 Tensor::from_vector({INFINITY, INFINITY, -INFINITY, 0.f, 2.f}));
+    CHECK_EQ(m[0], 5.0);
+    CHECK(std::isinf(m[1]) && m[1] > 0);    // the signs differ: b
+    CHECK(std::isinf(m[2]) && m[2] < 0);
+    CHECK(std::isnan(m[3]) && std::isnan(m[4]));
+    CHECK(Tensor::from_vector({3, -3}).floor().dtype() == DType::INT32);
+    CHECK_THROWS(Tensor::from_vector({true}) % Tensor::from_vector({true}), "remainder", "bool");
+}
+
+// tg::nn::functional: PyTorch's F., the same values as the methods and layers
+TEST(ops_functional_and_dropout) {
+    namespace F = tg::nn::functional;
+    std::vector<float> xv = randf(24, 161, -2, 2);
+    Tensor x = Tensor::from_vector(xv, {4, 6});
+    CHECK_ALL_NEAR(vals(F::relu(x)), vals(x.relu()), 0);
+    CHECK_ALL_NEAR(vals(F::gelu(x, true)), vals(x.gelu(true)), 0);
+    CHECK_ALL_NEAR(vals(F::softmax(x, 0)), vals(x.softmax(0)), 0);
+    CHECK_ALL_NEAR(vals(F::log_softmax(x)), vals(x.log_softmax(-1)), 0);
+    CHECK_ALL_NEAR(vals(F::sigmoid(x) + F::tanh(x)), vals(x.sigmoid() + x.tanh()), 0);
+    tg::nn::Linear lin(6, 3);
+    CHECK_ALL_NEAR(vals(F::linear(x, lin.weight, lin.bias)), vals(lin(x)), F32);
+    CHECK_ALL_NEAR(vals(F::matmul(x, lin.weight.t())), vals(x.matmul(lin.weight.t())), 0);
+    tg::nn::LayerNorm ln(6);
+    CHECK_ALL_NEAR(vals(F::layer_norm(x, ln.weight, ln.bias)), vals(ln(x)), F32);
+    Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0, 3}), emb = Tensor::randn({4, 5});
+    CHECK_ALL_NEAR(vals(F::embedding(ids, emb)), vals(emb[ids]), 0);
+    Tensor oh = F::one_hot(Tensor::from_vector({0, 2, 1}));
+    CHECK(oh.dtype() == DType::INT64 && oh.shape() == S({3, 3}));
+    CHECK(oh.to_vector<int64_t>() == (std::vector<int64_t>{1, 0, 0, 0, 0, 1, 0, 1, 0}));
+    CHECK(F::one_hot(Tensor::from_vector({1}), 4).shape() == S({1, 4}));
+    CHECK_THROWS(F::one_hot(x), "one_hot", "float32");
+    Tensor ce = tg::nn::cross_entropy(x, Tensor::from_vector({0, 5, 2, 1}));
+    CHECK_EQ(F::cross_entropy(x, Tensor::from_vector({0, 5, 2, 1})).item(), ce.item());
+
+    // dropout: about p zeroed, the rest scaled by 1/(1-p); a new mask every call, in a jit too
+    tg::manual_seed(7);
+    tg::nn::Dropout drop(0.25);
+    Tensor ones = Tensor::ones({64, 64});
+    auto check_mask = [&](const Tensor& y) {
+        Vec v = vals(y);
+        int64_t zeros = 0;
+        for (double e : v) {
+            CHECK(e == 0 || std::fabs(e - 1 / 0.75) < 1e-6);
+            zeros += e == 0;
+        }
+        CHECK(std::abs(double(zeros) / double(v.size()) - 0.25) < 0.03);   // 4096 draws
+        return v;
+    };
+    Vec first = check_mask(drop(ones)), second = check_mask(drop(ones));
+    CHECK(first != second);
+    tg::Jit step([&](const std::vector<Tensor>& in) { return drop(in[0]); });
+    Vec j1 = check_mask(step({ones})), j2 = check_mask(step({ones})), j3 = check_mask(step({ones}));
+    CHECK(step.replays() == 2 && j1 != j2 && j2 != j3 && j1 != j3);
+    drop.eval();
+    CHECK_ALL_NEAR(vals(drop(x)), D(xv), 0);
+    tg::nn::Sequential seq(tg::nn::Linear(6, 6), tg::nn::Dropout(0.5));
+    seq.eval();
+    CHECK(!seq.layers[1]->training);
+    CHECK_ALL_NEAR(vals(seq(x)), vals(seq.layers[0]->forward(x)), 0);
+    CHECK_ALL_NEAR(vals(F::dropout(x, 0.5, false)), D(xv), 0);
+    CHECK_ALL_NEAR(vals(F::dropout(x, 0.4, true, 3)), vals(F::dropout(x, 0.4, true, 3)), 0);
+    CHECK_ALL_NEAR(vals(F::dropout(x, 1.0)), Vec(24, 0.0), 0);
+    CHECK_THROWS(tg::nn::Dropout(1.5), "Dropout", "p must be in [0, 1]", "1.5");
+    CHECK_THROWS(tg::nn::Dropout(0.5)(Tensor::ones({2}, DType::INT32)), "Dropout", "int32");
 }
