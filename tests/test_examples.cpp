@@ -72,6 +72,7 @@ bool run_example(const std::string& name, const std::string& args, std::string& 
 bool has(const std::string& text, const std::string& what) {
     return text.find(what) != std::string::npos;
 }
+bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
 // The number after `label` in text, or -1 when label is missing.
 double number_after(const std::string& text, const std::string& label) {
     size_t at = text.find(label);
@@ -96,13 +97,40 @@ TEST(example_02_pipeline) {
         CHECK(has(out, stage));
 }
 
+// The figure goes to the current directory by default, else to --out (a directory or a file
+// name), and the full path is announced; nothing else is written.
 TEST(example_03_moons_reaches_99_percent) {
     std::string exe = examples_dir() + "/03_moons", out;
     Scratch here;
     CHECK_EQ(run_in(here, exe, "--short", out), 0);   // exit 1 below 99% training accuracy
     CHECK(has(out, "training accuracy"));
     CHECK(has(out, "#") && has(out, "+") && has(out, "*") && has(out, "."));
+    CHECK(has(out, "wrote " + here.path + "/moons.svg\n"));
     CHECK_EQ(here.entries(), (std::vector<std::string>{"moons.svg"}));
+
+    Scratch there;
+    CHECK(std::system(("mkdir '" + there.path + "/figs'").c_str()) == 0);
+    CHECK_EQ(run_in(there, exe, "--short --out figs", out), 0);
+    CHECK(has(out, "wrote " + there.path + "/figs/moons.svg\n"));
+    CHECK(file_exists(there.path + "/figs/moons.svg"));
+    CHECK_EQ(run_in(there, exe, "--out figs/boundary.svg --short", out), 0);
+    CHECK(has(out, "wrote " + there.path + "/figs/boundary.svg\n"));
+    CHECK_EQ(there.entries("/figs"), (std::vector<std::string>{"boundary.svg", "moons.svg"}));
+    CHECK_EQ(there.entries(), (std::vector<std::string>{"figs"}));
+}
+
+// A place it cannot write is refused before training, not after it.
+TEST(example_03_moons_errors) {
+    std::string exe = examples_dir() + "/03_moons", out;
+    Scratch scratch;
+    CHECK_EQ(run_in(scratch, exe, "--short --out missing/moons.svg", out), 2);
+    CHECK(has(out, "03_moons: cannot write " + scratch.path + "/missing/moons.svg: No such file"));
+    CHECK(!has(out, "epoch"));
+    CHECK_EQ(run_in(scratch, exe, "--short --out", out), 2);
+    CHECK(has(out, "03_moons: --out needs a path\nusage: 03_moons"));
+    CHECK_EQ(run_in(scratch, exe, "--shorter", out), 2);
+    CHECK(has(out, "03_moons: unknown argument --shorter\nusage: 03_moons"));
+    CHECK(scratch.entries().empty());
 }
 
 // Run from a scratch directory with no word list: the names beside the executable are found,
