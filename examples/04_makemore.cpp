@@ -198,6 +198,7 @@ int main(int argc, char** argv) {
             if (rate > 0) std::printf("  %5.0f steps/s  %3.0f s left", rate, left);
             std::printf("\n");
             std::fflush(stdout);
+            shown = clock::now();
         } else if (terminal && clock::now() - shown > std::chrono::milliseconds(200)) {
             shown = clock::now();
             std::printf("\r\033[Kstep %6d/%d  %5.0f steps/s  %3.0f s left", i + 1, steps, rate,
