@@ -1,4 +1,4 @@
-# make            build every example
+# make            build every example (in $(BUILD)/examples/, with examples/data/ beside them)
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
