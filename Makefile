@@ -1,4 +1,4 @@
-# make            build every example
+# make            build every example (in $(BUILD)/examples/, with examples/data/ beside them)
 # make test       build and run every test (one binary; the implementation is compiled once)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
@@ -14,17 +14,24 @@ LDLIBS   := -ldl -lpthread
 BUILD    ?= build
 
 EXAMPLES  := $(patsubst examples/%.cpp,$(BUILD)/examples/%,$(wildcard examples/*.cpp))
+EX_DATA   := $(patsubst examples/%,$(BUILD)/examples/%,$(wildcard examples/data/*))
 TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 .PHONY: all test test-cuda test-asan test-subset test-asan-subset fuzz oracle bench loc clean
-all: $(EXAMPLES)
+all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
 $(BUILD)/examples/%: examples/%.cpp tinygrad.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+
+# An example looks for its data beside its executable (with the license), so that the built
+# examples run from any directory and can be moved together.
+$(BUILD)/examples/data/%: examples/data/%
+	@mkdir -p $(dir $@)
+	cp $< $@
 
 $(BUILD)/tinygrad.o: tests/tinygrad_impl.cpp tinygrad.hpp cuda_backend.hpp
 	@mkdir -p $(dir $@)
@@ -50,7 +57,7 @@ $(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygra
 	$(CXX) $(CXXFLAGS) -o $@ $@.o $(BUILD)/tinygrad.o $(LDLIBS)
 
 # Tests run from the repository root with a fresh, private compile cache.
-test: $(BUILD)/run_tests $(EXAMPLES) $(PROBES)
+test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
 	./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
