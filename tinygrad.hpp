@@ -550,6 +550,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::he
 Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc loc = Loc::here());
 void realize(const std::vector<Tensor>& tensors);    // several results in one program
 void manual_seed(uint64_t seed);
+uint64_t rng_state();   // where the seed stream is: manual_seed(rng_state()) later resumes it
 
 // d output / d inputs as lazy tensors that can be differentiated again (a Hessian-vector
 // product is gradients(sum(gradients(f, {x})[0] * v), {x})); backward() accumulates instead.
@@ -608,30 +609,47 @@ int threads();                  // what parallel nests run on: TG_THREADS, defau
 
 // ---- [NN] layers, initialisers, losses ----------------------------------------------------- >>nn
 namespace nn {
-// A layer. parameters() lists the tensors an optimizer updates; it is complete after the first
-// call for layers that learn their input width then (nn::Linear(out)). Random initial values
-// come from the global seed stream (manual_seed): seeds lists the ones a layer drew, and
-// reset_parameters(seeds) draws its parameters again from the given ones. A layer of your own
-// that draws random parameters records its seeds and overrides reset_parameters, so that
-// Sequential can hand out seeds in layer order.
+// A layer. named_parameters() lists its tensors with PyTorch's dotted names ("0.weight" in a
+// Sequential, "blocks.1.attn.qkv.weight" in a model of your own) and parameters() the same
+// tensors, the ones an optimizer updates; both are complete after the first call for layers
+// that learn their input width then (nn::Linear(out)). A layer made of layers names them in
+// children(): its parameters, train()/eval(), state_dict() and reseeding then reach them.
+// Random initial values come from the global seed stream (manual_seed): seeds lists the ones a
+// layer drew, and reset_parameters(seeds) draws its parameters again from the given ones (by
+// default: each child, in order, takes as many as it holds). A layer of your own that draws
+// random tensors itself records their seeds and overrides reset_parameters, and one made of
+// layers calls take_seeds_of_children() in its constructor, so that Sequential can hand out
+// seeds in layer order.
 struct Module {
+    using Named = std::vector<std::pair<std::string, Tensor>>;
     virtual ~Module() = default;
     virtual Tensor forward(const Tensor& x) = 0;
-    virtual std::vector<Tensor> parameters() { return {}; }
-    virtual void reset_parameters(const std::vector<uint64_t>& new_seeds) { seeds = new_seeds; }
+    virtual std::vector<std::pair<std::string, Module*>> children() { return {}; }
+    virtual Named named_parameters();                 // the children's, "child.name"
+    virtual std::vector<Tensor> parameters();         // the tensors of named_parameters()
+    virtual void reset_parameters(const std::vector<uint64_t>& new_seeds);
     Tensor operator()(const Tensor& x, Loc loc = Loc::here());
-    // training (the default) or evaluating: layers such as Dropout act only while training
-    virtual void train(bool on = true) { training = on; }
+    // training (the default) or evaluating, with every child: Dropout acts only while training
+    virtual void train(bool on = true);
     void eval() { train(false); }
+    // the parameters by name; tg::safetensors::save(path, m.state_dict()) writes a file that
+    // PyTorch's load_state_dict reads for a model of the same structure, and back
+    std::map<std::string, Tensor> state_dict();
+    // copies each tensor into the parameter of its name (cast to its dtype, moved to its
+    // device), all in one program. Checked first: a shape that differs, or with strict a name
+    // missing or unknown, is an error that changes nothing
+    void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
     std::vector<uint64_t> seeds;
     bool training = true;
+protected:
+    void take_seeds_of_children();   // seeds = the children's, in order (for a constructor)
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
     Linear(int64_t in_features, int64_t out_features, bool bias = true);
     explicit Linear(int64_t out_features);  // learns in_features from its first input
     Tensor forward(const Tensor& x) override;
-    std::vector<Tensor> parameters() override;
+    Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     int64_t in_features = -1, out_features;
     bool has_bias = true;
@@ -640,14 +658,14 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
 struct Embedding : Module {                 // rows of weight [num, dim] picked by int ids
     Embedding(int64_t num_embeddings, int64_t embedding_dim);
     Tensor forward(const Tensor& ids) override;
-    std::vector<Tensor> parameters() override { return {weight}; }
+    Named named_parameters() override { return {{"weight", weight}}; }
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     Tensor weight;
 };
 struct LayerNorm : Module {                 // over the last axis: (x - mean)/√(var + eps)·w + b
     explicit LayerNorm(int64_t dim, double eps = 1e-5);
     Tensor forward(const Tensor& x) override;
-    std::vector<Tensor> parameters() override { return {weight, bias}; }
+    Named named_parameters() override { return {{"weight", weight}, {"bias", bias}}; }
     double eps;
     Tensor weight, bias;
 };
@@ -669,12 +687,36 @@ struct Dropout : Module {
 struct ReLU : Module { Tensor forward(const Tensor& x) override { return x.relu(); } };
 struct Tanh : Module { Tensor forward(const Tensor& x) override { return x.tanh(); } };
 struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.sigmoid(); } };
-struct GELU : Module { Tensor forward(const Tensor& x) override { return x.gelu(); } };
+struct GELU : Module {
+    explicit GELU(bool tanh_approximation = false) : tanh_approximation(tanh_approximation) {}
+    Tensor forward(const Tensor& x) override { return x.gelu(tanh_approximation); }
+    bool tanh_approximation;
+};
+
+// Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
+struct ModuleList : Module {
+    ModuleList& add(std::shared_ptr<Module> layer);
+    template <typename L> L& append(L layer) {   // a copy of layer, kept; returns it
+        auto kept = std::make_shared<L>(std::move(layer));
+        add(kept);
+        return *kept;
+    }
+    template <typename L = Module> L& at(size_t i) {   // layer i as an L, else an error
+        if (i >= layers.size() || !dynamic_cast<L*>(layers[i].get())) at_failed(i);
+        return *dynamic_cast<L*>(layers[i].get());
+    }
+    size_t size() const { return layers.size(); }
+    Tensor forward(const Tensor& x) override;   // an error
+    std::vector<std::pair<std::string, Module*>> children() override;
+    std::vector<std::shared_ptr<Module>> layers;
+private:
+    [[noreturn]] void at_failed(size_t i) const;
+};
 
 // Layers in order: nn::Sequential mlp(nn::Linear(16), nn::ReLU(), nn::Linear(1));
 // C++ constructs the arguments of one call in an order the compiler chooses, so the layers'
 // seeds are handed out again in layer order: a seed gives the same model with every compiler.
-struct Sequential : Module {
+struct Sequential : ModuleList {
     template <typename... Layers> explicit Sequential(Layers... layers) {
         (add(std::make_shared<Layers>(std::move(layers))), ...);
         std::vector<uint64_t> drawn;
@@ -682,12 +724,37 @@ struct Sequential : Module {
         std::sort(drawn.begin(), drawn.end());
         reset_parameters(drawn);
     }
-    Sequential& add(std::shared_ptr<Module> layer);
+    Sequential& add(std::shared_ptr<Module> layer) {
+        ModuleList::add(std::move(layer));
+        return *this;
+    }
     Tensor forward(const Tensor& x) override;
-    std::vector<Tensor> parameters() override;
-    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;   // layer by layer
-    void train(bool on = true) override;                                      // every layer
-    std::vector<std::shared_ptr<Module>> layers;
+};
+
+// Causal self-attention over x [batch, time, dim] in heads of dim / heads each, as GPT's: qkv
+// makes the queries, keys and values, each position attends to itself and the positions before
+// it (a mask of two aranges that fuses into the softmax: no [time, time] tensor is stored),
+// attn_drop drops attention weights while training, and proj mixes the heads.
+struct CausalSelfAttention : Module {
+    CausalSelfAttention(int64_t dim, int64_t heads, double dropout = 0);
+    Tensor forward(const Tensor& x) override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    int64_t dim, heads;
+    Linear qkv, proj;
+    Dropout attn_drop;
+};
+// GPT's pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)) with mlp Linear(dim, 4·dim),
+// GELU (tanh approximation), Linear(4·dim, dim) and dropout p after attn and mlp.
+// Its names: ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2 (.weight, .bias).
+struct TransformerBlock : Module {
+    TransformerBlock(int64_t dim, int64_t heads, double dropout = 0);
+    Tensor forward(const Tensor& x) override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    LayerNorm ln1;
+    CausalSelfAttention attn;
+    LayerNorm ln2;
+    Sequential mlp;
+    Dropout drop;
 };
 
 namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
@@ -713,6 +780,11 @@ Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Re
 Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN,
                   Loc loc = Loc::here());
 
+// Scales the gradients of params so that their global L2 norm is at most max_norm: each times
+// min(1, max_norm / (norm + 1e-6)), as PyTorch's; lazily, so the scaling joins the optimizer's
+// program (and a jitted step). Returns the norm before clipping.
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
 // PyTorch's torch.nn.functional as free functions: namespace F = tg::nn::functional;
 namespace functional {
 inline Tensor relu(const Tensor& x, Loc loc = Loc::here()) { return x.relu(loc); }
@@ -733,6 +805,10 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::here()) {
 // x Wᵀ + b with W [out, in]; bias optional
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Loc loc = Loc::here());
+// softmax(q kᵀ / √d) v over the last two axes: q [..., L, d], k [..., S, d], v [..., S, dv];
+// is_causal: query i sees keys j <= i only (a mask that fuses into the softmax)
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool is_causal = false, Loc loc = Loc::here());
 // rows of weight [num, dim] picked by int32 or int64 ids
 inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here()) {
     return weight[Operand(ids, loc)];
@@ -754,6 +830,13 @@ using nn::mse_loss;
 
 // ---- [OPTIM] optimizers: one program updates every parameter in place ------------------- >>optim
 namespace optim {
+// The learning rate of step t (1, 2, ...) as a tensor computed from the step count, so that a
+// schedule runs inside the update program: nothing recompiles, a jitted step follows it.
+using Schedule = std::function<Tensor(const Tensor& t)>;
+// linear warm-up from peak/warmup to peak over the first warmup steps, then half a cosine down
+// to min_lr at step total (min_lr after it), as nanoGPT's
+Schedule warmup_cosine(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+
 class Optimizer {
 public:
     Optimizer(std::vector<Tensor> params, double lr);
@@ -761,10 +844,19 @@ public:
     void step(Loc loc = Loc::here());   // all updates in one program, with backward's results
     void zero_grad();
     void set_lr(double lr);       // writes the lr tensor's buffer: nothing recompiles
+    // "t" (steps taken), "lr" and each parameter's state ("state.3.exp_avg"): checkpoints
+    // with tg::safetensors; load_state_dict copies them back (shapes checked first)
+    std::map<std::string, Tensor> state_dict();
+    void load_state_dict(const std::map<std::string, Tensor>& state);
     std::vector<Tensor> params;
     Tensor lr;                    // a realized float32 scalar read by the update program
+    Tensor t;                     // steps taken, a float32 tensor so a jitted step counts too
+    Schedule schedule;            // set: the learning rate of each step instead of lr
 protected:
     virtual std::vector<Tensor> updates() = 0;   // the assignments of one step
+    // each parameter's state tensors by name ("exp_avg"), in params' order
+    virtual std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() = 0;
+    Tensor step_t, step_lr;       // in updates(): this step's count (t + 1) and learning rate
 };
 // OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + d and d = b (Nesterov: d + μ·b);
 // p = p - lr·d
@@ -776,6 +868,7 @@ public:
     bool nesterov;
 protected:
     std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> buffers;
 };
 // m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr·m̂/(√v̂ + eps) with bias-corrected m̂, v̂;
@@ -788,8 +881,8 @@ public:
     bool decoupled;
 protected:
     std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> m, v;
-    Tensor t;                     // the step count, a tensor so a jitted step counts too
 };
 class AdamW : public Adam {
 public:
@@ -821,7 +914,7 @@ std::string line_chart(const std::vector<double>& values, int width = 72, int he
 
 // ---- [SAFETENSORS] save and load named tensors ------------------------------------ >>safetensors
 // The safetensors format: 8-byte little-endian header size, a JSON header naming each
-// tensor's dtype, shape and byte range, then the bytes. float32, float64, int32 and bool.
+// tensor's dtype, shape and byte range, then the bytes. float32, float64, int32, int64, bool.
 namespace safetensors {
 void save(const std::string& path, const std::map<std::string, Tensor>& tensors);
 // throws, returning nothing, on any defect
@@ -1920,6 +2013,7 @@ using namespace detail;
 // -- creation
 uint64_t Tensor::next_seed() { return seed_counter++; }
 void manual_seed(uint64_t seed) { seed_counter = seed; }
+uint64_t rng_state() { return seed_counter; }
 
 Tensor Tensor::full(const Shape& shape, Scalar value, DType dtype, Loc loc) {
     check_shape(shape, "full", loc);
@@ -2771,6 +2865,25 @@ Tensor Tensor::log_softmax(int axis, Loc loc) const {
     Tensor shifted = x - x.max(std::vector<int>{axis}, true, loc);
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
 }
+namespace detail {
+// softmax(q kᵀ / √d) over the keys; causal: key j > query i gets -∞ through a select on two
+// aranges, which fuses into the kernels of the softmax
+static Tensor attention_weights(const Tensor& q, const Tensor& k, bool causal, Loc loc) {
+    UserLocScope at(loc);   // for the operators below
+    if (q.ndim() < 2 || k.ndim() < 2 || q.size(-1) != k.size(-1))
+        fail(strf("attention: queries %s and keys %s need the shapes [..., L, d] and [..., S, d]",
+                  shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str()), loc);
+    int64_t L = q.size(-2), S = k.size(-2);
+    Tensor scores = q.matmul(k.mT(loc), loc) * (1.0 / std::sqrt(double(q.size(-1))));
+    if (causal) {
+        Tensor i = Tensor::arange(L, loc).reshape({L, 1}, loc);
+        Tensor j = Tensor::arange(S, loc).reshape({1, S}, loc);
+        scores = where(j > i, -INFINITY, scores, loc);
+    }
+    return scores.softmax(-1, loc);
+}
+}  // namespace detail
+
 static void check_index(const Tensor& src, const Tensor& index, const char* op, Loc loc) {
     if (index.dtype() != DType::INT32 && index.dtype() != DType::INT64)
         fail(strf("%s: index must be int32 or int64, got %s (source %s, index %s)", op,
@@ -7554,6 +7667,70 @@ Tensor Module::operator()(const Tensor& x, Loc loc) {
     detail::UserLocScope at(loc);
     return forward(x);
 }
+Module::Named Module::named_parameters() {
+    Named out;
+    for (auto& [name, child] : children())
+        for (auto& [n, t] : child->named_parameters()) out.push_back({name + "." + n, t});
+    return out;
+}
+std::vector<Tensor> Module::parameters() {
+    std::vector<Tensor> out;
+    for (auto& [name, t] : named_parameters()) out.push_back(t);
+    return out;
+}
+void Module::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    size_t at = 0;
+    for (auto& [name, child] : children()) {
+        size_t n = std::min(child->seeds.size(), s.size() - at);
+        std::vector<uint64_t> mine(s.begin() + long(at), s.begin() + long(at + n));
+        at += n;
+        if (mine != child->seeds) child->reset_parameters(mine);
+    }
+}
+void Module::take_seeds_of_children() {
+    seeds.clear();
+    for (auto& [name, child] : children())
+        seeds.insert(seeds.end(), child->seeds.begin(), child->seeds.end());
+}
+void Module::train(bool on) {
+    training = on;
+    for (auto& [name, child] : children()) child->train(on);
+}
+std::map<std::string, Tensor> Module::state_dict() {
+    std::map<std::string, Tensor> out;
+    for (auto& [name, t] : named_parameters()) out[name] = t;
+    return out;
+}
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+    std::vector<std::pair<Tensor, Tensor>> copies;   // (parameter, value)
+    std::string missing, unexpected;
+    std::set<std::string> known;
+    for (auto& [name, p] : named_parameters()) {
+        known.insert(name);
+        auto it = state.find(name);
+        if (it == state.end()) {
+            missing += (missing.empty() ? "" : ", ") + name;
+            continue;
+        }
+        if (it->second.shape() != p.shape())
+            detail::fail(strf("load_state_dict: %s is %s in the model but %s in the state",
+                              name.c_str(), shape_str(p.shape()).c_str(),
+                              shape_str(it->second.shape()).c_str()));
+        copies.push_back({p, it->second});
+    }
+    for (auto& [name, t] : state)
+        if (!known.count(name)) unexpected += (unexpected.empty() ? "" : ", ") + name;
+    if (strict && (!missing.empty() || !unexpected.empty()))
+        detail::fail("load_state_dict: " +
+                     (missing.empty() ? "" : "missing from the state: " + missing) +
+                     (!missing.empty() && !unexpected.empty() ? "; " : "") +
+                     (unexpected.empty() ? "" : "not in the model: " + unexpected));
+    std::vector<Tensor> assigns;
+    for (auto& [p, v] : copies)
+        assigns.push_back(p.assign(v.device() == p.device() ? v : v.to(p.device())));
+    tg::realize(assigns);
+}
 
 Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias(bias) {
     if (in <= 0 || out <= 0)
@@ -7583,9 +7760,10 @@ Tensor Linear::forward(const Tensor& x) {
     Tensor y = x.matmul(weight.transpose(0, 1));
     return has_bias ? y + bias : y;
 }
-std::vector<Tensor> Linear::parameters() {
+Module::Named Linear::named_parameters() {
     if (!weight.defined()) return {};
-    return has_bias ? std::vector<Tensor>{weight, bias} : std::vector<Tensor>{weight};
+    if (!has_bias) return {{"weight", weight}};
+    return {{"weight", weight}, {"bias", bias}};
 }
 
 Embedding::Embedding(int64_t num, int64_t dim) : weight(Tensor::zeros({num, dim})) {
@@ -7640,6 +7818,18 @@ Tensor Dropout::forward(const Tensor& x) {
     return dropout_mask(x, p, u);
 }
 
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+    NoGrad no_grad;
+    Tensor total = Tensor::zeros({});
+    for (const Tensor& p : params)
+        if (p.grad().defined()) total = total + p.grad().square().sum();
+    Tensor norm = total.sqrt();
+    Tensor scale = (float(max_norm) / (norm + 1e-6f)).clamp(std::nullopt, 1.0);
+    for (const Tensor& p : params)
+        if (Tensor g = p.grad(); g.defined()) p.node()->grad = (g * scale).cast(g.dtype()).node();
+    return norm;
+}
+
 namespace functional {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc) {
     detail::UserLocScope at(loc);
@@ -7653,6 +7843,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
     if (weight.defined()) y = y * weight;
     return bias.defined() ? y + bias : y;
+}
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool is_causal, Loc loc) {
+    detail::UserLocScope at(loc);
+    return detail::attention_weights(q, k, is_causal, loc).matmul(v);
 }
 Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
     detail::UserLocScope at(loc);
@@ -7671,34 +7866,63 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc)
 }
 }  // namespace functional
 
-Sequential& Sequential::add(std::shared_ptr<Module> layer) {
+ModuleList& ModuleList::add(std::shared_ptr<Module> layer) {
+    if (!layer) detail::fail("ModuleList: add of an empty layer pointer");
     layers.push_back(std::move(layer));
     return *this;
+}
+Tensor ModuleList::forward(const Tensor&) {
+    detail::fail("ModuleList: it has no forward of its own; call its layers (at<L>(i))");
+}
+void ModuleList::at_failed(size_t i) const {
+    if (i >= layers.size())
+        detail::fail(strf("ModuleList: layer %zu of %zu", i, layers.size()));
+    detail::fail(strf("ModuleList: layer %zu is not of the type asked for", i));
+}
+std::vector<std::pair<std::string, Module*>> ModuleList::children() {
+    std::vector<std::pair<std::string, Module*>> out;
+    for (size_t i = 0; i < layers.size(); i++) out.push_back({std::to_string(i), layers[i].get()});
+    return out;
+}
+
+CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout)
+    : dim(d), heads(h), qkv(d, 3 * d), proj(d, d), attn_drop(dropout) {
+    if (h <= 0 || d % h != 0)
+        detail::fail(strf("CausalSelfAttention: dim %lld is not a multiple of heads %lld",
+                          (long long)d, (long long)h));
+    take_seeds_of_children();
+}
+TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout)
+    : ln1(d), attn(d, heads, dropout), ln2(d),
+      mlp(Linear(d, 4 * d), GELU(true), Linear(4 * d, d)), drop(dropout) {
+    take_seeds_of_children();
+}
+std::vector<std::pair<std::string, Module*>> TransformerBlock::children() {
+    return {{"ln1", &ln1}, {"attn", &attn}, {"ln2", &ln2}, {"mlp", &mlp}, {"drop", &drop}};
+}
+Tensor TransformerBlock::forward(const Tensor& x) {
+    Tensor r = x + drop(attn(ln1(x)));
+    return r + drop(mlp(ln2(r)));
+}
+std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {
+    return {{"qkv", &qkv}, {"proj", &proj}, {"attn_drop", &attn_drop}};
+}
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+    if (x.ndim() != 3 || x.size(-1) != dim)
+        detail::fail(strf("CausalSelfAttention: input %s is not [batch, time, %lld]",
+                          shape_str(x.shape()).c_str(), (long long)dim));
+    int64_t B = x.size(0), T = x.size(1), hd = dim / heads;
+    std::vector<Tensor> parts = qkv(x).split(dim, -1);
+    auto split_heads = [&](const Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };
+    Tensor att = detail::attention_weights(split_heads(parts[0]), split_heads(parts[1]), true,
+                                           Loc::here());
+    Tensor y = attn_drop(att).matmul(split_heads(parts[2]));
+    return proj(y.transpose(1, 2).reshape({B, T, dim}));
 }
 Tensor Sequential::forward(const Tensor& x) {
     Tensor y = x;
     for (auto& l : layers) y = l->forward(y);
     return y;
-}
-void Sequential::train(bool on) {
-    training = on;
-    for (auto& l : layers) l->train(on);
-}
-void Sequential::reset_parameters(const std::vector<uint64_t>& s) {
-    seeds = s;
-    size_t at = 0;
-    for (auto& l : layers) {
-        size_t n = std::min(l->seeds.size(), s.size() - at);
-        std::vector<uint64_t> mine(s.begin() + long(at), s.begin() + long(at + n));
-        at += n;
-        if (mine != l->seeds) l->reset_parameters(mine);
-    }
-}
-std::vector<Tensor> Sequential::parameters() {
-    std::vector<Tensor> out;
-    for (auto& l : layers)
-        for (Tensor& p : l->parameters()) out.push_back(p);
-    return out;
 }
 
 static Tensor reduce_loss(const Tensor& per_item, Reduction r) {
@@ -7757,8 +7981,23 @@ static Tensor scalar_tensor(double v) {
 }
 
 // Every parameter must be able to receive a gradient: a leaf that requires grad.
+// lr(t) = peak·t/warmup up to warmup; then min + (peak - min)·(1 + cos(π·p))/2, p the part of
+// the decay done, clamped to [0, 1]
+Schedule warmup_cosine(double peak, int64_t warmup, int64_t total, double min_lr) {
+    if (warmup < 0 || total <= warmup)
+        detail::fail(strf("warmup_cosine: need 0 <= warmup < total, got warmup %lld, total %lld",
+                          (long long)warmup, (long long)total));
+    return [=](const Tensor& t) {
+        Tensor rising = t * float(peak / double(std::max<int64_t>(warmup, 1)));
+        Tensor done = ((t - float(warmup)) * float(1.0 / double(total - warmup))).clamp(0.0, 1.0);
+        Tensor falling = ((done * float(detail::PI)).cos() + 1.0f) * float((peak - min_lr) / 2) +
+                         float(min_lr);
+        return where(t <= float(warmup), rising, falling);
+    };
+}
+
 Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
-    : params(std::move(ps)), lr(scalar_tensor(learning_rate)) {
+    : params(std::move(ps)), lr(scalar_tensor(learning_rate)), t(scalar_tensor(0)) {
     if (params.empty())
         detail::fail("optimizer: no parameters (a layer that learns its input width, such as "
                      "nn::Linear(out), has none until its first call)");
@@ -7779,7 +8018,39 @@ void Optimizer::step(Loc loc) {
     {
         NoGrad no_grad;
         detail::PhaseScope phase(detail::Phase::UPDATE);
+        step_t = t.assign(t + 1.0f);
+        step_lr = schedule ? schedule(step_t).cast(DType::FLOAT32) : lr;
         assigns = updates();
+        assigns.push_back(step_t);
+    }
+    realize(assigns);
+}
+std::map<std::string, Tensor> Optimizer::state_dict() {
+    std::map<std::string, Tensor> out{{"t", t}, {"lr", lr}};
+    std::vector<std::vector<std::pair<std::string, Tensor>>> state = param_state();
+    for (size_t i = 0; i < state.size(); i++)
+        for (auto& [name, tensor] : state[i])
+            out[strf("state.%zu.%s", i, name.c_str())] = tensor;
+    return out;
+}
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+    std::map<std::string, Tensor> mine = state_dict();
+    for (auto& [name, tensor] : mine) {
+        auto it = state.find(name);
+        if (it == state.end())
+            detail::fail("optimizer load_state_dict: " + name + " is missing from the state");
+        if (it->second.shape() != tensor.shape())
+            detail::fail(strf("optimizer load_state_dict: %s is %s here but %s in the state",
+                              name.c_str(), shape_str(tensor.shape()).c_str(),
+                              shape_str(it->second.shape()).c_str()));
+    }
+    for (auto& [name, tensor] : state)
+        if (!mine.count(name))
+            detail::fail("optimizer load_state_dict: " + name + " is not in this optimizer");
+    std::vector<Tensor> assigns;
+    for (auto& [name, tensor] : mine) {
+        const Tensor& v = state.at(name);
+        assigns.push_back(tensor.assign(v.device() == tensor.device() ? v : v.to(tensor.device())));
     }
     realize(assigns);
 }
@@ -7808,8 +8079,13 @@ std::vector<Tensor> SGD::updates() {
             out.push_back(b);
             d = nesterov ? d + b * float(momentum) : b;
         }
-        out.push_back(p.assign(p - lr * d));
+        out.push_back(p.assign(p - step_lr * d));
     }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> SGD::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out(params.size());
+    for (size_t i = 0; i < buffers.size(); i++) out[i] = {{"momentum_buffer", buffers[i]}};
     return out;
 }
 
@@ -7820,19 +8096,17 @@ Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, d
       beta2(b2),
       eps(e),
       weight_decay(wd),
-      decoupled(dec),
-      t(scalar_tensor(0)) {
+      decoupled(dec) {
     for (const Tensor& p : params) {
         m.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
         v.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
     }
 }
 std::vector<Tensor> Adam::updates() {
-    Tensor step = t.assign(t + 1.0f);
-    std::vector<Tensor> out{step};
+    std::vector<Tensor> out;
     // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
-    Tensor c1 = 1.0f - (step * float(std::log2(beta1))).exp2();
-    Tensor c2 = 1.0f - (step * float(std::log2(beta2))).exp2();
+    Tensor c1 = 1.0f - (step_t * float(std::log2(beta1))).exp2();
+    Tensor c2 = 1.0f - (step_t * float(std::log2(beta2))).exp2();
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = params[i].grad();
         if (!g.defined()) continue;
@@ -7841,8 +8115,13 @@ std::vector<Tensor> Adam::updates() {
         Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
         Tensor update = (mi / c1) / ((vi / c2).sqrt() + float(eps));
         if (weight_decay != 0 && decoupled) update = update + p * float(weight_decay);
-        out.insert(out.end(), {mi, vi, p.assign(p - lr * update)});
+        out.insert(out.end(), {mi, vi, p.assign(p - step_lr * update)});
     }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++) out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}});
     return out;
 }
 }  // namespace optim

@@ -1915,6 +1915,9 @@ TEST(ops_functional_and_dropout) {
     CHECK_ALL_NEAR(vals(F::layer_norm(x, ln.weight, ln.bias)), vals(ln(x)), F32);
     Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0, 3}), emb = Tensor::randn({4, 5});
     CHECK_ALL_NEAR(vals(F::embedding(ids, emb)), vals(emb[ids]), 0);
+    tg::nn::Embedding layer(4, 5);   // int64 and int32 ids pick the same rows
+    CHECK_ALL_NEAR(vals(layer(ids)), vals(layer(Tensor::from_vector({2, 0, 3}))), 0);
+    CHECK_ALL_NEAR(vals(layer(ids).sum(1)), vals(layer.weight.sum(1).gather(0, ids)), F32);
     Tensor oh = F::one_hot(Tensor::from_vector({0, 2, 1}));
     CHECK(oh.dtype() == DType::INT64 && oh.shape() == S({3, 3}));
     CHECK(oh.to_vector<int64_t>() == (std::vector<int64_t>{1, 0, 0, 0, 0, 1, 0, 1, 0}));
@@ -1922,6 +1925,51 @@ TEST(ops_functional_and_dropout) {
     CHECK_THROWS(F::one_hot(x), "one_hot", "float32");
     Tensor ce = tg::nn::cross_entropy(x, Tensor::from_vector({0, 5, 2, 1}));
     CHECK_EQ(F::cross_entropy(x, Tensor::from_vector({0, 5, 2, 1})).item(), ce.item());
+
+    // attention against loops in double: softmax(q kᵀ/√d) v, causal or not
+    std::vector<float> qv = randf(2 * 5 * 4, 171), kv = randf(2 * 6 * 4, 172), vv = randf(2 * 6 * 3, 173);
+    Tensor q = Tensor::from_vector(qv, {2, 5, 4}), k = Tensor::from_vector(kv, {2, 6, 4});
+    Tensor v = Tensor::from_vector(vv, {2, 6, 3});
+    for (bool causal : {false, true}) {
+        Vec want;
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 5; i++) {
+                Vec w(6);
+                double top = -INFINITY, total = 0;
+                for (int j = 0; j < 6; j++) {
+                    double dot = 0;
+                    for (int c = 0; c < 4; c++) dot += double(qv[size_t((b * 5 + i) * 4 + c)]) *
+                                                       kv[size_t((b * 6 + j) * 4 + c)];
+                    w[size_t(j)] = causal && j > i ? -INFINITY : dot / 2;
+                    top = std::max(top, w[size_t(j)]);
+                }
+                for (double& e : w) total += e = std::exp(e - top);
+                for (int c = 0; c < 3; c++) {
+                    double y = 0;
+                    for (int j = 0; j < 6; j++) y += w[size_t(j)] / total * vv[size_t((b * 6 + j) * 3 + c)];
+                    want.push_back(y);
+                }
+            }
+        CHECK_ALL_NEAR(vals(F::scaled_dot_product_attention(q, k, v, causal)), want, F32);
+    }
+    CHECK_THROWS(F::scaled_dot_product_attention(q, v, v), "attention", "[2,5,4]", "[2,6,3]");
+
+    // warm-up then cosine, against the formula; clip_grad_norm_ scales to the norm asked
+    tg::optim::Schedule lr = tg::optim::warmup_cosine(0.1, 4, 12, 0.01);
+    for (int t = 1; t <= 14; t++) {
+        double want = t <= 4 ? 0.1 * t / 4
+                             : 0.01 + 0.09 * (1 + std::cos(M_PI * std::min(1.0, (t - 4) / 8.0))) / 2;
+        CHECK_NEAR(lr(Tensor::full({}, double(t))).item(), want, 1e-6);
+    }
+    CHECK_THROWS(tg::optim::warmup_cosine(0.1, 5, 5), "warmup_cosine", "warmup 5", "total 5");
+    Tensor p1 = Tensor::from_vector({3.f, 0.f}).requires_grad();
+    Tensor p2 = Tensor::from_vector({4.f}).requires_grad();
+    ((p1 * p1).sum() / 2.0 + (p2 * p2).sum() / 2.0).backward();   // gradients 3, 0 and 4: norm 5
+    CHECK_NEAR(tg::nn::clip_grad_norm_({p1, p2}, 1.0).item(), 5.0, 1e-6);
+    CHECK_ALL_NEAR(vals(p1.grad()), (Vec{0.6, 0}), 1e-6);
+    CHECK_ALL_NEAR(vals(p2.grad()), (Vec{0.8}), 1e-6);
+    CHECK_NEAR(tg::nn::clip_grad_norm_({p1, p2}, 10.0).item(), 1.0, 1e-6);   // under: unchanged
+    CHECK_ALL_NEAR(vals(p2.grad()), (Vec{0.8}), 1e-6);
 
     // dropout: about p zeroed, the rest scaled by 1/(1-p); a new mask every call, in a jit too
     tg::manual_seed(7);
@@ -1952,5 +2000,20 @@ TEST(ops_functional_and_dropout) {
     CHECK_ALL_NEAR(vals(F::dropout(x, 0.4, true, 3)), vals(F::dropout(x, 0.4, true, 3)), 0);
     CHECK_ALL_NEAR(vals(F::dropout(x, 1.0)), Vec(24, 0.0), 0);
     CHECK_THROWS(tg::nn::Dropout(1.5), "Dropout", "p must be in [0, 1]", "1.5");
+    // train() and eval() reach every layer inside a composite
+    tg::nn::TransformerBlock block(8, 2, 0.1);
+    block.eval();
+    CHECK(!block.training && !block.attn.attn_drop.training && !block.drop.training);
+    Tensor tokens = Tensor::randn({1, 3, 8});
+    CHECK_ALL_NEAR(vals(block(tokens)), vals(block(tokens)), 0);   // no dropout in eval
+    block.train();
+    CHECK(block.attn.attn_drop.training && block.mlp.layers[0]->training);
+    CHECK_THROWS(tg::nn::CausalSelfAttention(10, 3), "CausalSelfAttention", "10", "heads 3");
+    CHECK_THROWS(block(Tensor::zeros({3, 8})), "CausalSelfAttention", "[3,8]", "[batch, time, 8]");
+    tg::nn::ModuleList list;
+    list.append(tg::nn::ReLU());
+    CHECK_THROWS(list.at<tg::nn::Tanh>(0), "ModuleList", "layer 0", "type");
+    CHECK_THROWS(list.at(1), "ModuleList", "layer 1 of 1");
+    CHECK_THROWS(list(x), "ModuleList", "no forward");
     CHECK_THROWS(tg::nn::Dropout(0.5)(Tensor::ones({2}, DType::INT32)), "Dropout", "int32");
 }

@@ -1424,3 +1424,155 @@ TEST(training_moons_mlp_sgd_under_jit_fits) {
     CHECK(accuracy >= 0.95);
     if (accuracy < 0.95) std::fprintf(stderr, "    accuracy %.4f, loss %.4f -> %.4f\n", accuracy, first, last);
 }
+
+// ---- transformers: the GPT of tests/data/make_gpt_tiny.py ----------------------------------
+namespace {
+const int64_t GV = 11, GCTX = 8, GD = 16, GHEADS = 2, GLAYERS = 2, GSTEPS = 8;
+const double GLR = 1e-2, GMIN_LR = 1e-3, GWD = 0.01, GCLIP = 0.5;
+const int64_t GWARMUP = 3;
+
+// a model of our own: its children give the names PyTorch's module gives its parameters
+struct TinyGPT : nn::Module {
+    nn::Embedding tok{GV, GD}, pos{GCTX, GD};
+    nn::ModuleList blocks;
+    nn::LayerNorm lnf{GD};
+    nn::Linear head{GD, GV, false};
+    TinyGPT() {
+        for (int64_t l = 0; l < GLAYERS; l++) blocks.append(nn::TransformerBlock(GD, GHEADS));
+    }
+    std::vector<std::pair<std::string, nn::Module*>> children() override {
+        return {{"tok", &tok}, {"pos", &pos}, {"blocks", &blocks}, {"lnf", &lnf}, {"head", &head}};
+    }
+    Tensor forward(const Tensor& idx) override {
+        Tensor x = tok(idx) + pos(Tensor::arange(idx.size(1)));
+        for (size_t i = 0; i < blocks.size(); i++) x = blocks.at<nn::TransformerBlock>(i)(x);
+        return head(lnf(x));
+    }
+    Tensor loss(const Tensor& seq) {
+        Tensor logits = (*this)(seq.slice(1, 0, GCTX));
+        return nn::cross_entropy(logits.reshape({-1, GV}), seq.slice(1, 1, GCTX + 1).reshape({-1}));
+    }
+};
+const char* GPT_WEIGHTS = "tests/data/gpt_tiny_weights.safetensors";
+const char* GPT_RUN = "tests/data/gpt_tiny_run.safetensors";
+}  // namespace
+
+// Loaded from PyTorch's initial weights and trained on its batches with AdamW, the schedule
+// and clipping, the losses and gradient norms are PyTorch's within float32 rounding.
+TEST(training_gpt_matches_pytorch) {
+    TinyGPT model;
+    std::map<std::string, Tensor> weights = tg::safetensors::load(GPT_WEIGHTS);
+    std::vector<std::string> names;
+    for (auto& [name, t] : model.named_parameters()) names.push_back(name);
+    CHECK_EQ(names.size(), weights.size());
+    CHECK(names[0] == "tok.weight" && names[2] == "blocks.0.ln1.weight");
+    CHECK(std::find(names.begin(), names.end(), "blocks.1.attn.qkv.weight") != names.end());
+    CHECK(std::find(names.begin(), names.end(), "blocks.1.mlp.2.bias") != names.end());
+    model.load_state_dict(weights);
+    CHECK_ALL_NEAR(vals(model.blocks.at<nn::TransformerBlock>(1).attn.proj.weight),
+                   vals(weights.at("blocks.1.attn.proj.weight")), 0);
+    std::map<std::string, Tensor> run = tg::safetensors::load(GPT_RUN);
+    Tensor batches = run.at("batches");
+    Vec losses = vals(run.at("losses")), norms = vals(run.at("norms"));
+    optim::AdamW opt(model.parameters(), GLR, 0.9, 0.999, 1e-8, GWD);
+    opt.schedule = optim::warmup_cosine(GLR, GWARMUP, GSTEPS, GMIN_LR);
+    for (int64_t t = 0; t < GSTEPS; t++) {
+        Tensor loss = model.loss(batches[t]);
+        opt.zero_grad();
+        loss.backward();
+        Tensor norm = nn::clip_grad_norm_(model.parameters(), GCLIP);
+        opt.step();
+        CHECK_NEAR(loss.item(), losses[size_t(t)], 1e-6);   // seen: 0 to 2.4e-7
+        CHECK_NEAR(norm.item(), norms[size_t(t)], 1e-5);
+    }
+    CHECK_EQ(opt.t.item(), double(GSTEPS));
+}
+
+// state_dict through safetensors: the names and values come back; a wrong name or shape is
+// refused before anything is written
+TEST(training_state_dict_round_trips_and_checks) {
+    char dir[] = "/tmp/tg-state-XXXXXX";
+    CHECK(mkdtemp(dir) != nullptr);
+    std::string path = std::string(dir) + "/model.safetensors";
+    tg::manual_seed(3);
+    TinyGPT a;
+    tg::safetensors::save(path, a.state_dict());
+    tg::manual_seed(4);
+    TinyGPT b;
+    CHECK(vals(a.head.weight) != vals(b.head.weight));
+    b.load_state_dict(tg::safetensors::load(path));
+    for (auto& [name, t] : a.state_dict()) CHECK_ALL_NEAR(vals(b.state_dict().at(name)), vals(t), 0);
+    std::map<std::string, Tensor> state = a.state_dict();
+    Vec before = vals(b.tok.weight);
+    state["tok.weight"] = Tensor::zeros({3, 3});
+    CHECK_THROWS(b.load_state_dict(state), "load_state_dict", "tok.weight", "[11,16]", "[3,3]");
+    state = a.state_dict();
+    state.erase("lnf.bias");
+    state["extra"] = Tensor::zeros({1});
+    CHECK_THROWS(b.load_state_dict(state), "load_state_dict", "missing", "lnf.bias", "extra");
+    CHECK_ALL_NEAR(vals(b.tok.weight), before, 0);   // nothing was written
+    b.load_state_dict(state, false);                  // not strict: the rest loads
+    nn::Linear lin(2, 3);
+    CHECK_THROWS(tg::optim::SGD(lin.parameters(), 0.1).load_state_dict({}), "optimizer",
+                 "missing");
+    std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
+// A run saved after 3 steps (model, optimizer, rng) and resumed goes on bit for bit as the run
+// that did not stop, in a jitted step with a schedule and clipping
+TEST(training_checkpoint_resumes_bit_identically) {
+    std::map<std::string, Tensor> run = tg::safetensors::load(GPT_RUN);
+    Tensor batches = run.at("batches");
+    auto train = [&](TinyGPT& model, optim::AdamW& opt, int64_t from, int64_t to) {
+        tg::Jit step([&](const std::vector<Tensor>& in) {
+            Tensor loss = model.loss(in[0]);
+            opt.zero_grad();
+            loss.backward();
+            nn::clip_grad_norm_(model.parameters(), GCLIP);
+            opt.step();
+            return loss;
+        });
+        Vec losses;
+        for (int64_t t = from; t < to; t++) losses.push_back(step({batches[t].contiguous()}).item());
+        return losses;
+    };
+    auto make_opt = [&](TinyGPT& m) {
+        optim::AdamW opt(m.parameters(), GLR, 0.9, 0.999, 1e-8, GWD);
+        opt.schedule = optim::warmup_cosine(GLR, GWARMUP, GSTEPS, GMIN_LR);
+        return opt;
+    };
+    tg::manual_seed(5);
+    TinyGPT whole;
+    optim::AdamW whole_opt = make_opt(whole);
+    Vec all = train(whole, whole_opt, 0, GSTEPS);
+
+    tg::manual_seed(5);
+    TinyGPT first;
+    optim::AdamW first_opt = make_opt(first);
+    Vec head = train(first, first_opt, 0, 3);
+    std::map<std::string, Tensor> ckpt;
+    for (auto& [k, v] : first.state_dict()) ckpt["model." + k] = v;
+    for (auto& [k, v] : first_opt.state_dict()) ckpt["optim." + k] = v;
+    ckpt["rng"] = Tensor::from_vector(std::vector<int64_t>{int64_t(tg::rng_state())}, {});
+    char dir[] = "/tmp/tg-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != nullptr);
+    std::string path = std::string(dir) + "/ckpt.safetensors";
+    tg::safetensors::save(path, ckpt);
+
+    tg::manual_seed(99);   // another model, then everything from the checkpoint
+    TinyGPT resumed;
+    optim::AdamW resumed_opt = make_opt(resumed);
+    std::map<std::string, Tensor> loaded = tg::safetensors::load(path), m, o;
+    for (auto& [k, v] : loaded) {
+        if (k.rfind("model.", 0) == 0) m[k.substr(6)] = v;
+        if (k.rfind("optim.", 0) == 0) o[k.substr(6)] = v;
+    }
+    resumed.load_state_dict(m);
+    resumed_opt.load_state_dict(o);
+    tg::manual_seed(uint64_t(loaded.at("rng").item()));
+    Vec tail = train(resumed, resumed_opt, 3, GSTEPS);
+    head.insert(head.end(), tail.begin(), tail.end());
+    CHECK_EQ(head.size(), all.size());
+    for (size_t i = 0; i < all.size(); i++) CHECK_EQ(head[i], all[i]);   // the same bits
+    std::system(("rm -rf " + std::string(dir)).c_str());
+}
