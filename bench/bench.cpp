@@ -252,40 +252,11 @@ static void w4(int64_t n) {
     (void)program;
 }
 
-// W5: decoder-only transformer (GPT): vocab 64, context 64, d_model 128, 4 heads, 2 layers,
-// pre-LayerNorm, MLP 4x with tanh GELU, causal attention, learned positions, batch 16, AdamW lr
-// 1e-3 wd 0.01, next-token cross-entropy on a pool of 4096 random sequences of 65 tokens;
-// 5 warm-up steps, 7 blocks of 10. W7: the same at vocab 256, context 256, d_model 512,
+// W5: decoder-only transformer (GPT) of nn::TransformerBlock layers: vocab 64, context 64,
+// d_model 128, 4 heads, 2 layers, pre-LayerNorm, MLP 4x with tanh GELU, causal attention,
+// learned positions, batch 16, AdamW lr 1e-3 wd 0.01, next-token cross-entropy on a pool of
+// 4096 random sequences of 65 tokens; 5 warm-up steps, 7 blocks of 10. W7: the same at vocab 256, context 256, d_model 512,
 // 8 heads, 6 layers, batch 32; 5 warm-up steps, 5 blocks of 10.
-struct GPTBlock {
-    int64_t d, heads;
-    nn::LayerNorm ln1, ln2;
-    nn::Linear qkv, proj, fc1, fc2;
-    GPTBlock(int64_t d, int64_t heads)
-        : d(d), heads(heads), ln1(d), ln2(d), qkv(d, 3 * d), proj(d, d), fc1(d, 4 * d),
-          fc2(4 * d, d) {}
-    Tensor forward(const Tensor& x, const Tensor& future) {   // future [T,T]: j > i
-        int64_t B = x.size(0), T = x.size(1), hd = d / heads;
-        Tensor h = qkv(ln1(x));
-        auto head_split = [&](int64_t part) {
-            return h.slice(2, part * d, (part + 1) * d).view({B, T, heads, hd}).transpose(1, 2);
-        };
-        Tensor q = head_split(0), k = head_split(1), v = head_split(2);
-        Tensor att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
-        att = tg::where(future, -INFINITY, att).softmax(-1);
-        Tensor y = att.matmul(v).transpose(1, 2).reshape({B, T, d});
-        Tensor r = x + proj(y);
-        return r + fc2(fc1(ln2(r)).gelu(true));
-    }
-    std::vector<Tensor> parameters() {
-        std::vector<Tensor> ps;
-        std::vector<nn::Module*> layers = {&ln1, &ln2, &qkv, &proj, &fc1, &fc2};
-        for (nn::Module* m : layers)
-            for (const Tensor& p : m->parameters()) ps.push_back(p);
-        return ps;
-    }
-};
-
 static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t heads,
                 int64_t layers, int64_t B, int blocks_timed) {
     const int64_t pool = 4096;
@@ -296,23 +267,20 @@ static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t
     Tensor data = Tensor::from_vector(seqs, {pool, ctx + 1});
     tg::manual_seed(1337);
     nn::Embedding tok(vocab, d), pos(ctx, d);
-    std::vector<GPTBlock> blocks;
-    for (int64_t l = 0; l < layers; l++) blocks.emplace_back(d, heads);
+    nn::ModuleList blocks;
+    for (int64_t l = 0; l < layers; l++) blocks.append(nn::TransformerBlock(d, heads));
     nn::LayerNorm lnf(d);
     nn::Linear head(d, vocab, false);
     std::vector<Tensor> params = {tok.weight, pos.weight};
-    for (GPTBlock& b : blocks)
-        for (const Tensor& p : b.parameters()) params.push_back(p);
+    for (const Tensor& p : blocks.parameters()) params.push_back(p);
     for (const Tensor& p : lnf.parameters()) params.push_back(p);
     params.push_back(head.weight);
     Tensor positions = Tensor::arange(ctx).realize();
-    Tensor future = (Tensor::arange(ctx).reshape({ctx, 1}) < Tensor::arange(ctx).reshape({1, ctx}))
-                        .realize();
     tg::optim::AdamW opt(params, 1e-3, 0.9, 0.999, 1e-8, 0.01);
     tg::Jit step = training_step(opt, [&](const Tensor& idx) {
         Tensor seq = data[idx];
         Tensor x = tok(seq.slice(1, 0, ctx)) + pos(positions);
-        for (GPTBlock& b : blocks) x = b.forward(x, future);
+        for (size_t l = 0; l < blocks.size(); l++) x = blocks.at(l)(x);
         Tensor logits = head(lnf(x));
         Tensor next = seq.slice(1, 1, ctx + 1).reshape({-1});
         return nn::cross_entropy(logits.reshape({-1, vocab}), next);

@@ -188,6 +188,41 @@ TEST(example_05_regression) {
 
 // The header (with cuda_backend.hpp after it) compiles alone with the implementation, as C++17
 // and C++20, with g++ and clang++.
+// The GPT learns (the loss falls), checkpoints into the current directory, and a run stopped
+// after step 30 and resumed prints what the uninterrupted run prints from step 36 on: the same
+// losses, the same samples.
+TEST(example_06_gpt_resumes_bit_for_bit) {
+    std::string exe = examples_dir() + "/06_gpt", whole, first, rest;
+    Scratch a, b;
+    CHECK_EQ(run_in(a, exe, "--short", whole), 0);
+    CHECK(has(whole, "checkpoint " + a.path + "/06_gpt.safetensors (step 60)"));
+    CHECK_EQ(a.entries(), (std::vector<std::string>{"06_gpt.safetensors"}));
+    double loss6 = number_after(whole, "step     6/60  loss ");
+    double loss60 = number_after(whole, "step    60/60  loss ");
+    CHECK(loss6 > 2.7 && loss60 > 0 && loss60 < 2.6);
+    CHECK(has(whole, " of 20 samples are new names"));
+    CHECK_EQ(run_in(b, exe, "--short --stop-after 30 --ckpt run.safetensors", first), 0);
+    CHECK(has(first, "stopped after step 30; go on with --resume"));
+    CHECK(!has(first, "samples are new"));
+    CHECK_EQ(run_in(b, exe, "--short --resume --ckpt run.safetensors", rest), 0);
+    CHECK(has(rest, "resumed from " + b.path + "/run.safetensors at step 30"));
+    size_t from_whole = whole.find("step    36/60"), from_rest = rest.find("step    36/60");
+    CHECK(from_whole != std::string::npos && from_rest != std::string::npos);
+    // the rates and times left differ; everything else is the same
+    auto strip = [](std::string text) {
+        std::string out;
+        std::istringstream lines(text);
+        for (std::string line; std::getline(lines, line);) {
+            if (line.find("checkpoint ") == 0) continue;
+            out += line.substr(0, line.find("  |  ")) + "\n";
+        }
+        return out;
+    };
+    CHECK_EQ(strip(rest.substr(from_rest)), strip(whole.substr(from_whole)));
+    CHECK_EQ(run_in(b, exe, "--resume --ckpt missing.safetensors", rest), 2);
+    CHECK(has(rest, "06_gpt: cannot resume: ") && has(rest, "missing.safetensors"));
+}
+
 TEST(header_compiles_alone_cxx17_cxx20) {
     for (const char* cxx : {"g++", "clang++"}) {
         std::string probe = std::string("command -v ") + cxx + " >/dev/null 2>&1";
