@@ -165,9 +165,7 @@ int main(int argc, char** argv) {
     auto loss_on = [&](const Examples& e, int64_t count) {
         tg::NoGrad no_grad;
         Tensor ctx = e.X.slice(0, 0, count);
-        // its own buffer for the embedding: a product read through the lookup is not computed
-        // in tiles, and takes ten times as long on this many rows
-        Tensor emb = C[ctx].reshape({count, T * E}).contiguous();
+        Tensor emb = C[ctx].reshape({count, T * E});
         return nn::cross_entropy(mlp(emb), e.Y.slice(0, 0, count)).item();
     };
     // The splits are compared on equally many examples, so that one compiled program serves

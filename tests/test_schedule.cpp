@@ -45,6 +45,29 @@ TEST(matmul_bias_relu_is_one_kernel) {
     CHECK(c.find("tg_wheref") != std::string::npos);
 }
 
+// An embedding read by a matrix product (the model of 04_makemore evaluated on many rows) is
+// stored: inlined into the product, its bounds-checked lookups kept the product out of tiles.
+TEST(embedding_read_by_a_product_is_stored_and_the_product_tiled) {
+    std::vector<int32_t> ids(256 * 3);
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = int32_t(i * 7 % 27);
+    Tensor C = data({27, 10}), W = data({200, 30});
+    Tensor h = C[Tensor::from_vector(ids, {256, 3})].reshape({256, 30}).matmul(W.t());
+    tg::Stages st = tg::inspect({h});
+    CHECK(st.schedule.find("GATHER float32 [768,10]") != std::string::npos);
+    CHECK_EQ(kernels(h), 2);
+    CHECK(st.c_source.find("a matrix product in tiles") != std::string::npos);
+    std::vector<float> got = h.to_vector();   // against the product of the gathered rows
+    std::vector<float> cv = C.to_vector(), wv = W.to_vector();
+    for (int r = 0; r < 256; r += 37)
+        for (int j = 0; j < 200; j += 23) {
+            double want = 0;
+            for (int k = 0; k < 30; k++)
+                want += double(cv[size_t(ids[size_t(r * 3 + k / 10)] * 10 + k % 10)]) *
+                        wv[size_t(j * 30 + k)];
+            CHECK_NEAR(got[size_t(r * 200 + j)], want, 1e-4);
+        }
+}
+
 // A reduction broadcast back over the rows it reduced runs inside the row loop, before the loop
 // over the row: softmax, log_softmax and LayerNorm are one kernel with no temporary. Broadcast
 // back over an outer axis it would be computed again for every row: it gets a buffer.
