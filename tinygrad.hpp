@@ -131,8 +131,8 @@
    float32. Comparisons give bool. Sums of integers and bools are int64, and so are indices
    (argmax, argmin, x.max(axis).indices, topk), as in PyTorch.
    Values, the same on every device: integer arithmetic wraps around (two's complement), an
-   integer x % 0 is 0 (PyTorch raises); a
-   float cast to an integer truncates and saturates at the ends of the range, NaN giving 0;
+   integer x % 0 is 0 (PyTorch raises); a float cast to an integer truncates and saturates at
+   the ends of the range, NaN giving 0;
    NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
    NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
    so its error grows with the logarithm of the length; a term that is a product x·y joins its
@@ -854,8 +854,8 @@ public:
     Schedule schedule;            // set: the learning rate of each step instead of lr
 protected:
     virtual std::vector<Tensor> updates() = 0;   // the assignments of one step
-    // each parameter's state tensors by name ("exp_avg"), in params' order
-    virtual std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() = 0;
+    // each parameter's state tensors by name ("exp_avg"), in params' order (none by default)
+    virtual std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() { return {}; }
     Tensor step_t, step_lr;       // in updates(): this step's count (t + 1) and learning rate
 };
 // OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + d and d = b (Nesterov: d + μ·b);
@@ -7761,8 +7761,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (x.size(-1) != in_features)
         detail::fail(strf("Linear: input %s does not end in in_features %lld",
                           shape_str(x.shape()).c_str(), (long long)in_features));
-    Tensor y = x.matmul(weight.transpose(0, 1));
-    return has_bias ? y + bias : y;
+    return functional::linear(x, weight, has_bias ? bias : Tensor());
 }
 Module::Named Linear::named_parameters() {
     if (!weight.defined()) return {};
@@ -7784,9 +7783,7 @@ LayerNorm::LayerNorm(int64_t dim, double e)
       weight(Tensor::ones({dim}).requires_grad()),
       bias(Tensor::zeros({dim}).requires_grad()) {}
 Tensor LayerNorm::forward(const Tensor& x) {
-    Tensor centered = x - x.mean(-1, true);
-    Tensor var = (centered * centered).mean(-1, true);
-    return centered * (var + eps).rsqrt() * weight + bias;
+    return functional::layer_norm(x, weight, bias, eps);
 }
 
 static void check_dropout_p(double p, const char* op) {
