@@ -20,8 +20,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-asan test-subset test-asan-subset fuzz oracle bench loc build-time \
-        clean
+.PHONY: all test test-cuda test-asan test-subset test-asan-subset fuzz oracle bench loc clean
 all: $(EXAMPLES)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -156,6 +155,7 @@ loc:
 BUILD_TIME_CXXS  ?= $(PROBE_CXXS)
 BUILD_TIME_OPTS  ?= -O0 -O2
 BUILD_TIME_FLAGS ?=
+.PHONY: build-time
 build-time:
 	@mkdir -p $(BUILD)
 	@printf '#define TINYGRAD_IMPLEMENTATION\n#include "tinygrad.hpp"\n' > $(BUILD)/build_time.cpp
