@@ -5,6 +5,8 @@
 #                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
+# make build-time seconds to compile the implementation alone (a tinygrad_impl.cpp) with each
+#                 C++ compiler found, at BUILD_TIME_OPTS (default -O0 -O2); printed, not asserted
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 # make oracle     random graphs, optimized CPU against the unoptimized interpreter, for
 #                 SEED (default 1) and COUNT (default 1000) graphs
@@ -91,7 +93,10 @@ test-asan-subset:
 # Without libFuzzer: the test binary's bounded random-input loop, run much longer.
 FUZZ_SECONDS ?= 60
 FUZZ_CXX     ?= clang++
-FUZZ_FLAGS   := -std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# TINYGRAD_OPTIMIZE_ALL: the safetensors loader, run once per file, is otherwise compiled
+# unoptimized, and the fuzzer runs it millions of times.
+FUZZ_FLAGS   := -std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+                -DTINYGRAD_OPTIMIZE_ALL
 FUZZ_RUN     := -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
                 -artifact_prefix=build-fuzz/
 FUZZ_PROBE   := extern "C" int LLVMFuzzerTestOneInput(const void*, unsigned long) { return 0; }
@@ -150,6 +155,27 @@ endif
 
 loc:
 	@wc -l tinygrad.hpp
+
+# The file a program defines TINYGRAD_IMPLEMENTATION in, compiled as the README's command does
+# (BUILD_TIME_FLAGS=-DTINYGRAD_OPTIMIZE_ALL: with every section optimized). User seconds are the
+# figure to compare on a busy machine.
+BUILD_TIME_CXXS  ?= $(PROBE_CXXS)
+BUILD_TIME_OPTS  ?= -O0 -O2
+BUILD_TIME_FLAGS ?=
+.PHONY: build-time
+build-time:
+	@mkdir -p $(BUILD)
+	@printf '#define TINYGRAD_IMPLEMENTATION\n#include "tinygrad.hpp"\n' > $(BUILD)/build_time.cpp
+	@for c in $(BUILD_TIME_CXXS); do for o in $(BUILD_TIME_OPTS); do \
+	  cmd="$$c -std=c++17 $$o $(BUILD_TIME_FLAGS) -I. -c -o $(BUILD)/build_time.o"; \
+	  cmd="$$cmd $(BUILD)/build_time.cpp"; \
+	  if /usr/bin/time -f '' true 2>/dev/null; then \
+	    /usr/bin/time -f "$$c $$o: %e s wall, %U s user" $$cmd || exit 1; \
+	  else \
+	    t0=$$(date +%s.%N); $$cmd || exit 1; t1=$$(date +%s.%N); \
+	    awk -v c="$$c $$o" -v a=$$t0 -v b=$$t1 'BEGIN { printf "%s: %.2f s wall\n", c, b - a }'; \
+	  fi; \
+	done; done; rm -f $(BUILD)/build_time.cpp $(BUILD)/build_time.o
 
 clean:
 	rm -rf build build-asan build-fuzz
