@@ -17,7 +17,7 @@
            std::cout << c << "\n";                           // tensor([33.9993, ...])
        }
    Build: c++ -std=c++17 -O2 main.cpp -ldl        Other files include it without the define.
-   That file takes about 18 s at -O2: in a project, give the define a file of its own
+   That file takes about 20 s at -O2: in a project, give the define a file of its own
    (tinygrad_impl.cpp), compile it once and link it (README.md, Build time).
 
  TRAINING (examples/03_moons.cpp in full)
@@ -4481,7 +4481,8 @@ static std::string program_listing(const Program& p) {
         if (b.tile.rows)
             out += strf("   [tiles: %d x %d, panels of %lld columns, %lld tasks]", b.tile.rows,
                         b.tile.cols, (long long)b.tile.panel_cols, (long long)b.tile.tasks);
-        if (b.parallel_chunks) out += strf("   [parallel: %lld chunks]", (long long)b.parallel_chunks);
+        if (b.parallel_chunks)
+            out += strf("   [parallel: %lld chunks]", (long long)b.parallel_chunks);
         out += "\n";
         stmts_str(b.body, b.extents, 1, out);
     }
@@ -5164,12 +5165,15 @@ static void pass_tile_products(Program& p) {
 // Two loops fuse when they have the same extent and every buffer that one writes and the other
 // touches is accessed in chunks of the loop variable: index = v·S + base + r, with the same S
 // and the same loop-invariant base everywhere, and 0 <= r < S for r the terms of the variables
-// inside the loop and the constant. Iteration v of the second loop then touches only what iteration v of the first
-// touched, so the fused loop keeps every dependence in order. Blocks that are one loop each
-// fuse this way, then the loops inside the fused body do, so a value stored and read back at
-// the same index ends in one loop body (pass_substitute_temps). A nest between two that could
-// fuse is stepped over (seed 004): the right one merges left when it is independent of the
-// nests in between, else the left one merges right when it is.
+// inside the loop and the constant. Iteration v of the second loop then touches only what
+// iteration v of the first touched, so the fused loop keeps every dependence in order. Blocks
+// that are one loop each fuse this way, then the loops inside the fused body do, so a value
+// stored and read back at the same index ends in one loop body (pass_substitute_temps). A nest
+// between two that could fuse is stepped over (seed 004): the right one merges left when it is
+// independent of the nests in between, else the left one merges right when it is. Nests that
+// store only outside loops (a loss, a step count) join one another, and once the loops have
+// fused, such a nest joins a loop beside it that is too small for threads: its statements run
+// after (or before) the loop.
 static void vars_bound(const std::vector<Stmt>& body, std::unordered_set<int>& vars) {
     for (const Stmt& st : body)
         if (st.kind == SK::LOOP) {
@@ -5285,7 +5289,8 @@ static bool tiled_later(const Block& b) {   // pass_tile_products will take it
     Block::Tiles t;
     return match_product(b, m) && plan_tiles(b, m, t);
 }
-static void fuse_into(Block& a, Block& b);
+static void fuse_into(Block& a, Block& b, bool one_after_other);
+static int64_t loop_work(const std::vector<Stmt>& body, const std::vector<int64_t>& extents);
 // A nest that stores only outside loops (a loss, an optimizer's step count and its bias
 // corrections): two such nests are one when their statements run one after the other.
 static bool stores_in_loops(const std::vector<Stmt>& body, bool in_loop) {
@@ -5296,6 +5301,17 @@ static bool stores_in_loops(const std::vector<Stmt>& body, bool in_loop) {
     return false;
 }
 static bool scalar_block(const Block& b) { return !stores_in_loops(b.body, false); }
+// Two nests whose statements may simply run one after the other in one nest: both scalar, or
+// (with loops_too) one scalar and the other a loop too small for threads that is no product,
+// so a step count joins the update before it instead of being a nest of its own.
+static bool joins_one_after_other(const Block& a, const Block& b, bool loops_too) {
+    bool scalar_a = scalar_block(a), scalar_b = scalar_block(b);
+    if (scalar_a && scalar_b) return true;
+    if (!loops_too || scalar_a == scalar_b) return false;
+    const Block& loop = scalar_a ? b : a;
+    return loop.body.size() == 1 && loop.body[0].kind == SK::LOOP && !tiled_later(loop) &&
+           loop_work(loop.body, loop.extents) < PARALLEL_MIN_WORK;
+}
 // Values of a nest that lowering computes once before its loop (loop-invariant: Adam's bias
 // corrections) go into the loop, so the nest is one loop that can fuse: each iteration
 // computes them again, a load and an op or two. False, with b unchanged, where they read what
@@ -5326,8 +5342,7 @@ static bool sink_invariants(Block& b) {
     b.body = std::move(loop);
     return true;
 }
-static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
-    bool one_after_other = scalar_block(a) && scalar_block(b);
+static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one_after_other) {
     if (one_after_other ? a.body.size() + b.body.size() > FUSED_MAX_STMTS
                         : a.body.size() != 1 || b.body.size() != 1 ||
                               a.body[0].kind != SK::LOOP ||
@@ -5342,7 +5357,7 @@ static bool blocks_fusable(const Block& a, const Block& b, bool tiling) {
     // a nest to be tiled fuses only into one that still is (sums of columns side by side)
     if (!tiling || (!tiled_later(a) && !tiled_later(b))) return true;
     Block fused = a, other = b;
-    fuse_into(fused, other);
+    fuse_into(fused, other, false);
     return tiled_later(fused);
 }
 static bool blocks_independent(const Block& a, const Block& b) {
@@ -5361,8 +5376,7 @@ static void take_title(Block& a, const Block& b) {   // a now also does what b d
         a.origin += (a.origin.empty() ? "" : ", ") + b.origin;
     a.writes_in_place = a.writes_in_place || b.writes_in_place;
 }
-static void fuse_into(Block& a, Block& b) {
-    bool one_after_other = scalar_block(a) && scalar_block(b);   // else the outer loops fuse
+static void fuse_into(Block& a, Block& b, bool one_after_other) {   // else outer loops fuse
     int outer = one_after_other ? -1 : a.body[0].id, b_outer = one_after_other ? -1 : b.body[0].id;
     std::vector<int> var_of(b.extents.size());
     for (size_t v = 0; v < b.extents.size(); v++) {
@@ -5417,10 +5431,7 @@ static bool epilogue_fusable(const Block& a, const Block& b) {
 }
 static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
 static std::vector<std::string> passes_selected();
-static void pass_fuse_loops(Program& p) {
-    std::vector<std::string> passes = passes_selected();
-    bool tiling = std::find(passes.begin(), passes.end(), "tile_products") != passes.end();
-    std::vector<Block>& bs = p.blocks;
+static void fuse_sweep(std::vector<Block>& bs, bool tiling, bool loops_too) {
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
             Block sunk;
@@ -5431,7 +5442,8 @@ static void pass_fuse_loops(Program& p) {
             }
             const Block& bj = sinks ? sunk : bs[j];
             bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bj);
-            if (!epilogue && !blocks_fusable(bs[i], bj, tiling)) continue;
+            bool one_after_other = joins_one_after_other(bs[i], bj, loops_too);
+            if (!epilogue && !blocks_fusable(bs[i], bj, tiling, one_after_other)) continue;
             bool left = true, right = true;
             for (size_t k = i + 1; k < j; k++) {
                 left = left && blocks_independent(bs[k], bs[j]);
@@ -5441,7 +5453,7 @@ static void pass_fuse_loops(Program& p) {
             auto fuse = [&] {
                 if (sinks) bs[j] = std::move(sunk);
                 if (epilogue) fuse_epilogue(bs[i], bs[j]);
-                else fuse_into(bs[i], bs[j]);
+                else fuse_into(bs[i], bs[j], one_after_other);
             };
             if (left) {
                 fuse();
@@ -5456,6 +5468,12 @@ static void pass_fuse_loops(Program& p) {
             j = i;   // look again from the fused nest
         }
     }
+}
+static void pass_fuse_loops(Program& p) {
+    std::vector<std::string> passes = passes_selected();
+    bool tiling = std::find(passes.begin(), passes.end(), "tile_products") != passes.end();
+    fuse_sweep(p.blocks, tiling, false);
+    fuse_sweep(p.blocks, tiling, true);   // a nest of one value joins a small loop beside it
 }
 
 // -- pass_substitute_temps: a value stored and read back at the same index in one nest
@@ -5819,7 +5837,8 @@ static void pass_plan_memory(Program& p) {
         std::vector<std::pair<int64_t, int64_t>> busy;   // [begin, end) of live neighbours
         for (size_t o : placed)
             if (first[o] <= last[t] && first[t] <= last[o])
-                busy.push_back({p.buffers[o].offset, p.buffers[o].offset + temp_bytes(p.buffers[o])});
+                busy.push_back(
+                    {p.buffers[o].offset, p.buffers[o].offset + temp_bytes(p.buffers[o])});
         std::sort(busy.begin(), busy.end());
         int64_t at = 0;
         for (auto& [begin, end] : busy) {
@@ -7947,7 +7966,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                           shape_str(x.shape()).c_str(), (long long)dim));
     int64_t B = x.size(0), T = x.size(1), hd = dim / heads;
     std::vector<Tensor> parts = qkv(x).split(dim, -1);
-    auto split_heads = [&](const Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };
+    auto split_heads = [&](const Tensor& t) {
+        return t.reshape({B, T, heads, hd}).transpose(1, 2);
+    };
     Tensor att = detail::attention_weights(split_heads(parts[0]), split_heads(parts[1]), true,
                                            Loc::here());
     Tensor y = attn_drop(att).matmul(split_heads(parts[2]));
@@ -8155,7 +8176,8 @@ std::vector<Tensor> Adam::updates() {
 }
 std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
-    for (size_t i = 0; i < params.size(); i++) out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}});
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}});
     return out;
 }
 }  // namespace optim

@@ -121,8 +121,10 @@ TEST(fuse_loops_sinks_loop_invariant_values_into_the_loop) {
     CHECK_EQ(nests(apart), 4);
     CHECK_EQ(th::count_of(apart, "  acc0 = (1 + -buf"), 2);   // before the loops
     std::string fused = optimized(ts, "simplify,fuse_loops");
-    CHECK_EQ(nests(fused), 2);   // e, then the three nests over x as one
+    // the three nests over x as one loop, e (one value) computed before it in the same nest
+    CHECK_EQ(nests(fused), 1);
     CHECK(fused.find("K1 forward float32 []") < fused.find("K0 forward float32 [4,10]: MUL + K2"));
+    CHECK(fused.find("buf2[0] = exp2") < fused.find("for i0 < 4"));
     CHECK_EQ(th::count_of(fused, "acc0"), 0);
     check_same_values(ts);
 }
@@ -144,6 +146,21 @@ TEST(fuse_loops_joins_nests_without_output_loops) {
     Tensor idx = Tensor::from_vector(std::vector<int32_t>{4});
     std::vector<Tensor> checked = {table.gather(0, idx).sum(), count.assign(count + 1.0f)};
     CHECK_EQ(nests(optimized(checked, "simplify,fuse_loops")), 2);
+}
+
+// Once the loops have fused, a nest of one value joins a loop beside it that is too small for
+// threads (an optimizer's step count joins the last update), not one that runs on threads.
+TEST(fuse_loops_joins_one_value_to_a_small_loop) {
+    Tensor small = data({27, 10}), big = data({300, 300}), count = Tensor::full({}, 1.0f);
+    count.realize();
+    std::vector<Tensor> with_small = {small * 0.5f, count + 1.0f};
+    CHECK_EQ(nests(optimized(with_small, "simplify")), 2);
+    std::string joined = optimized(with_small, "simplify,fuse_loops");
+    CHECK_EQ(nests(joined), 1);
+    CHECK(joined.find("for i0 < 27") < joined.find("buf2[0] = (buf3[0] + 1)"));
+    check_same_values(with_small);
+    std::vector<Tensor> with_big = {big * 0.5f, count + 1.0f};   // 90,000 iterations
+    CHECK_EQ(nests(optimized(with_big, "simplify,fuse_loops")), 2);
 }
 
 TEST(substitute_temps_reads_a_stored_value_from_a_local) {
