@@ -778,7 +778,8 @@ public:
     // serial loops (W3's step: 256 threads where unfused nests give 262,144). The CPU's
     // tiles of vector sums (tile_products) are plan_kernel's business here.
     bool runs_pass(const std::string& pass) const override {
-        return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products";
+        return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products" &&
+               pass != "sum_lanes";
     }
 
 private:

@@ -603,3 +603,54 @@ TEST(tile_products_sum_columns_read_along_them) {
     CHECK_ALL_NEAR(got, want, 1e-4);
     CHECK(optimized({x.sum(1) * 1.0f}, "all").find("[tiles:") == std::string::npos);
 }
+
+// A long float sum runs as 16 lanes: lane j adds the j-th element of each block of 16, in
+// block order, and the lanes are summed as a tree. One loop of 16 independent updates, no
+// inner loop of dependent ones; the values agree with float64 on awkward lengths (1, primes,
+// a block and one, 1023, 1025, empty), along strided and broadcast reads, and are the same
+// bits on 1 and 3 threads. Sums of products and of strided reads keep the blocked order.
+TEST(sum_lanes_sums_a_long_axis_in_sixteen_lanes) {
+    Tensor x = data({3, 256});
+    std::string lanes = optimized({x.sum(1)}, "simplify,sum_lanes");
+    std::string blocked = optimized({x.sum(1)}, "simplify");
+    CHECK_EQ(th::count_of(blocked, "for i"), 3);      // rows, blocks, each block's 16 terms
+    CHECK_EQ(th::count_of(lanes, "for i"), 2);        // rows, blocks: the 16 lanes in each
+    CHECK_EQ(th::count_of(lanes, " += buf1[("), 16);
+    CHECK(lanes.find("buf1[(i0*256 + i1*16 + 15)]") != std::string::npos);
+    CHECK_EQ(th::count_of(optimized({(x * x).sum(1)}, "simplify,sum_lanes"), "for i"), 3);
+    Tensor columns = data({256, 3}).transpose(0, 1);   // lanes would load 3 elements apart
+    CHECK_EQ(th::count_of(optimized({columns.sum(1)}, "simplify,sum_lanes"), "for i"), 3);
+
+    for (int64_t n : {0, 1, 17, 31, 256, 257, 1023, 1025, 4099}) {
+        Tensor a = data({3, n}, int(n % 5));
+        Tensor b = data({n, 2}, 1).transpose(0, 1);   // a strided axis
+        Tensor row = data({n}, 2);
+        std::vector<Tensor> sums = {a.sum(1), b.exp().sum(1), (a + row).sum(1), a.sum()};
+        std::vector<std::vector<float>> got = values(sums, "all");
+        auto f64 = [](const Tensor& t) {
+            std::vector<float> v = (t * 1.0f).to_vector();
+            return std::vector<double>(v.begin(), v.end());
+        };
+        std::vector<double> av = f64(a), bv = f64(b), rv = f64(row);
+        std::vector<std::vector<double>> want(4);
+        double all = 0;
+        for (int64_t r = 0; r < 3; r++) {   // b has 2 rows
+            double s = 0, e = 0, p = 0;
+            for (int64_t i = 0; i < n; i++) {
+                s += av[size_t(r * n + i)];
+                if (r < 2) e += std::exp(bv[size_t(r * n + i)]);
+                p += av[size_t(r * n + i)] + rv[size_t(i)];
+            }
+            want[0].push_back(s);
+            if (r < 2) want[1].push_back(e);
+            want[2].push_back(p);
+            all += s;
+        }
+        want[3].push_back(all);
+        for (size_t k = 0; k < sums.size(); k++) CHECK_ALL_NEAR(got[k], want[k], 1e-6);
+        for (const char* threads : {"1", "3"}) {
+            th::EnvGuard env("TG_THREADS", threads);
+            CHECK(values(sums, "all") == got);
+        }
+    }
+}
