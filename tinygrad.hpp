@@ -5693,16 +5693,15 @@ static void pass_local_temps(Program& p) {
 // runs at one addition per adder latency (or is vectorized through shuffles). Here a run of
 // blocks becomes SUM_BLOCK lanes instead: lane j adds the j-th term of every block, in block
 // order, and the lanes are summed as a balanced tree ((l0 + l1) + (l2 + l3)) + ... The lanes
-// are independent accumulators reading consecutive elements: one vector register's additions
-// or FMAs per block. The order depends only on the shape (the same bits on every run and
+// are independent accumulators reading consecutive elements: one vector addition per block. The order depends only on the shape (the same bits on every run and
 // thread count, and on INTERP, which runs the passes too); it differs from the order as
 // lowered (TG_PASSES without sum_lanes) by rounding. The term is written once per lane, so
 // a term larger than LANES_MAX_TERM expression nodes keeps the blocked order; tiled products
 // have their own order (pass_tile_products) and are not touched. Nor are other sums of
 // products (x·x): their lanes are 16 fmaf calls, which gcc 12 leaves scalar (measured: a row
 // sum of squares 20% slower as lanes, where plain and exp sums run 1.8-2x faster); nor sums
-// whose terms do not read neighbouring elements from lane to lane (a column's sum: W3's bias
-// gradients ran 10% slower as lanes of strided loads).
+// whose terms do not read neighbouring elements from lane to lane (a column's sum: with W3's
+// bias gradients as lanes of strided loads its step took about 10% longer, one measurement).
 static const size_t LANES_MAX_TERM = 40;
 static bool is_zero_const(const ExprP& e) {
     return e && e->kind == EK::CONST && e->num == 0;
