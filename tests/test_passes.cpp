@@ -620,6 +620,8 @@ TEST(sum_lanes_sums_a_long_axis_in_sixteen_lanes) {
     CHECK_EQ(th::count_of(optimized({(x * x).sum(1)}, "simplify,sum_lanes"), "for i"), 3);
     Tensor columns = data({256, 3}).transpose(0, 1);   // lanes would load 3 elements apart
     CHECK_EQ(th::count_of(optimized({columns.sum(1)}, "simplify,sum_lanes"), "for i"), 3);
+    Tensor r = data({7, 1000}, 3);   // INTERP runs the passes too: the same bits
+    CHECK(r.to("INTERP").exp().sum(1).to_vector() == r.exp().sum(1).to_vector());
 
     for (int64_t n : {0, 1, 17, 31, 256, 257, 1023, 1025, 4099}) {
         Tensor a = data({3, n}, int(n % 5));
