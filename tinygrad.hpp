@@ -6437,22 +6437,26 @@ static std::string c_tiled_product(const Block& b) {
                 M);
     out += strf("        int64_t col_end = col0 + %lld < %lld ? col0 + %lld : %lld;\n", PC, N, PC,
                 N);
+    // the last panel's columns past the end are 0, stored term by term along each row of it
+    // (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
     if (!y_direct) {
-        out += strf("        for (int64_t c = col_end - col0; c < (col_end - col0 + %lld) / %lld * "
-                    "%lld; c++)\n", W - 1, W, W);
-        out += strf("            for (int64_t n = 0; n < %lld; n++) ys[c / %lld * %lld + n * %lld "
-                    "+ c %% %lld] = 0;\n", NT, W, NT * W, W, W);
+        out += strf("        if ((col_end - col0) %% %lld) {\n", W);
+        out += strf("            float *pad = ys + (col_end - col0) / %lld * %lld;\n", W, NT * W);
+        out += strf("            for (int64_t n = 0; n < %lld; n++)\n", NT);
+        out += strf("                for (int64_t c = (col_end - col0) %% %lld; c < %lld; c++) "
+                    "pad[n * %lld + c] = 0;\n", W, W, W);
+        out += "        }\n";
     }
     // the panel, 16 columns at a time for each term: the loads of a term's 16 columns and the
     // stores of 16 terms' columns each stay in a few cache lines, across or along them
     if (!y_direct) {
         out += "        for (int64_t cb = 0; cb < col_end - col0; cb += 16) {\n";
         out += "            int64_t ce = cb + 16 < col_end - col0 ? cb + 16 : col_end - col0;\n";
-        out += "            float *to = ys;\n";
+        out += strf("            float *to = ys + cb / %lld * %lld + cb %% %lld;\n", W, NT * W, W);
         Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
             out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
             out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
-            assign(pad + "    ", strf("to[c / %lld * %lld + c %% %lld]", W, NT * W, W), y);
+            assign(pad + "    ", "to[c - cb]", y);
             out += pad + "}\n" + pad + strf("to += %lld;\n", W);
         };
         walk(trees, 3, &pack);
