@@ -5703,20 +5703,19 @@ static void pass_local_temps(Program& p) {
 // whose terms do not read neighbouring elements from lane to lane (a column's sum: with W3's
 // bias gradients as lanes of strided loads its step took about 10% longer, one measurement).
 static const size_t LANES_MAX_TERM = 40;
-static bool is_zero_const(const ExprP& e) {
-    return e && e->kind == EK::CONST && e->num == 0;
-}
+static_assert((Lowering::SUM_BLOCK & (Lowering::SUM_BLOCK - 1)) == 0,
+              "the lanes are added in pairs, level by level");
 // body[p], body[p+1] = acc a = 0; for v { acc c = 0; for w < SUM_BLOCK { c += term }; a += c }
 static bool blocked_sum_at(const std::vector<Stmt>& body, size_t p,
                            const std::vector<int64_t>& extents) {
     if (p + 1 >= body.size()) return false;
     const Stmt &init = body[p], &outer = body[p + 1];
     if (init.kind != SK::ACC_INIT || init.op != Op::REDUCE_SUM || !dtype_is_float(init.dtype) ||
-        !is_zero_const(init.val) || outer.kind != SK::LOOP || outer.body.size() != 3)
+        !is_const(init.val, 0) || outer.kind != SK::LOOP || outer.body.size() != 3)
         return false;
     const Stmt &c_init = outer.body[0], &inner = outer.body[1], &into = outer.body[2];
     if (c_init.kind != SK::ACC_INIT || c_init.op != Op::REDUCE_SUM ||
-        c_init.dtype != init.dtype || !is_zero_const(c_init.val) || inner.kind != SK::LOOP ||
+        c_init.dtype != init.dtype || !is_const(c_init.val, 0) || inner.kind != SK::LOOP ||
         extents[size_t(inner.id)] != Lowering::SUM_BLOCK || inner.body.size() != 1 ||
         into.kind != SK::ACC_UPDATE || into.id != init.id || into.op != Op::REDUCE_SUM ||
         into.val->kind != EK::ACC || into.val->id != c_init.id)
