@@ -36,7 +36,12 @@
 
    Memory: freed buffers return to a cache of blocks by size class and are reused; when an
    allocation fails, the cache is released and the allocation tried again. All work goes to
-   one stream of the device, so reusing a block is ordered after the kernels that used it. */
+   one stream of the device, so reusing a block is ordered after the kernels that used it.
+
+   Several GPUs: CUDA:1, CUDA:2, ... (CUDA is CUDA:0), each with its own context, stream and
+   queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
+   sums tensors across processes for tg::DataParallel::all_reduce. Neither has run on a GPU
+   yet. */
 #ifndef TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 #define TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 
@@ -50,6 +55,33 @@ bool available(std::string* why = nullptr);
 bool nvrtc_available(std::string* why = nullptr);
 // Waits until every copy and kernel queued on the CUDA device has finished.
 void synchronize();
+
+// NCCL: tensors summed across processes, one process per GPU, for DataParallel across
+// machines (seed 000's merge, where a process cannot read another's memory). libnccl.so.2 is
+// opened with dlopen at first use (TG_NCCL_LIBRARY: another file). Every process of a job
+// joins one communicator with the same id, which rank 0 makes.
+std::string nccl_unique_id();   // 256 hex digits
+class Nccl {
+public:
+    // this process is `rank` of `ranks`, on `device` (CUDA, CUDA:1, ...)
+    Nccl(int rank, int ranks, const std::string& unique_id, const std::string& device = "CUDA");
+    // TG_NCCL_RANK and TG_NCCL_RANKS, and the id in TG_NCCL_ID, or in the file
+    // TG_NCCL_ID_FILE, which rank 0 writes and the others wait for (up to a minute; a new
+    // file for each job)
+    static Nccl from_environment(const std::string& device = "CUDA");
+    // each tensor (float32 or float64, realized on the device) becomes its sum over the
+    // ranks, in place
+    void all_reduce_sum(const std::vector<Tensor>& tensors);
+    // the sum over the ranks as DataParallel takes it: dp.all_reduce(nccl.all_reduce(),
+    // nccl.ranks())
+    DataParallel::AllReduce all_reduce();
+    int rank() const;
+    int ranks() const;
+    struct State;
+
+private:
+    std::shared_ptr<State> state_;
+};
 }  // namespace cuda
 
 namespace detail {
@@ -121,6 +153,7 @@ struct CudaDriver {
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUhandle);
     CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUhandle);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUhandle);
+    CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUhandle, CUdeviceptr, CUhandle, size_t, CUhandle);
     CUresult (*cuModuleLoadData)(CUhandle*, const void*);
     CUresult (*cuModuleGetFunction)(CUhandle*, CUhandle, const char*);
     CUresult (*cuLaunchKernel)(CUhandle, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -189,6 +222,7 @@ static const CudaDriver* cuda_driver(std::string* why) {
              TG_SYM(d, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
              TG_SYM(d, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
              TG_SYM(d, cuMemsetD8Async, "cuMemsetD8Async"),
+             TG_SYM(d, cuMemcpyPeerAsync, "cuMemcpyPeerAsync"),
              TG_SYM(d, cuModuleLoadData, "cuModuleLoadData"),
              TG_SYM(d, cuModuleGetFunction, "cuModuleGetFunction"),
              TG_SYM(d, cuLaunchKernel, "cuLaunchKernel"),
@@ -709,9 +743,11 @@ struct CudaKernel {
 
 class CudaDevice : public Device {
 public:
-    const char* name() const override { return "CUDA"; }
+    explicit CudaDevice(int ordinal = 0)
+        : ordinal_(ordinal), name_(ordinal ? strf("CUDA:%d", ordinal) : "CUDA") {}
+    const char* name() const override { return name_.c_str(); }
 
-    // The driver, a context on GPU 0 current on this thread, and the stream: at first use.
+    // The driver, a context on the GPU current on this thread, and the stream: at first use.
     const CudaDriver& driver() {
         std::lock_guard<std::mutex> lock(m_);
         if (!ready_) start();
@@ -768,7 +804,22 @@ public:
         check(d.cuMemcpyDtoHAsync(dst, CUdeviceptr(src), bytes, stream_), "cuMemcpyDtoHAsync");
         check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
     }
+    // To another GPU: a peer copy (through the host only where the two cannot reach each
+    // other, which the driver handles); to host memory: straight into it.
+    void copy_to(Device& to, void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        if (to.host_memory()) return copy_out(dst, src, bytes);
+        auto* gpu = dynamic_cast<CudaDevice*>(&to);
+        if (!gpu) return Device::copy_to(to, dst, src, bytes);
+        CUhandle dst_context = gpu->context();
+        const CudaDriver& d = driver();
+        check(d.cuMemcpyPeerAsync(CUdeviceptr(dst), dst_context, CUdeviceptr(src), context_,
+                                  bytes, stream_), "cuMemcpyPeerAsync");
+        check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    }
     void synchronize() { check(driver().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+    CUhandle context() { driver(); return context_; }
+    void queue_thread_start() override { driver(); }   // its context, current there
 
     std::shared_ptr<Executable> prepare(const Program& p) override;
     std::string source(const Program& p) override { return render_cuda(p); }
@@ -801,8 +852,11 @@ private:
         int count = 0;
         check(d_->cuDeviceGetCount(&count), "cuDeviceGetCount");
         if (count == 0) fail("CUDA: cuDeviceGetCount found no GPU");
+        if (ordinal_ >= count)
+            fail(strf("CUDA: there is no %s: this machine has %d GPU%s (CUDA:0 to CUDA:%d)",
+                      name_.c_str(), count, count == 1 ? "" : "s", count - 1));
         CUdevice dev = 0;
-        check(d_->cuDeviceGet(&dev, 0), "cuDeviceGet");
+        check(d_->cuDeviceGet(&dev, ordinal_), "cuDeviceGet");
         int major = 0, minor = 0;
         check(d_->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
               "cuDeviceGetAttribute");
@@ -815,6 +869,8 @@ private:
         ready_ = true;
     }
 
+    int ordinal_;
+    std::string name_;
     std::mutex m_;
     bool ready_ = false;
     const CudaDriver* d_ = nullptr;
@@ -905,8 +961,48 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     return exe;
 }
 
+// ---- [NCCL] sums across processes ------------------------------------------------------------
+struct NcclUniqueId { char internal[128]; };   // ncclUniqueId, passed by value
+struct NcclLibrary {
+    int (*ncclGetUniqueId)(NcclUniqueId*);
+    int (*ncclCommInitRank)(void**, int, NcclUniqueId, int);
+    int (*ncclCommDestroy)(void*);
+    int (*ncclAllReduce)(const void*, void*, size_t, int, int, void*, CUhandle);
+    int (*ncclGroupStart)();
+    int (*ncclGroupEnd)();
+    const char* (*ncclGetErrorString)(int);
+};
+enum : int { NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8, NCCL_SUM = 0 };
+
+// Loaded at first use; a failure is not kept, so a later call may find the library.
+static const NcclLibrary& nccl_library() {
+    static std::mutex m;
+    static NcclLibrary lib;
+    static bool loaded = false;
+    std::lock_guard<std::mutex> lock(m);
+    if (loaded) return lib;
+    std::string named = env_str("TG_NCCL_LIBRARY", ""), why;
+    std::vector<const char*> names = {"libnccl.so.2", "libnccl.so"};
+    if (!named.empty()) names = {named.c_str()};
+#define TG_SYM(name) {#name, reinterpret_cast<void**>(&lib.name)}
+    loaded = open_library(names,
+                          {TG_SYM(ncclGetUniqueId), TG_SYM(ncclCommInitRank),
+                           TG_SYM(ncclCommDestroy), TG_SYM(ncclAllReduce), TG_SYM(ncclGroupStart),
+                           TG_SYM(ncclGroupEnd), TG_SYM(ncclGetErrorString)},
+                          why);
+#undef TG_SYM
+    if (!loaded)
+        fail("NCCL: " + why + "; NCCL comes with the CUDA toolkit or as the package libnccl2 "
+             "(TG_NCCL_LIBRARY names the library file)");
+    return lib;
+}
+static void nccl_check(const NcclLibrary& lib, int r, const char* call) {
+    if (r) fail(strf("NCCL: %s failed: %s (error %d)", call, lib.ncclGetErrorString(r), r));
+}
+
 static const bool cuda_registered = [] {
     register_device("CUDA", &cuda_device());
+    register_device_kind("CUDA", [](int ordinal) -> Device* { return new CudaDevice(ordinal); });
     return true;
 }();
 
@@ -924,6 +1020,106 @@ bool available(std::string* why) {
 }
 bool nvrtc_available(std::string* why) { return detail::nvrtc(why) != nullptr; }
 void synchronize() { detail::cuda_device().synchronize(); }
+
+std::string nccl_unique_id() {
+    const detail::NcclLibrary& lib = detail::nccl_library();
+    detail::NcclUniqueId id;
+    detail::nccl_check(lib, lib.ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::string hex;
+    for (char c : id.internal) hex += strf("%02x", unsigned(static_cast<unsigned char>(c)));
+    return hex;
+}
+
+struct Nccl::State {
+    const detail::NcclLibrary* lib;
+    detail::CudaDevice* dev;
+    void* comm = nullptr;
+    int rank, ranks;
+    ~State() {
+        if (comm) lib->ncclCommDestroy(comm);
+    }
+};
+
+Nccl::Nccl(int rank, int ranks, const std::string& unique_id, const std::string& device_name)
+    : state_(std::make_shared<State>()) {
+    using namespace detail;
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        fail(strf("NCCL: rank %d of %d ranks (a rank is 0 to ranks - 1)", rank, ranks));
+    NcclUniqueId id;
+    bool hex = unique_id.size() == 2 * sizeof id.internal &&
+               unique_id.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex)
+        fail(strf("NCCL: the unique id must be %zu lowercase hex digits, as nccl_unique_id() "
+                  "gives it; got %zu characters", 2 * sizeof id.internal, unique_id.size()));
+    for (size_t i = 0; i < sizeof id.internal; i++)
+        id.internal[i] = char(std::stoi(unique_id.substr(2 * i, 2), nullptr, 16));
+    State& st = *state_;
+    st.dev = dynamic_cast<CudaDevice*>(&detail::device(device_name));
+    if (!st.dev) fail("NCCL: " + device_name + " is not a CUDA device");
+    st.lib = &nccl_library();
+    st.dev->driver();   // the GPU's context, current on this thread for NCCL
+    st.rank = rank;
+    st.ranks = ranks;
+    nccl_check(*st.lib, st.lib->ncclCommInitRank(&st.comm, ranks, id, rank), "ncclCommInitRank");
+}
+
+Nccl Nccl::from_environment(const std::string& device_name) {
+    using namespace detail;
+    int ranks = env_int("TG_NCCL_RANKS", 0, 1, 1 << 20), rank = env_int("TG_NCCL_RANK", -1, 0, ranks - 1);
+    if (ranks == 0 || rank < 0)
+        fail("NCCL: set TG_NCCL_RANK and TG_NCCL_RANKS (this process's rank, 0 to ranks - 1)");
+    std::string id = env_str("TG_NCCL_ID", ""), file = env_str("TG_NCCL_ID_FILE", "");
+    if (id.empty() && file.empty())
+        fail("NCCL: set TG_NCCL_ID (from tg::cuda::nccl_unique_id()) or TG_NCCL_ID_FILE (rank 0 "
+             "writes the id there)");
+    if (id.empty() && rank == 0) {
+        id = nccl_unique_id();
+        write_file_atomic(file, id);
+    }
+    for (int waited = 0; id.empty(); waited += 10) {
+        if (read_file(file, id) && id.size() == 256) break;
+        id.clear();
+        if (waited >= 60000)
+            fail(strf("NCCL: rank %d waited 60 s for the id in %s (rank 0 writes it)", rank,
+                      file.c_str()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Nccl(rank, ranks, id, device_name);
+}
+
+void Nccl::all_reduce_sum(const std::vector<Tensor>& tensors) {
+    using namespace detail;
+    State& st = *state_;
+    for (const Tensor& t : tensors) {
+        const Buffer* b = t.node()->buffer.get();
+        if (!b || b->device != st.dev || (t.dtype() != DType::FLOAT32 && t.dtype() != DType::FLOAT64))
+            fail(strf("NCCL: all_reduce_sum takes float32 or float64 tensors realized on %s, "
+                      "got %s %s%s on %s", st.dev->name(), dtype_name(t.dtype()),
+                      shape_str(t.shape()).c_str(), b ? "" : " (not realized)",
+                      t.device().c_str()));
+    }
+    st.dev->driver();   // its context, current on this thread
+    nccl_check(*st.lib, st.lib->ncclGroupStart(), "ncclGroupStart");
+    for (const Tensor& t : tensors) {
+        Buffer& b = *t.node()->buffer;
+        nccl_check(*st.lib, st.lib->ncclAllReduce(b.ptr, b.ptr, size_t(b.numel),
+                                                  b.dtype == DType::FLOAT32 ? NCCL_FLOAT32
+                                                                            : NCCL_FLOAT64,
+                                                  NCCL_SUM, st.comm, st.dev->stream()),
+                   "ncclAllReduce");
+    }
+    nccl_check(*st.lib, st.lib->ncclGroupEnd(), "ncclGroupEnd");
+    st.dev->synchronize();
+    uint64_t now = ++update_count;   // written in place, as a program's update
+    for (const Tensor& t : tensors) t.node()->buffer->written_at = now;
+}
+
+DataParallel::AllReduce Nccl::all_reduce() {
+    Nccl self = *this;
+    return [self](const std::vector<Tensor>& grads) mutable { self.all_reduce_sum(grads); };
+}
+int Nccl::rank() const { return state_->rank; }
+int Nccl::ranks() const { return state_->ranks; }
 }  // namespace cuda
 }  // namespace tg
 

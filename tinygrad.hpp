@@ -36,6 +36,18 @@
    the second step on, that program is found by the structure of the step's graph, so an
    eager step skips scheduling and compiling (W2: 1.4-1.8x the jitted step's time).
 
+ DATA PARALLEL (examples/07_data_parallel.cpp)
+       tg::DataParallel step({"CPU:0", "CPU:1"}, opt, [&](const std::vector<Tensor>& shard) {
+           return tg::nn::hinge_loss(mlp(X[shard[0]]).reshape({-1}), Y[shard[0]]);
+       });                                                       // the mean loss of the shard
+       for (const Tensor& idx : tg::data::batches(n, 32, epoch)) step({idx});
+   Each call splits the batch by rows over the devices, runs the forward and backward of every
+   shard at once (each device its own queue thread and threads()/N threads), merges the
+   gradients pairwise in a fixed tree and updates the parameters once, on the first device.
+   The result equals one device's within float rounding, with the same bits on every run;
+   [PARALLEL] states the rule. Across processes (one per GPU): DataParallel::all_reduce with
+   tg::cuda::Nccl (cuda_backend.hpp).
+
  HOW IT WORKS (sections of Part C, in pipeline order; grep the >>tag)
    Tensor API ──► graph of primitive ops          [GRAPH] >>graph, [COMPOSED] >>composed
                   (shapes inferred, errors thrown here)
@@ -53,7 +65,8 @@
                   C renderer → cc → disk cache → dlopen → run     [RENDER] [RUNTIME]
                   (or CUDA C → NVRTC → driver API: cuda_backend.hpp, a second header)
    Data flows down; nothing below knows about anything above it. On top of the Tensor API
-   only: [NN] layers and losses, [OPTIM], [DATA] datasets, [PLOT], [SAFETENSORS].
+   only: [NN] layers and losses, [OPTIM], [DATA] datasets, [PLOT], [SAFETENSORS]; on top of
+   [OPTIM] and the devices' queues: [PARALLEL] >>parallel, data-parallel steps.
 
  DEFINITIONS
    shape     dimensions of a tensor, outermost first; [] is a scalar.
@@ -94,7 +107,12 @@
              CUDA. A tensor is made on the default device ($TG_DEVICE) and an op runs on its
              operands' device; a constant goes where it is used; operands on two devices are
              an error. x.to("CUDA") copies; moving a leaf gives a leaf there. One realize
-             runs one program per device.
+             runs one program per device. Several devices of a kind are numbered: CPU:1,
+             CPU:2, ... (made when first named; each its own buffers, queue and thread pool),
+             CUDA:1, ...; CPU:0 is CPU and CUDA:0 is CUDA.
+   queue     a device's stream: work (DataParallel's programs, copies between devices) runs
+             there in order, on the queue's thread; an event is a point in a queue that work
+             on another queue can wait for (Device::queue(), WorkQueue).
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
@@ -163,8 +181,8 @@
  NOT YET
    tiled products on CUDA (one thread per output element); fast tiles on x86 CPUs without
    AVX-512 (with AVX2 and FMA they run at a fraction of the AVX-512 rate; without FMA the
-   fused multiply-adds are library calls); CUDA graphs for jit replays; several CUDA devices,
-   streams and events.
+   fused multiply-adds are library calls); CUDA graphs for jit replays. Several CUDA devices
+   (CUDA:1, ...), their peer copies and NCCL are written but have not run on a GPU yet.
    The interpreter and constant folding hold integers exactly, but a constant in the graph
    (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */
@@ -184,6 +202,7 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -894,6 +913,58 @@ public:
 };
 }  // namespace optim
 
+// ---- [PARALLEL] data parallelism: one training step over several devices ------------------ >>parallel
+// Seed 000's data parallelism. Each step splits the batch along its first axis over the
+// devices (CPU:0, CPU:1, ... or CUDA:0, CUDA:1, ...), runs the forward and backward of every
+// shard at once, each on its device's queue, merges the gradients pairwise in a fixed tree and
+// updates the parameters once, on the first device, with the optimizer.
+//
+//   tg::DataParallel step({"CPU:0", "CPU:1"}, opt, [&](const std::vector<Tensor>& shard) {
+//       return nn::cross_entropy(model(shard[0]), shard[1]);   // the mean loss of its rows
+//   });
+//   Tensor loss = step({X, Y});                                 // X, Y: the whole batch
+//
+// The rule, and so the bits: a batch of n rows over N devices gives the first n mod N devices
+// ceil(n/N) rows and the others floor(n/N), in order (n < N is an error). Device k's gradient
+// is that of its loss times n_k/n, so their sum is the gradient of the whole batch's mean loss
+// (one device's within float rounding). The tree adds device k+1 into k, k+3 into k+2, ...,
+// then k+2 into k, ...: ((g0 + g1) + (g2 + g3)) + ...; its last addition is made inside the
+// update. The order depends only on N: the same bits on every run and for any TG_THREADS (N
+// CPU devices at once use threads()/N threads each).
+// The shard's forward and backward (one program per shard size), the merge and the update are
+// compiled once, for every device. The loss must not write in place (the optimizer's step runs
+// after the merge: do not call it in loss), and every parameter must get a gradient. What the
+// loss reads besides its shard (the parameters, a dataset the batch indexes) and a partner's
+// gradients are read where they lie by a device that can read that memory (CPU devices), and
+// copied to one that cannot (a GPU) at first use and after an in-place update. A failed check
+// on any device ends the step before the update: no parameter or optimizer state changes.
+class DataParallel {
+public:
+    // loss(shard) gives the mean loss of one device's rows; the optimizer's parameters live
+    // on devices[0]
+    using Loss = std::function<Tensor(const std::vector<Tensor>& shard)>;
+    DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer, Loss loss);
+    // one step on a batch (every tensor the same number of rows); the loss over the batch
+    Tensor operator()(const std::vector<Tensor>& batch);
+    // the rows each of `devices` takes of a batch of `rows`
+    static std::vector<int64_t> split(int64_t rows, int devices);
+    // Across processes (one per GPU; cuda_backend.hpp has NCCL's): called with the first
+    // device's merged gradients before the update, it sums them over the processes in place.
+    // Each process steps on its part of the global batch, all parts the same size.
+    using AllReduce = std::function<void(const std::vector<Tensor>& gradients)>;
+    void all_reduce(AllReduce sum_over_processes, int processes);
+    struct Times {                       // of the last step, in ms
+        std::vector<double> device_ms;   // each device's forward and backward (with its copies)
+        double merge_ms = 0;   // from the last device's end to the merged gradients
+        double update_ms = 0, step_ms = 0;
+    };
+    Times last_times() const;
+    std::vector<std::string> devices() const;
+    struct State;   // the programs and every device's buffers (Part C)
+private:
+    std::shared_ptr<State> state_;
+};
+
 // ---- [DATA] toy datasets and batches ----------------------------------------------------- >>data
 namespace data {
 struct Dataset { Tensor X, Y; };
@@ -1005,6 +1076,17 @@ struct Executable {
     virtual ~Executable() = default;
     virtual void run(void* const* buffers, int64_t* err) = 0;
 };
+// A device's queue, its stream: work runs in order, apart from the thread that queues it
+// (CPU and CUDA devices: on the queue's own thread, [RUNTIME]). An event is the number of
+// items queued so far; waiting for it waits for them. Work that throws keeps its error, the
+// work after it is dropped, and the next wait or synchronize throws it.
+struct WorkQueue {
+    virtual ~WorkQueue() = default;
+    virtual uint64_t enqueue(std::function<void()> work) = 0;   // gives the event after it
+    virtual uint64_t record() = 0;                              // the event now
+    virtual void wait(uint64_t event) = 0;
+    void synchronize() { wait(record()); }
+};
 struct Device {
     virtual ~Device() = default;
     virtual const char* name() const = 0;
@@ -1012,15 +1094,32 @@ struct Device {
     virtual void free(void* ptr) = 0;
     virtual void copy_in(void* dst, const void* host_src, size_t bytes) = 0;
     virtual void copy_out(void* host_dst, const void* src, size_t bytes) = 0;
+    // bytes from src (this device's) to dst on the device `to`, without a stop in host memory
+    // where the two can (host memory: one memcpy; CUDA: a peer copy); otherwise through it
+    virtual void copy_to(Device& to, void* dst, const void* src, size_t bytes);
+    virtual bool host_memory() const { return false; }   // its pointers are host addresses
+    // where its asynchronous work runs in order (DataParallel's steps, copies between
+    // devices); made at first use
+    WorkQueue& queue();
     virtual std::shared_ptr<Executable> prepare(const Program& program) = 0;
     // the source prepare() compiles, for TG_DEBUG (kept as NAME-HASH + source_suffix())
     virtual std::string source(const Program&) { return ""; }
     virtual const char* source_suffix() const { return ".c"; }
     // the passes of TG_PASSES that suit it (CUDA: not the CPU's fusion into row loops)
     virtual bool runs_pass(const std::string&) const { return true; }
+    // run at the start of its queue's thread (CPU:k: the thread pool its programs use there)
+    virtual void queue_thread_start() {}
+
+private:
+    std::shared_ptr<WorkQueue> queue_;
+    std::once_flag queue_made_;
 };
-Device& device(const std::string& name);              // "CPU", "INTERP", or a registered one
+// "CPU", "INTERP", a registered one, or one of several of a kind: "CPU:1" (made at first use,
+// with its own memory, queue and threads); "CPU:0" is "CPU" and "CUDA:0" is "CUDA"
+Device& device(const std::string& name);
 void register_device(const std::string& name, Device* device);
+// makes KIND:k for k >= 1 when first named (the CPU's is built in; cuda_backend.hpp adds CUDA's)
+void register_device_kind(const std::string& kind, std::function<Device*(int index)> make);
 Device& default_device();                              // $TG_DEVICE, else CPU
 // Called with every program after its passes, before its device prepares it (tests use it to
 // render each program of a run for a second backend). Empty by default.
@@ -6994,17 +7093,92 @@ private:
     pid_t owner_ = getpid();
 };
 
+// A device's queue on a thread of its own, started at first use. An error is thrown once, by
+// the first wait after it. A child process after fork() has no such thread: there the work
+// runs at once.
+class ThreadQueue : public WorkQueue {
+public:
+    explicit ThreadQueue(Device* dev) : dev_(dev) {}
+    uint64_t enqueue(std::function<void()> work) override {
+        if (getpid() != owner_) {
+            work();
+            return 0;
+        }
+        std::lock_guard<std::mutex> lock(m_);
+        if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
+        work_.push_back(std::move(work));
+        wake_.notify_one();
+        return ++queued_;
+    }
+    uint64_t record() override {
+        std::lock_guard<std::mutex> lock(m_);
+        return queued_;
+    }
+    void wait(uint64_t event) override {
+        std::unique_lock<std::mutex> lock(m_);
+        ran_.wait(lock, [&] { return done_ >= event; });
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+private:
+    void serve() {
+        dev_->queue_thread_start();
+        for (;;) {
+            std::function<void()> work;
+            bool failed;
+            {
+                std::unique_lock<std::mutex> lock(m_);
+                wake_.wait(lock, [&] { return !work_.empty(); });
+                work = std::move(work_.front());
+                work_.erase(work_.begin());
+                failed = error_ != nullptr;
+            }
+            std::exception_ptr error;
+            if (!failed) try {
+                    work();
+                } catch (...) {
+                    error = std::current_exception();
+                }
+            {
+                std::lock_guard<std::mutex> lock(m_);
+                if (error) error_ = error;
+                done_++;
+            }
+            ran_.notify_all();
+        }
+    }
+    Device* dev_;
+    std::mutex m_;
+    std::condition_variable wake_, ran_;
+    std::vector<std::function<void()>> work_;
+    uint64_t queued_ = 0, done_ = 0;
+    std::exception_ptr error_;
+    std::thread thread_;
+    pid_t owner_ = getpid();
+};
+
 static int thread_count() {
     unsigned cores = std::thread::hardware_concurrency();
     return int(env_int("TG_THREADS", cores ? cores : 1, 1, 1024));
 }
+
+// The pool and thread count of the programs this thread runs: a CPU:k device's queue thread
+// uses that device's pool, and DataParallel gives each of N devices run at once threads()/N.
+static thread_local ThreadPool* thread_pool_here = nullptr;
+static thread_local int threads_here = 0;   // 0: thread_count()
+struct ThreadsHere {
+    int saved = threads_here;
+    explicit ThreadsHere(int n) { threads_here = n; }
+    ~ThreadsHere() { threads_here = saved; }
+};
 
 // Chunk c of [0, n) is [n·c/chunks, n·(c+1)/chunks). Each chunk reports a failed bounds check
 // in its own err; the program gets the first chunk's, as a loop in order would have.
 static void run_chunks(ChunkFn fn, void* const* b, int64_t* err, int64_t n, int64_t chunks) {
     static ThreadPool pool;
     std::vector<int64_t> errs(size_t(2 * chunks), 0);
-    pool.run(chunks, thread_count(), [&](int64_t c) {
+    ThreadPool& here = thread_pool_here ? *thread_pool_here : pool;
+    here.run(chunks, threads_here ? threads_here : thread_count(), [&](int64_t c) {
         fn(b, &errs[size_t(2 * c)], n * c / chunks, n * (c + 1) / chunks);
     });
     for (int64_t c = 0; c < chunks && !err[0]; c++)
@@ -7081,6 +7255,11 @@ struct HostMemoryDevice : Device {
     void copy_out(void* dst, const void* src, size_t bytes) override {
         if (bytes) std::memcpy(dst, src, bytes);
     }
+    void copy_to(Device& to, void* dst, const void* src, size_t bytes) override {
+        if (to.host_memory()) copy_in(dst, src, bytes);
+        else to.copy_in(dst, src, bytes);
+    }
+    bool host_memory() const override { return true; }
 };
 
 // A program of several nests compiles as two files at once where there are two cores (the
@@ -7090,13 +7269,22 @@ static int compile_parts(const Program& p) {
     return p.blocks.size() >= 4 && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
 }
 
+// CPU:k (k >= 1) is a device of its own for data parallelism: its buffers are its own
+// (host memory all the same), and work on its queue runs with its own thread pool, so several
+// CPU devices run programs at once. A program compiled for one runs on all (one cache entry).
 struct CpuDevice : HostMemoryDevice {
-    const char* name() const override { return "CPU"; }
+    explicit CpuDevice(int index = 0) : name_(index ? strf("CPU:%d", index) : "CPU") {}
+    const char* name() const override { return name_.c_str(); }
     std::shared_ptr<Executable> prepare(const Program& p) override {
         return std::make_shared<CompiledProgram>(
             compile_c(render_c_files(p, compile_parts(p))));
     }
     std::string source(const Program& p) override { return render_c(p); }
+    void queue_thread_start() override { thread_pool_here = &pool_; }
+
+private:
+    std::string name_;
+    ThreadPool pool_;
 };
 
 struct InterpDevice : HostMemoryDevice {
@@ -7106,29 +7294,67 @@ struct InterpDevice : HostMemoryDevice {
     }
 };
 
+// Devices are never destroyed: a tensor may free its buffer after static destructors ran,
+// and a queue's thread may still wait for work then.
+static std::mutex device_table_mutex;
 static std::map<std::string, Device*>& device_table() {
-    static CpuDevice cpu;
-    static InterpDevice interp;
-    static std::map<std::string, Device*> table = {{"CPU", &cpu}, {"INTERP", &interp}};
-    return table;
+    static std::map<std::string, Device*>* table = new std::map<std::string, Device*>{
+        {"CPU", new CpuDevice}, {"INTERP", new InterpDevice}};
+    return *table;
+}
+static std::map<std::string, std::function<Device*(int)>>& device_kinds() {
+    static auto* kinds = new std::map<std::string, std::function<Device*(int)>>{
+        {"CPU", [](int index) -> Device* { return new CpuDevice(index); }}};
+    return *kinds;
 }
 
 Device& device(const std::string& name_in) {
-    auto& table = device_table();
     std::string name = name_in;   // TG_DEVICE=cpu means CPU
     std::transform(name.begin(), name.end(), name.begin(), ::toupper);
+    std::lock_guard<std::mutex> lock(device_table_mutex);
+    auto& table = device_table();
     auto it = table.find(name);
-    if (it == table.end()) {
-        std::string known;
-        for (auto& [n, d] : table) known += (known.empty() ? "" : ", ") + n;
-        fail("device: unknown device '" + name_in + "' (known: " + known + ")");
+    if (it != table.end()) return *it->second;
+    size_t colon = name.find(':');
+    std::string kind = name.substr(0, colon), digits = colon == std::string::npos ? "" :
+                                                        name.substr(colon + 1);
+    bool numbered = !digits.empty() && digits.size() <= 4 &&
+                    std::all_of(digits.begin(), digits.end(), ::isdigit);
+    if (numbered) {
+        int index = std::stoi(digits);
+        std::string canonical = index ? strf("%s:%d", kind.c_str(), index) : kind;
+        if (table.count(canonical)) return *(table[name] = table[canonical]);
+        auto make = device_kinds().find(kind);
+        if (make != device_kinds().end() && index > 0)
+            return *(table[name] = table[canonical] = make->second(index));
     }
-    return *it->second;
+    std::string known;
+    for (auto& [n, d] : table) known += (known.empty() ? "" : ", ") + n;
+    for (auto& [k, make] : device_kinds()) known += ", " + k + ":1, " + k + ":2, ...";
+    fail("device: unknown device '" + name_in + "' (known: " + known + ")");
 }
 void register_device(const std::string& name, Device* dev) {
     std::string upper = name;
     std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    std::lock_guard<std::mutex> lock(device_table_mutex);
     device_table()[upper] = dev;
+}
+void register_device_kind(const std::string& kind, std::function<Device*(int)> make) {
+    std::string upper = kind;
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    std::lock_guard<std::mutex> lock(device_table_mutex);
+    device_kinds()[upper] = std::move(make);
+}
+
+// Through host memory: what a pair of devices that cannot copy directly does.
+void Device::copy_to(Device& to, void* dst, const void* src, size_t bytes) {
+    std::vector<char> host(bytes);
+    copy_out(host.data(), src, bytes);
+    to.copy_in(dst, host.data(), bytes);
+}
+WorkQueue& Device::queue() {
+    std::call_once(queue_made_, [this] { queue_ = std::make_shared<ThreadQueue>(this); });
+    return *queue_;
 }
 Device& default_device() { return device(env_str("TG_DEVICE", "CPU")); }
 std::function<void(const Program&)>& program_observer() {
@@ -7377,6 +7603,25 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
     return true;
 }
 
+// Storage for every buffer of a program on dev: given(i) where it gives one (an input's or an
+// in-place target's own), a part of one arena for the planned temporaries, else its own.
+static std::vector<std::shared_ptr<Buffer>> allocate_buffers(
+    const Program& prog, Device& dev,
+    const std::function<std::shared_ptr<Buffer>(size_t)>& given,
+    const std::vector<int>& unbound = {}) {   // left null: each run binds them
+    std::vector<std::shared_ptr<Buffer>> out(prog.buffers.size());
+    std::shared_ptr<Buffer> arena =
+        prog.arena_bytes ? std::make_shared<Buffer>(&dev, DType::BOOL, prog.arena_bytes) : nullptr;
+    for (size_t i = 0; i < prog.buffers.size(); i++) {
+        const ProgramBuffer& pb = prog.buffers[i];
+        if ((out[i] = given(i)) || std::count(unbound.begin(), unbound.end(), int(i))) continue;
+        if (arena && pb.offset >= 0)
+            out[i] = std::make_shared<Buffer>(arena, pb.offset, pb.dtype, pb.numel);
+        else out[i] = std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
+    }
+    return out;
+}
+
 static ProgramRun run_program(std::vector<NodeP> targets) {
     auto t0 = std::chrono::steady_clock::now();
     Device* targets_device = device_of(targets);
@@ -7394,18 +7639,8 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
     }
     const Program& prog = *run.prog;
     std::vector<void*> ptrs(prog.buffers.size());
-    run.buffers.resize(prog.buffers.size());
-    std::shared_ptr<Buffer> arena =                              // 5. allocate
-        prog.arena_bytes ? std::make_shared<Buffer>(&dev, DType::BOOL, prog.arena_bytes) : nullptr;
-    for (size_t i = 0; i < prog.buffers.size(); i++) {
-        Node* owner = run.owners[i];
-        auto& pb = prog.buffers[i];
-        if (owner->buffer) run.buffers[i] = owner->buffer;
-        else if (arena && pb.offset >= 0)
-            run.buffers[i] = std::make_shared<Buffer>(arena, pb.offset, pb.dtype, pb.numel);
-        else run.buffers[i] = std::make_shared<Buffer>(&dev, pb.dtype, pb.numel);
-        ptrs[i] = run.buffers[i]->ptr;
-    }
+    run.buffers = allocate_buffers(prog, dev, [&](size_t i) { return run.owners[i]->buffer; });
+    for (size_t i = 0; i < prog.buffers.size(); i++) ptrs[i] = run.buffers[i]->ptr;   // 5.
     int64_t err[2] = {0, 0};
     auto t_run = std::chrono::steady_clock::now();
     run.exe->run(ptrs.data(), err);                              // 6. run
@@ -7497,9 +7732,7 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
 
 static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to) {
     auto out = std::make_shared<Buffer>(to ? to : b.device, b.dtype, b.numel);
-    std::vector<char> host(b.bytes());
-    b.device->copy_out(host.data(), b.ptr, b.bytes());
-    out->device->copy_in(out->ptr, host.data(), b.bytes());
+    b.device->copy_to(*out->device, out->ptr, b.ptr, b.bytes());
     return out;
 }
 }  // namespace detail
@@ -7521,6 +7754,23 @@ struct Jit::State {
     int64_t replays = 0;
 };
 
+// What body asks to realize (and backward() leaves pending), collected instead of run.
+static std::vector<NodeP> capture_realizes(const std::function<void()>& body) {
+    std::vector<NodeP> captured;
+    jit_capture = &captured;
+    try {
+        body();
+    } catch (...) {
+        jit_capture = nullptr;
+        pending_targets.clear();
+        throw;
+    }
+    jit_capture = nullptr;
+    captured.insert(captured.end(), pending_targets.begin(), pending_targets.end());
+    pending_targets.clear();
+    return captured;
+}
+
 Jit::Jit(Step step) : state_(std::make_shared<State>()) { state_->step = std::move(step); }
 int64_t Jit::replays() const { return state_->replays; }
 
@@ -7530,20 +7780,9 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
     for (const Tensor& x : inputs)
         if (!x.realized()) realize_nodes({x.node()}, true);
     if (!st.traced) {
-        std::vector<NodeP> captured;
-        jit_capture = &captured;
         Tensor out;
-        try {
-            out = st.step(inputs);
-        } catch (...) {
-            jit_capture = nullptr;
-            pending_targets.clear();
-            throw;
-        }
-        jit_capture = nullptr;
+        std::vector<NodeP> captured = capture_realizes([&] { out = st.step(inputs); });
         if (!out.defined()) fail("jit: the step function returned an undefined tensor");
-        captured.insert(captured.end(), pending_targets.begin(), pending_targets.end());
-        pending_targets.clear();
         captured.push_back(out.node());
         st.run = run_program(captured);
         for (const Tensor& x : inputs) {
@@ -8168,6 +8407,8 @@ Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
                                             "fills its grad(): pass the leaf tensors"
                                           : "does not require grad: call requires_grad() on it"));
     }
+    lr = on_device_of(params[0], lr, Loc::here());   // the update reads them there
+    t = on_device_of(params[0], t, Loc::here());
 }
 void Optimizer::step(Loc loc) {
     detail::UserLocScope at(loc);
@@ -8223,7 +8464,7 @@ SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bo
     : Optimizer(std::move(ps), learning_rate), momentum(mom), weight_decay(wd), nesterov(nest) {
     if (momentum != 0)
         for (const Tensor& p : params)
-            buffers.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+            buffers.push_back(Tensor::zeros_like(p).realize());
 }
 std::vector<Tensor> SGD::updates() {
     std::vector<Tensor> out;
@@ -8255,8 +8496,8 @@ Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, d
       weight_decay(wd),
       decoupled(dec) {
     for (const Tensor& p : params) {
-        m.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
-        v.push_back(Tensor::zeros(p.shape(), p.dtype()).realize());
+        m.push_back(Tensor::zeros_like(p).realize());
+        v.push_back(Tensor::zeros_like(p).realize());
     }
 }
 std::vector<Tensor> Adam::updates() {
@@ -8283,6 +8524,547 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
     return out;
 }
 }  // namespace optim
+
+// ---- [PARALLEL] data parallelism: one training step over several devices ------------------ >>parallel
+// Three programs are built on the first device and not run there: the shard's forward and
+// backward (one per shard size), the merge (into += from for every parameter) and the
+// optimizer's update, which reads its gradients as mine + theirs: the tree's last addition
+// happens inside the update, so no pass over the gradients is spent on it. Each device
+// prepares them once (a CPU device finds the compiled code in memory; CUDA loads the cached
+// CUBIN) and keeps their buffers: its shard's rows, its copies of what the loss reads, its
+// gradients. A device reads its partner's gradients where they lie when it can read that
+// memory (CPU devices), else from its merge buffers, copied on the partner's queue. Tests:
+// tests/test_parallel.cpp.
+namespace detail {
+// A program built once, with the realized tensors it reads or writes in place.
+struct BuiltProgram {
+    ProgramRun run;                                // prog and exe (first device), buffer ids
+    std::vector<std::shared_ptr<Buffer>> given;    // per program buffer: null if none
+    int slot(const NodeP& n) const {
+        auto it = run.buffer_ids.find(n.get());
+        if (it == run.buffer_ids.end()) fail("DataParallel: a program does not read its input");
+        return it->second;
+    }
+};
+static BuiltProgram build_only(const std::vector<NodeP>& targets, Device& dev) {
+    BuiltProgram b;
+    build_program(targets, dev, b.run);
+    for (Node* owner : b.run.owners) b.given.push_back(owner->buffer);
+    b.run.owners.clear();   // the graph goes; the buffers stay
+    return b;
+}
+// A BUFFER node on dev, standing for data each run binds.
+static NodeP placeholder(const Shape& shape, DType dt, Device& dev) {
+    NodeP n = node_make(Op::BUFFER, dt, shape, {}, Loc{});
+    n->buffer = std::make_shared<Buffer>(&dev, dt, shape_numel(shape));
+    return n;
+}
+// A tensor copied to another device, and the in-place update of the original it holds.
+struct Replica {
+    std::shared_ptr<Buffer> source, copy;
+    uint64_t copied_at = 0;
+    bool copied = false;
+    void refresh(Device& to) {
+        uint64_t w = source->written_at;
+        if (source->arena) w = std::max(w, source->arena->written_at);
+        if (copied && w == copied_at) return;
+        source->device->copy_to(to, copy->ptr, source->ptr, source->bytes());
+        copied = true;
+        copied_at = w;
+    }
+};
+// One shard size's forward and backward: its loss and the gradients of loss·weight.
+struct ShardProgram {
+    BuiltProgram built;
+    std::vector<int> shard_slots;   // per batch tensor
+    int weight_slot = -1, loss_slot = -1;
+    Shape loss_shape;
+    std::vector<int> grad_slots;    // per parameter
+};
+// The update's program: the gradients are mine (+ theirs when two devices' are summed here).
+struct UpdateProgram {
+    BuiltProgram built;
+    std::vector<int> mine, theirs;  // per parameter
+};
+// A shard program on one device: its code and buffers, and those of its merge and update
+// (unbound: null, set per step: the partner's gradients).
+struct ShardOnDevice {
+    std::shared_ptr<Executable> exe;
+    std::vector<std::shared_ptr<Buffer>> buffers, merge_buffers, update_buffers[2];
+    std::vector<void*> ptrs, merge_ptrs, update_ptrs[2];
+    std::vector<Replica*> replicas;
+    int64_t err[2] = {0, 0}, merge_err[2] = {0, 0};
+    const std::shared_ptr<Buffer>& grad(const ShardProgram& sp, size_t j) const {
+        return buffers[size_t(sp.grad_slots[j])];
+    }
+};
+static std::vector<void*> pointers(const std::vector<std::shared_ptr<Buffer>>& buffers) {
+    std::vector<void*> out;
+    for (auto& b : buffers) out.push_back(b ? b->ptr : nullptr);
+    return out;
+}
+}  // namespace detail
+
+struct DataParallel::State {
+    std::vector<Device*> devs;
+    optim::Optimizer* opt = nullptr;
+    Loss loss;
+    AllReduce sum_over_processes;
+    int processes = 1;
+    std::map<int64_t, ShardProgram> shards;                             // by rows
+    std::map<std::pair<const ShardProgram*, size_t>, ShardOnDevice> on_device;
+    std::vector<std::map<const Buffer*, Replica>> replicas;             // per device
+    std::vector<std::vector<std::shared_ptr<Buffer>>> received;         // per device, parameter
+    std::optional<BuiltProgram> merge;
+    std::vector<int> merge_into, merge_from;                            // per parameter
+    std::vector<std::shared_ptr<Executable>> merge_exe;                 // per device
+    std::optional<UpdateProgram> update[2];                             // [1]: mine + theirs
+    Times times;
+    std::vector<std::chrono::steady_clock::time_point> computed_at;     // per device
+};
+
+DataParallel::DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer,
+                           Loss loss)
+    : state_(std::make_shared<State>()) {
+    State& st = *state_;
+    if (devices.empty()) fail("DataParallel: no devices");
+    for (const std::string& name : devices) {
+        Device* d = &device(name);
+        if (std::count(st.devs.begin(), st.devs.end(), d))
+            fail(strf("DataParallel: device %s is named twice (as %s)", d->name(), name.c_str()));
+        for (auto& [pass, run] : PASSES)   // the programs are optimized for the first device
+            if (!st.devs.empty() && d->runs_pass(pass) != st.devs[0]->runs_pass(pass))
+                fail(strf("DataParallel: %s and %s are devices of different kinds; use devices "
+                          "of one kind (CPU:0, CPU:1, ... or CUDA:0, CUDA:1, ...)",
+                          st.devs[0]->name(), d->name()));
+        st.devs.push_back(d);
+    }
+    for (size_t i = 0; i < optimizer.params.size(); i++) {
+        Device* d = node_device(optimizer.params[i].node().get());
+        if (d && d != st.devs[0])
+            fail(strf("DataParallel: parameter %zu (%s) is on %s; the parameters live on the "
+                      "first device, %s", i, shape_str(optimizer.params[i].shape()).c_str(),
+                      d->name(), st.devs[0]->name()));
+    }
+    st.opt = &optimizer;
+    st.loss = std::move(loss);
+    size_t n = st.devs.size();
+    st.replicas.resize(n);
+    st.received.resize(n);
+    st.merge_exe.resize(n);
+    st.times.device_ms.resize(n);
+    st.computed_at.resize(n);
+}
+
+std::vector<int64_t> DataParallel::split(int64_t rows, int devices) {
+    if (devices < 1) fail("DataParallel::split: need at least one device");
+    if (rows < devices)
+        fail(strf("DataParallel: a batch of %lld rows cannot be split over %d devices (every "
+                  "device needs a row)", (long long)rows, devices));
+    std::vector<int64_t> out(size_t(devices), rows / devices);
+    for (int64_t k = 0; k < rows % devices; k++) out[size_t(k)]++;
+    return out;
+}
+
+void DataParallel::all_reduce(AllReduce sum_over_processes, int processes) {
+    if (processes < 1) fail(strf("DataParallel::all_reduce: %d processes", processes));
+    state_->sum_over_processes = std::move(sum_over_processes);
+    state_->processes = processes;
+}
+DataParallel::Times DataParallel::last_times() const { return state_->times; }
+std::vector<std::string> DataParallel::devices() const {
+    std::vector<std::string> out;
+    for (Device* d : state_->devs) out.push_back(d->name());
+    return out;
+}
+
+namespace detail {
+static ShardProgram build_shard(DataParallel::State& st, const std::vector<Tensor>& batch,
+                                int64_t rows) {
+    Device& first = *st.devs[0];
+    std::vector<NodeP> shard_nodes;
+    std::vector<Tensor> shard;
+    for (const Tensor& b : batch) {
+        Shape s = b.shape();
+        s[0] = rows;
+        shard_nodes.push_back(placeholder(s, b.dtype(), first));
+        shard.push_back(wrap(shard_nodes.back()));
+    }
+    Tensor loss;
+    std::vector<NodeP> grads_before;   // a loss that calls backward() leaves them as they were
+    for (const Tensor& p : st.opt->params) grads_before.push_back(p.node()->grad);
+    auto restore_grads = [&] {
+        for (size_t i = 0; i < grads_before.size(); i++)
+            st.opt->params[i].node()->grad = grads_before[i];
+    };
+    std::vector<NodeP> targets;
+    try {
+        targets = capture_realizes([&] { loss = st.loss(shard); });
+    } catch (...) {
+        restore_grads();
+        throw;
+    }
+    restore_grads();
+    if (!loss.defined()) fail("DataParallel: the loss function returned an undefined tensor");
+    if (loss.numel() != 1 || !dtype_is_float(loss.dtype()) || !loss.tracks_grad())
+        fail(strf("DataParallel: the loss must be a float scalar that depends on the "
+                  "parameters, got %s %s%s", dtype_name(loss.dtype()),
+                  shape_str(loss.shape()).c_str(), loss.tracks_grad() ? "" : " without gradient"));
+    NodeP weight = placeholder(loss.shape(), loss.dtype(), first);
+    std::unordered_map<Node*, Tensor> grads;
+    {
+        NoGrad no_grad;
+        grads = backpropagate(loss, wrap(weight));
+    }
+    targets.push_back(loss.node());
+    std::vector<NodeP> grad_nodes;
+    for (size_t i = 0; i < st.opt->params.size(); i++) {
+        const Tensor& p = st.opt->params[i];
+        auto it = grads.find(p.node().get());
+        if (it == grads.end())
+            fail(strf("DataParallel: parameter %zu (%s %s, made at %s) gets no gradient from "
+                      "the loss; give the optimizer only the parameters the loss uses", i,
+                      dtype_name(p.dtype()), shape_str(p.shape()).c_str(),
+                      loc_str(p.node()->loc).c_str()));
+        grad_nodes.push_back(it->second.node());
+        targets.push_back(grad_nodes.back());
+    }
+    ShardProgram sp;
+    sp.built = build_only(targets, first);
+    const Program& prog = *sp.built.run.prog;
+    if (!prog.updates.empty())
+        fail("DataParallel: the loss writes a tensor in place (at " +
+             loc_str(prog.updates[0].second) + "); the optimizer's step runs once after the "
+             "gradients are merged, so the loss must not call it (nor use a layer that counts "
+             "its calls in a tensor, such as nn::Dropout in training)");
+    for (const NodeP& n : shard_nodes) {
+        auto it = sp.built.run.buffer_ids.find(n.get());
+        sp.shard_slots.push_back(it == sp.built.run.buffer_ids.end() ? -1 : it->second);
+    }
+    sp.weight_slot = sp.built.slot(weight);
+    sp.loss_slot = sp.built.slot(loss.node());
+    sp.loss_shape = loss.shape();
+    for (const NodeP& g : grad_nodes) {
+        sp.grad_slots.push_back(sp.built.slot(g));
+        if (prog.buffers[size_t(sp.grad_slots.back())].role != ProgramBuffer::OUTPUT)
+            fail("DataParallel: a gradient is not computed by the program (a parameter the "
+                 "loss returns unchanged?)");
+    }
+    for (int slot : sp.shard_slots)
+        if (slot >= 0) sp.built.given[size_t(slot)] = nullptr;   // each device's own
+    sp.built.given[size_t(sp.weight_slot)] = nullptr;
+    return sp;
+}
+
+static void build_merge(DataParallel::State& st) {
+    std::vector<NodeP> into, from, targets;
+    for (const Tensor& p : st.opt->params) {
+        into.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
+        from.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
+        targets.push_back(wrap(into.back()).assign(wrap(into.back()) + wrap(from.back())).node());
+    }
+    st.merge = build_only(targets, *st.devs[0]);
+    for (size_t j = 0; j < into.size(); j++) {
+        st.merge_into.push_back(st.merge->slot(into[j]));
+        st.merge_from.push_back(st.merge->slot(from[j]));
+        st.merge->given[size_t(st.merge_from.back())] = nullptr;
+        st.merge->given[size_t(st.merge_into.back())] = nullptr;
+    }
+}
+
+// The optimizer's step with mine (+ theirs) as each parameter's grad().
+static void build_update(DataParallel::State& st, bool two) {
+    UpdateProgram up;
+    std::vector<NodeP> mine, theirs, saved;
+    for (Tensor& p : st.opt->params) {
+        mine.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
+        if (two) theirs.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
+        saved.push_back(p.node()->grad);
+        p.node()->grad = two ? add(wrap(mine.back()), wrap(theirs.back()), Loc{}).node() : mine.back();
+    }
+    std::vector<NodeP> targets;
+    try {
+        targets = capture_realizes([&] { st.opt->step(); });
+    } catch (...) {
+        for (size_t j = 0; j < saved.size(); j++) st.opt->params[j].node()->grad = saved[j];
+        throw;
+    }
+    for (size_t j = 0; j < saved.size(); j++) st.opt->params[j].node()->grad = saved[j];
+    up.built = build_only(targets, *st.devs[0]);
+    for (const NodeP& g : mine) up.mine.push_back(up.built.slot(g));
+    for (const NodeP& g : theirs) up.theirs.push_back(up.built.slot(g));
+    for (int slot : up.mine) up.built.given[size_t(slot)] = nullptr;
+    for (int slot : up.theirs) up.built.given[size_t(slot)] = nullptr;
+    st.update[two] = std::move(up);
+}
+
+// Shard program sp on device k: prepared there (nothing compiles), with its buffers.
+static ShardOnDevice& shard_on(DataParallel::State& st, const ShardProgram& sp, size_t k) {
+    auto key = std::make_pair(&sp, k);
+    auto found = st.on_device.find(key);
+    if (found != st.on_device.end()) return found->second;
+    Device& dev = *st.devs[k];
+    ShardOnDevice& sd = st.on_device[key];
+    const Program& prog = *sp.built.run.prog;
+    sd.exe = k == 0 ? sp.built.run.exe : dev.prepare(prog);
+    sd.buffers = allocate_buffers(prog, dev, [&](size_t i) -> std::shared_ptr<Buffer> {
+        const std::shared_ptr<Buffer>& source = sp.built.given[i];
+        if (!source || k == 0 || (dev.host_memory() && source->device->host_memory()))
+            return source;   // read where it lies: nothing writes it while the devices run
+        Replica& r = st.replicas[k][source.get()];
+        if (!r.copy) {
+            r.source = source;
+            r.copy = std::make_shared<Buffer>(&dev, source->dtype, source->numel);
+        }
+        if (std::find(sd.replicas.begin(), sd.replicas.end(), &r) == sd.replicas.end())
+            sd.replicas.push_back(&r);
+        return r.copy;
+    });
+    sd.ptrs = pointers(sd.buffers);
+    // its gradients as the merge's and the update's: mine, bound here; theirs: per step
+    auto mine_in = [&](const std::vector<int>& slots, size_t i) {
+        auto at = std::find(slots.begin(), slots.end(), int(i));
+        return at == slots.end() ? nullptr : sd.grad(sp, size_t(at - slots.begin()));
+    };
+    if (st.merge) {
+        if (!st.merge_exe[k]) st.merge_exe[k] = k == 0 ? st.merge->run.exe : dev.prepare(*st.merge->run.prog);
+        sd.merge_buffers = allocate_buffers(*st.merge->run.prog, dev, [&](size_t i) {
+            return mine_in(st.merge_into, i);
+        }, st.merge_from);
+        sd.merge_ptrs = pointers(sd.merge_buffers);
+    }
+    for (int two = 0; k == 0 && two < 2; two++) {
+        if (!st.update[two]) continue;
+        const UpdateProgram& up = *st.update[two];
+        sd.update_buffers[two] = allocate_buffers(*up.built.run.prog, dev, [&](size_t i) {
+            std::shared_ptr<Buffer> g = mine_in(up.mine, i);
+            return g ? g : up.built.given[i];
+        }, up.theirs);
+        sd.update_ptrs[two] = pointers(sd.update_buffers[two]);
+    }
+    return sd;
+}
+
+// Device b's gradients for device a to read: where they lie when a can read b's memory, else
+// in a's merge buffers, copied on b's queue (while a still computes) once a's work up to event
+// `free` (its last merge this step, which read them; 0: none) is done. The reader waits for
+// b's queue to pass the event this leaves.
+static std::vector<void*> send_gradients(DataParallel::State& st, size_t a, size_t b,
+                                         ShardOnDevice& sb, const ShardProgram& pb,
+                                         uint64_t free) {
+    Device &into = *st.devs[a], &from = *st.devs[b];
+    std::vector<void*> out;
+    if (into.host_memory() && from.host_memory()) {
+        for (size_t j = 0; j < pb.grad_slots.size(); j++) out.push_back(sb.grad(pb, j)->ptr);
+        return out;
+    }
+    if (st.received[a].empty())
+        for (const Tensor& p : st.opt->params)
+            st.received[a].push_back(std::make_shared<Buffer>(&into, p.dtype(), p.numel()));
+    from.queue().enqueue([&st, &into, &from, &sb, &pb, free, a] {
+        if (free) into.queue().wait(free);
+        for (size_t j = 0; j < pb.grad_slots.size(); j++) {
+            const Buffer& g = *sb.grad(pb, j);
+            from.copy_to(into, st.received[a][j]->ptr, g.ptr, g.bytes());
+        }
+    });
+    for (auto& r : st.received[a]) out.push_back(r->ptr);
+    return out;
+}
+
+static std::vector<void*> with_theirs(std::vector<void*> ptrs, const std::vector<int>& slots,
+                                      const std::vector<void*>& theirs) {
+    for (size_t j = 0; j < slots.size(); j++) ptrs[size_t(slots[j])] = theirs[j];
+    return ptrs;
+}
+
+// Waits for every queue; the first error (in device order) is thrown once all are idle.
+static void wait_all(const std::vector<Device*>& devs) {
+    std::exception_ptr first;
+    for (Device* d : devs) try {
+            d->queue().synchronize();
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    if (first) std::rethrow_exception(first);
+}
+
+static double read_scalar(const Buffer& b) {
+    if (b.dtype == DType::FLOAT64) {
+        double v = 0;
+        b.device->copy_out(&v, b.ptr, sizeof v);
+        return v;
+    }
+    float f = 0;
+    b.device->copy_out(&f, b.ptr, sizeof f);
+    return f;
+}
+static void write_scalar(Device& dev, const Buffer& b, double v) {
+    float f = float(v);
+    if (b.dtype == DType::FLOAT64) dev.copy_in(b.ptr, &v, sizeof v);
+    else dev.copy_in(b.ptr, &f, sizeof f);
+}
+static double ms_between(std::chrono::steady_clock::time_point a,
+                         std::chrono::steady_clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace detail
+
+Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
+    using clock = std::chrono::steady_clock;
+    State& st = *state_;
+    auto t_step = clock::now();
+    size_t N = st.devs.size();
+    // 1. the batch realized, its rows split
+    if (batch_in.empty()) fail("DataParallel: the batch has no tensors");
+    std::vector<Tensor> batch;
+    for (size_t i = 0; i < batch_in.size(); i++) {
+        const Tensor& b = batch_in[i];
+        if (b.ndim() == 0)
+            fail(strf("DataParallel: batch tensor %zu is a scalar; each is split along its "
+                      "first axis", i));
+        if (b.shape()[0] != batch_in[0].shape()[0])
+            fail(strf("DataParallel: batch tensors 0 and %zu have %s and %s rows: each is split "
+                      "along its first axis", i, shape_str(batch_in[0].shape()).c_str(),
+                      shape_str(b.shape()).c_str()));
+        batch.push_back(b.node()->op == Op::BUFFER ? b : b.contiguous());
+    }
+    realize_pending_leaves();
+    for (Tensor& b : batch)
+        if (!b.realized()) realize_nodes({b.node()}, true);
+    int64_t rows = batch[0].shape()[0];
+    std::vector<int64_t> sizes = split(rows, int(N));
+    // 2. the programs (the first step of a shard size builds them) and each device's buffers.
+    // The tree adds k + stride into k for strides 1, 2, 4, ... below `last`; the update adds
+    // device `last` into 0 (or, with processes to sum over, the merge does it first).
+    size_t last = 0;
+    while ((last ? 2 * last : 1) < N) last = last ? 2 * last : 1;
+    bool fused = last > 0 && !st.sum_over_processes;
+    size_t merge_below = fused ? last : N;
+    std::vector<const ShardProgram*> programs(N);
+    for (size_t k = 0; k < N; k++) {
+        auto it = st.shards.find(sizes[k]);
+        if (it == st.shards.end())
+            it = st.shards.emplace(sizes[k], build_shard(st, batch, sizes[k])).first;
+        programs[k] = &it->second;
+    }
+    if ((merge_below > 1 && !st.merge) || !st.update[fused]) {
+        if (merge_below > 1 && !st.merge) build_merge(st);
+        if (!st.update[fused]) build_update(st, fused);
+        st.on_device.clear();   // bound before these programs existed
+    }
+    std::vector<ShardOnDevice*> on(N);
+    for (size_t k = 0; k < N; k++) on[k] = &shard_on(st, *programs[k], k);
+    // 3. forward and backward on every device at once
+    int threads_each = std::max(1, thread_count() / int(N));
+    int64_t first_row = 0;
+    for (size_t k = 0; k < N; k++) {
+        Device& dev = *st.devs[k];
+        ShardOnDevice& sd = *on[k];
+        const ShardProgram& sp = *programs[k];
+        struct Rows { std::shared_ptr<Buffer> from; size_t offset, bytes; void* to; };
+        std::vector<Rows> copies;
+        for (size_t i = 0; i < batch.size(); i++) {
+            int slot = sp.shard_slots[i];
+            if (slot < 0) continue;
+            const std::shared_ptr<Buffer>& from = batch[i].node()->buffer;
+            size_t row_bytes = from->bytes() / size_t(rows);
+            copies.push_back({from, size_t(first_row) * row_bytes, size_t(sizes[k]) * row_bytes,
+                              sd.buffers[size_t(slot)]->ptr});
+        }
+        double weight = double(sizes[k]) / double(rows) / st.processes;
+        dev.queue().enqueue([&st, &dev, &sd, &sp, copies, weight, threads_each, k] {
+            auto t0 = clock::now();
+            ThreadsHere threads(threads_each);
+            for (const Rows& c : copies)
+                c.from->device->copy_to(dev, c.to, static_cast<char*>(c.from->ptr) + c.offset,
+                                        c.bytes);
+            for (Replica* r : sd.replicas) r->refresh(dev);
+            write_scalar(dev, *sd.buffers[size_t(sp.weight_slot)], weight);
+            sd.err[0] = sd.err[1] = 0;
+            sd.exe->run(sd.ptrs.data(), sd.err);
+            st.computed_at[k] = clock::now();
+            st.times.device_ms[k] = ms_between(t0, st.computed_at[k]);
+        });
+        first_row += sizes[k];
+    }
+    // 4. the merge, each pair as soon as its two devices are done; the merges of a stride
+    // share the threads
+    std::vector<uint64_t> merged(N, 0);   // per device: the event after its last merge
+    for (size_t stride = 1; stride < merge_below; stride *= 2) {
+        int pairs = int((N - stride + 2 * stride - 1) / (2 * stride));
+        int threads_merging = std::max(1, thread_count() / pairs);
+        for (size_t a = 0; a + stride < N; a += 2 * stride) {
+            size_t b = a + stride;
+            ShardOnDevice& sa = *on[a];
+            std::vector<void*> ptrs = with_theirs(
+                sa.merge_ptrs, st.merge_from,
+                send_gradients(st, a, b, *on[b], *programs[b], merged[a]));
+            Device& from = *st.devs[b];
+            uint64_t ready = from.queue().record();
+            merged[a] = st.devs[a]->queue().enqueue(
+                [&st, &from, &sa, ptrs, ready, threads_merging, a] {
+                    from.queue().wait(ready);
+                    ThreadsHere threads(threads_merging);
+                    sa.merge_err[0] = sa.merge_err[1] = 0;
+                    st.merge_exe[a]->run(ptrs.data(), sa.merge_err);
+                });
+        }
+    }
+    std::vector<void*> update_ptrs = on[0]->update_ptrs[fused];
+    if (fused)
+        update_ptrs = with_theirs(update_ptrs, st.update[1]->theirs,
+                                  send_gradients(st, 0, last, *on[last], *programs[last],
+                                                 merged[0]));
+    wait_all(st.devs);
+    for (size_t k = 0; k < N; k++) {   // a failed check: the step ends, nothing was updated
+        try {
+            check_errors(*programs[k]->built.run.prog, on[k]->err);
+        } catch (const Error& e) {
+            throw Error(strf("%s (on %s, shard of %lld rows)", e.what(), st.devs[k]->name(),
+                             (long long)sizes[k]));
+        }
+    }
+    for (size_t stride = 1; stride < merge_below; stride *= 2)
+        for (size_t a = 0; a + stride < N; a += 2 * stride)
+            check_errors(*st.merge->run.prog, on[a]->merge_err);
+    // 5. across processes, then the update on the first device
+    if (st.sum_over_processes) {
+        std::vector<Tensor> grads;
+        for (size_t j = 0; j < st.opt->params.size(); j++) {
+            const std::shared_ptr<Buffer>& g = on[0]->grad(*programs[0], j);
+            NodeP n = node_make(Op::BUFFER, g->dtype, st.opt->params[j].shape(), {}, Loc{});
+            n->buffer = g;
+            grads.push_back(wrap(n));
+        }
+        st.sum_over_processes(grads);
+    }
+    auto t_update = clock::now();
+    st.times.merge_ms = ms_between(
+        *std::max_element(st.computed_at.begin(), st.computed_at.end()), t_update);
+    const UpdateProgram& up = *st.update[fused];
+    int64_t err[2] = {0, 0};
+    up.built.run.exe->run(update_ptrs.data(), err);
+    note_updates(*up.built.run.prog, on[0]->update_buffers[fused]);
+    check_errors(*up.built.run.prog, err);
+    st.times.update_ms = ms_between(t_update, clock::now());
+    // 6. the batch's loss: the shards' losses by their share of the rows
+    double loss = 0;
+    for (size_t k = 0; k < N; k++)
+        loss += double(sizes[k]) / double(rows) *
+                read_scalar(*on[k]->buffers[size_t(programs[k]->loss_slot)]);
+    const Buffer& loss0 = *on[0]->buffers[size_t(programs[0]->loss_slot)];
+    NodeP out = node_make(Op::BUFFER, loss0.dtype, programs[0]->loss_shape, {}, Loc{});
+    out->buffer = std::make_shared<Buffer>(st.devs[0], loss0.dtype, 1);
+    write_scalar(*st.devs[0], *out->buffer, loss);
+    st.times.step_ms = ms_between(t_step, clock::now());
+    if (debug_level() >= 1)
+        std::fprintf(stderr, "[tg] data-parallel step on %zu devices: slowest %.3f ms, merge "
+                     "%.3f ms, update %.3f ms, step %.3f ms\n", N,
+                     *std::max_element(st.times.device_ms.begin(), st.times.device_ms.end()),
+                     st.times.merge_ms, st.times.update_ms, st.times.step_ms);
+    return wrap(out);
+}
 
 // ---- [DATA] toy datasets and batches ----------------------------------------------------- >>data
 namespace data {

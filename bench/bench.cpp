@@ -200,6 +200,7 @@ static void w6() {
 }
 
 static tg::ProgramInfo w3_program, w5_program;   // for M1
+static double w3_median_ms = 0;                     // for W3dp
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
 // of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps
@@ -225,6 +226,53 @@ static void w3() {
     auto [t, program] = trace_and_time(one, 2, 2, 3);
     print_line("W3 mlp", t, true, "final loss", last.item(), program);
     w3_program = program;
+    w3_median_ms = t.median_us * 1e-3;
+}
+
+// W3dp: W3's steps with tg::DataParallel on two CPU devices (CPU and CPU:1; each batch split
+// in halves, threads()/2 threads each), beside the same DataParallel on one device given as
+// many threads as each of the two has, and beside W3 (one device, every thread).
+static void w3dp() {
+    const int64_t din = 784, h = 1024, dout = 10, B = 256, pool = 4096;
+    std::mt19937 rng(1337);
+    std::normal_distribution<float> normal;
+    std::uniform_int_distribution<int32_t> label(0, int32_t(dout - 1));
+    std::vector<float> xs(size_t(pool * din));
+    std::vector<int32_t> ys(static_cast<size_t>(pool));
+    for (auto& x : xs) x = normal(rng);
+    for (auto& y : ys) y = label(rng);
+    Tensor X = Tensor::from_vector(xs, {pool, din}), Y = Tensor::from_vector(ys, {pool});
+    int threads = tg::threads(), each = std::max(1, threads / 2);
+    struct Run { Timing t; tg::DataParallel::Times parts; double loss; };
+    auto run = [&](const std::vector<std::string>& devices) {
+        tg::manual_seed(1337);
+        nn::Sequential mlp(nn::Linear(din, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(),
+                           nn::Linear(h, dout));
+        tg::optim::SGD opt(mlp.parameters(), 0.01);
+        tg::DataParallel dp(devices, opt, [&](const std::vector<Tensor>& shard) {
+            return nn::cross_entropy(mlp(X[shard[0]]), Y[shard[0]]);
+        });
+        std::mt19937 batches(7);
+        Tensor last;
+        auto one = [&] { last = dp({Tensor::from_vector(random_batch(batches, pool, B))}); };
+        Timing t = time_blocks(one, 3, 2, 5);
+        return Run{t, dp.last_times(), last.item()};
+    };
+    Run two = run({"CPU", "CPU:1"});
+    std::string saved = std::getenv("TG_THREADS") ? std::getenv("TG_THREADS") : "";
+    setenv("TG_THREADS", std::to_string(each).c_str(), 1);
+    Run one = run({"CPU"});
+    if (saved.empty()) unsetenv("TG_THREADS");
+    else setenv("TG_THREADS", saved.c_str(), 1);
+    std::printf("W3dp       %9.1f ms/step median %9.1f ms/step min  devices 2, threads %d each  "
+                "final loss %.4f  merge %.2f ms  update %.2f ms  1 device of %d threads: %.1f ms "
+                "(2 devices %.2fx faster)", two.t.median_us * 1e-3, two.t.min_us * 1e-3, each,
+                two.loss, two.parts.merge_ms, two.parts.update_ms, each, one.t.median_us * 1e-3,
+                one.t.median_us / two.t.median_us);
+    if (w3_median_ms > 0)
+        std::printf("  W3 (1 device, %d threads): %.1f ms (%.2fx)", threads, w3_median_ms,
+                    w3_median_ms / (two.t.median_us * 1e-3));
+    std::printf("\n");
 }
 
 // W4: C = A·B for n×n float32 A and B from randn, realized (the eager path, as a user writes
@@ -323,6 +371,7 @@ int main() {
     if (enabled("w1")) w1();
     if (enabled("w2")) w2();
     if (enabled("w3")) w3();
+    if (enabled("w3dp") && !cuda) w3dp();
     if (enabled("w4")) w4(1024);
     if (enabled("w4") && cuda) w4(4096);
     if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);

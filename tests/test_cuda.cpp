@@ -357,3 +357,77 @@ TEST(cuda_debug_keeps_the_cu_source) {
     CHECK(cu >= 1);
     if (std::system(("rm -rf " + dir).c_str()) != 0) th::report(__FILE__, __LINE__, "rm failed");
 }
+
+// ---- several GPUs and NCCL --------------------------------------------------------------------
+
+TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
+    std::string why;
+    if (gpu(&why)) SKIP("a GPU is present: the errors of its absence cannot be seen");
+    CHECK(&tg::detail::device("CUDA:0") == &tg::detail::device("CUDA"));
+    tg::detail::Device& second = tg::detail::device("CUDA:1");
+    CHECK_EQ(std::string(second.name()), std::string("CUDA:1"));
+    CHECK_THROWS(Tensor::ones({2}).to("CUDA:1"), "CUDA", "libcuda.so.1");
+    {
+        EnvGuard lib("TG_NCCL_LIBRARY", "/nonexistent/libnccl.so.2");
+        CHECK_THROWS(tg::cuda::nccl_unique_id(), "NCCL: cannot load /nonexistent/libnccl.so.2",
+                     "TG_NCCL_LIBRARY");
+    }
+    CHECK_THROWS(tg::cuda::Nccl(0, 2, "abc"), "NCCL: the unique id must be 256 lowercase hex");
+    CHECK_THROWS(tg::cuda::Nccl(2, 2, std::string(256, '0')), "NCCL: rank 2 of 2 ranks");
+    CHECK_THROWS(tg::cuda::Nccl(0, 1, std::string(256, '0'), "CPU"), "NCCL: CPU is not a CUDA device");
+    {
+        EnvGuard rank("TG_NCCL_RANK", "0"), ranks("TG_NCCL_RANKS", "1");
+        unsetenv("TG_NCCL_ID");
+        unsetenv("TG_NCCL_ID_FILE");
+        CHECK_THROWS(tg::cuda::Nccl::from_environment(), "TG_NCCL_ID", "TG_NCCL_ID_FILE");
+    }
+    tg::manual_seed(1);
+    tg::nn::Linear layer(3, 2);
+    tg::optim::SGD opt(layer.parameters(), 0.1);
+    CHECK_THROWS(tg::DataParallel({"CPU", "CUDA"}, opt, [&](const std::vector<Tensor>& s) {
+        return layer(s[0]).sum();
+    }), "CPU and CUDA are devices of different kinds");
+}
+
+// On one GPU: DataParallel on CUDA gives one device's jitted step, and a communicator of one
+// rank runs the path that sums across processes, changing nothing.
+TEST(cuda_data_parallel_with_a_one_rank_nccl) {
+    NEED_GPU();
+    auto train = [](bool nccl, bool dp) {
+        EnvGuard dev("TG_DEVICE", "CUDA");
+        Tensor X = Tensor::from_vector(th::randf(64 * 10, 3), {64, 10});
+        Tensor Y = Tensor::from_vector(th::randi(64, 4, 0, 3), {64});
+        tg::manual_seed(2);
+        tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
+        tg::optim::Adam opt(mlp.parameters(), 0.01);
+        auto loss_of = [&](const Tensor& x, const Tensor& y) {
+            return tg::nn::cross_entropy(mlp(x), y);
+        };
+        tg::Jit one([&](const std::vector<Tensor>& in) {
+            Tensor loss = loss_of(in[0], in[1]);
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+            return loss;
+        });
+        tg::DataParallel step({"CUDA:0"}, opt, [&](const std::vector<Tensor>& s) {
+            return loss_of(s[0], s[1]);
+        });
+        std::unique_ptr<tg::cuda::Nccl> comm;
+        if (nccl) {
+            comm = std::make_unique<tg::cuda::Nccl>(0, 1, tg::cuda::nccl_unique_id());
+            step.all_reduce(comm->all_reduce(), comm->ranks());
+        }
+        for (int s = 0; s < 4; s++) {
+            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16), Y.slice(0, 16 * s, 16 * s + 16)};
+            dp ? step(in) : one(in);
+        }
+        std::vector<float> out;
+        for (const Tensor& p : mlp.parameters())
+            for (float v : values(p.to("CPU"))) out.push_back(v);
+        return out;
+    };
+    std::vector<float> jit = train(false, false), dp = train(false, true);
+    CHECK_ALL_NEAR(dp, jit, 1e-5);
+    CHECK(train(true, true) == dp);
+}

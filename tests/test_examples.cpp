@@ -186,8 +186,18 @@ TEST(example_05_regression) {
     CHECK(has(out, "logistic: training accuracy"));
 }
 
-// The header (with cuda_backend.hpp after it) compiles alone with the implementation, as C++17
-// and C++20, with g++ and clang++.
+// Three devices train the moons as one does (exit 1 when the parameters differ by more than
+// rounding), and both separate them.
+TEST(example_07_data_parallel_agrees_with_one_device) {
+    std::string out;
+    CHECK(run_example("07_data_parallel", "--devices 3", out));
+    CHECK(has(out, "moons on 3 devices (CPU:0 ... CPU:2)"));
+    double many = number_after(out, "accuracy: "), one = number_after(out, "devices, ");
+    CHECK(many > 0.9 && one > 0.9);
+    CHECK(has(out, "parameters: largest difference "));
+    CHECK(number_after(out, "largest difference ") < 1e-4);
+}
+
 // The GPT learns (the loss falls), checkpoints into the current directory, and a run stopped
 // after step 30 and resumed prints what the uninterrupted run prints from step 36 on: the same
 // losses, the same samples.
@@ -223,6 +233,8 @@ TEST(example_06_gpt_resumes_bit_for_bit) {
     CHECK(has(rest, "06_gpt: cannot resume: ") && has(rest, "missing.safetensors"));
 }
 
+// The header (with cuda_backend.hpp after it) compiles alone with the implementation, as C++17
+// and C++20, with g++ and clang++.
 TEST(header_compiles_alone_cxx17_cxx20) {
     for (const char* cxx : {"g++", "clang++"}) {
         std::string probe = std::string("command -v ") + cxx + " >/dev/null 2>&1";
