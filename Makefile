@@ -3,8 +3,7 @@
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
 #                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
-# make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors,
-#                 data parallelism)
+# make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make build-time seconds to compile the implementation alone (a tinygrad_impl.cpp) with each
 #                 C++ compiler found, at BUILD_TIME_OPTS (default -O0 -O2); printed, not asserted
@@ -78,8 +77,8 @@ test-asan:
 
 # What CI runs under the sanitizers beside make test (all of make test-asan takes about 8
 # minutes on 2 cores): the runtime and cache, the loaders and parsers (fuzz targets), the
-# scheduler, the errors, the reliability tests and data parallelism (threads and queues).
-SUBSET := test_runtime test_fuzz test_schedule test_errors test_reliability test_parallel main
+# scheduler, the errors and the reliability tests.
+SUBSET := test_runtime test_fuzz test_schedule test_errors test_reliability main
 $(BUILD)/run_tests_subset: $(patsubst %,$(BUILD)/tests/%.o,$(SUBSET)) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 test-subset: $(BUILD)/run_tests_subset
