@@ -8916,6 +8916,9 @@ Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
     auto t_step = clock::now();
     size_t N = st.devs.size();
     // 1. the batch realized, its rows split
+    if (jit_capture)
+        fail("DataParallel: a step cannot run inside a jitted function (it compiles its own "
+             "programs once; call it directly)");
     if (batch_in.empty()) fail("DataParallel: the batch has no tensors");
     std::vector<Tensor> batch;
     for (size_t i = 0; i < batch_in.size(); i++) {

@@ -318,6 +318,9 @@ TEST(data_parallel_refuses_what_it_cannot_split_or_merge) {
     });
     CHECK_THROWS(stepping({task.X.slice(0, 0, 8), task.Y.slice(0, 0, 8)}),
                  "the loss writes a tensor in place", "must not call it");
+    tg::Jit jitted([&](const std::vector<Tensor>& in) { return dp(in); });
+    CHECK_THROWS(jitted({task.X.slice(0, 0, 8), task.Y.slice(0, 0, 8)}),
+                 "DataParallel: a step cannot run inside a jitted function");
     std::vector<float> kept = flat(layer.parameters());
     dp({task.X.slice(0, 0, 8), task.Y.slice(0, 0, 8)});   // still works after the errors
     CHECK(!same_bits(flat(layer.parameters()), kept));
