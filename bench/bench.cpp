@@ -204,25 +204,33 @@ static double w3_median_ms = 0;                     // for W3dp
 
 // W3: MLP 784→1024→1024→10 ReLU with biases, batch 256, cross-entropy, SGD lr 0.01, on a pool
 // of 4096 random inputs; 2 warm-up steps, 3 blocks of 2 steps
-static void w3() {
-    const int64_t din = 784, h = 1024, dout = 10, B = 256, pool = 4096;
-    std::mt19937 rng(1337);
+static const int64_t W3_IN = 784, W3_HIDDEN = 1024, W3_OUT = 10, W3_BATCH = 256, W3_POOL = 4096;
+static std::pair<Tensor, Tensor> w3_pool(std::mt19937& rng) {   // inputs and labels
     std::normal_distribution<float> normal;
-    std::uniform_int_distribution<int32_t> label(0, int32_t(dout - 1));
-    std::vector<float> xs(size_t(pool * din));
-    std::vector<int32_t> ys(static_cast<size_t>(pool));
+    std::uniform_int_distribution<int32_t> label(0, int32_t(W3_OUT - 1));
+    std::vector<float> xs(size_t(W3_POOL * W3_IN));
+    std::vector<int32_t> ys(static_cast<size_t>(W3_POOL));
     for (auto& x : xs) x = normal(rng);
     for (auto& y : ys) y = label(rng);
-    Tensor X = Tensor::from_vector(xs, {pool, din}), Y = Tensor::from_vector(ys, {pool});
+    return {Tensor::from_vector(xs, {W3_POOL, W3_IN}), Tensor::from_vector(ys, {W3_POOL})};
+}
+static nn::Sequential w3_mlp() {
     tg::manual_seed(1337);
-    nn::Sequential mlp(nn::Linear(din, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(),
-                       nn::Linear(h, dout));
+    return nn::Sequential(nn::Linear(W3_IN, W3_HIDDEN), nn::ReLU(),
+                          nn::Linear(W3_HIDDEN, W3_HIDDEN), nn::ReLU(),
+                          nn::Linear(W3_HIDDEN, W3_OUT));
+}
+
+static void w3() {
+    std::mt19937 rng(1337);
+    auto [X, Y] = w3_pool(rng);
+    nn::Sequential mlp = w3_mlp();
     tg::optim::SGD opt(mlp.parameters(), 0.01);
-    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+    tg::Jit step = training_step(opt, [&, X = X, Y = Y](const Tensor& idx) {
         return nn::cross_entropy(mlp(X[idx]), Y[idx]);
     });
     Tensor last;
-    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, pool, B))}); };
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, W3_POOL, W3_BATCH))}); };
     auto [t, program] = trace_and_time(one, 2, 2, 3);
     print_line("W3 mlp", t, true, "final loss", last.item(), program);
     w3_program = program;
@@ -233,28 +241,21 @@ static void w3() {
 // in halves, threads()/2 threads each), beside the same DataParallel on one device given as
 // many threads as each of the two has, and beside W3 (one device, every thread).
 static void w3dp() {
-    const int64_t din = 784, h = 1024, dout = 10, B = 256, pool = 4096;
     std::mt19937 rng(1337);
-    std::normal_distribution<float> normal;
-    std::uniform_int_distribution<int32_t> label(0, int32_t(dout - 1));
-    std::vector<float> xs(size_t(pool * din));
-    std::vector<int32_t> ys(static_cast<size_t>(pool));
-    for (auto& x : xs) x = normal(rng);
-    for (auto& y : ys) y = label(rng);
-    Tensor X = Tensor::from_vector(xs, {pool, din}), Y = Tensor::from_vector(ys, {pool});
+    auto [X, Y] = w3_pool(rng);
     int threads = tg::threads(), each = std::max(1, threads / 2);
     struct Run { Timing t; tg::DataParallel::Times parts; double loss; };
-    auto run = [&](const std::vector<std::string>& devices) {
-        tg::manual_seed(1337);
-        nn::Sequential mlp(nn::Linear(din, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(),
-                           nn::Linear(h, dout));
+    auto run = [&, X = X, Y = Y](const std::vector<std::string>& devices) {
+        nn::Sequential mlp = w3_mlp();
         tg::optim::SGD opt(mlp.parameters(), 0.01);
         tg::DataParallel dp(devices, opt, [&](const std::vector<Tensor>& shard) {
             return nn::cross_entropy(mlp(X[shard[0]]), Y[shard[0]]);
         });
         std::mt19937 batches(7);
         Tensor last;
-        auto one = [&] { last = dp({Tensor::from_vector(random_batch(batches, pool, B))}); };
+        auto one = [&] {
+            last = dp({Tensor::from_vector(random_batch(batches, W3_POOL, W3_BATCH))});
+        };
         Timing t = time_blocks(one, 3, 2, 5);
         return Run{t, dp.last_times(), last.item()};
     };

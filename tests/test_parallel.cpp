@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 using tg::Tensor;
@@ -38,6 +39,18 @@ struct Task {
     }
 };
 
+// One device's step as a user writes it: the loss of the inputs, backward, the optimizer.
+tg::Jit one_device_step(optim::Optimizer& opt,
+                        std::function<Tensor(const std::vector<Tensor>&)> loss_of) {
+    return tg::Jit([&opt, loss_of](const std::vector<Tensor>& in) {
+        Tensor loss = loss_of(in);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+}
+
 // `steps` steps of an MLP with SGD (momentum) on consecutive batches of `batch` rows, on one
 // device with tg::Jit (devices empty) or with DataParallel; the parameters afterwards, and the
 // losses in *losses.
@@ -48,16 +61,9 @@ std::vector<float> train_mlp(const std::vector<std::string>& devices, int steps,
     nn::Sequential mlp(nn::Linear(12, 24), nn::Tanh(), nn::Linear(24, 24), nn::ReLU(),
                        nn::Linear(24, 5));
     optim::SGD opt(mlp.parameters(), 0.2, 0.9, 1e-3);
-    auto loss_of = [&](const Tensor& x, const Tensor& y) { return nn::cross_entropy(mlp(x), y); };
-    tg::Jit one([&](const std::vector<Tensor>& in) {
-        Tensor loss = loss_of(in[0], in[1]);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
-    });
-    tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt,
-                        [&](const std::vector<Tensor>& shard) { return loss_of(shard[0], shard[1]); });
+    auto loss_of = [&](const std::vector<Tensor>& in) { return nn::cross_entropy(mlp(in[0]), in[1]); };
+    tg::Jit one = one_device_step(opt, loss_of);
+    tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt, loss_of);
     for (int s = 0; s < steps; s++) {
         int64_t a = (s * batch) % (96 - batch + 1);
         std::vector<Tensor> in = {task.X.slice(0, a, a + batch), task.Y.slice(0, a, a + batch)};
@@ -181,19 +187,13 @@ TEST(data_parallel_trains_w2_and_w3_like_one_device) {
         nn::Linear l1(T * E, D, false), l2(D, D, false), l3(D, V, false);
         std::vector<Tensor> params = {C.weight, l1.weight, l2.weight, l3.weight};
         optim::SGD opt(params, 0.01);
-        auto loss_of = [&](const Tensor& x, const Tensor& y) {
-            Tensor h = l2(l1(C(x).reshape({-1, T * E})).tanh()).tanh();
-            return nn::cross_entropy(l3(h), y);
+        auto loss_of = [&](const std::vector<Tensor>& in) {
+            Tensor h = l2(l1(C(in[0]).reshape({-1, T * E})).tanh()).tanh();
+            return nn::cross_entropy(l3(h), in[1]);
         };
-        tg::Jit one([&](const std::vector<Tensor>& in) {
-            Tensor loss = loss_of(in[0], in[1]);
-            opt.zero_grad();
-            loss.backward();
-            opt.step();
-            return loss;
-        });
+        tg::Jit one = one_device_step(opt, loss_of);
         tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt,
-                            [&](const std::vector<Tensor>& s) { return loss_of(s[0], s[1]); });
+                            loss_of);
         for (int s = 0; s < 4; s++) {
             std::vector<Tensor> in = {X.slice(0, s * B, (s + 1) * B), Y.slice(0, s * B, (s + 1) * B)};
             devices.empty() ? one(in) : dp(in);
@@ -208,18 +208,12 @@ TEST(data_parallel_trains_w2_and_w3_like_one_device) {
         nn::Sequential mlp(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(),
                            nn::Linear(1024, 10));
         optim::SGD opt(mlp.parameters(), 0.01);
-        auto loss_of = [&](const Tensor& idx) {
-            return nn::cross_entropy(mlp(task.X[idx]), task.Y[idx]);
+        auto loss_of = [&](const std::vector<Tensor>& in) {
+            return nn::cross_entropy(mlp(task.X[in[0]]), task.Y[in[0]]);
         };
-        tg::Jit one([&](const std::vector<Tensor>& in) {
-            Tensor loss = loss_of(in[0]);
-            opt.zero_grad();
-            loss.backward();
-            opt.step();
-            return loss;
-        });
+        tg::Jit one = one_device_step(opt, loss_of);
         tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt,
-                            [&](const std::vector<Tensor>& s) { return loss_of(s[0]); });
+                            loss_of);
         for (int s = 0; s < 3; s++) {
             Tensor idx = Tensor::from_vector(th::randi(256, 20 + s, 0, 1023));
             devices.empty() ? one({idx}) : dp({idx});
