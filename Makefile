@@ -58,11 +58,12 @@ $(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygra
 	$* -std=c++17 -O1 -c -o $@.o $<
 	$(CXX) $(CXXFLAGS) -o $@ $@.o $(BUILD)/tinygrad.o $(LDLIBS)
 
-# Tests run from the repository root with a fresh, private compile cache.
+# Tests run from the repository root with a fresh, private compile cache, in as many processes
+# as there are cores (tests/run.sh; TG_TEST_PROCESSES=1 for one).
 test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
-	./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
+	tests/run.sh ./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
 
 CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
 CUDA_GRAPHS ?= 300
@@ -83,7 +84,8 @@ $(BUILD)/run_tests_subset: $(patsubst %,$(BUILD)/tests/%.o,$(SUBSET)) $(BUILD)/t
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 test-subset: $(BUILD)/run_tests_subset
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
-	TG_CACHE_DIR=$$dir ./$(BUILD)/run_tests_subset $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
+	TG_CACHE_DIR=$$dir tests/run.sh ./$(BUILD)/run_tests_subset $(FILTER); rc=$$?; \
+	rm -rf $$dir; exit $$rc
 test-asan-subset:
 	$(MAKE) --no-print-directory test-subset BUILD=build-asan \
 	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"

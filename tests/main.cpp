@@ -2,10 +2,25 @@
 // name contains one of them, or its file is one named, like test_ops.cpp), those marked
 // TEST_LAST after the others, and prints one line per case, then the summary line
 // "N passed, N failed, N skipped". Exit status 1 on a failure.
+// With TG_TEST_CLAIMS=DIR several processes share one run (tests/run.sh): a case runs in the
+// process that first creates DIR/<its number>; a TEST_LAST case runs in each, over what that
+// process did.
 #include "harness.hpp"
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fcntl.h>
+#include <unistd.h>
+
+static bool claimed(size_t index) {
+    const char* dir = std::getenv("TG_TEST_CLAIMS");
+    if (!dir) return true;
+    std::string path = std::string(dir) + "/" + std::to_string(index);
+    int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+}
 
 static bool selected(const th::Case& c, int argc, char** argv) {
     if (argc < 2) return true;
@@ -24,8 +39,10 @@ int main(int argc, char** argv) {
     }
     int passed = 0, failed = 0, skipped = 0;
     for (bool last : {false, true})
-        for (const th::Case& c : th::cases()) {
+        for (size_t index = 0; index < th::cases().size(); index++) {
+            const th::Case& c = th::cases()[index];
             if (c.child_only || c.last != last || !selected(c, argc, argv)) continue;
+            if (!last && !claimed(index)) continue;
             int before = th::failures();
             std::string status = "ok";
             try {
