@@ -1065,9 +1065,12 @@ Nccl::Nccl(int rank, int ranks, const std::string& unique_id, const std::string&
 
 Nccl Nccl::from_environment(const std::string& device_name) {
     using namespace detail;
-    int ranks = env_int("TG_NCCL_RANKS", 0, 1, 1 << 20), rank = env_int("TG_NCCL_RANK", -1, 0, ranks - 1);
-    if (ranks == 0 || rank < 0)
-        fail("NCCL: set TG_NCCL_RANK and TG_NCCL_RANKS (this process's rank, 0 to ranks - 1)");
+    const char* needs = "NCCL: set TG_NCCL_RANK and TG_NCCL_RANKS (this process's rank, 0 to "
+                        "ranks - 1, and the number of processes)";
+    int ranks = env_int("TG_NCCL_RANKS", 0, 1, 1 << 20);
+    if (ranks == 0) fail(needs);
+    int rank = env_int("TG_NCCL_RANK", -1, 0, ranks - 1);
+    if (rank < 0) fail(needs);
     std::string id = env_str("TG_NCCL_ID", ""), file = env_str("TG_NCCL_ID_FILE", "");
     if (id.empty() && file.empty())
         fail("NCCL: set TG_NCCL_ID (from tg::cuda::nccl_unique_id()) or TG_NCCL_ID_FILE (rank 0 "
@@ -1092,7 +1095,8 @@ void Nccl::all_reduce_sum(const std::vector<Tensor>& tensors) {
     State& st = *state_;
     for (const Tensor& t : tensors) {
         const Buffer* b = t.node()->buffer.get();
-        if (!b || b->device != st.dev || (t.dtype() != DType::FLOAT32 && t.dtype() != DType::FLOAT64))
+        bool floats = t.dtype() == DType::FLOAT32 || t.dtype() == DType::FLOAT64;
+        if (!b || b->device != st.dev || !floats)
             fail(strf("NCCL: all_reduce_sum takes float32 or float64 tensors realized on %s, "
                       "got %s %s%s on %s", st.dev->name(), dtype_name(t.dtype()),
                       shape_str(t.shape()).c_str(), b ? "" : " (not realized)",

@@ -913,7 +913,7 @@ public:
 };
 }  // namespace optim
 
-// ---- [PARALLEL] data parallelism: one training step over several devices ------------------ >>parallel
+// ---- [PARALLEL] data parallelism: one training step over several devices ------ >>parallel
 // Seed 000's data parallelism. Each step splits the batch along its first axis over the
 // devices (CPU:0, CPU:1, ... or CUDA:0, CUDA:1, ...), runs the forward and backward of every
 // shard at once, each on its device's queue, merges the gradients pairwise in a fixed tree and
@@ -1787,25 +1787,25 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
 // and see the update; a computation reads through them.
 static void check_fresh(const Node* n) {
     if (op_kind(n->op) == OpKind::MOVEMENT) return;
-    std::vector<const Node*> reads;
-    for (auto& s : n->src) reads.push_back(s.get());
-    while (!reads.empty()) {
-        const Node* s = reads.back();
-        reads.pop_back();
-        if (!s->buffer && op_kind(s->op) == OpKind::MOVEMENT) reads.push_back(s->src[0].get());
-        const Buffer* b = s->buffer.get();
-        uint64_t written_at = 0;   // a part of a buffer (a slice's rows) sees its whole's writes
-        for (const Buffer* part = b; part; part = part->arena.get())
-            written_at = std::max(written_at, part->written_at);
-        if (!b || written_at <= n->built_at) continue;
-        fail(strf("stale read: this %s %s %s reads a %s %s buffer that the in-place update at %s "
-                  "overwrote after it was built; realize it before the update (PyTorch computes "
-                  "it at once) or build it again",
-                  op_name(n->op), dtype_name(n->dtype), shape_str(n->shape).c_str(),
-                  dtype_name(s->dtype), shape_str(s->shape).c_str(),
-                  loc_str(b->written_by).c_str()),
-             n->loc);
-    }
+    // a view reads what its one source reads
+    auto viewed = [](const Node* s) {
+        return !s->buffer && op_kind(s->op) == OpKind::MOVEMENT ? s->src[0].get() : nullptr;
+    };
+    for (const NodeP& read : n->src)
+        for (const Node* s = read.get(); s; s = viewed(s)) {
+            const Buffer* b = s->buffer.get();
+            uint64_t written_at = 0;   // a part of a buffer (a slice's rows): its whole's writes
+            for (const Buffer* part = b; part; part = part->arena.get())
+                written_at = std::max(written_at, part->written_at);
+            if (!b || written_at <= n->built_at) continue;
+            fail(strf("stale read: this %s %s %s reads a %s %s buffer that the in-place update "
+                      "at %s overwrote after it was built; realize it before the update "
+                      "(PyTorch computes it at once) or build it again",
+                      op_name(n->op), dtype_name(n->dtype), shape_str(n->shape).c_str(),
+                      dtype_name(s->dtype), shape_str(s->shape).c_str(),
+                      loc_str(b->written_by).c_str()),
+                 n->loc);
+        }
 }
 
 static NodeP graph_const(double value, DType dt, const Shape& shape, Loc loc) {
@@ -1981,19 +1981,49 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
 // Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
 // history of realized values).
+// Node pointers to small indices, open addressing in one array: the graph walks of every
+// eager step insert each node once, where an unordered_map allocates a hash node per insert.
+struct NodeIndex {
+    std::vector<std::pair<const Node*, int>> slots{16, {nullptr, 0}};
+    size_t count = 0;
+    static size_t hash(const Node* n) { return size_t(uintptr_t(n) >> 4) * 0x9E3779B97F4A7C15ull; }
+    size_t at(const Node* n) const {   // n's slot, or the empty one where it would go
+        size_t mask = slots.size() - 1, i = hash(n) & mask;
+        while (slots[i].first && slots[i].first != n) i = (i + 1) & mask;
+        return i;
+    }
+    // false if n is there already; else puts it there with value v
+    bool insert(const Node* n, int v = 0) {
+        if (slots[at(n)].first == n) return false;
+        if (2 * (count + 1) > slots.size()) {
+            std::vector<std::pair<const Node*, int>> old(slots.size() * 2, {nullptr, 0});
+            old.swap(slots);
+            for (auto& e : old)
+                if (e.first) slots[at(e.first)] = e;
+        }
+        slots[at(n)] = {n, v};
+        count++;
+        return true;
+    }
+    const int* find(const Node* n) const {
+        const auto& e = slots[at(n)];
+        return e.first ? &e.second : nullptr;
+    }
+};
+
 static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
                                          bool through_realized = false) {
     std::vector<Node*> order;
-    std::unordered_set<Node*> seen;
+    NodeIndex seen;
     std::vector<std::pair<Node*, size_t>> stack;
     for (const NodeP& r : roots) {
-        if (!seen.insert(r.get()).second) continue;
+        if (!seen.insert(r.get())) continue;
         stack.push_back({r.get(), 0});
         while (!stack.empty()) {
             auto& [n, i] = stack.back();
             if (i < n->src.size() && (through_realized || !n->buffer)) {
                 Node* s = n->src[i++].get();
-                if (seen.insert(s).second) stack.push_back({s, 0});
+                if (seen.insert(s)) stack.push_back({s, 0});
             } else {
                 order.push_back(n);
                 stack.pop_back();
@@ -7471,7 +7501,7 @@ template <class T> static void key_add(std::string& key, const T& v) {
 // False where the graph must take the full pipeline (which reports its errors): an assignment
 // to a buffer that another assignment of the graph also writes.
 // order: the graph's nodes, sources first; place: each node's index in it.
-using Places = std::unordered_map<const Node*, int>;
+using Places = NodeIndex;
 static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::string& key,
                            std::vector<Node*>& order, Places& place) {
     order = graph_toposort(targets);
@@ -7480,13 +7510,12 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
           env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
           env_str("TG_NVRTC_FLAGS", "") + '|';
     key.reserve(key.size() + order.size() * 96);
-    place.clear();
-    place.reserve(order.size());
+    place = NodeIndex();
     std::unordered_map<const Buffer*, int> slot;
     std::unordered_set<const Buffer*> assigned;
     for (size_t i = 0; i < order.size(); i++) {
         Node* n = order[i];
-        place[n] = int(i);
+        place.insert(n, int(i));
         key_add(key, n->dtype);
         key_add(key, n->shape.size());
         for (int64_t d : n->shape) key_add(key, d);
@@ -7510,9 +7539,9 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
         key_add(key, n->arg.size());
         for (int64_t a : n->arg) key_add(key, a);
         key_add(key, n->src.size());
-        for (auto& src : n->src) key_add(key, place.at(src.get()));
+        for (auto& src : n->src) key_add(key, *place.find(src.get()));
     }
-    for (const NodeP& t : targets) key_add(key, place.at(t.get()));
+    for (const NodeP& t : targets) key_add(key, *place.find(t.get()));
     return true;
 }
 static bool reuse_program(const std::string& key, const std::vector<Node*>& order,
@@ -7537,8 +7566,8 @@ static bool reuse_program(const std::string& key, const std::vector<Node*>& orde
 static void keep_program(const std::string& key, const Places& place, const ProgramRun& run) {
     auto r = std::make_shared<ReusedProgram>();
     auto at = [&](const Node* n) {
-        auto it = place.find(n);
-        return it == place.end() ? -1 : it->second;
+        const int* at = place.find(n);
+        return at ? *at : -1;
     };
     for (Node* owner : run.owners) r->owner_at.push_back(at(owner));
     for (auto& [n, id] : run.buffer_ids) r->ids.push_back({at(n), id});
@@ -8525,7 +8554,7 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
 }
 }  // namespace optim
 
-// ---- [PARALLEL] data parallelism: one training step over several devices ------------------ >>parallel
+// ---- [PARALLEL] data parallelism: one training step over several devices ------ >>parallel
 // Three programs are built on the first device and not run there: the shard's forward and
 // backward (one per shard size), the merge (into += from for every parameter) and the
 // optimizer's update, which reads its gradients as mine + theirs: the tree's last addition
@@ -8780,7 +8809,8 @@ static void build_update(DataParallel::State& st, bool two) {
         mine.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
         if (two) theirs.push_back(placeholder(p.shape(), p.dtype(), *st.devs[0]));
         saved.push_back(p.node()->grad);
-        p.node()->grad = two ? add(wrap(mine.back()), wrap(theirs.back()), Loc{}).node() : mine.back();
+        p.node()->grad =
+            two ? add(wrap(mine.back()), wrap(theirs.back()), Loc{}).node() : mine.back();
     }
     std::vector<NodeP> targets;
     try {
@@ -8827,7 +8857,8 @@ static ShardOnDevice& shard_on(DataParallel::State& st, const ShardProgram& sp, 
         return at == slots.end() ? nullptr : sd.grad(sp, size_t(at - slots.begin()));
     };
     if (st.merge) {
-        if (!st.merge_exe[k]) st.merge_exe[k] = k == 0 ? st.merge->run.exe : dev.prepare(*st.merge->run.prog);
+        if (!st.merge_exe[k])
+            st.merge_exe[k] = k == 0 ? st.merge->run.exe : dev.prepare(*st.merge->run.prog);
         sd.merge_buffers = allocate_buffers(*st.merge->run.prog, dev, [&](size_t i) {
             return mine_in(st.merge_into, i);
         }, st.merge_from);

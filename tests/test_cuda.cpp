@@ -374,7 +374,8 @@ TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
     }
     CHECK_THROWS(tg::cuda::Nccl(0, 2, "abc"), "NCCL: the unique id must be 256 lowercase hex");
     CHECK_THROWS(tg::cuda::Nccl(2, 2, std::string(256, '0')), "NCCL: rank 2 of 2 ranks");
-    CHECK_THROWS(tg::cuda::Nccl(0, 1, std::string(256, '0'), "CPU"), "NCCL: CPU is not a CUDA device");
+    CHECK_THROWS(tg::cuda::Nccl(0, 1, std::string(256, '0'), "CPU"),
+                 "NCCL: CPU is not a CUDA device");
     {
         EnvGuard rank("TG_NCCL_RANK", "0"), ranks("TG_NCCL_RANKS", "1");
         unsetenv("TG_NCCL_ID");
@@ -419,7 +420,8 @@ TEST(cuda_data_parallel_with_a_one_rank_nccl) {
             step.all_reduce(comm->all_reduce(), comm->ranks());
         }
         for (int s = 0; s < 4; s++) {
-            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16), Y.slice(0, 16 * s, 16 * s + 16)};
+            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
+                                      Y.slice(0, 16 * s, 16 * s + 16)};
             dp ? step(in) : one(in);
         }
         std::vector<float> out;

@@ -61,7 +61,9 @@ std::vector<float> train_mlp(const std::vector<std::string>& devices, int steps,
     nn::Sequential mlp(nn::Linear(12, 24), nn::Tanh(), nn::Linear(24, 24), nn::ReLU(),
                        nn::Linear(24, 5));
     optim::SGD opt(mlp.parameters(), 0.2, 0.9, 1e-3);
-    auto loss_of = [&](const std::vector<Tensor>& in) { return nn::cross_entropy(mlp(in[0]), in[1]); };
+    auto loss_of = [&](const std::vector<Tensor>& in) {
+        return nn::cross_entropy(mlp(in[0]), in[1]);
+    };
     tg::Jit one = one_device_step(opt, loss_of);
     tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt, loss_of);
     for (int s = 0; s < steps; s++) {
@@ -95,8 +97,8 @@ TEST(cpu_devices_are_made_when_named) {
     a.assign(a * 10).realize();   // b has memory of its own
     CHECK_ALL_NEAR(values(b), (std::vector<float>{1, 2, 3}), 0);
     CHECK_EQ((b + 1).to("CPU:2").device(), std::string("CPU:2"));
-    CHECK_THROWS(a_before + b, "ADD", "different devices", "float32 [3] on CPU", "float32 [3] on CPU:1",
-                 "test_parallel.cpp");
+    CHECK_THROWS(a_before + b, "ADD", "different devices", "float32 [3] on CPU",
+                 "float32 [3] on CPU:1", "test_parallel.cpp");
 }
 
 TEST(device_queues_run_in_order_with_events_and_errors) {
@@ -104,7 +106,11 @@ TEST(device_queues_run_in_order_with_events_and_errors) {
     tg::detail::WorkQueue& q2 = tg::detail::device("CPU:2").queue();
     std::vector<int> order;
     std::thread::id ran_on;
-    for (int i = 0; i < 5; i++) q1.enqueue([&, i] { order.push_back(i); ran_on = std::this_thread::get_id(); });
+    for (int i = 0; i < 5; i++)
+        q1.enqueue([&, i] {
+            order.push_back(i);
+            ran_on = std::this_thread::get_id();
+        });
     q1.synchronize();
     CHECK_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
     CHECK(ran_on != std::this_thread::get_id());   // the queue's own thread
@@ -195,7 +201,8 @@ TEST(data_parallel_trains_w2_and_w3_like_one_device) {
         tg::DataParallel dp(devices.empty() ? std::vector<std::string>{"CPU"} : devices, opt,
                             loss_of);
         for (int s = 0; s < 4; s++) {
-            std::vector<Tensor> in = {X.slice(0, s * B, (s + 1) * B), Y.slice(0, s * B, (s + 1) * B)};
+            std::vector<Tensor> in = {X.slice(0, s * B, (s + 1) * B),
+                                      Y.slice(0, s * B, (s + 1) * B)};
             devices.empty() ? one(in) : dp(in);
         }
         return flat(params);
@@ -232,7 +239,9 @@ TEST(data_parallel_compiles_each_program_once_for_every_device) {
     tg::manual_seed(2);
     nn::Linear layer(7, 3);
     optim::SGD opt(layer.parameters(), 0.1);
-    auto loss_of = [&](const std::vector<Tensor>& s) { return nn::cross_entropy(layer(s[0]), s[1]); };
+    auto loss_of = [&](const std::vector<Tensor>& s) {
+        return nn::cross_entropy(layer(s[0]), s[1]);
+    };
     tg::DataParallel two({"CPU", "CPU:1"}, opt, loss_of);
     tg::realize(layer.parameters());   // the initial values: a program of their own
     int64_t before = tg::stats().compiles;
@@ -287,7 +296,9 @@ TEST(data_parallel_refuses_what_it_cannot_split_or_merge) {
     tg::manual_seed(1);
     nn::Linear layer(4, 3), unused(4, 4);
     optim::SGD opt(layer.parameters(), 0.1);
-    auto loss_of = [&](const std::vector<Tensor>& s) { return nn::cross_entropy(layer(s[0]), s[1]); };
+    auto loss_of = [&](const std::vector<Tensor>& s) {
+        return nn::cross_entropy(layer(s[0]), s[1]);
+    };
     tg::DataParallel dp({"CPU", "CPU:1"}, opt, loss_of);
     CHECK_THROWS(dp({task.X.slice(0, 0, 8), task.Y.slice(0, 0, 6)}), "batch tensors 0 and 1",
                  "[8,4]", "[6]");
@@ -342,7 +353,8 @@ TEST(data_parallel_all_reduce_sums_over_processes) {
                 for (const Tensor& g : grads) doubled.push_back(g.assign(g * 2));
                 tg::realize(doubled);
             }, 2);
-        for (int s = 0; s < 3; s++) dp({task.X.slice(0, 8 * s, 8 * s + 8), task.Y.slice(0, 8 * s, 8 * s + 8)});
+        for (int s = 0; s < 3; s++)
+            dp({task.X.slice(0, 8 * s, 8 * s + 8), task.Y.slice(0, 8 * s, 8 * s + 8)});
         CHECK_EQ(calls, two_processes ? 3 : 0);
         return flat(layer.parameters());
     };
