@@ -1984,24 +1984,29 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
 // Node pointers to small indices, open addressing in one array: the graph walks of every
 // eager step insert each node once, where an unordered_map allocates a hash node per insert.
 struct NodeIndex {
-    std::vector<std::pair<const Node*, int>> slots{16, {nullptr, 0}};
+    std::vector<std::pair<const Node*, int>> slots{256, {nullptr, 0}};
+    int shift = 64 - 8;   // 2^(64 - shift) slots
     size_t count = 0;
-    static size_t hash(const Node* n) { return size_t(uintptr_t(n) >> 4) * 0x9E3779B97F4A7C15ull; }
     size_t at(const Node* n) const {   // n's slot, or the empty one where it would go
-        size_t mask = slots.size() - 1, i = hash(n) & mask;
+        // Fibonacci hashing: the product's top bits mix every bit of the address
+        size_t mask = slots.size() - 1, i = size_t((uint64_t(uintptr_t(n)) *
+                                                    0x9E3779B97F4A7C15ull) >> shift);
         while (slots[i].first && slots[i].first != n) i = (i + 1) & mask;
         return i;
     }
     // false if n is there already; else puts it there with value v
     bool insert(const Node* n, int v = 0) {
-        if (slots[at(n)].first == n) return false;
+        size_t i = at(n);
+        if (slots[i].first == n) return false;
         if (2 * (count + 1) > slots.size()) {
             std::vector<std::pair<const Node*, int>> old(slots.size() * 2, {nullptr, 0});
             old.swap(slots);
+            shift--;
             for (auto& e : old)
                 if (e.first) slots[at(e.first)] = e;
+            i = at(n);
         }
-        slots[at(n)] = {n, v};
+        slots[i] = {n, v};
         count++;
         return true;
     }
