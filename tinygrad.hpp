@@ -5438,12 +5438,15 @@ static bool scalar_block(const Block& b) { return !stores_in_loops(b.body, false
 // Two nests whose statements may simply run one after the other in one nest: both scalar, or
 // (with loops_too) one scalar and the other a loop too small for threads that is no product,
 // so a step count joins the update before it instead of being a nest of its own.
-static bool joins_one_after_other(const Block& a, const Block& b, bool loops_too) {
+// (a_tiled, b_tiled: tiled_later of each, which the caller knows)
+static bool joins_one_after_other(const Block& a, const Block& b, bool loops_too, bool a_tiled,
+                                  bool b_tiled) {
     bool scalar_a = scalar_block(a), scalar_b = scalar_block(b);
     if (scalar_a && scalar_b) return true;
     if (!loops_too || scalar_a == scalar_b) return false;
     const Block& loop = scalar_a ? b : a;
-    return loop.body.size() == 1 && loop.body[0].kind == SK::LOOP && !tiled_later(loop) &&
+    return loop.body.size() == 1 && loop.body[0].kind == SK::LOOP &&
+           !(scalar_a ? b_tiled : a_tiled) &&
            loop_work(loop.body, loop.extents) < PARALLEL_MIN_WORK;
 }
 // Values of a nest that lowering computes once before its loop (loop-invariant: Adam's bias
@@ -5476,7 +5479,8 @@ static bool sink_invariants(Block& b) {
     b.body = std::move(loop);
     return true;
 }
-static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one_after_other) {
+static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one_after_other,
+                           bool a_tiled, bool b_tiled) {
     if (one_after_other ? a.body.size() + b.body.size() > FUSED_MAX_STMTS
                         : a.body.size() != 1 || b.body.size() != 1 ||
                               a.body[0].kind != SK::LOOP ||
@@ -5489,7 +5493,7 @@ static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one
     if (one_after_other) return true;
     if (!loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false)) return false;
     // a nest to be tiled fuses only into one that still is (sums of columns side by side)
-    if (!tiling || (!tiled_later(a) && !tiled_later(b))) return true;
+    if (!tiling || (!a_tiled && !b_tiled)) return true;
     Block fused = a, other = b;
     fuse_into(fused, other, false);
     return tiled_later(fused);
@@ -5566,6 +5570,13 @@ static bool epilogue_fusable(const Block& a, const Block& b) {
 static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
 static std::vector<std::string> passes_selected();
 static void fuse_sweep(std::vector<Block>& bs, bool tiling, bool loops_too) {
+    // tiled_later of each nest (a match and a plan: the costly part of this pass), asked once a
+    // nest: -1 not yet
+    std::vector<int8_t> tiled(bs.size(), -1);
+    auto tiled_at = [&](size_t k) {
+        if (tiled[k] < 0) tiled[k] = tiled_later(bs[k]);
+        return tiled[k] == 1;
+    };
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
             Block sunk;
@@ -5575,9 +5586,12 @@ static void fuse_sweep(std::vector<Block>& bs, bool tiling, bool loops_too) {
                 sinks = sink_invariants(sunk);
             }
             const Block& bj = sinks ? sunk : bs[j];
-            bool epilogue = tiling && tiled_later(bs[i]) && epilogue_fusable(bs[i], bj);
-            bool one_after_other = joins_one_after_other(bs[i], bj, loops_too);
-            if (!epilogue && !blocks_fusable(bs[i], bj, tiling, one_after_other)) continue;
+            bool i_tiled = tiled_at(i), j_tiled = sinks ? tiled_later(sunk) : tiled_at(j);
+            bool epilogue = tiling && i_tiled && epilogue_fusable(bs[i], bj);
+            bool one_after_other = joins_one_after_other(bs[i], bj, loops_too, i_tiled, j_tiled);
+            if (!epilogue &&
+                !blocks_fusable(bs[i], bj, tiling, one_after_other, i_tiled, j_tiled))
+                continue;
             bool left = true, right = true;
             for (size_t k = i + 1; k < j; k++) {
                 left = left && blocks_independent(bs[k], bs[j]);
@@ -5592,10 +5606,14 @@ static void fuse_sweep(std::vector<Block>& bs, bool tiling, bool loops_too) {
             if (left) {
                 fuse();
                 bs.erase(bs.begin() + std::ptrdiff_t(j));
+                tiled.erase(tiled.begin() + std::ptrdiff_t(j));
+                tiled[i] = -1;
             } else {   // i merges right: the fused nest takes j's place
                 fuse();
                 bs[j] = std::move(bs[i]);
                 bs.erase(bs.begin() + std::ptrdiff_t(i));
+                tiled[j] = -1;
+                tiled.erase(tiled.begin() + std::ptrdiff_t(i));
                 i--;   // bs[i] is now the next unvisited nest
                 break;
             }
