@@ -125,8 +125,9 @@
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
                  It holds code this process loads, so it must be the user's own and writable
                  by nobody else (else an error says how to fix it). Entries are keyed by the
-                 source, the compiler, its flags, its --version and the macros the flags
-                 predefine (so what -march=native resolved to).
+                 source, the compiler (its file's path, size and time; a TG_CC with arguments
+                 by its --version), its flags and the macros the flags predefine (so what
+                 -march=native resolved to).
    TG_DEBUG      0-4. 1 programs, compiles, cache hits, timings   2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
@@ -1981,40 +1982,50 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
 // Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
 // history of realized values).
-// Node pointers to small indices, open addressing in one array: the graph walks of every
-// eager step insert each node once, where an unordered_map allocates a hash node per insert.
-struct NodeIndex {
-    std::vector<std::pair<const Node*, int>> slots{256, {nullptr, 0}};
-    int shift = 64 - 8;   // 2^(64 - shift) slots
+// Pointers to small values, open addressing in one array: the graph walks of every eager step
+// insert each node once, and the passes walk every expression of a program once per analysis,
+// where an unordered set or map allocates a hash node per insert.
+template <typename T, int log2_slots> struct PointerIndex {
+    using Slot = std::pair<const T*, int>;
+    Slot first_slots[size_t(1) << log2_slots] = {};   // most walks stay in these
+    std::vector<Slot> grown;                           // the slots once more are needed
+    int shift = 64 - log2_slots;   // 2^(64 - shift) slots
     size_t count = 0;
-    size_t at(const Node* n) const {   // n's slot, or the empty one where it would go
+    Slot* slots() { return grown.empty() ? first_slots : grown.data(); }
+    const Slot* slots() const { return grown.empty() ? first_slots : grown.data(); }
+    size_t capacity() const { return size_t(1) << (64 - shift); }
+    size_t at(const T* p) const {   // p's slot, or the empty one where it would go
         // Fibonacci hashing: the product's top bits mix every bit of the address
-        size_t mask = slots.size() - 1, i = size_t((uint64_t(uintptr_t(n)) *
-                                                    0x9E3779B97F4A7C15ull) >> shift);
-        while (slots[i].first && slots[i].first != n) i = (i + 1) & mask;
+        const Slot* s = slots();
+        size_t mask = capacity() - 1,
+               i = size_t((uint64_t(uintptr_t(p)) * 0x9E3779B97F4A7C15ull) >> shift);
+        while (s[i].first && s[i].first != p) i = (i + 1) & mask;
         return i;
     }
-    // false if n is there already; else puts it there with value v
-    bool insert(const Node* n, int v = 0) {
-        size_t i = at(n);
-        if (slots[i].first == n) return false;
-        if (2 * (count + 1) > slots.size()) {
-            std::vector<std::pair<const Node*, int>> old(slots.size() * 2, {nullptr, 0});
-            old.swap(slots);
+    // false if p is there already; else puts it there with value v
+    bool insert(const T* p, int v = 0) {
+        size_t i = at(p);
+        if (slots()[i].first == p) return false;
+        if (2 * (count + 1) > capacity()) {
+            std::vector<Slot> old(2 * capacity(), {nullptr, 0});
+            old.swap(grown);   // old: the slots before, none while they were first_slots
+            const Slot* before = old.empty() ? first_slots : old.data();
+            size_t n = capacity();
             shift--;
-            for (auto& e : old)
-                if (e.first) slots[at(e.first)] = e;
-            i = at(n);
+            for (size_t k = 0; k < n; k++)
+                if (before[k].first) grown[at(before[k].first)] = before[k];
+            i = at(p);
         }
-        slots[i] = {n, v};
+        slots()[i] = {p, v};
         count++;
         return true;
     }
-    const int* find(const Node* n) const {
-        const auto& e = slots[at(n)];
+    const int* find(const T* p) const {
+        const Slot& e = slots()[at(p)];
         return e.first ? &e.second : nullptr;
     }
 };
+using NodeIndex = PointerIndex<Node, 8>;
 
 static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
                                          bool through_realized = false) {
@@ -3962,16 +3973,16 @@ static void count_uses(const Expr* e, std::unordered_map<const Expr*, int>& uses
 
 // Calls visit once for each distinct part of e. Expressions are DAGs: walked as trees, the
 // index of a long chain of reshapes takes exponential time.
-template <typename F>
-static void each_part(const ExprP& e, std::unordered_set<const Expr*>& seen, F&& visit) {
-    if (!e || !seen.insert(e.get()).second) return;
+using ExprSet = PointerIndex<Expr, 5>;
+template <typename F> static void each_part(const ExprP& e, ExprSet& seen, F&& visit) {
+    if (!e || !seen.insert(e.get())) return;
     visit(e);
     for (auto& s : e->src) each_part(s, seen, visit);
 }
 
 static bool expr_contains(const ExprP& e, const Expr* part) {
     bool found = false;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& p) { found = found || p.get() == part; });
     return found;
 }
@@ -3988,7 +3999,7 @@ using ExprNames = std::unordered_map<const Expr*, std::string>;
 static std::string expr_str(const ExprP& e, const ExprNames* names = nullptr);      // [PASSES]
 
 static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         if (part->kind == EK::VAR) vars.insert(part->id);
     });
@@ -4013,7 +4024,7 @@ struct BlockAccesses {
     }
 };
 static void collect_accesses(const ExprP& e, std::vector<int>& loops, BlockAccesses& out) {
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         if (part->kind == EK::LOAD) out.accesses.push_back({part->id, part->src[0], false, loops});
         if (part->kind == EK::CHECK) out.checks = true;
@@ -4043,11 +4054,13 @@ static BlockAccesses block_accesses(const Block& b) {
 // -- substitution: e with each part for which replace() gives an expression replaced by it.
 // Shared parts are rewritten once (done), so the result is a DAG like e.
 using Replace = std::function<ExprP(const ExprP&)>;
-static ExprP substitute(const ExprP& e, const Replace& replace,
-                        std::unordered_map<const Expr*, ExprP>& done) {
+struct Rewritten {   // each part rewritten so far: its result
+    PointerIndex<Expr, 5> index;
+    std::vector<ExprP> results;
+};
+static ExprP substitute(const ExprP& e, const Replace& replace, Rewritten& done) {
     if (!e) return e;
-    auto hit = done.find(e.get());
-    if (hit != done.end()) return hit->second;
+    if (const int* hit = done.index.find(e.get())) return done.results[size_t(*hit)];
     ExprP out = replace(e);
     if (!out) {
         std::vector<ExprP> src;
@@ -4064,11 +4077,11 @@ static ExprP substitute(const ExprP& e, const Replace& replace,
             out = e;
         }
     }
-    done[e.get()] = out;
+    done.index.insert(e.get(), int(done.results.size()));
+    done.results.push_back(out);
     return out;
 }
-static void substitute(std::vector<Stmt>& body, const Replace& replace,
-                       std::unordered_map<const Expr*, ExprP>& done) {
+static void substitute(std::vector<Stmt>& body, const Replace& replace, Rewritten& done) {
     for (Stmt& st : body) {
         st.idx = substitute(st.idx, replace, done);
         st.val = substitute(st.val, replace, done);
@@ -4077,7 +4090,7 @@ static void substitute(std::vector<Stmt>& body, const Replace& replace,
 }
 // A loop variable by an expression (a loop fused into another, a peeled iteration).
 static void substitute_var(std::vector<Stmt>& body, int var, const ExprP& by) {
-    std::unordered_map<const Expr*, ExprP> done;
+    Rewritten done;
     substitute(body, [&](const ExprP& e) {
         return e->kind == EK::VAR && e->id == var ? by : nullptr;
     }, done);
@@ -4925,7 +4938,7 @@ static void pass_simplify(Program& p) {
 // -- renumbering: the variables and accumulators of one block moved into another
 static int accumulators_used(const std::vector<Stmt>& body) {
     int n = 0;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     auto in_expr = [&](const ExprP& e) {
         each_part(e, seen, [&](const ExprP& part) {
             if (part->kind == EK::ACC) n = std::max(n, part->id + 1);
@@ -4940,7 +4953,7 @@ static int accumulators_used(const std::vector<Stmt>& body) {
     return n;
 }
 static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, int acc_offset) {
-    std::unordered_map<const Expr*, ExprP> done;
+    Rewritten done;
     substitute(body, [&](const ExprP& e) -> ExprP {
         if (e->kind == EK::VAR) return ex_var(var_of[size_t(e->id)]);
         if (e->kind == EK::ACC) return ex_acc(e->id + acc_offset, e->dtype);
@@ -4958,24 +4971,27 @@ static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, in
 
 
 // The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
-static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
-    std::unordered_set<const Expr*> seen;
-    auto in_expr = [&](const ExprP& e) {
-        each_part(e, seen, [&](const ExprP& part) {
+static void accs_read(const Stmt& st, std::unordered_set<int>& read, ExprSet& seen) {
+    for (const ExprP* e : {&st.idx, &st.val})
+        each_part(*e, seen, [&](const ExprP& part) {
             if (part->kind == EK::ACC) read.insert(part->id);
         });
-    };
-    for (const Stmt& st : body) {
-        in_expr(st.idx);
-        in_expr(st.val);
-        accs_read(st.body, read);
-    }
+    for (const Stmt& inner : st.body) accs_read(inner, read, seen);
+}
+static void accs_read(const Stmt& st, std::unordered_set<int>& read) {
+    ExprSet seen;
+    accs_read(st, read, seen);
+}
+static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& read) {
+    ExprSet seen;
+    for (const Stmt& st : body) accs_read(st, read, seen);
+}
+static void accs_set(const Stmt& st, std::unordered_set<int>& set) {
+    if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
+    for (const Stmt& inner : st.body) accs_set(inner, set);
 }
 static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
-    for (const Stmt& st : body) {
-        if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
-        accs_set(st.body, set);
-    }
+    for (const Stmt& st : body) accs_set(st, set);
 }
 
 // the accumulators that sum trees update or add into others
@@ -4983,7 +4999,7 @@ static void accs_in_trees(const std::vector<Stmt>& body, std::unordered_set<int>
     for (const Stmt& st : body) {
         if (st.kind == SK::ACC_UPDATE) {
             set.insert(st.id);
-            accs_read({st}, set);
+            accs_read(st, set);
         }
         accs_in_trees(st.body, set);
     }
@@ -5024,13 +5040,13 @@ static const int64_t TILE_PARALLEL_MIN_WORK = int64_t(1) << 21;
 
 static bool expr_has(const ExprP& e, EK kind) {
     bool found = false;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) { found = found || part->kind == kind; });
     return found;
 }
 static bool uses_buffer(const ExprP& e, int buffer) {
     bool found = false;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         found = found || (part->kind == EK::LOAD && part->id == buffer);
     });
@@ -5056,7 +5072,7 @@ static bool steps_by_one(const ExprP& idx, int var) {
 // Whether some load in e moves by one element when var does (e is read along var).
 static bool read_along(const ExprP& e, int var) {
     bool found = false;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         if (part->kind != EK::LOAD) return;
         Linear lin;
@@ -5134,7 +5150,7 @@ static bool match_product(const Block& b, ProductMatch& m) {
     for (const Stmt& st : *body) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
         std::unordered_set<int> reads, sets;
-        accs_read({st}, reads);
+        accs_read(st, reads);
         bool local =
             st.kind == SK::ACC_INIT && st.val->kind != EK::CONST && !in_trees.count(st.id);
         if (store || (st.kind == SK::ACC_INIT && !reads.empty()) || local) {
@@ -5142,7 +5158,7 @@ static bool match_product(const Block& b, ProductMatch& m) {
             read_before.insert(reads.begin(), reads.end());
             continue;
         }
-        accs_set({st}, sets);
+        accs_set(st, sets);
         for (int acc : sets)
             if (read_before.count(acc)) return false;
         m.trees.push_back(st);
@@ -5165,7 +5181,7 @@ static bool match_product(const Block& b, ProductMatch& m) {
             if (uses_buffer(t, buffer)) return false;
     for (const Stmt& st : m.epilogue) {
         bool apart = false;
-        std::unordered_set<const Expr*> seen;
+        ExprSet seen;
         each_part(st.val, seen, [&](const ExprP& part) {
             auto w = part->kind == EK::LOAD ? stored.find(part->id) : stored.end();
             apart = apart || (w != stored.end() && !expr_eq(w->second, part->src[0]));
@@ -5255,7 +5271,7 @@ static bool merge_outer_loops(Block& b) {
     SimplifyMemo memo{&merged.extents, {}};
     simplify_stmts(loop.body, memo);
     bool split = false;   // somewhere the two variables are still apart
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     std::function<void(const std::vector<Stmt>&)> check = [&](const std::vector<Stmt>& body) {
         for (const Stmt& st : body) {
             for (const ExprP& e : {st.idx, st.val})
@@ -5351,7 +5367,7 @@ static bool chunked(const ExprP& idx, const Stmt& loop, const std::vector<int64_
 // and the epilogue's inner loops stay two loops in the fused outer one.
 static bool vectorizes_poorly_in(const ExprP& e) {
     bool found = false;
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         found = found || (part->kind == EK::ALU && vectorizes_poorly(part->op));
     });
@@ -5462,7 +5478,7 @@ static bool sink_invariants(Block& b) {
     std::unordered_set<int> set_in_loop;
     accs_set(loop, set_in_loop);
     std::map<int, ExprP> value;   // accumulator → the value it holds
-    std::unordered_map<const Expr*, ExprP> done;
+    Rewritten done;
     auto by_value = [&](const ExprP& e) -> ExprP {
         auto v = e->kind == EK::ACC ? value.find(e->id) : value.end();
         return v != value.end() ? v->second : nullptr;
@@ -5479,8 +5495,9 @@ static bool sink_invariants(Block& b) {
     b.body = std::move(loop);
     return true;
 }
+// (checks: either holds a bounds check)
 static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one_after_other,
-                           bool a_tiled, bool b_tiled) {
+                           bool a_tiled, bool b_tiled, bool checks) {
     if (one_after_other ? a.body.size() + b.body.size() > FUSED_MAX_STMTS
                         : a.body.size() != 1 || b.body.size() != 1 ||
                               a.body[0].kind != SK::LOOP ||
@@ -5488,7 +5505,6 @@ static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one
         return false;
     if (a.finite_site >= 0 || b.finite_site >= 0) return false;
     // a failed bounds check stops the program before in-place writes: keep them apart
-    bool checks = block_accesses(a).checks || block_accesses(b).checks;
     if (checks && (a.writes_in_place || b.writes_in_place)) return false;
     if (one_after_other) return true;
     if (!loops_fusable(a.body[0], a.extents, b.body[0], b.extents, false)) return false;
@@ -5498,8 +5514,8 @@ static bool blocks_fusable(const Block& a, const Block& b, bool tiling, bool one
     fuse_into(fused, other, false);
     return tiled_later(fused);
 }
-static bool blocks_independent(const Block& a, const Block& b) {
-    BlockAccesses ua = block_accesses(a), ub = block_accesses(b);
+static bool blocks_independent(const Block& a, const BlockAccesses& ua, const Block& b,
+                               const BlockAccesses& ub) {
     if (a.finite_site >= 0 || b.finite_site >= 0) return false;
     // a failed bounds check stops the program before the in-place writes after it; other
     // writes go to buffers that a failed program throws away
@@ -5561,71 +5577,113 @@ static bool fuse_epilogue(Block& a, const Block& b) {
     take_title(a, b);
     return true;
 }
-static bool epilogue_fusable(const Block& a, const Block& b) {
-    bool checks = block_accesses(a).checks || block_accesses(b).checks;
+static bool epilogue_fusable(const Block& a, const Block& b, bool checks) {
     if (checks && (a.writes_in_place || b.writes_in_place)) return false;
     Block trial = a;
     return fuse_epilogue(trial, b) && tiled_later(trial);
 }
 static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
 static std::vector<std::string> passes_selected();
-static void fuse_sweep(std::vector<Block>& bs, bool tiling, bool loops_too) {
-    // tiled_later of each nest (a match and a plan: the costly part of this pass), asked once a
-    // nest: -1 not yet
-    std::vector<int8_t> tiled(bs.size(), -1);
-    auto tiled_at = [&](size_t k) {
-        if (tiled[k] < 0) tiled[k] = tiled_later(bs[k]);
-        return tiled[k] == 1;
+// The sweeps of pass_fuse_loops over one program. What they ask of a nest (tiled_later, its
+// accesses, its invariants sunk) and of a pair (fusable, as an epilogue or not) is costly and
+// asked again and again: it is kept by the nests' versions (a fused nest gets a new one), so
+// the second sweep asks only about the nests that the first one changed.
+struct FuseSweeps {
+    struct Facts {
+        explicit Facts(uint64_t v) : version(v) {}
+        uint64_t version;
+        int8_t tiled = -1, sinks = -1, sunk_tiled = -1;   // -1: not asked yet
+        std::optional<BlockAccesses> uses;
+        Block sunk;   // with its invariants in its loop, where sinks
     };
-    for (size_t i = 0; i < bs.size(); i++) {
-        for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-            Block sunk;
-            bool sinks = false;
-            if (bs[j].body.size() > 1) {
-                sunk = bs[j];
-                sinks = sink_invariants(sunk);
+    struct Pair { bool epilogue, fusable; };
+    std::vector<Block>& bs;
+    bool tiling;
+    std::vector<Facts> facts;
+    uint64_t versions = 0;
+    std::map<std::tuple<uint64_t, uint64_t, bool>, Pair> pairs;   // by versions, one_after_other
+
+    FuseSweeps(std::vector<Block>& blocks, bool tiles) : bs(blocks), tiling(tiles) {
+        for (size_t k = 0; k < bs.size(); k++) facts.emplace_back(versions++);
+    }
+    bool tiled(size_t k) {
+        if (facts[k].tiled < 0) facts[k].tiled = tiled_later(bs[k]);
+        return facts[k].tiled == 1;
+    }
+    const BlockAccesses& uses(size_t k) {
+        if (!facts[k].uses) facts[k].uses = block_accesses(bs[k]);
+        return *facts[k].uses;
+    }
+    bool sinks(size_t k) {
+        Facts& f = facts[k];
+        if (f.sinks < 0) {
+            f.sinks = 0;
+            if (bs[k].body.size() > 1) {
+                f.sunk = bs[k];
+                f.sinks = sink_invariants(f.sunk);
+                if (f.sinks) f.sunk_tiled = tiled_later(f.sunk);
             }
-            const Block& bj = sinks ? sunk : bs[j];
-            bool i_tiled = tiled_at(i), j_tiled = sinks ? tiled_later(sunk) : tiled_at(j);
-            bool epilogue = tiling && i_tiled && epilogue_fusable(bs[i], bj);
-            bool one_after_other = joins_one_after_other(bs[i], bj, loops_too, i_tiled, j_tiled);
-            if (!epilogue &&
-                !blocks_fusable(bs[i], bj, tiling, one_after_other, i_tiled, j_tiled))
-                continue;
-            bool left = true, right = true;
-            for (size_t k = i + 1; k < j; k++) {
-                left = left && blocks_independent(bs[k], bs[j]);
-                right = right && blocks_independent(bs[i], bs[k]);
-            }
-            if (!left && !right) continue;
-            auto fuse = [&] {
-                if (sinks) bs[j] = std::move(sunk);
+        }
+        return f.sinks == 1;
+    }
+    void changed(size_t k) { facts[k] = Facts(versions++); }
+    void erase(size_t k) {
+        bs.erase(bs.begin() + std::ptrdiff_t(k));
+        facts.erase(facts.begin() + std::ptrdiff_t(k));
+    }
+
+    // loops_too: the second sweep, which joins a nest of one value to a small loop beside it
+    void sweep(bool loops_too) {
+        for (size_t i = 0; i < bs.size(); i++) {
+            for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
+                bool sunk = sinks(j);
+                const Block& bj = sunk ? facts[j].sunk : bs[j];
+                bool i_tiled = tiled(i), j_tiled = sunk ? facts[j].sunk_tiled == 1 : tiled(j);
+                bool one_after_other =
+                    joins_one_after_other(bs[i], bj, loops_too, i_tiled, j_tiled);
+                auto key = std::make_tuple(facts[i].version, facts[j].version, one_after_other);
+                auto known = pairs.find(key);
+                if (known == pairs.end()) {
+                    bool checks = uses(i).checks || uses(j).checks;   // sinking keeps them
+                    Pair pair;
+                    pair.epilogue = tiling && i_tiled && epilogue_fusable(bs[i], bj, checks);
+                    pair.fusable = pair.epilogue || blocks_fusable(bs[i], bj, tiling,
+                                                                   one_after_other, i_tiled,
+                                                                   j_tiled, checks);
+                    known = pairs.emplace(key, pair).first;
+                }
+                if (!known->second.fusable) continue;
+                bool epilogue = known->second.epilogue;
+                bool left = true, right = true;
+                for (size_t k = i + 1; k < j; k++) {
+                    left = left && blocks_independent(bs[k], uses(k), bs[j], uses(j));
+                    right = right && blocks_independent(bs[i], uses(i), bs[k], uses(k));
+                }
+                if (!left && !right) continue;
+                if (sunk) bs[j] = std::move(facts[j].sunk);
                 if (epilogue) fuse_epilogue(bs[i], bs[j]);
                 else fuse_into(bs[i], bs[j], one_after_other);
-            };
-            if (left) {
-                fuse();
-                bs.erase(bs.begin() + std::ptrdiff_t(j));
-                tiled.erase(tiled.begin() + std::ptrdiff_t(j));
-                tiled[i] = -1;
-            } else {   // i merges right: the fused nest takes j's place
-                fuse();
-                bs[j] = std::move(bs[i]);
-                bs.erase(bs.begin() + std::ptrdiff_t(i));
-                tiled[j] = -1;
-                tiled.erase(tiled.begin() + std::ptrdiff_t(i));
-                i--;   // bs[i] is now the next unvisited nest
-                break;
+                if (left) {
+                    erase(j);
+                    changed(i);
+                } else {   // i merges right: the fused nest takes j's place
+                    bs[j] = std::move(bs[i]);
+                    changed(j);
+                    erase(i);
+                    i--;   // bs[i] is now the next unvisited nest
+                    break;
+                }
+                j = i;   // look again from the fused nest
             }
-            j = i;   // look again from the fused nest
         }
     }
-}
+};
 static void pass_fuse_loops(Program& p) {
     std::vector<std::string> passes = passes_selected();
     bool tiling = std::find(passes.begin(), passes.end(), "tile_products") != passes.end();
-    fuse_sweep(p.blocks, tiling, false);
-    fuse_sweep(p.blocks, tiling, true);   // a nest of one value joins a small loop beside it
+    FuseSweeps sweeps(p.blocks, tiling);
+    sweeps.sweep(false);
+    sweeps.sweep(true);
 }
 
 // -- pass_substitute_temps: a value stored and read back at the same index in one nest
@@ -5644,7 +5702,7 @@ static void substitute_stores(std::vector<Stmt>& body, const BlockAccesses& uses
         int buffer = st.id, local = next_local;
         ExprP idx = st.idx, ref = ex_acc(local, st.dtype);
         bool replaced = false;
-        std::unordered_map<const Expr*, ExprP> done;
+        Rewritten done;
         auto loads = [&](const ExprP& e) -> ExprP {
             if (e->kind != EK::LOAD || e->id != buffer || !expr_eq(e->src[0], idx)) return nullptr;
             replaced = true;
@@ -5676,7 +5734,7 @@ static void pass_substitute_temps(Program& p) {
 // reads, and loops left empty, go too. The bounds checks of a statement that goes stay, as
 // check statements: a check is an effect.
 static void checks_in(const ExprP& e, std::vector<ExprP>& out) {
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(e, seen, [&](const ExprP& part) {
         if (part->kind == EK::CHECK) out.push_back(part);
     });
@@ -5813,7 +5871,7 @@ static void pass_local_temps(Program& p) {
             if (!chunked_all || chunk.stride * elem > LOCAL_MAX_BYTES) continue;
             ExprP start = ix_add(ix_mul(ex_var(*v), chunk.stride), chunk.base);
             SimplifyMemo memo{&b.extents, {}};
-            std::unordered_map<const Expr*, ExprP> done;
+            Rewritten done;
             auto relative = [&](const ExprP& idx) {
                 return simplify(ix_add(idx, ix_mul(start, -1)), memo);
             };
@@ -5878,7 +5936,7 @@ static bool blocked_sum_at(const std::vector<Stmt>& body, size_t p,
         return false;
     size_t nodes = 0;
     bool along = false, all_along = true;   // lanes read neighbours: vector loads
-    std::unordered_set<const Expr*> seen;
+    ExprSet seen;
     each_part(update.val, seen, [&](const ExprP& part) {
         nodes++;
         if (part->kind != EK::LOAD || !uses_var(part->src[0], inner.id)) return;
@@ -6391,9 +6449,9 @@ struct CExprs {
         for (auto& e : exprs)
             if (e) count_uses(e.get(), uses);
         std::string out;
-        std::unordered_set<const Expr*> done;
+        ExprSet done;
         std::function<void(const ExprP&)> visit = [&](const ExprP& e) {
-            if (!done.insert(e.get()).second) return;
+            if (!done.insert(e.get())) return;
             for (auto& s : e->src) visit(s);
             if (uses[e.get()] > 1 && worth_a_name(e.get())) {
                 std::string name = strf("t%d", next_tmp++);
@@ -6484,7 +6542,7 @@ static std::string c_tiled_product(const Block& b) {
     // an operand's C with the rows' or columns' variable written as `as`
     auto operand = [&](const ExprP& e, int var, const std::string& as) {
         CExprs cx{{}, next_tmp};
-        std::unordered_set<const Expr*> seen;
+        ExprSet seen;
         each_part(e, seen, [&](const ExprP& part) {
             if (part->kind == EK::VAR && part->id == var) cx.names[part.get()] = as;
         });
@@ -6923,14 +6981,18 @@ static bool private_file(const std::string& path) {
     return stat(path.c_str(), &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022);
 }
 
-// What a compiled program depends on besides its source and flags: `cc --version` and the
-// macros the flags predefine (the compiler's version, the instruction sets that -march=native
-// resolved to, the tuning). It joins every cache key, so an upgraded compiler or another
-// machine sharing the cache builds anew. Asked once per process. The version takes a few ms;
-// the macros (about 15 ms: the preprocessor resolves -march=native) are kept in the cache
-// directory under a key of the compiler, the flags, its version text and the CPU
-// (/proc/cpuinfo's model and flags), so a process that finds them runs no preprocessor. A
-// compiler that fails here fails again, with its message, when it compiles.
+// What a compiled program depends on besides its source and flags: the compiler's file and
+// the macros the flags predefine (the compiler's version, the instruction sets that
+// -march=native resolved to, the tuning). It joins every cache key, so an upgraded compiler or
+// another machine sharing the cache builds anew. Asked once per process, without running the
+// compiler where it can: the file that the compiler's name finds on PATH is known by its path,
+// size and modification time (as ccache checks a compiler), where `cc --version` would start
+// two processes (about 10 ms, a third of a warm first step). A command with arguments
+// (TG_CC="ccache gcc") or a name not found is asked its --version. The macros (about 15 ms:
+// the preprocessor resolves -march=native) are kept in the cache directory under a key of the
+// compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and flags), so a
+// process that finds them runs no preprocessor. A compiler that fails here fails again, with
+// its message, when it compiles.
 static std::string command_output(const std::string& cmd) {
     std::string out;
     if (FILE* p = popen((cmd + " 2>&1").c_str(), "r")) {
@@ -6939,6 +7001,29 @@ static std::string command_output(const std::string& cmd) {
         while ((n = std::fread(chunk, 1, sizeof chunk, p)) > 0) out.append(chunk, n);
         pclose(p);
     }
+    return out;
+}
+static std::string compiler_file(const std::string& cc) {
+    if (cc.empty() || cc.find_first_of(" \t'\"\\$") != std::string::npos) return "";
+    std::string path;
+    if (cc.find('/') != std::string::npos) {
+        path = cc;
+    } else {
+        const char* env = std::getenv("PATH");
+        std::istringstream dirs(env ? env : "");
+        for (std::string dir; path.empty() && std::getline(dirs, dir, ':');) {
+            std::string candidate = (dir.empty() ? "." : dir) + "/" + cc;
+            if (access(candidate.c_str(), X_OK) == 0) path = candidate;
+        }
+    }
+    char* resolved = path.empty() ? nullptr : realpath(path.c_str(), nullptr);
+    if (!resolved) return "";
+    struct stat st;
+    std::string out;
+    if (stat(resolved, &st) == 0)
+        out = strf("%s %lld bytes, modified %lld.%09ld\n", resolved, (long long)st.st_size,
+                   (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+    std::free(resolved);
     return out;
 }
 static std::string cpu_identity() {
@@ -6955,7 +7040,8 @@ static const std::string& toolchain_identity(const std::string& cc, const std::s
     static std::map<std::string, std::string> known;   // guarded by runtime_mutex
     std::string& id = known[cc + '\0' + flags];
     if (!id.empty()) return id;
-    std::string version = command_output(cc + " --version"), cpu = cpu_identity(), macros;
+    std::string version = compiler_file(cc), cpu = cpu_identity(), macros;
+    if (version.empty()) version = command_output(cc + " --version");
     std::string kept = cache_dir() + "/toolchain-" +
                        hex16(fnv1a64(cc + '\0' + flags + '\0' + version + '\0' + cpu)) +
                        ".macros";

@@ -323,17 +323,29 @@ TEST(cache_without_home_uses_the_users_own_directory) {
 }
 
 TEST(cache_key_includes_the_compilers_identity) {
+    // a compiler named by its file is known by the file: replacing it builds anew
     std::string dir = fresh_dir(), cc = dir + "/cc", version = dir + "/version", out;
-    std::ofstream(cc) << "#!/bin/sh\nif [ \"$1\" = --version ]; then cat '" << version
-                      << "'; exit 0; fi\nexec cc \"$@\"\n";
-    chmod(cc.c_str(), 0755);
+    auto write_cc = [&](const std::string& release) {
+        std::ofstream(cc) << "#!/bin/sh\n# release " << release << "\ncase \"$*\" in *--version*) "
+                          << "cat '" << version << "'; exit 0;; esac\nexec cc \"$@\"\n";
+        chmod(cc.c_str(), 0755);
+    };
+    write_cc("1.0");
     std::ofstream(version) << "cc 1.0\n";
     std::string env = "TG_CC='" + cc + "'";
     CHECK(run_child(dir, out, env) && out.find("compiles 1") != std::string::npos);
     CHECK(run_child(dir, out, env) && out.find("compiles 0") != std::string::npos);
-    std::ofstream(version) << "cc 1.1\n";   // an upgrade: the same program is built again
+    write_cc("1.1 (an upgrade)");   // the same program is built again
     CHECK(run_child(dir, out, env) && out.find("compiles 1") != std::string::npos);
+    CHECK(run_child(dir, out, env) && out.find("compiles 0") != std::string::npos);
     CHECK_EQ(files_in(dir, ".so").size(), size_t(2));
+    // a command with arguments is known by its --version
+    std::string with_args = "TG_CC=\"'" + cc + "' -w\"";
+    CHECK(run_child(dir, out, with_args) && out.find("compiles 1") != std::string::npos);
+    CHECK(run_child(dir, out, with_args) && out.find("compiles 0") != std::string::npos);
+    std::ofstream(version) << "cc 1.2\n";
+    CHECK(run_child(dir, out, with_args) && out.find("compiles 1") != std::string::npos);
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(4));
     remove_tree(dir);
 }
 
