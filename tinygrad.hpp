@@ -6933,8 +6933,13 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
     };
     auto linked = [&](size_t from, size_t to, const char* linkage) {
         std::string out;
-        for (size_t k = from; k < to; k++) out += kernels[k];
-        for (size_t at; (at = out.find(LINKAGE)) != std::string::npos;) out.replace(at, 1, linkage);
+        for (size_t k = from; k < to; k++) {
+            const std::string& kernel = kernels[k];
+            size_t done = 0;
+            for (size_t at; (at = kernel.find(LINKAGE, done)) != std::string::npos; done = at + 1)
+                out.append(kernel, done, at - done).append(linkage);
+            out.append(kernel, done);
+        }
         return out;
     };
     size_t n = kernels.size(), half = 0;
