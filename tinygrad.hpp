@@ -5217,8 +5217,11 @@ static bool match_product(const Block& b, ProductMatch& m) {
     }
     return false;
 }
-// Tile sizes: 1, 2 or 4 vectors of columns, rows so that the innermost sums fill about half the
-// 32 vector registers (the level above them takes the rest, then spills). Tasks, what threads
+// Tile sizes: 4 vectors of columns by 4 rows, 2 by 8 or 1 by 8, so that the innermost sums fill
+// about half the 32 vector registers (the level above them takes the rest, then spills); 2 by 8
+// where it computes fewer padding columns and rows than 4 by 4 (W2's 200 columns are 256 in
+// tiles of 64 columns, 224 in tiles of 32: one-thread W2 113-118 -> 103-108 us, and 27 columns
+// by 32 rows in tiles of 8 rows, not 6, 94.8-96.6 us in all). Tasks, what threads
 // share: panels of columns (at most PANEL_BYTES packed), narrowed to give PARALLEL_CHUNKS
 // tasks where they can (one task for a nest that runs on the calling thread), then blocks of
 // at least MIN_ROW_BLOCK rows; each task packs its own
@@ -5234,8 +5237,13 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     int64_t vectors = cols > 2 * TILE_LANES ? 4 : cols > TILE_LANES ? 2 : 1;
     while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
     if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
+    auto padded = [&](int64_t v, int64_t r) {   // the columns and rows that tiles compute
+        int64_t w = v * TILE_LANES;
+        return (cols + w - 1) / w * w * ((rows + r - 1) / r * r);
+    };
+    if (vectors == 4 && padded(2, 8) < padded(4, 4)) vectors = 2;
     t.cols = int(vectors * TILE_LANES);
-    t.rows = int(std::min<int64_t>(rows, vectors >= 3 ? 4 : vectors == 2 ? 6 : 8));
+    t.rows = int(std::min<int64_t>(rows, vectors == 4 ? 4 : 8));
     bool threads = outer * rows * cols * m.terms >= TILE_PARALLEL_MIN_WORK;
     int64_t wanted = threads ? PARALLEL_CHUNKS : 1;
     int64_t col_tiles = (cols + t.cols - 1) / t.cols;

@@ -467,6 +467,24 @@ TEST(tile_products_merge_batch_loops_into_rows) {
     CHECK(values({x.matmul(w)}, "all")[0] == values({x.matmul(w)}, "none")[0]);
 }
 
+// Tiles of 4 rows by 64 columns, or of 8 rows by 32 where those pad fewer columns and rows:
+// 200 columns are 256 in tiles of 64 and 224 in tiles of 32 (W2's hidden layer). The tile's
+// shape changes only how many sums are in flight, never a sum's order: the bits of the loops.
+TEST(tile_products_choose_the_tile_that_pads_least) {
+    th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
+    Tensor x = data({32, 40}), w200 = data({40, 200}, 1), w256 = data({40, 256}, 2);
+    Tensor x30 = data({30, 40});
+    CHECK(optimized({x.matmul(w200)}, "all").find("[tiles: 8 x 32,") != std::string::npos);
+    CHECK(optimized({x.matmul(w256)}, "all").find("[tiles: 4 x 64,") != std::string::npos);
+    // 30 rows: 32 in tiles of 8 and of 4; 200 columns still pad less in tiles of 32
+    CHECK(optimized({x30.matmul(w200)}, "all").find("[tiles: 8 x 32,") != std::string::npos);
+    // 240 columns are 256 either way: 4 x 64 stays
+    Tensor w240 = data({40, 240}, 3);
+    CHECK(optimized({x.matmul(w240)}, "all").find("[tiles: 4 x 64,") != std::string::npos);
+    for (const Tensor& y : {x.matmul(w200), x.matmul(w256), x30.matmul(w200), x.matmul(w240)})
+        CHECK(values({y}, "all")[0] == values({y}, "none")[0]);
+}
+
 // The emitted C, character for character, for a tiled product with its epilogue (bias, relu):
 // what TG_DEBUG=4 shows a reader of tile_products.
 TEST(golden_c_for_a_tiled_product) {
@@ -523,7 +541,7 @@ static inline float tg_wheref(int c, float a, float b) {
 /* K0 forward float32 [32,32]: CMPEQ MUL REDUCE_SUM ADD CMPLT MAX WHERE
    from golden.cpp:9 */
 static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2, const float *restrict buf3, int64_t lo, int64_t hi) {
-    /* a matrix product in tiles of 6 rows x 32 columns: 12 sums in
+    /* a matrix product in tiles of 8 rows x 32 columns: 16 sums in
        vector registers (2 vectors of 16 floats a row) for each level of
        a sum's tree */
     for (int64_t task = lo; task < hi; task++) {
@@ -531,15 +549,15 @@ static __attribute__((noinline)) void k0(float *restrict buf0, const float *rest
         int64_t col0 = 0;
         int64_t row_end = row0 + 32 < 32 ? row0 + 32 : 32;
         int64_t col_end = col0 + 32 < 32 ? col0 + 32 : 32;
-        for (int64_t r0 = row0; r0 < row_end; r0 += 6) {
-            int64_t row[6];
-            for (int r = 0; r < 6; r++) row[r] = r0 + r < row_end ? r0 + r : row_end - 1;
+        for (int64_t r0 = row0; r0 < row_end; r0 += 8) {
+            int64_t row[8];
+            for (int r = 0; r < 8; r++) row[r] = r0 + r < row_end ? r0 + r : row_end - 1;
             for (int64_t c0 = col0; c0 < col_end; c0 += 32) {
-                tg_vf sum0[6][2];
-                tg_vf sum1[6][2];
-                TG_TILE(6, 2) sum0[r][v] = (tg_vf){0};
+                tg_vf sum0[8][2];
+                tg_vf sum1[8][2];
+                TG_TILE(8, 2) sum0[r][v] = (tg_vf){0};
                 for (int64_t i2 = 0; i2 < 2; i2++) {
-                    TG_TILE(6, 2) sum1[r][v] = (tg_vf){0};
+                    TG_TILE(8, 2) sum1[r][v] = (tg_vf){0};
                     for (int64_t i3 = 0; i3 < 16; i3++) {
                         {
                             tg_vf yv[2];
@@ -547,15 +565,15 @@ static __attribute__((noinline)) void k0(float *restrict buf0, const float *rest
                                 yv[v] = TG_VEC(&buf2[(c0 + (i2 * 512) + (i3 * 32))], v);
                                 TG_IN_REGISTER(yv[v]);
                             }
-                            for (int r = 0; r < 6; r++) {
+                            for (int r = 0; r < 8; r++) {
                                 float xr = buf1[((row[r] * 32) + (i2 * 16) + i3)];
                                 for (int v = 0; v < 2; v++) sum1[r][v] = TG_FMA(xr, yv[v], sum1[r][v]);
                             }
                         }
                     }
-                    TG_TILE(6, 2) sum0[r][v] += sum1[r][v];
+                    TG_TILE(8, 2) sum0[r][v] += sum1[r][v];
                 }
-                int64_t rn = row_end - r0 < 6 ? row_end - r0 : 6;
+                int64_t rn = row_end - r0 < 8 ? row_end - r0 : 8;
                 int64_t cn = col_end - c0 < 32 ? col_end - c0 : 32;
                 for (int64_t r = 0; r < rn; r++) {
                     int64_t i0 = r0 + r;
@@ -576,7 +594,7 @@ void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {
     k0((float *)b[0], (const float *)b[1], (const float *)b[2], (const float *)b[3], 0, 1LL);
 }
 )golden";
-    CHECK_EQ(optimized({y}, "all").find("[tiles: 6 x 32, panels of 32 columns, 1 tasks]") !=
+    CHECK_EQ(optimized({y}, "all").find("[tiles: 8 x 32, panels of 32 columns, 1 tasks]") !=
                  std::string::npos, true);
     th::EnvGuard env("TG_PASSES", "all");
     CHECK_EQ(tg::inspect({y}).c_source, std::string(want));
