@@ -5220,8 +5220,8 @@ static bool match_product(const Block& b, ProductMatch& m) {
 // Tile sizes: 4 vectors of columns by 4 rows, 2 by 8 or 1 by 8, so that the innermost sums fill
 // about half the 32 vector registers (the level above them takes the rest, then spills); 2 by 8
 // where it computes fewer padding columns and rows than 4 by 4 (W2's 200 columns are 256 in
-// tiles of 64 columns, 224 in tiles of 32: one-thread W2 113-118 -> 103-108 us, and 27 columns
-// by 32 rows in tiles of 8 rows, not 6, 94.8-96.6 us in all). Tasks, what threads
+// tiles of 64 columns, 224 in tiles of 32: one-thread W2's median step 113-118 -> 105-108 us,
+// and with its 27 columns by 32 rows in tiles of 8 rows, not 6, 97-98 us). Tasks, what threads
 // share: panels of columns (at most PANEL_BYTES packed), narrowed to give PARALLEL_CHUNKS
 // tasks where they can (one task for a nest that runs on the calling thread), then blocks of
 // at least MIN_ROW_BLOCK rows; each task packs its own
