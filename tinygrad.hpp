@@ -34,7 +34,7 @@
    The first call traces forward, backward and update into one program (one compile); later
    calls only run it. Without the jit the same code runs eagerly, one program per step; from
    the second step on, that program is found by the structure of the step's graph, so an
-   eager step skips scheduling and compiling (W2: about 1.9x the jitted step's time).
+   eager step skips scheduling and compiling (W2: about 2.1x the jitted step's time).
 
  DATA PARALLEL (examples/07_data_parallel.cpp)
        tg::DataParallel step({"CPU:0", "CPU:1"}, opt, [&](const std::vector<Tensor>& shard) {
@@ -1979,9 +1979,6 @@ static NodeP graph_gather(const NodeP& src, const NodeP& index, int axis, Loc lo
     return node_make(Op::GATHER, src->dtype, index->shape, {src, index}, loc, {axis});
 }
 
-// One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
-// Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
-// history of realized values).
 // Pointers to small values, open addressing in one array: the graph walks of every eager step
 // insert each node once, and the passes walk every expression of a program once per analysis,
 // where an unordered set or map allocates a hash node per insert.
@@ -2027,6 +2024,9 @@ template <typename T, int log2_slots> struct PointerIndex {
 };
 using NodeIndex = PointerIndex<Node, 8>;
 
+// One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
+// Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
+// history of realized values).
 static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
                                          bool through_realized = false) {
     std::vector<Node*> order;
