@@ -32,9 +32,11 @@ namespace nn = tg::nn;
 
 struct Timing { double median_us, min_us; };
 
-// blocks of `steps` calls of step(), after `warmup` calls; per-step times of each block
+// blocks of `steps` calls of step(), after `warmup` calls and the optimized builds they asked
+// for; per-step times of each block
 template <typename F> static Timing time_blocks(F&& step, int warmup, int steps, int blocks) {
     for (int i = 0; i < warmup; i++) step();
+    tg::finish_compiles();
     std::vector<double> per_step;
     for (int b = 0; b < blocks; b++) {
         auto t0 = std::chrono::steady_clock::now();

@@ -1836,15 +1836,18 @@ inline const char* mode_name(Mode m) {
 }
 
 // Sets TG_DEVICE and TG_PASSES for one mode (tinygrad reads them each time it builds a program
-// or a buffer), and puts back what was there.
+// or a buffer), and puts back what was there. The optimized mode builds each program optimized
+// at once (TG_QUICK_RUNS=0), as the oracle checks the code that runs in the long run.
 class ModeScope {
 public:
     explicit ModeScope(Mode mode) {
         save("TG_DEVICE");
         save("TG_PASSES");
+        save("TG_QUICK_RUNS");
         if (mode == Mode::OPTIMIZED_CPU) {
             setenv("TG_DEVICE", optimized_device(), 1);
             unsetenv("TG_PASSES");
+            setenv("TG_QUICK_RUNS", "0", 1);
         } else {
             setenv("TG_DEVICE", "INTERP", 1);
             setenv("TG_PASSES", "none", 1);

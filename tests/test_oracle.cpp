@@ -6,6 +6,8 @@
 // and that the shrinker keeps a failure while it removes nodes.
 #include "harness.hpp"
 #include "random_graphs.hpp"
+#include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -177,4 +179,37 @@ TEST(oracle_graph_401379_ties_of_a_value_computed_in_two_loops) {
         oracle::leaf_values<float>(0x6712c3ea315975c1ull, 7, -1, 1, -1), {7});
     (oracle::layer_norm(x, 1).minimum(s).min(0) * w).sum().backward();
     CHECK(std::isfinite(s.grad().item()));
+}
+
+// The quick build (-O0) and the optimized build (-O3) of a program give the same bits, so a
+// program may switch builds between runs (tinygrad.hpp, CompiledProgram): random graphs with
+// their gradients, one batch with every product and sum of columns tiled.
+TEST(quick_and_optimized_builds_give_the_same_bits) {
+    if (std::string(oracle::optimized_device()) != "CPU") SKIP("TG_ORACLE_DEVICE is not CPU");
+    for (int batch = 0; batch < 2; batch++) {
+        std::vector<oracle::Graph> graphs;
+        std::vector<const oracle::Graph*> ptrs;
+        for (int i = 0; i < 12; i++) graphs.push_back(oracle::generate(uint64_t(5000 + 12 * batch + i)));
+        for (const oracle::Graph& g : graphs) ptrs.push_back(&g);
+        th::EnvGuard tiles("TG_TILE_MIN_WORK", batch ? "1" : "32768");
+        th::EnvGuard flags("TG_CFLAGS", "-O0 -march=native");
+        std::vector<oracle::Outcome> quick = oracle::run(ptrs, oracle::Mode::OPTIMIZED_CPU);
+        flags.set("-O3 -march=native");
+        std::vector<oracle::Outcome> optimized = oracle::run(ptrs, oracle::Mode::OPTIMIZED_CPU);
+        CHECK_EQ(quick.size(), optimized.size());
+        for (size_t k = 0; k < quick.size() && k < optimized.size(); k++) {
+            CHECK_EQ(quick[k].error, optimized[k].error);
+            CHECK_EQ(quick[k].entries.size(), optimized[k].entries.size());
+            for (size_t e = 0; e < quick[k].entries.size() && e < optimized[k].entries.size(); e++) {
+                const oracle::Entry &a = quick[k].entries[e], &b = optimized[k].entries[e];
+                bool same = a.defined == b.defined && a.values.size() == b.values.size();
+                for (size_t v = 0; same && v < a.values.size(); v++)
+                    same = std::memcmp(&a.values[v], &b.values[v], sizeof(double)) == 0 ||
+                           (std::isnan(a.values[v]) && std::isnan(b.values[v]));
+                if (!same)
+                    th::report(__FILE__, __LINE__, "graph " + std::to_string(graphs[k].seed) +
+                                                       ": " + a.name + " differs between builds");
+            }
+        }
+    }
 }

@@ -1,7 +1,10 @@
 // The runtime: disk cache shared between processes, corrupt entries rebuilt, compiler failures
 // reported with everything needed to reproduce, TG_DEBUG output and kept artifacts.
 #include "harness.hpp"
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <dirent.h>
 #include <algorithm>
 #include <fstream>
@@ -526,4 +529,131 @@ TEST(constants_realize_without_a_kernel) {
         CHECK(w.grad().to_vector() == (std::vector<float>{1, 2, 3}));
         CHECK(w.to_vector() == std::vector<float>(3, 1.0f));
     }
+}
+
+// ---- quick builds: a program of little work runs first as built at -O0, and its optimized
+// build, asked for at its TG_QUICK_RUNS-th run, is made on a background thread
+namespace {
+uint32_t bits_of(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+// every file of the cache directory is a finished entry: no compiler's output is left over
+bool only_finished_entries(const std::string& dir) {
+    bool ok = true;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            ok = ok && n.find(".tmp") == std::string::npos && n.find(".err") == std::string::npos;
+        }
+        closedir(d);
+    }
+    return ok;
+}
+tg::Jit exp_sum_step(float scale) {
+    return tg::Jit([scale](const std::vector<Tensor>& in) { return (in[0] * scale + 0.5f).exp().sum(); });
+}
+}  // namespace
+
+TEST(quick_build_runs_first_and_the_optimized_build_takes_over) {
+    if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
+    std::string dir = fresh_dir();
+    EnvGuard cache("TG_CACHE_DIR", dir.c_str());
+    EnvGuard runs("TG_QUICK_RUNS", "2");
+    Tensor x = Tensor::from_vector(std::vector<float>{0.1f, -0.2f, 0.3f, 1.7f});
+    tg::Jit step = exp_sum_step(3.25f);
+    tg::Stats s0 = tg::stats();
+    float first = step({x}).item();
+    tg::Stats s1 = tg::stats();
+    CHECK_EQ(s1.compiles - s0.compiles, int64_t(1));
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(1));   // the quick build
+    float second = step({x}).item();   // asks for the optimized build
+    tg::finish_compiles();
+    tg::Stats s2 = tg::stats();
+    CHECK_EQ(s2.background_compiles - s1.background_compiles, int64_t(1));
+    CHECK_EQ(s2.compiles, s1.compiles);
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(2));
+    CHECK(only_finished_entries(dir));
+    float third = step({x}).item();    // optimized
+    CHECK_EQ(bits_of(first), bits_of(second));
+    CHECK_EQ(bits_of(first), bits_of(third));
+    double want = 0;
+    for (float v : {0.1f, -0.2f, 0.3f, 1.7f}) want += std::exp(double(v) * 3.25 + 0.5);
+    CHECK_NEAR(third, want, 1e-5);
+    // the same program prepared again finds its optimized build and builds nothing
+    tg::Jit again = exp_sum_step(3.25f);
+    CHECK_EQ(bits_of(again({x}).item()), bits_of(first));
+    again({x});
+    tg::finish_compiles();
+    tg::Stats s3 = tg::stats();
+    CHECK_EQ(s3.compiles, s2.compiles);
+    CHECK_EQ(s3.background_compiles, s2.background_compiles);
+    CHECK_EQ(s3.memory_cache_hits - s2.memory_cache_hits, int64_t(1));
+    remove_tree(dir);
+}
+
+// A program that runs once is built once; TG_QUICK_RUNS=0 builds every program optimized at
+// once; so does a program of much work (program_work: here 400^3 multiply-adds).
+TEST(quick_builds_only_where_they_pay) {
+    if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
+    std::string dir = fresh_dir();
+    EnvGuard cache("TG_CACHE_DIR", dir.c_str());
+    EnvGuard runs("TG_QUICK_RUNS", "2");
+    Tensor x = Tensor::from_vector(std::vector<float>{0.5f, 0.25f});
+    tg::Stats s0 = tg::stats();
+    (x * 5.5f).sum().item();
+    tg::finish_compiles();
+    CHECK_EQ(tg::stats().background_compiles, s0.background_compiles);
+    Tensor a = Tensor::from_vector(th::randf(400 * 400, 41), {400, 400});
+    tg::Jit product([&](const std::vector<Tensor>& in) { return a.matmul(in[0]).sum(); });
+    Tensor b = Tensor::from_vector(th::randf(400 * 400, 42), {400, 400});
+    for (int i = 0; i < 3; i++) product({b});
+    tg::finish_compiles();
+    CHECK_EQ(tg::stats().background_compiles, s0.background_compiles);
+    runs.set("0");
+    tg::Jit step = exp_sum_step(2.75f);
+    for (int i = 0; i < 3; i++) step({x});
+    tg::finish_compiles();
+    CHECK_EQ(tg::stats().background_compiles, s0.background_compiles);
+    CHECK_EQ(tg::stats().compiles - s0.compiles, int64_t(3));
+    runs.set("-1");
+    CHECK_THROWS((x * 6.5f).sum().item(), "TG_QUICK_RUNS must be a whole number", "'-1'");
+    remove_tree(dir);
+}
+
+// Runs only in the child of the next test: asks for the optimized build of a training step
+// (two files of C, about half a second at -O3), then leaves while it is being compiled.
+TEST_CHILD(child_leaves_during_an_optimized_build) {
+    tg::manual_seed(5);
+    tg::nn::Sequential mlp(tg::nn::Linear(12, 48), tg::nn::Tanh(), tg::nn::Linear(48, 48),
+                           tg::nn::Tanh(), tg::nn::Linear(48, 5));
+    tg::optim::SGD opt(mlp.parameters(), 0.1);
+    Tensor x = Tensor::from_vector(th::randf(16 * 12, 3), {16, 12});
+    Tensor y = Tensor::from_vector(th::randi(16, 4, 0, 4));
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = tg::nn::cross_entropy(mlp(in[0]), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    step({x});
+    step({x});
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));   // its compilers now run
+}
+
+// A process that leaves while its optimized build runs stops its compilers (at once, not
+// after they finish: that is speed, not asserted here), the build never lands, and no
+// compiler output is left in the cache: the initializers' program and the step's quick build.
+TEST(leaving_during_an_optimized_build_stops_its_compiler) {
+    if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
+    std::string dir = fresh_dir();
+    std::string cmd = "TG_QUICK_RUNS=2 TG_TEST_CHILD=child_leaves_during_an_optimized_build "
+                      "TG_CACHE_DIR='" + dir + "' '" + self_exe() + "' >/dev/null 2>&1";
+    CHECK_EQ(std::system(cmd.c_str()), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));   // a compiler left would write
+    CHECK_EQ(files_in(dir, ".so").size(), size_t(2));
+    CHECK(only_finished_entries(dir));
+    remove_tree(dir);
 }
