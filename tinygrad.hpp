@@ -7264,6 +7264,29 @@ TG_COLD_END
 // (read at each run, default the machine's cores); the calling thread works too. One job at a
 // time: a second program running meanwhile (another user thread) runs its chunks itself, and
 // so does a child process after fork(), which has none of the parent's threads.
+// Every worker answers every job (one that is not needed at once), so none can fall a job
+// behind. Waiting spins for up to POOL_SPIN_US before it sleeps: a program's parallel nests
+// come microseconds apart, and waking a sleeping thread took tens of microseconds on the
+// development machine (a virtual one), more than a small nest's work.
+static const int POOL_SPIN_US = 200;
+static inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+// until done() or POOL_SPIN_US have passed; whether done()
+template <typename F> static bool spin_until(F done) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0;; i++) {
+        if (done()) return true;
+        spin_pause();
+        if (i % 64 == 63 && std::chrono::steady_clock::now() - start >
+                                std::chrono::microseconds(POOL_SPIN_US))
+            return done();
+    }
+}
 class ThreadPool {
 public:
     ~ThreadPool() {
@@ -7282,23 +7305,29 @@ public:
             for (int64_t c = 0; c < count; c++) task(c);
             return;
         }
+        int workers;
         {
             std::lock_guard<std::mutex> lock(m_);
-            while (int(workers_.size()) < helpers) {
+            while (int(workers_.size()) < helpers) {   // each waits for the job after this
                 int id = int(workers_.size());
-                workers_.emplace_back([this, id] { work(id); });
+                uint64_t now = generation_;
+                workers_.emplace_back([this, id, now] { work(id, now); });
             }
+            workers = job_workers_ = int(workers_.size());
             task_ = &task;
             count_ = count;
             next_ = 0;
             helpers_ = helpers;
-            finished_ = 0;
-            generation_++;
+            answered_ = 0;
+            generation_.fetch_add(1, std::memory_order_release);
         }
         wake_.notify_all();
         take_chunks();
-        std::unique_lock<std::mutex> lock(m_);
-        done_.wait(lock, [&] { return finished_ == helpers_; });
+        auto all_answered = [&] { return answered_.load(std::memory_order_acquire) == workers; };
+        if (!spin_until(all_answered)) {
+            std::unique_lock<std::mutex> lock(m_);
+            done_.wait(lock, all_answered);
+        }
         task_ = nullptr;
     }
 
@@ -7306,21 +7335,21 @@ private:
     void take_chunks() {
         for (int64_t c; (c = next_.fetch_add(1)) < count_;) (*task_)(c);
     }
-    void work(int id) {
-        uint64_t seen = 0;
+    void work(int id, uint64_t seen) {
+        auto new_job = [&] { return generation_.load(std::memory_order_acquire) != seen; };
         for (;;) {
-            {
+            if (!spin_until(new_job)) {
                 std::unique_lock<std::mutex> lock(m_);
-                wake_.wait(lock, [&] { return stop_ || (generation_ != seen && id < helpers_); });
+                wake_.wait(lock, [&] { return stop_ || new_job(); });
                 if (stop_) return;
-                seen = generation_;
             }
-            take_chunks();
-            {
-                std::lock_guard<std::mutex> lock(m_);
-                finished_++;
+            seen = generation_.load(std::memory_order_acquire);
+            int workers = job_workers_;   // read before answering: the job's own until then
+            if (id < helpers_) take_chunks();
+            if (answered_.fetch_add(1, std::memory_order_acq_rel) + 1 == workers) {
+                std::lock_guard<std::mutex> lock(m_);   // the caller waits or sees the count
+                done_.notify_one();
             }
-            done_.notify_one();
         }
     }
     std::mutex job_, m_;
@@ -7328,9 +7357,10 @@ private:
     std::vector<std::thread> workers_;
     const std::function<void(int64_t)>* task_ = nullptr;
     std::atomic<int64_t> next_{0};
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> answered_{0};
     int64_t count_ = 0;
-    int helpers_ = 0, finished_ = 0;
-    uint64_t generation_ = 0;
+    int helpers_ = 0, job_workers_ = 0;
     bool stop_ = false;
     pid_t owner_ = getpid();
 };
