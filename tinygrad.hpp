@@ -2036,16 +2036,20 @@ template <typename T, int log2_slots> struct PointerIndex {
         const Slot& e = slots()[at(p)];
         return e.first ? &e.second : nullptr;
     }
+    int* find(const T* p) { return const_cast<int*>(std::as_const(*this).find(p)); }
 };
 using NodeIndex = PointerIndex<Node, 8>;
 
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
 // Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
 // history of realized values).
+// places: where given, each node's index in the order (it is the walk's own index).
 static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
-                                         bool through_realized = false) {
+                                         bool through_realized = false,
+                                         NodeIndex* places = nullptr) {
     std::vector<Node*> order;
-    NodeIndex seen;
+    NodeIndex own;
+    NodeIndex& seen = places ? *places : own;
     std::vector<std::pair<Node*, size_t>> stack;
     for (const NodeP& r : roots) {
         if (!seen.insert(r.get())) continue;
@@ -2056,6 +2060,7 @@ static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
                 Node* s = n->src[i++].get();
                 if (seen.insert(s)) stack.push_back({s, 0});
             } else {
+                *seen.find(n) = int(order.size());
                 order.push_back(n);
                 stack.pop_back();
             }
@@ -3422,8 +3427,25 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
 
 // Gradients of output with respect to every node that requires grad, accumulated over paths;
 // leaves (if given) receives the leaves reached, in graph order.
-static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, const Tensor& seed_in,
-                                                       std::vector<Node*>* leaves = nullptr) {
+// Gradients by node, in one index and one array (an eager step's backward makes a hundred).
+struct Gradients {
+    NodeIndex index;
+    std::vector<Tensor> values;
+    Tensor* find(const Node* n) {
+        int* i = index.find(n);
+        return i ? &values[size_t(*i)] : nullptr;
+    }
+    void add(const Node* n, Tensor g, Loc loc) {
+        if (Tensor* had = find(n)) {
+            *had = detail::add(*had, g, loc);
+            return;
+        }
+        index.insert(n, int(values.size()));
+        values.push_back(std::move(g));
+    }
+};
+static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
+                               std::vector<Node*>* leaves = nullptr) {
     const NodeP& root = output.node();
     if (!root->requires_grad)
         fail("backward: the tensor does not depend on any tensor that requires grad");
@@ -3438,26 +3460,24 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, con
                   shape_str(seed.shape()).c_str(), shape_str(output.shape()).c_str()));
     }
     PhaseScope phase(Phase::BACKWARD);
-    std::unordered_map<Node*, Tensor> grads;
-    grads[root.get()] = seed.cast(root->dtype);
+    Gradients grads;
+    grads.add(root.get(), seed.cast(root->dtype), root->loc);
     std::vector<Node*> order = graph_toposort({root}, true);
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
         Node* n = *it;
-        auto found = grads.find(n);
-        if (!n->requires_grad || found == grads.end()) continue;
+        Tensor* found = grads.find(n);
+        if (!n->requires_grad || !found) continue;
         if (n->leaf) {   // a lazy leaf keeps its sources only to compute its value
             if (leaves) leaves->push_back(n);
             continue;
         }
         check_fresh(n);   // its rule reads its inputs as they were when it was built
         UserLocScope at(n->loc);
-        std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), found->second);
+        std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), *found);
         for (size_t i = 0; i < in_grads.size(); i++) {
             Node* s = n->src[i].get();
             if (!in_grads[i].defined() || !s->requires_grad) continue;
-            Tensor g = in_grads[i].cast(s->dtype);
-            auto prev = grads.find(s);
-            grads[s] = prev == grads.end() ? g : add(prev->second, g, s->loc);
+            grads.add(s, in_grads[i].cast(s->dtype), s->loc);
         }
     }
     return grads;
@@ -3466,11 +3486,11 @@ static std::unordered_map<Node*, Tensor> backpropagate(const Tensor& output, con
 
 std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs,
                               const Tensor& seed) {
-    auto grads = backpropagate(output, seed);
+    Gradients grads = backpropagate(output, seed);
     std::vector<Tensor> out;
     for (const Tensor& x : inputs) {
-        auto it = grads.find(x.node().get());
-        out.push_back(it != grads.end() ? it->second : Tensor::zeros(x.shape(), x.dtype()));
+        Tensor* g = grads.find(x.node().get());
+        out.push_back(g ? *g : Tensor::zeros(x.shape(), x.dtype()));
     }
     return out;
 }
@@ -3508,7 +3528,7 @@ Tensor Tensor::detach() const {
 // next program (normally the optimizer's step), from the parameters before the update.
 void Tensor::backward(const Tensor& seed, Loc loc) const {
     UserLocScope at(loc);
-    std::unordered_map<Node*, Tensor> grads;
+    Gradients grads;
     std::vector<Node*> leaves;
     {
         NoGrad no_grad;
@@ -3518,7 +3538,7 @@ void Tensor::backward(const Tensor& seed, Loc loc) const {
     NoGrad no_grad;
     PhaseScope phase(Phase::BACKWARD);
     for (Node* n : leaves) {
-        const Tensor& g = grads.at(n);
+        const Tensor& g = *grads.find(n);
         n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();
         pending_targets.push_back(n->grad);
     }
@@ -7866,53 +7886,65 @@ static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>>& re
     static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>> table;
     return table;
 }
-template <class T> static void key_add(std::string& key, const T& v) {
-    key.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
+// The key's bytes, copied in place: an eager step's graph adds some twenty fields a node, where
+// string appends cost more than the rest of the walk.
+struct KeyBytes {
+    std::string& key;
+    size_t used;
+    explicit KeyBytes(std::string& k) : key(k), used(k.size()) {}
+    ~KeyBytes() { key.resize(used); }
+    void room(size_t bytes) {
+        if (used + bytes > key.size()) key.resize(std::max(2 * key.size(), used + bytes));
+    }
+    template <class T> void add(const T& v) {   // after room() for it
+        std::memcpy(&key[used], &v, sizeof v);
+        used += sizeof v;
+    }
+};
 // False where the graph must take the full pipeline (which reports its errors): an assignment
 // to a buffer that another assignment of the graph also writes.
 // order: the graph's nodes, sources first; place: each node's index in it.
 using Places = NodeIndex;
 static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::string& key,
                            std::vector<Node*>& order, Places& place) {
-    order = graph_toposort(targets);
+    place = NodeIndex();
+    order = graph_toposort(targets, false, &place);
     key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
           env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
           env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
           env_str("TG_NVRTC_FLAGS", "") + '|';
-    key.reserve(key.size() + order.size() * 96);
-    place = NodeIndex();
+    KeyBytes bytes(key);
     std::unordered_map<const Buffer*, int> slot;
     std::unordered_set<const Buffer*> assigned;
-    for (size_t i = 0; i < order.size(); i++) {
-        Node* n = order[i];
-        place.insert(n, int(i));
-        key_add(key, n->dtype);
-        key_add(key, n->shape.size());
-        for (int64_t d : n->shape) key_add(key, d);
+    for (Node* n : order) {
+        bytes.room(128 + 8 * (n->shape.size() + n->arg.size() + n->src.size()));
+        bytes.add(n->dtype);
+        bytes.add(n->shape.size());
+        for (int64_t d : n->shape) bytes.add(d);
         if (n->buffer) {   // an input: which distinct buffer, and where it lives
             auto s = slot.emplace(n->buffer.get(), int(slot.size())).first->second;
-            key_add(key, 'B');
-            key_add(key, s);
-            key_add(key, n->buffer->device);
+            bytes.add('B');
+            bytes.add(s);
+            bytes.add(n->buffer->device);
             continue;
         }
         check_fresh(n);
         if (n->op == Op::ASSIGN && !assigned.insert(n->src[0]->buffer.get()).second) return false;
-        key_add(key, n->op);
-        key_add(key, n->value);
-        key_add(key, n->phase);
-        key_add(key, n->leaf);
-        key_add(key, n->requires_grad);
-        key_add(key, n->device);
-        key_add(key, n->loc.file);
-        key_add(key, n->loc.line);
-        key_add(key, n->arg.size());
-        for (int64_t a : n->arg) key_add(key, a);
-        key_add(key, n->src.size());
-        for (auto& src : n->src) key_add(key, *place.find(src.get()));
+        bytes.add(n->op);
+        bytes.add(n->value);
+        bytes.add(n->phase);
+        bytes.add(n->leaf);
+        bytes.add(n->requires_grad);
+        bytes.add(n->device);
+        bytes.add(n->loc.file);
+        bytes.add(n->loc.line);
+        bytes.add(n->arg.size());
+        for (int64_t a : n->arg) bytes.add(a);
+        bytes.add(n->src.size());
+        for (auto& src : n->src) bytes.add(*place.find(src.get()));
     }
-    for (const NodeP& t : targets) key_add(key, *place.find(t.get()));
+    bytes.room(4 * targets.size());
+    for (const NodeP& t : targets) bytes.add(*place.find(t.get()));
     return true;
 }
 static bool reuse_program(const std::string& key, const std::vector<Node*>& order,
@@ -9112,7 +9144,7 @@ static ShardProgram build_shard(DataParallel::State& st, const std::vector<Tenso
                   "parameters, got %s %s%s", dtype_name(loss.dtype()),
                   shape_str(loss.shape()).c_str(), loss.tracks_grad() ? "" : " without gradient"));
     NodeP weight = placeholder(loss.shape(), loss.dtype(), first);
-    std::unordered_map<Node*, Tensor> grads;
+    Gradients grads;
     {
         NoGrad no_grad;
         grads = backpropagate(loss, wrap(weight));
@@ -9121,13 +9153,13 @@ static ShardProgram build_shard(DataParallel::State& st, const std::vector<Tenso
     std::vector<NodeP> grad_nodes;
     for (size_t i = 0; i < st.opt->params.size(); i++) {
         const Tensor& p = st.opt->params[i];
-        auto it = grads.find(p.node().get());
-        if (it == grads.end())
+        Tensor* g = grads.find(p.node().get());
+        if (!g)
             fail(strf("DataParallel: parameter %zu (%s %s, made at %s) gets no gradient from "
                       "the loss; give the optimizer only the parameters the loss uses", i,
                       dtype_name(p.dtype()), shape_str(p.shape()).c_str(),
                       loc_str(p.node()->loc).c_str()));
-        grad_nodes.push_back(it->second.node());
+        grad_nodes.push_back(g->node());
         targets.push_back(grad_nodes.back());
     }
     ShardProgram sp;
