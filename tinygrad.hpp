@@ -34,7 +34,7 @@
    The first call traces forward, backward and update into one program (one compile); later
    calls only run it. Without the jit the same code runs eagerly, one program per step; from
    the second step on, that program is found by the structure of the step's graph, so an
-   eager step skips scheduling and compiling (W2: about 2.1x the jitted step's time).
+   eager step skips scheduling and compiling (W2: about 1.9x the jitted step's time).
 
  DATA PARALLEL (examples/07_data_parallel.cpp)
        tg::DataParallel step({"CPU:0", "CPU:1"}, opt, [&](const std::vector<Tensor>& shard) {
