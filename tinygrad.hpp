@@ -123,7 +123,7 @@
                  value computed twice is the same bits; with GCC also -fno-tree-slp-vectorize,
                  as GCC 12's SLP vectorizer drops float32 roundings). Set, it builds every
                  program, and no program has a quick build.
-   TG_QUICK_RUNS a program of little work (up to about 30 million statements run) is built
+   TG_QUICK_RUNS a program of little work (up to 2^25 statements run, loops counted) is built
                  quickly first (-O0 -march=native: a fifth of the compile time, code up to
                  20x slower; the same bits); at its TG_QUICK_RUNS-th run (default 2) its
                  optimized build starts on a background thread, and the runs after it is
@@ -2039,6 +2039,19 @@ template <typename T, int log2_slots> struct PointerIndex {
     int* find(const T* p) { return const_cast<int*>(std::as_const(*this).find(p)); }
 };
 using NodeIndex = PointerIndex<Node, 8>;
+// Pointers to values of any type: the index gives each its place in one array.
+template <typename T, typename V, int log2_slots> struct PointerMap {
+    PointerIndex<T, log2_slots> index;
+    std::vector<V> values;
+    V* find(const T* p) {
+        int* i = index.find(p);
+        return i ? &values[size_t(*i)] : nullptr;
+    }
+    void insert(const T* p, V v) {   // p is not there yet
+        index.insert(p, int(values.size()));
+        values.push_back(std::move(v));
+    }
+};
 
 // One line per node in topological order: "%3 = ADD %1 %2  float32 [64,16]  main.cpp:7".
 // Sources before users. Realized nodes are leaves unless through_realized (autograd needs the
@@ -2060,7 +2073,7 @@ static std::vector<Node*> graph_toposort(const std::vector<NodeP>& roots,
                 Node* s = n->src[i++].get();
                 if (seen.insert(s)) stack.push_back({s, 0});
             } else {
-                *seen.find(n) = int(order.size());
+                if (places) *places->find(n) = int(order.size());
                 order.push_back(n);
                 stack.pop_back();
             }
@@ -3427,21 +3440,11 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
 
 // Gradients of output with respect to every node that requires grad, accumulated over paths;
 // leaves (if given) receives the leaves reached, in graph order.
-// Gradients by node, in one index and one array (an eager step's backward makes a hundred).
-struct Gradients {
-    NodeIndex index;
-    std::vector<Tensor> values;
-    Tensor* find(const Node* n) {
-        int* i = index.find(n);
-        return i ? &values[size_t(*i)] : nullptr;
-    }
+// Gradients by node (an eager step's backward makes a hundred); add() sums a path's part in.
+struct Gradients : PointerMap<Node, Tensor, 8> {
     void add(const Node* n, Tensor g, Loc loc) {
-        if (Tensor* had = find(n)) {
-            *had = detail::add(*had, g, loc);
-            return;
-        }
-        index.insert(n, int(values.size()));
-        values.push_back(std::move(g));
+        if (Tensor* had = find(n)) *had = detail::add(*had, g, loc);
+        else insert(n, std::move(g));
     }
 };
 static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
@@ -4089,13 +4092,10 @@ static BlockAccesses block_accesses(const Block& b) {
 // -- substitution: e with each part for which replace() gives an expression replaced by it.
 // Shared parts are rewritten once (done), so the result is a DAG like e.
 using Replace = std::function<ExprP(const ExprP&)>;
-struct Rewritten {   // each part rewritten so far: its result
-    PointerIndex<Expr, 5> index;
-    std::vector<ExprP> results;
-};
+using Rewritten = PointerMap<Expr, ExprP, 5>;   // each part rewritten so far: its result
 static ExprP substitute(const ExprP& e, const Replace& replace, Rewritten& done) {
     if (!e) return e;
-    if (const int* hit = done.index.find(e.get())) return done.results[size_t(*hit)];
+    if (const ExprP* hit = done.find(e.get())) return *hit;
     ExprP out = replace(e);
     if (!out) {
         std::vector<ExprP> src;
@@ -4112,8 +4112,7 @@ static ExprP substitute(const ExprP& e, const Replace& replace, Rewritten& done)
             out = e;
         }
     }
-    done.index.insert(e.get(), int(done.results.size()));
-    done.results.push_back(out);
+    done.insert(e.get(), out);
     return out;
 }
 static void substitute(std::vector<Stmt>& body, const Replace& replace, Rewritten& done) {
@@ -7007,7 +7006,7 @@ static std::string render_c(const Program& p) { return render_c_files(p, 1)[0]; 
 // all succeed. The .c stays beside the .so so a failed or surprising build can be read. A
 // program of little work is built twice: quickly for its first runs, then optimized in the
 // background (CompiledProgram), which takes W2's first step in a new process with an empty
-// cache (W6) from 0.97 to 0.40 s. Devices CPU and INTERP keep data in host memory.
+// cache (W6) from about 0.9 to 0.4 s (README, Speed). Devices CPU and INTERP keep data in host memory.
 // Tests: tests/test_runtime.cpp.
 
 using ChunkFn = void (*)(void* const*, int64_t*, int64_t, int64_t);
@@ -7146,26 +7145,27 @@ static int run_compiler(const std::string& cmd, const std::string& errs, std::st
     return status;
 }
 
-// A compile: the C files, the compiler, its flags, the cache directory (as it was when the
-// program was prepared) and the key that names the result there.
+// A compile: the C files (and their hash), the compiler, its flags, the cache directory (as
+// it was when the program was prepared) and the key that names the result there.
 struct CompileJob {
     std::vector<std::string> files;
+    uint64_t source = 0;
     std::string cc, flags, dir, key;
 };
 static const char* const OPTIMIZED_CFLAGS = "-O3 -march=native";   // TG_CFLAGS replaces it
 static const char* const QUICK_CFLAGS = "-O0 -march=native";
+// What a loadable library needs, and -fno-math-errno (no kernel reads errno; so sqrt is an
+// instruction that vectorizes, not a call) and -ffp-contract=off: a value computed again in
+// another loop must equal the first bit for bit (max's gradient compares them), which a
+// multiply-add fused in one loop and not in the other breaks.
+static const char* const ALWAYS_CFLAGS = " -fPIC -fno-math-errno -ffp-contract=off";
 
-// optimization: TG_CFLAGS or one of the two above; what a loadable library needs is always
-// added, and -fno-math-errno (no kernel reads errno; so sqrt is an instruction that
-// vectorizes, not a call) and -ffp-contract=off: a value computed again in another loop must
-// equal the first bit for bit (max's gradient compares them), which a multiply-add fused in
-// one loop and not in the other breaks. The toolchain's identity is asked with the optimized
-// flags for both builds (the quick one differs only in its -O, which its key holds).
-static CompileJob compile_job(std::vector<std::string> files, const std::string& optimization) {
-    CompileJob job{std::move(files), env_str("TG_CC", "cc"),
-                   optimization + " -fPIC -fno-math-errno -ffp-contract=off", cache_dir(), ""};
-    std::string identity_flags = env_str("TG_CFLAGS", OPTIMIZED_CFLAGS) +
-                                 " -fPIC -fno-math-errno -ffp-contract=off";
+// The job's flags and key for an optimization (TG_CFLAGS or one of the two above). The
+// toolchain's identity is asked with the optimized flags for both builds (the quick one
+// differs only in its -O, which its key holds).
+static void set_optimization(CompileJob& job, const std::string& optimization) {
+    job.flags = optimization + ALWAYS_CFLAGS;
+    std::string identity_flags = env_str("TG_CFLAGS", OPTIMIZED_CFLAGS) + ALWAYS_CFLAGS;
     std::lock_guard<std::mutex> lock(runtime_mutex);
     const std::string& identity = toolchain_identity(job.cc, identity_flags);
     // GCC 12's SLP vectorizer drops the float rounding of (double)(float)x in short loops and
@@ -7173,9 +7173,14 @@ static CompileJob compile_job(std::vector<std::string> files, const std::string&
     bool gcc = identity.find("#define __GNUC__") != std::string::npos &&
                identity.find("#define __clang__") == std::string::npos;
     if (gcc) job.flags += " -fno-tree-slp-vectorize";
+    job.key = hex16(fnv1a64(hex16(job.source) + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
+}
+static CompileJob compile_job(std::vector<std::string> files, const std::string& optimization) {
+    CompileJob job{std::move(files), 0, env_str("TG_CC", "cc"), "", cache_dir(), ""};
     std::string src;
     for (const std::string& f : job.files) src += f + '\0';
-    job.key = hex16(fnv1a64(src + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
+    job.source = fnv1a64(src);
+    set_optimization(job, optimization);
     return job;
 }
 
@@ -7218,7 +7223,7 @@ static ProgramFn run_compile(const CompileJob& job) {
     std::string base = job.dir + "/" + job.key, so = base + ".so", bytes;
     std::string tmp = strf("%s.tmp.%d.%d", so.c_str(), int(getpid()), builds++);
     const std::vector<std::string>& files = job.files;
-    std::string cc = job.cc, flags = job.flags;
+    const std::string &cc = job.cc, &flags = job.flags;
     std::vector<std::string> paths, objects, cmds;
     for (size_t i = 0; i < files.size(); i++) {
         paths.push_back(files.size() == 1 ? base + ".c" : strf("%s.%zu.c", base.c_str(), i));
@@ -7285,9 +7290,9 @@ TG_COLD_END
 // time: a second program running meanwhile (another user thread) runs its chunks itself, and
 // so does a child process after fork(), which has none of the parent's threads.
 // Every worker answers every job (one that is not needed at once), so none can fall a job
-// behind. Waiting spins for up to POOL_SPIN_US before it sleeps: a program's parallel nests
-// come microseconds apart, and waking a sleeping thread took tens of microseconds on the
-// development machine (a virtual one), more than a small nest's work.
+// behind. Waiting spins for up to POOL_SPIN_US before it sleeps, as a program's parallel
+// nests come microseconds apart: W5's step took 24.0-25.2 ms with threads that slept at once
+// and 21.9-22.6 ms with spinning (README, Speed).
 static const int POOL_SPIN_US = 200;
 static inline void spin_pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -7325,7 +7330,6 @@ public:
             for (int64_t c = 0; c < count; c++) task(c);
             return;
         }
-        int workers;
         {
             std::lock_guard<std::mutex> lock(m_);
             while (int(workers_.size()) < helpers) {   // each waits for the job after this
@@ -7333,7 +7337,7 @@ public:
                 uint64_t now = generation_;
                 workers_.emplace_back([this, id, now] { work(id, now); });
             }
-            workers = job_workers_ = int(workers_.size());
+            job_workers_ = int(workers_.size());
             task_ = &task;
             count_ = count;
             next_ = 0;
@@ -7343,7 +7347,9 @@ public:
         }
         wake_.notify_all();
         take_chunks();
-        auto all_answered = [&] { return answered_.load(std::memory_order_acquire) == workers; };
+        auto all_answered = [&] {
+            return answered_.load(std::memory_order_acquire) == job_workers_;
+        };
         if (!spin_until(all_answered)) {
             std::unique_lock<std::mutex> lock(m_);
             done_.wait(lock, all_answered);
@@ -7686,15 +7692,16 @@ struct CpuDevice : HostMemoryDevice {
     explicit CpuDevice(int index = 0) : name_(index ? strf("CPU:%d", index) : "CPU") {}
     const char* name() const override { return name_.c_str(); }
     std::shared_ptr<Executable> prepare(const Program& p) override {
-        std::vector<std::string> files = render_c_files(p, compile_parts(p));
         std::string flags = env_str("TG_CFLAGS", "");
-        CompileJob optimized = compile_job(files, flags.empty() ? OPTIMIZED_CFLAGS : flags);
+        CompileJob optimized = compile_job(render_c_files(p, compile_parts(p)),
+                                           flags.empty() ? OPTIMIZED_CFLAGS : flags);
         int quick_runs = env_int("TG_QUICK_RUNS", 2, 0, INT32_MAX);
         if (!flags.empty() || quick_runs == 0 || program_work(p) > QUICK_MAX_WORK)
             return std::make_shared<CompiledProgram>(compile_c(optimized));
         if (ProgramFn fn = find_compiled(optimized)) return std::make_shared<CompiledProgram>(fn);
-        auto quick = std::make_shared<CompiledProgram>(
-            compile_c(compile_job(std::move(files), QUICK_CFLAGS)));
+        CompileJob quick_job = optimized;
+        set_optimization(quick_job, QUICK_CFLAGS);
+        auto quick = std::make_shared<CompiledProgram>(compile_c(quick_job));
         quick->optimized = std::move(optimized);
         quick->quick_runs_left = quick_runs;
         quick->name = p.name;
@@ -7886,8 +7893,8 @@ static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>>& re
     static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>> table;
     return table;
 }
-// The key's bytes, copied in place: an eager step's graph adds some twenty fields a node, where
-// string appends cost more than the rest of the walk.
+// The key's bytes, copied in place: an eager step's graph adds some twenty fields a node, and
+// callgrind counted a string append a field as the costliest part of the walk.
 struct KeyBytes {
     std::string& key;
     size_t used;
