@@ -113,6 +113,11 @@
    queue     a device's stream: work (DataParallel's programs, copies between devices) runs
              there in order, on the queue's thread; an event is a point in a queue that work
              on another queue can wait for (Device::queue(), WorkQueue).
+   background  an optimizer's step on the CPU queues its program and returns, so the next
+             step's graph is built while it runs (TG_SYNC=1: it runs before step() returns).
+             Reading what it wrote, the next program on the device, a Jit or DataParallel
+             step and tg::synchronize() wait for it; a bounds check it failed is thrown by
+             the first of them, and by every read of a tensor it computed.
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
@@ -150,6 +155,9 @@
                  the machine's cores); results are the same bits for any count
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
+   TG_SYNC       1: an optimizer's step runs before step() returns, so its errors are thrown
+                 there (default 0: it runs in the background, see "background"; TG_DEBUG >= 1
+                 also runs it at once)
 
  DTYPES AND PROMOTION
    float32 (default), float64, int32, int64, bool. Tensor-tensor ops promote to the wider of
@@ -623,11 +631,15 @@ struct Stats {                  // process-wide counters since start
     double compile_seconds = 0, run_seconds = 0;
     int64_t background_compiles = 0;      // optimized builds of quick-built programs
     double background_compile_seconds = 0;
+    int64_t background_runs = 0;   // programs_run that ran in the background (optimizer steps)
 };
 Stats stats();
 // Waits until the optimized builds of quick-built programs, made in the background, are
 // ready (a benchmark calls it before it times; nothing else needs to)
 void finish_compiles();
+// Waits until the programs running in the background (an optimizer's step, see TG_SYNC) are
+// done, and throws the error of one that failed
+void synchronize();
 
 struct ProgramInfo {            // the most recent program run (this thread), for benchmarks
     std::string name;
@@ -1111,6 +1123,8 @@ struct Device {
     // where the two can (host memory: one memcpy; CUDA: a peer copy); otherwise through it
     virtual void copy_to(Device& to, void* dst, const void* src, size_t bytes);
     virtual bool host_memory() const { return false; }   // its pointers are host addresses
+    // an optimizer's step may run on its queue while the caller goes on (TG_SYNC)
+    virtual bool runs_in_background() const { return false; }
     // where its asynchronous work runs in order (DataParallel's steps, copies between
     // devices); made at first use
     WorkQueue& queue();
@@ -1648,6 +1662,21 @@ static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
 // it was built would see a value that did not exist when it was built (PyTorch computes it
 // at once): realizing it is an error (check_fresh).
 static std::atomic<uint64_t> update_count{0};
+static std::atomic<uint64_t> buffers_made{0};
+
+// How a program that runs in the background ended ([REALIZE]): its error, thrown by every
+// read of what it made
+struct RunOutcome {
+    std::exception_ptr error;
+    std::atomic<bool> failed{false};   // set after error, by the queue's thread
+    void fail_with(std::exception_ptr e) {
+        error = std::move(e);
+        failed.store(true, std::memory_order_release);
+    }
+    void rethrow_if_failed() const {
+        if (failed.load(std::memory_order_acquire)) std::rethrow_exception(error);
+    }
+};
 
 struct Buffer {
     Device* device;
@@ -1657,6 +1686,8 @@ struct Buffer {
     uint64_t written_at = 0;   // the in-place update (update_count) that last wrote it
     Loc written_by;            // and where the user asked for it
     std::shared_ptr<Buffer> arena;   // set: this buffer is a part of arena's memory
+    uint64_t made = ++buffers_made;  // a program in the background started before it cannot use it
+    std::shared_ptr<RunOutcome> made_by;   // the background program that computes it, if any
     Buffer(Device* dev, DType dt, int64_t n)
         : device(dev), ptr(dev->alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(dt))),
           dtype(dt), numel(n) {}
@@ -1731,7 +1762,9 @@ static thread_local std::vector<std::weak_ptr<Node>> pending_leaves;
 // While a jit traces its function, realizes are collected instead of run.
 static thread_local std::vector<NodeP>* jit_capture = nullptr;
 
-static void realize_nodes(const std::vector<NodeP>& targets, bool now = false);   // [REALIZE]
+// [REALIZE]; in_background: the program may still run when it returns (an optimizer's step)
+static void realize_nodes(const std::vector<NodeP>& targets, bool now = false,
+                          bool in_background = false);
 
 // A constant that nothing differentiates or has computed.
 static bool plain_const(const NodeP& n) {
@@ -7114,8 +7147,11 @@ static std::set<pid_t> background_compilers;
 static std::atomic<bool> background_stopping{false};
 static thread_local bool in_background_build = false;
 
-// Runs a compiler command with its messages (stderr) going to errs, then read.
-static int run_compiler(const std::string& cmd, const std::string& errs, std::string& messages) {
+// Runs a compiler command with its messages (stderr) going to errs, then read. A background
+// build's compiler gets the environment its job was asked with (env), not the process's,
+// which another thread may change meanwhile (setenv).
+static int run_compiler(const std::string& cmd, const std::string& errs, std::string& messages,
+                        const std::vector<std::string>& env) {
     std::string line = cmd + " 2>" + shell_quote(errs);
     int status = -1;
     if (!in_background_build) {
@@ -7126,12 +7162,15 @@ static int run_compiler(const std::string& cmd, const std::string& errs, std::st
         posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
         posix_spawnattr_setpgroup(&attr, 0);
         const char* argv[] = {"sh", "-c", line.c_str(), nullptr};
+        std::vector<const char*> envp;
+        for (const std::string& e : env) envp.push_back(e.c_str());
+        envp.push_back(nullptr);
         pid_t pid;
         // under the lock, so a process leaving either sees this compiler or stops it starting
         std::unique_lock<std::mutex> lock(background_compilers_mutex);
         if (!background_stopping &&
             posix_spawn(&pid, "/bin/sh", nullptr, &attr, const_cast<char* const*>(argv),
-                        ::environ) == 0) {
+                        const_cast<char* const*>(envp.data())) == 0) {
             background_compilers.insert(pid);
             lock.unlock();
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
@@ -7151,6 +7190,7 @@ struct CompileJob {
     std::vector<std::string> files;
     uint64_t source = 0;
     std::string cc, flags, dir, key;
+    std::vector<std::string> environment;   // when it was made (for a background build)
 };
 static const char* const OPTIMIZED_CFLAGS = "-O3 -march=native";   // TG_CFLAGS replaces it
 static const char* const QUICK_CFLAGS = "-O0 -march=native";
@@ -7176,7 +7216,8 @@ static void set_optimization(CompileJob& job, const std::string& optimization) {
     job.key = hex16(fnv1a64(hex16(job.source) + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
 }
 static CompileJob compile_job(std::vector<std::string> files, const std::string& optimization) {
-    CompileJob job{std::move(files), 0, env_str("TG_CC", "cc"), "", cache_dir(), ""};
+    CompileJob job{std::move(files), 0, env_str("TG_CC", "cc"), "", cache_dir(), "", {}};
+    for (char** e = ::environ; *e; e++) job.environment.push_back(*e);
     std::string src;
     for (const std::string& f : job.files) src += f + '\0';
     job.source = fnv1a64(src);
@@ -7242,7 +7283,8 @@ static ProgramFn run_compile(const CompileJob& job) {
     bool background = in_background_build;
     auto compile = [&](size_t i) {
         in_background_build = background;
-        status[i] = run_compiler(cmds[i], strf("%s.%zu.err", tmp.c_str(), i), messages[i]);
+        status[i] = run_compiler(cmds[i], strf("%s.%zu.err", tmp.c_str(), i), messages[i],
+                                 job.environment);
     };
     std::vector<std::thread> others;   // the other files, each in a compiler of its own
     for (size_t i = 1; i < cmds.size(); i++) others.emplace_back(compile, i);
@@ -7255,7 +7297,8 @@ static ProgramFn run_compile(const CompileJob& job) {
         cmds.push_back(link + " -lm");
         paths.push_back(paths.back());
         messages.emplace_back();
-        status.push_back(run_compiler(cmds.back(), tmp + ".link.err", messages.back()));
+        status.push_back(
+            run_compiler(cmds.back(), tmp + ".link.err", messages.back(), job.environment));
     }
     for (const std::string& o : objects) std::remove(o.c_str());
     for (size_t i = 0; i < cmds.size(); i++) {
@@ -7544,6 +7587,7 @@ struct CompiledProgram : Executable, std::enable_shared_from_this<CompiledProgra
     std::optional<CompileJob> optimized;   // to ask for, while the quick build runs
     std::atomic<int> quick_runs_left{0};
     std::string name;
+    bool announce = false;   // TG_DEBUG >= 1 when it was built: say when the optimized is ready
     explicit CompiledProgram(ProgramFn f) : fn(f) {}
     void run(void* const* buffers, int64_t* err) override {
         fn.load(std::memory_order_acquire)(buffers, err, run_chunks);
@@ -7583,7 +7627,7 @@ void BackgroundBuilds::work() {
                 ProgramFn fn = compile_c(next.job);
                 if (auto p = next.program.lock()) {
                     p->fn.store(fn, std::memory_order_release);
-                    if (debug_level() >= 1)
+                    if (p->announce)
                         std::fprintf(stderr, "[tg] %-28s optimized build ready  %.3f s\n",
                                      p->name.c_str(), seconds_since(t0));
                 }
@@ -7705,10 +7749,12 @@ struct CpuDevice : HostMemoryDevice {
         quick->optimized = std::move(optimized);
         quick->quick_runs_left = quick_runs;
         quick->name = p.name;
+        quick->announce = debug_level() >= 1;
         return quick;
     }
     std::string source(const Program& p) override { return render_c(p); }
     void queue_thread_start() override { thread_pool_here = &pool_; }
+    bool runs_in_background() const override { return true; }
 
 private:
     std::string name_;
@@ -8061,12 +8107,155 @@ static std::vector<std::shared_ptr<Buffer>> allocate_buffers(
     return out;
 }
 
-static ProgramRun run_program(std::vector<NodeP> targets) {
+// Programs in the background. An optimizer's step queues its program on the device's queue
+// and returns (realize_nodes with in_background), so the caller builds the next step's graph
+// while it runs: an eager training step's graph building and its program overlap, on two
+// cores. Up to BACKGROUND_DEPTH programs per device are in flight, so the queue's thread goes
+// from one step's program to the next without waiting to be woken. A program run at once on
+// the device, a read of a buffer a program in flight may use (await_buffer), Jit and
+// DataParallel steps and tg::synchronize() wait for them, and the first of them throws the
+// error of one that failed. A failed program's results throw its error whenever they are
+// read, and the programs queued behind it on its device do not run (they fail with it), so
+// a failed bounds check still leaves every buffer as it was before that step.
+static const size_t BACKGROUND_DEPTH = 2;
+// What a program in the background holds. The host thread makes and frees it: the queue's
+// thread only runs it (freeing there contends for malloc's lock and the reference counts
+// with the host building the next step: an eager W2 step ran slower than at once).
+struct BackgroundRun {
+    std::shared_ptr<Executable> exe;
+    std::shared_ptr<const Program> prog;
+    std::vector<std::shared_ptr<Buffer>> buffers;
+    std::vector<void*> ptrs;
+    std::shared_ptr<RunOutcome> outcome = std::make_shared<RunOutcome>();
+    std::shared_ptr<RunOutcome> before;   // the program queued just before it, if in flight
+    int threads = thread_count();   // TG_THREADS read here, not on the queue's thread
+    void run() {
+        if (before && before->failed.load(std::memory_order_acquire)) {
+            outcome->fail_with(before->error);
+            return;
+        }
+        ThreadsHere with(threads);
+        int64_t err[2] = {0, 0};
+        auto t_run = std::chrono::steady_clock::now();
+        exe->run(ptrs.data(), err);
+        double run_s = seconds_since(t_run);
+        {
+            std::lock_guard<std::mutex> lock(runtime_mutex);
+            global_stats.run_seconds += run_s;
+        }
+        try {
+            check_errors(*prog, err);
+        } catch (...) {
+            outcome->fail_with(std::current_exception());
+        }
+    }
+};
+struct InFlight {
+    Device* dev;
+    uint64_t event;            // its queue's event after the program
+    uint64_t buffers_before;   // it uses buffers made before it was queued, no others
+    std::shared_ptr<BackgroundRun> job;
+    pid_t owner;               // a child process after fork() has no queue thread to wait for
+};
+static std::mutex in_flight_mutex;
+static std::vector<InFlight> in_flight;   // in each device's queue order
+
+static bool run_in_background(const Device& dev) {
+    return dev.runs_in_background() && debug_level() == 0 && !env_int("TG_SYNC", 0, 0, 1);
+}
+// Waits until at most `keep` programs are in flight on dev (the newest); throws the first
+// error of those it waited for.
+static void finish_in_flight(Device& dev, size_t keep = 0) {
+    std::vector<InFlight> done;
+    {
+        std::lock_guard<std::mutex> lock(in_flight_mutex);
+        size_t on_dev = size_t(std::count_if(in_flight.begin(), in_flight.end(),
+                                             [&](const InFlight& f) { return f.dev == &dev; }));
+        for (auto it = in_flight.begin(); it != in_flight.end() && on_dev > keep;)
+            if (it->dev == &dev) {
+                done.push_back(*it);
+                it = in_flight.erase(it);
+                on_dev--;
+            } else {
+                ++it;
+            }
+    }
+    if (done.empty()) return;
+    if (done.back().owner == getpid()) dev.queue().wait(done.back().event);
+    for (const InFlight& f : done) f.job->outcome->rethrow_if_failed();
+}
+static void finish_all_in_flight() {
+    std::vector<Device*> devs;
+    {
+        std::lock_guard<std::mutex> lock(in_flight_mutex);
+        for (const InFlight& f : in_flight)
+            if (std::find(devs.begin(), devs.end(), f.dev) == devs.end()) devs.push_back(f.dev);
+    }
+    std::exception_ptr first;
+    for (Device* d : devs) try {
+            finish_in_flight(*d);
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    if (first) std::rethrow_exception(first);
+}
+// A program's failure nobody read is said at exit rather than lost.
+static void finish_in_flight_at_exit() {
+    try {
+        finish_all_in_flight();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "tinygrad: a program that ran in the background failed, and "
+                             "nothing read its results:\n%s\n", e.what());
+    }
+}
+// The error of the failed program in the background that computed b (or what b is a part of).
+static void throw_if_failed(const Buffer& b) {
+    for (const Buffer* x = &b; x; x = x->arena.get())
+        if (x->made_by) x->made_by->rethrow_if_failed();
+}
+// Before the host reads or writes b: the programs in the background that may use it are done.
+static void await_buffer(const Buffer& b) {
+    const Buffer* root = &b;
+    while (root->arena) root = root->arena.get();
+    bool used = false;
+    {
+        std::lock_guard<std::mutex> lock(in_flight_mutex);
+        for (const InFlight& f : in_flight)
+            used |= f.dev == root->device && root->made <= f.buffers_before;
+    }
+    if (used) finish_in_flight(*root->device);
+    throw_if_failed(b);
+}
+
+// Queues a prepared program on the device's queue (see InFlight). Its error stays in its
+// outcome, not in the queue, so the work behind it is not dropped unseen: it fails with it.
+static std::shared_ptr<RunOutcome> run_in_flight(Device& dev, const ProgramRun& run,
+                                                 std::vector<void*> ptrs) {
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { std::atexit(finish_in_flight_at_exit); });
+    finish_in_flight(dev, BACKGROUND_DEPTH - 1);
+    auto job = std::make_shared<BackgroundRun>();
+    job->exe = run.exe;
+    job->prog = run.prog;
+    job->buffers = run.buffers;
+    job->ptrs = std::move(ptrs);
+    {
+        std::lock_guard<std::mutex> lock(in_flight_mutex);
+        for (const InFlight& f : in_flight)
+            if (f.dev == &dev) job->before = f.job->outcome;
+    }
+    uint64_t event = dev.queue().enqueue([run = job.get()] { run->run(); });
+    std::lock_guard<std::mutex> lock(in_flight_mutex);
+    in_flight.push_back({&dev, event, buffers_made.load(), job, getpid()});
+    return job->outcome;
+}
+
+static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = false) {
     auto t0 = std::chrono::steady_clock::now();
     Device* targets_device = device_of(targets);
     int debug = debug_level();
     ProgramRun run;
-    Stats at_start = stats();
+    Stats at_start = debug >= 1 ? stats() : Stats{};
     Device& dev = *targets_device;
     std::string key;
     std::vector<Node*> order;
@@ -8077,22 +8266,40 @@ static ProgramRun run_program(std::vector<NodeP> targets) {
         if (reusable) keep_program(key, place, run);
     }
     const Program& prog = *run.prog;
+    bool background = in_background && run_in_background(dev);
+    if (!background) finish_in_flight(dev);   // the programs before it may write what it reads
     std::vector<void*> ptrs(prog.buffers.size());
+    uint64_t made_before = buffers_made.load();
     run.buffers = allocate_buffers(prog, dev, [&](size_t i) { return run.owners[i]->buffer; });
-    for (size_t i = 0; i < prog.buffers.size(); i++) ptrs[i] = run.buffers[i]->ptr;   // 5.
-    int64_t err[2] = {0, 0};
-    auto t_run = std::chrono::steady_clock::now();
-    run.exe->run(ptrs.data(), err);                              // 6. run
-    note_updates(prog, run.buffers);
-    double run_s = seconds_since(t_run);
+    for (size_t i = 0; i < prog.buffers.size(); i++) {                  // 5.
+        throw_if_failed(*run.buffers[i]);   // an input a failed program did not compute
+        ptrs[i] = run.buffers[i]->ptr;
+    }
     {
         std::lock_guard<std::mutex> lock(runtime_mutex);
         global_stats.programs_run++;
-        global_stats.run_seconds += run_s;
+        global_stats.background_runs += background;
     }
-    check_errors(prog, err);
+    double run_s = 0;
+    std::shared_ptr<RunOutcome> outcome;
+    if (background) {                                                   // 6. run
+        outcome = run_in_flight(dev, run, std::move(ptrs));
+        note_updates(prog, run.buffers);
+    } else {
+        int64_t err[2] = {0, 0};
+        auto t_run = std::chrono::steady_clock::now();
+        run.exe->run(ptrs.data(), err);
+        note_updates(prog, run.buffers);
+        run_s = seconds_since(t_run);
+        {
+            std::lock_guard<std::mutex> lock(runtime_mutex);
+            global_stats.run_seconds += run_s;
+        }
+        check_errors(prog, err);
+    }
     for (const NodeP& t : run.targets) {                         // 7. results become buffers
         t->buffer = run.buffers[size_t(run.buffer_ids.at(t.get()))];
+        if (outcome && t->buffer->made > made_before) t->buffer->made_by = outcome;
         if (!t->requires_grad || t->leaf) {   // its history is needed only for gradients
             t->op = Op::BUFFER;
             t->src.clear();
@@ -8130,7 +8337,7 @@ static void fill_constant(Node* n, Device& dev) {
 }
 
 // One program per device, in the order each device first appears among the targets.
-static void run_per_device(const std::vector<NodeP>& targets) {
+static void run_per_device(const std::vector<NodeP>& targets, bool in_background = false) {
     std::vector<std::pair<Device*, std::vector<NodeP>>> groups;
     for (const NodeP& t : targets) {
         Device* d = node_device(t.get());
@@ -8143,7 +8350,7 @@ static void run_per_device(const std::vector<NodeP>& targets) {
         if (g == groups.end()) groups.push_back({d, {t}});
         else g->second.push_back(t);
     }
-    for (auto& [dev, group] : groups) run_program(group);
+    for (auto& [dev, group] : groups) run_program(group, in_background);
 }
 
 static void realize_pending_leaves() {
@@ -8155,7 +8362,7 @@ static void realize_pending_leaves() {
     if (!leaves.empty()) run_per_device(leaves);
 }
 
-static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
+static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_background) {
     realize_pending_leaves();
     std::vector<NodeP> all = targets;
     if (!now) {
@@ -8166,10 +8373,11 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now) {
             return;
         }
     }
-    run_per_device(all);
+    run_per_device(all, in_background);
 }
 
 static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to) {
+    await_buffer(b);
     auto out = std::make_shared<Buffer>(to ? to : b.device, b.dtype, b.numel);
     b.device->copy_to(*out->device, out->ptr, b.ptr, b.bytes());
     return out;
@@ -8253,6 +8461,8 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
             fail(strf("jit: input %zu is on %s, traced on %s", i, inputs[i].device().c_str(),
                       traced_on->name()));
     }
+    if (!st.run.buffers.empty()) finish_in_flight(*st.run.buffers[0]->device);
+    for (const Tensor& x : inputs) throw_if_failed(*x.node()->buffer);
     auto t0 = std::chrono::steady_clock::now();
     std::vector<void*> ptrs;
     for (auto& b : st.run.buffers) ptrs.push_back(b->ptr);
@@ -8285,6 +8495,7 @@ Stats stats() {
 }
 
 void finish_compiles() { detail::background_builds().finish(); }
+void synchronize() { detail::finish_all_in_flight(); }
 ProgramInfo last_program() { return detail::last_program_info; }
 int threads() { return detail::thread_count(); }
 
@@ -8353,6 +8564,7 @@ static std::vector<char> tensor_bytes(const Tensor& t) {
         fail("a jitted function cannot read values (item, to_vector, printing): return the tensor");
     if (!n->buffer) realize_nodes({n});
     Buffer& b = *n->buffer;
+    await_buffer(b);
     std::vector<char> raw(b.bytes());
     b.device->copy_out(raw.data(), b.ptr, b.bytes());
     return raw;
@@ -8861,7 +9073,9 @@ void Optimizer::step(Loc loc) {
         assigns = updates();
         assigns.push_back(step_t);
     }
-    realize(assigns);
+    std::vector<detail::NodeP> nodes;
+    for (const Tensor& a : assigns) nodes.push_back(a.node());
+    detail::realize_nodes(nodes, false, true);
 }
 std::map<std::string, Tensor> Optimizer::state_dict() {
     std::map<std::string, Tensor> out{{"t", t}, {"lr", lr}};
@@ -8897,6 +9111,7 @@ void Optimizer::zero_grad() {
 }
 void Optimizer::set_lr(double value) {
     float v = float(value);
+    detail::await_buffer(*lr.node()->buffer);
     lr.node()->buffer->device->copy_in(lr.node()->buffer->ptr, &v, sizeof v);
 }
 
@@ -9357,6 +9572,7 @@ Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
     State& st = *state_;
     auto t_step = clock::now();
     size_t N = st.devs.size();
+    finish_all_in_flight();
     // 1. the batch realized, its rows split
     if (jit_capture)
         fail("DataParallel: a step cannot run inside a jitted function (it compiles its own "

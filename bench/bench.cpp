@@ -37,10 +37,12 @@ struct Timing { double median_us, min_us; };
 template <typename F> static Timing time_blocks(F&& step, int warmup, int steps, int blocks) {
     for (int i = 0; i < warmup; i++) step();
     tg::finish_compiles();
+    tg::synchronize();
     std::vector<double> per_step;
     for (int b = 0; b < blocks; b++) {
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < steps; i++) step();
+        tg::synchronize();   // the steps' programs still in the background count too
         per_step.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps);
     }
     std::sort(per_step.begin(), per_step.end());

@@ -660,3 +660,23 @@ TEST(leaving_during_an_optimized_build_leaves_a_clean_cache) {
     CHECK(only_finished_entries(dir));
     remove_tree(dir);
 }
+
+// A step that fails in the background and that nothing reads afterwards: the process says so
+// on stderr when it leaves, instead of losing the error.
+TEST_CHILD(child_leaves_after_a_failed_background_step) {
+    Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
+    tg::optim::SGD opt({table}, 0.5);
+    table[Tensor::from_vector(std::vector<int32_t>{0, 7})].sum().backward();
+    opt.step();
+}
+
+TEST(a_background_error_nothing_read_is_said_at_exit) {
+    std::string dir = fresh_dir(), log = dir + "/child.log";
+    std::string cmd = "TG_SYNC=0 TG_TEST_CHILD=child_leaves_after_a_failed_background_step "
+                      "TG_CACHE_DIR='" + dir + "' '" + self_exe() + "' >/dev/null 2>'" + log + "'";
+    CHECK_EQ(std::system(cmd.c_str()), 0);
+    std::string err = slurp(log);
+    CHECK(err.find("nothing read its results") != std::string::npos);
+    CHECK(err.find("got 7") != std::string::npos);
+    remove_tree(dir);
+}

@@ -182,18 +182,52 @@ TEST(assign_writes_in_place_and_orders_readers) {
 }
 
 // A bounds check that fails stops the program before it writes into existing buffers: an
-// optimizer step with a bad embedding index leaves the parameters as they were.
+// optimizer step with a bad embedding index leaves the parameters as they were. Run at once
+// (INTERP, TG_SYNC=1) step() throws; in the background (CPU) the first read throws.
 TEST(failed_bounds_check_skips_in_place_writes) {
-    for (const char* device : {"CPU", "INTERP"}) {
-        setenv("TG_DEVICE", device, 1);
-        Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
-        tg::optim::SGD opt({table}, 0.5);
-        Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 5});   // 5 is out of range
-        table[ids].sum().backward();
-        CHECK_THROWS(opt.step(), "out of range", "got 5");
-        CHECK_EQ(table.to_vector(), (std::vector<float>{1, 2, 3}));
-        unsetenv("TG_DEVICE");
-    }
+    for (const char* device : {"CPU", "INTERP"})
+        for (const char* sync : {"0", "1"}) {
+            th::EnvGuard on("TG_DEVICE", device), mode("TG_SYNC", sync);
+            Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
+            tg::optim::SGD opt({table}, 0.5);
+            Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 5});   // 5 is out of range
+            table[ids].sum().backward();
+            if (std::string(device) == "CPU" && std::string(sync) == "0") {
+                opt.step();
+                CHECK_THROWS(table.to_vector(), "out of range", "got 5");
+            } else {
+                CHECK_THROWS(opt.step(), "out of range", "got 5");
+            }
+            CHECK_EQ(table.to_vector(), (std::vector<float>{1, 2, 3}));
+        }
+}
+
+// Steps queued behind a failed one in the background do not run: they fail with its error,
+// which the next wait throws once; what they computed throws it whenever it is read.
+TEST(steps_behind_a_failed_background_step_fail_with_it) {
+    th::EnvGuard on("TG_DEVICE", "CPU"), mode("TG_SYNC", "0");
+    Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
+    tg::optim::SGD opt({table}, 0.5);
+    Tensor bad = Tensor::from_vector(std::vector<int32_t>{0, 5});
+    Tensor good = Tensor::from_vector(std::vector<int32_t>{0, 1});
+    Tensor first = table[bad].sum();
+    first.backward();
+    opt.step();                               // fails in the background
+    opt.zero_grad();
+    Tensor second = (table[good] * 2.0f).sum();
+    second.backward();
+    opt.step();                               // queued behind it
+    CHECK_THROWS(tg::synchronize(), "out of range", "got 5");
+    tg::synchronize();                        // thrown once
+    CHECK_THROWS(second.item(), "out of range", "got 5");
+    CHECK_THROWS(second.item(), "out of range", "got 5");   // every read
+    CHECK_THROWS(first.item(), "out of range", "got 5");
+    CHECK_THROWS(tg::realize({second * 2.0f}), "out of range", "got 5");
+    CHECK_EQ(table.to_vector(), (std::vector<float>{1, 2, 3}));   // neither step wrote
+    opt.zero_grad();
+    (table[good] * 2.0f).sum().backward();
+    opt.step();                               // a step after the error runs
+    CHECK_EQ(table.to_vector(), (std::vector<float>{0, 1, 3}));
 }
 
 // relu is where(x <= 0, 0, x) with x <= 0 = (x < 0) or (x == 0): logical ops on bools are

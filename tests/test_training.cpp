@@ -959,6 +959,64 @@ TEST(jit_replays_see_set_lr) {
 TEST(jit_matches_eager_bit_for_bit_sgd_momentum) { check_jit_matches_eager(false); }
 TEST(jit_matches_eager_bit_for_bit_adam) { check_jit_matches_eager(true); }
 
+// An optimizer's step runs in the background by default (TG_SYNC=0): step() queues its
+// program and returns while it runs. Such steps give the bits of steps run at once, reads
+// wait for the step that writes what they read, and each step's loss keeps its value.
+namespace {
+struct EagerRun {
+    std::vector<std::vector<float>> params;
+    std::vector<float> losses;
+    int64_t background_runs = 0;
+};
+EagerRun train_eagerly(const char* sync) {
+    th::EnvGuard mode("TG_SYNC", sync);
+    tg::manual_seed(321);
+    nn::Sequential net(nn::Linear(3, 16), nn::Tanh(), nn::Linear(16, 4));
+    optim::Adam opt(net.parameters(), 0.05);
+    tg::Stats before = tg::stats();
+    std::vector<Tensor> losses;
+    for (uint64_t s = 0; s < 6; s++) {
+        Tensor x = fv(randf(10 * 3, 330 + s), {10, 3});
+        Tensor y = Tensor::from_vector(randi(10, 340 + s, 0, 3));
+        Tensor loss = nn::cross_entropy(net(x), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        losses.push_back(loss);   // read after the last step
+        if (s == 2) opt.set_lr(0.02);   // waits for the steps that read the old rate
+    }
+    EagerRun out;
+    out.background_runs = tg::stats().background_runs - before.background_runs;
+    for (const Tensor& l : losses) out.losses.push_back(l.item());
+    for (const Tensor& p : net.parameters()) out.params.push_back(p.to_vector());
+    return out;
+}
+}  // namespace
+
+TEST(optimizer_steps_in_the_background_give_the_bits_of_steps_run_at_once) {
+    EagerRun at_once = train_eagerly("1"), background = train_eagerly("0");
+    CHECK_EQ(at_once.background_runs, int64_t(0));
+    CHECK_EQ(background.background_runs, int64_t(6));
+    CHECK_EQ(background.losses, at_once.losses);
+    CHECK_EQ(background.params, at_once.params);
+    CHECK(at_once.losses.front() != at_once.losses.back());   // it did train
+    // a jitted step after background steps reads the parameters they wrote
+    Tensor p = fv({1, 2, 3}).requires_grad();
+    optim::SGD opt({p}, 0.5);
+    (p * p).sum().backward();
+    opt.step();   // p = p - 0.5 * 2p = 0
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = (p * in[0]).sum();
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    CHECK_EQ(step({fv({1, 1, 1})}).item(), 0.0);
+    CHECK_EQ(p.to_vector(), (std::vector<float>{-0.5f, -0.5f, -0.5f}));
+    tg::synchronize();   // nothing left to wait for: returns
+}
+
 TEST(jit_rejects_other_shapes_and_reads_while_tracing) {
     tg::manual_seed(220);
     nn::Linear lin(3, 1);
