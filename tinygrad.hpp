@@ -114,10 +114,11 @@
              there in order, on the queue's thread; an event is a point in a queue that work
              on another queue can wait for (Device::queue(), WorkQueue).
    background  an optimizer's step on the CPU queues its program and returns, so the next
-             step's graph is built while it runs (TG_SYNC=1: it runs before step() returns).
-             Reading what it wrote, the next program on the device, a Jit or DataParallel
-             step and tg::synchronize() wait for it; a bounds check it failed is thrown by
-             the first of them, and by every read of a tensor it computed.
+             step's graph is built while it runs (up to two steps in flight; TG_SYNC=1, or a
+             step of little work: it runs before step() returns). Reading what it may use, a program run at once on
+             the device, a Jit or DataParallel step and tg::synchronize() wait for it; a
+             bounds check it failed is thrown by the first of them and by every read of a
+             tensor it computed, and the steps queued behind it do not run.
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
@@ -158,6 +159,9 @@
    TG_SYNC       1: an optimizer's step runs before step() returns, so its errors are thrown
                  there (default 0: it runs in the background, see "background"; TG_DEBUG >= 1
                  also runs it at once)
+   TG_BACKGROUND_MIN_WORK  the fewest statements run (loops counted) of a step that runs in
+                 the background (default 2^21: W2's step counts 5.9 million; a smaller step
+                 runs at once, as its hand-over would cost more than it saves)
 
  DTYPES AND PROMOTION
    float32 (default), float64, int32, int64, bool. Tensor-tensor ops promote to the wider of
@@ -1093,6 +1097,7 @@ struct Program {
     std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
     int64_t arena_bytes = 0;   // one allocation that the planned temporaries share
+    int64_t work = 0;          // statements run, loops counted (program_work, after the passes)
 };
 
 // A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
@@ -8057,6 +8062,7 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
     info = ProgramInfo{prog.name, int(prog.blocks.size())};
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
     run_passes(prog, &dev);                                      // 3. passes
+    prog.work = program_work(prog);
     info.nests = int(prog.blocks.size());
     for (const Block& b : prog.blocks) info.tiled_nests += b.tile.rows > 0;
     temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
@@ -8160,8 +8166,13 @@ struct InFlight {
 static std::mutex in_flight_mutex;
 static std::vector<InFlight> in_flight;   // in each device's queue order
 
-static bool run_in_background(const Device& dev) {
-    return dev.runs_in_background() && debug_level() == 0 && !env_int("TG_SYNC", 0, 0, 1);
+// A step of little work (program_work below TG_BACKGROUND_MIN_WORK) runs at once: handing it
+// to the queue's thread costs more than the overlap gives (an eager step of W1's 2-16-16-1
+// MLP, 34 thousand statements run: 68 us at once, 106 us in the background; W2's, 5.9
+// million: 180 us at once, 127 us in the background).
+static bool run_in_background(const Device& dev, const Program& prog) {
+    return dev.runs_in_background() && debug_level() == 0 && !env_int("TG_SYNC", 0, 0, 1) &&
+           prog.work >= env_int("TG_BACKGROUND_MIN_WORK", 1 << 21, 0, INT32_MAX);
 }
 // Waits until at most `keep` programs are in flight on dev (the newest); throws the first
 // error of those it waited for.
@@ -8266,7 +8277,7 @@ static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = f
         if (reusable) keep_program(key, place, run);
     }
     const Program& prog = *run.prog;
-    bool background = in_background && run_in_background(dev);
+    bool background = in_background && run_in_background(dev, prog);
     if (!background) finish_in_flight(dev);   // the programs before it may write what it reads
     std::vector<void*> ptrs(prog.buffers.size());
     uint64_t made_before = buffers_made.load();

@@ -672,7 +672,8 @@ TEST_CHILD(child_leaves_after_a_failed_background_step) {
 
 TEST(a_background_error_nothing_read_is_said_at_exit) {
     std::string dir = fresh_dir(), log = dir + "/child.log";
-    std::string cmd = "TG_SYNC=0 TG_TEST_CHILD=child_leaves_after_a_failed_background_step "
+    std::string cmd = "TG_SYNC=0 TG_BACKGROUND_MIN_WORK=0 "
+                      "TG_TEST_CHILD=child_leaves_after_a_failed_background_step "
                       "TG_CACHE_DIR='" + dir + "' '" + self_exe() + "' >/dev/null 2>'" + log + "'";
     CHECK_EQ(std::system(cmd.c_str()), 0);
     std::string err = slurp(log);

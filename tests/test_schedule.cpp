@@ -183,11 +183,13 @@ TEST(assign_writes_in_place_and_orders_readers) {
 
 // A bounds check that fails stops the program before it writes into existing buffers: an
 // optimizer step with a bad embedding index leaves the parameters as they were. Run at once
-// (INTERP, TG_SYNC=1) step() throws; in the background (CPU) the first read throws.
+// (INTERP, TG_SYNC=1) step() throws; in the background (CPU, TG_SYNC=0 and this small step
+// let in by TG_BACKGROUND_MIN_WORK=0) the first read throws.
 TEST(failed_bounds_check_skips_in_place_writes) {
     for (const char* device : {"CPU", "INTERP"})
         for (const char* sync : {"0", "1"}) {
-            th::EnvGuard on("TG_DEVICE", device), mode("TG_SYNC", sync);
+            th::EnvGuard on("TG_DEVICE", device), mode("TG_SYNC", sync),
+                small("TG_BACKGROUND_MIN_WORK", "0");
             Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
             tg::optim::SGD opt({table}, 0.5);
             Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 5});   // 5 is out of range
@@ -206,6 +208,7 @@ TEST(failed_bounds_check_skips_in_place_writes) {
 // which the next wait throws once; what they computed throws it whenever it is read.
 TEST(steps_behind_a_failed_background_step_fail_with_it) {
     th::EnvGuard on("TG_DEVICE", "CPU"), mode("TG_SYNC", "0");
+    th::EnvGuard small("TG_BACKGROUND_MIN_WORK", "0");
     Tensor table = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
     tg::optim::SGD opt({table}, 0.5);
     Tensor bad = Tensor::from_vector(std::vector<int32_t>{0, 5});

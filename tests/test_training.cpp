@@ -960,8 +960,9 @@ TEST(jit_matches_eager_bit_for_bit_sgd_momentum) { check_jit_matches_eager(false
 TEST(jit_matches_eager_bit_for_bit_adam) { check_jit_matches_eager(true); }
 
 // An optimizer's step runs in the background by default (TG_SYNC=0): step() queues its
-// program and returns while it runs. Such steps give the bits of steps run at once, reads
-// wait for the step that writes what they read, and each step's loss keeps its value.
+// program and returns while it runs (these small steps only with TG_BACKGROUND_MIN_WORK=0).
+// Such steps give the bits of steps run at once, reads wait for the step that writes what
+// they read, and each step's loss keeps its value.
 namespace {
 struct EagerRun {
     std::vector<std::vector<float>> params;
@@ -969,7 +970,7 @@ struct EagerRun {
     int64_t background_runs = 0;
 };
 EagerRun train_eagerly(const char* sync) {
-    th::EnvGuard mode("TG_SYNC", sync);
+    th::EnvGuard mode("TG_SYNC", sync), small("TG_BACKGROUND_MIN_WORK", "0");
     tg::manual_seed(321);
     nn::Sequential net(nn::Linear(3, 16), nn::Tanh(), nn::Linear(16, 4));
     optim::Adam opt(net.parameters(), 0.05);
@@ -1015,6 +1016,12 @@ TEST(optimizer_steps_in_the_background_give_the_bits_of_steps_run_at_once) {
     CHECK_EQ(step({fv({1, 1, 1})}).item(), 0.0);
     CHECK_EQ(p.to_vector(), (std::vector<float>{-0.5f, -0.5f, -0.5f}));
     tg::synchronize();   // nothing left to wait for: returns
+    // by default a step of little work runs at once: its hand-over would cost more
+    th::EnvGuard mode("TG_SYNC", "0");
+    int64_t before = tg::stats().background_runs;
+    (p * p).sum().backward();
+    opt.step();
+    CHECK_EQ(tg::stats().background_runs, before);
 }
 
 TEST(jit_rejects_other_shapes_and_reads_while_tracing) {
