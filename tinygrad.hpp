@@ -115,10 +115,11 @@
              on another queue can wait for (Device::queue(), WorkQueue).
    background  an optimizer's step on the CPU queues its program and returns, so the next
              step's graph is built while it runs (up to two steps in flight; TG_SYNC=1, or a
-             step of little work: it runs before step() returns). Reading what it may use, a program run at once on
-             the device, a Jit or DataParallel step and tg::synchronize() wait for it; a
-             bounds check it failed is thrown by the first of them and by every read of a
-             tensor it computed, and the steps queued behind it do not run.
+             step of little work: it runs before step() returns). Reading what it may use, a
+             program run at once on the device, the step two after it, a Jit or DataParallel
+             step and tg::synchronize() wait for it; a bounds check it failed is thrown once
+             by the first of them and by every read of a tensor it computed, and the step
+             queued behind it does not run.
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
@@ -1673,9 +1674,11 @@ static std::atomic<uint64_t> buffers_made{0};
 // read of what it made
 struct RunOutcome {
     std::exception_ptr error;
+    bool inherited = false;            // an earlier program's error: not reported again
     std::atomic<bool> failed{false};   // set after error, by the queue's thread
-    void fail_with(std::exception_ptr e) {
+    void fail_with(std::exception_ptr e, bool from_earlier = false) {
         error = std::move(e);
+        inherited = from_earlier;
         failed.store(true, std::memory_order_release);
     }
     void rethrow_if_failed() const {
@@ -8137,7 +8140,7 @@ struct BackgroundRun {
     int threads = thread_count();   // TG_THREADS read here, not on the queue's thread
     void run() {
         if (before && before->failed.load(std::memory_order_acquire)) {
-            outcome->fail_with(before->error);
+            outcome->fail_with(before->error, true);
             return;
         }
         ThreadsHere with(threads);
@@ -8175,7 +8178,8 @@ static bool run_in_background(const Device& dev, const Program& prog) {
            prog.work >= env_int("TG_BACKGROUND_MIN_WORK", 1 << 21, 0, INT32_MAX);
 }
 // Waits until at most `keep` programs are in flight on dev (the newest); throws the first
-// error of those it waited for.
+// error of those it waited for (once: a program that failed with an earlier one's error
+// does not throw it again here).
 static void finish_in_flight(Device& dev, size_t keep = 0) {
     std::vector<InFlight> done;
     {
@@ -8193,7 +8197,8 @@ static void finish_in_flight(Device& dev, size_t keep = 0) {
     }
     if (done.empty()) return;
     if (done.back().owner == getpid()) dev.queue().wait(done.back().event);
-    for (const InFlight& f : done) f.job->outcome->rethrow_if_failed();
+    for (const InFlight& f : done)
+        if (!f.job->outcome->inherited) f.job->outcome->rethrow_if_failed();
 }
 static void finish_all_in_flight() {
     std::vector<Device*> devs;
@@ -8286,17 +8291,19 @@ static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = f
         throw_if_failed(*run.buffers[i]);   // an input a failed program did not compute
         ptrs[i] = run.buffers[i]->ptr;
     }
-    {
+    auto count_run = [&] {
         std::lock_guard<std::mutex> lock(runtime_mutex);
         global_stats.programs_run++;
         global_stats.background_runs += background;
-    }
+    };
     double run_s = 0;
     std::shared_ptr<RunOutcome> outcome;
     if (background) {                                                   // 6. run
-        outcome = run_in_flight(dev, run, std::move(ptrs));
+        outcome = run_in_flight(dev, run, std::move(ptrs));   // throws an earlier step's error
+        count_run();
         note_updates(prog, run.buffers);
     } else {
+        count_run();
         int64_t err[2] = {0, 0};
         auto t_run = std::chrono::steady_clock::now();
         run.exe->run(ptrs.data(), err);

@@ -205,7 +205,8 @@ TEST(failed_bounds_check_skips_in_place_writes) {
 }
 
 // Steps queued behind a failed one in the background do not run: they fail with its error,
-// which the next wait throws once; what they computed throws it whenever it is read.
+// which the next wait throws once (here the third step(), which waits for the first); what
+// they computed throws it whenever it is read.
 TEST(steps_behind_a_failed_background_step_fail_with_it) {
     th::EnvGuard on("TG_DEVICE", "CPU"), mode("TG_SYNC", "0");
     th::EnvGuard small("TG_BACKGROUND_MIN_WORK", "0");
@@ -220,8 +221,12 @@ TEST(steps_behind_a_failed_background_step_fail_with_it) {
     Tensor second = (table[good] * 2.0f).sum();
     second.backward();
     opt.step();                               // queued behind it
-    CHECK_THROWS(tg::synchronize(), "out of range", "got 5");
+    opt.zero_grad();
+    Tensor third = table[good].sum();
+    third.backward();
+    CHECK_THROWS(opt.step(), "out of range", "got 5");
     tg::synchronize();                        // thrown once
+    CHECK(!third.realized());                 // the third step was not queued
     CHECK_THROWS(second.item(), "out of range", "got 5");
     CHECK_THROWS(second.item(), "out of range", "got 5");   // every read
     CHECK_THROWS(first.item(), "out of range", "got 5");
