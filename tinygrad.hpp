@@ -1098,7 +1098,7 @@ struct Program {
     std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
     int64_t arena_bytes = 0;   // one allocation that the planned temporaries share
-    int64_t work = 0;          // statements run, loops counted (program_work, after the passes)
+    int64_t work = 0;          // statements run, loops counted (set by run_passes)
 };
 
 // A prepared program: compiled (CPU), or kept for interpretation (INTERP). run() fills the
@@ -6283,6 +6283,8 @@ static void run_passes(Program& p, const Device* dev = nullptr) {
         if (std::find(chosen.begin(), chosen.end(), name) != chosen.end() &&
             (!dev || dev->runs_pass(name)))
             pass(p);
+    p.work = 0;   // the statements it runs, each counted once per iteration of its loops
+    for (const Block& b : p.blocks) p.work += loop_work(b.body, b.extents);
 }
 
 TG_COLD_END
@@ -7198,7 +7200,7 @@ struct CompileJob {
     std::vector<std::string> files;
     uint64_t source = 0;
     std::string cc, flags, dir, key;
-    std::vector<std::string> environment;   // when it was made (for a background build)
+    std::vector<std::string> environment;   // a background build's: when it was asked for
 };
 static const char* const OPTIMIZED_CFLAGS = "-O3 -march=native";   // TG_CFLAGS replaces it
 static const char* const QUICK_CFLAGS = "-O0 -march=native";
@@ -7225,7 +7227,6 @@ static void set_optimization(CompileJob& job, const std::string& optimization) {
 }
 static CompileJob compile_job(std::vector<std::string> files, const std::string& optimization) {
     CompileJob job{std::move(files), 0, env_str("TG_CC", "cc"), "", cache_dir(), "", {}};
-    for (char** e = ::environ; *e; e++) job.environment.push_back(*e);
     std::string src;
     for (const std::string& f : job.files) src += f + '\0';
     job.source = fnv1a64(src);
@@ -7583,7 +7584,7 @@ static BackgroundBuilds& background_builds() {
     return builds;
 }
 
-// A compiled program. One of little work (program_work) is built quickly first (QUICK_CFLAGS:
+// A compiled program. One of little work (Program::work) is built quickly first (QUICK_CFLAGS:
 // the compiler takes about a fifth of the time, the code runs up to 20 times slower) and asks
 // for its optimized build at its TG_QUICK_RUNS-th run (default 2, so what runs once, a
 // model's initializers, is never built twice); the runs after that build is ready call it.
@@ -7719,15 +7720,9 @@ struct HostMemoryDevice : Device {
     bool host_memory() const override { return true; }
 };
 
-// The statements a program runs, each counted once per iteration of its loops. One of more
-// than QUICK_MAX_WORK is built optimized at once: a single run of its quick build could take
-// longer than the optimized build (a W2 step counts 5.9 million and runs 1.9 ms quick-built,
-// 0.1 ms optimized; a W3 step counts 1.6 billion).
-static int64_t program_work(const Program& p) {
-    int64_t n = 0;
-    for (const Block& b : p.blocks) n += loop_work(b.body, b.extents);
-    return n;
-}
+// A program of more than QUICK_MAX_WORK (Program::work) is built optimized at once: a single
+// run of its quick build could take longer than the optimized build (a W2 step counts 5.9
+// million and runs 1.9 ms quick-built, 0.1 ms optimized; a W3 step counts 1.6 billion).
 static const int64_t QUICK_MAX_WORK = int64_t(1) << 25;
 
 // A program of several nests compiles as two files at once where there are two cores (the
@@ -7748,12 +7743,13 @@ struct CpuDevice : HostMemoryDevice {
         CompileJob optimized = compile_job(render_c_files(p, compile_parts(p)),
                                            flags.empty() ? OPTIMIZED_CFLAGS : flags);
         int quick_runs = env_int("TG_QUICK_RUNS", 2, 0, INT32_MAX);
-        if (!flags.empty() || quick_runs == 0 || program_work(p) > QUICK_MAX_WORK)
+        if (!flags.empty() || quick_runs == 0 || p.work > QUICK_MAX_WORK)
             return std::make_shared<CompiledProgram>(compile_c(optimized));
         if (ProgramFn fn = find_compiled(optimized)) return std::make_shared<CompiledProgram>(fn);
         CompileJob quick_job = optimized;
         set_optimization(quick_job, QUICK_CFLAGS);
         auto quick = std::make_shared<CompiledProgram>(compile_c(quick_job));
+        for (char** e = ::environ; *e; e++) optimized.environment.push_back(*e);
         quick->optimized = std::move(optimized);
         quick->quick_runs_left = quick_runs;
         quick->name = p.name;
@@ -8065,7 +8061,6 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
     info = ProgramInfo{prog.name, int(prog.blocks.size())};
     temporaries_of(prog, info.temporaries_lowered, info.temp_bytes_lowered);
     run_passes(prog, &dev);                                      // 3. passes
-    prog.work = program_work(prog);
     info.nests = int(prog.blocks.size());
     for (const Block& b : prog.blocks) info.tiled_nests += b.tile.rows > 0;
     temporaries_of(prog, info.temporaries, info.temp_bytes, &info.local_arrays);
@@ -8127,6 +8122,15 @@ static std::vector<std::shared_ptr<Buffer>> allocate_buffers(
 // read, and the programs queued behind it on its device do not run (they fail with it), so
 // a failed bounds check still leaves every buffer as it was before that step.
 static const size_t BACKGROUND_DEPTH = 2;
+// Runs a program, adding its time to the stats; the seconds it took.
+static double run_timed(Executable& exe, void* const* ptrs, int64_t* err) {
+    auto t0 = std::chrono::steady_clock::now();
+    exe.run(ptrs, err);
+    double seconds = seconds_since(t0);
+    std::lock_guard<std::mutex> lock(runtime_mutex);
+    global_stats.run_seconds += seconds;
+    return seconds;
+}
 // What a program in the background holds. The host thread makes and frees it: the queue's
 // thread only runs it (freeing there contends for malloc's lock and the reference counts
 // with the host building the next step: an eager W2 step ran slower than at once).
@@ -8145,13 +8149,7 @@ struct BackgroundRun {
         }
         ThreadsHere with(threads);
         int64_t err[2] = {0, 0};
-        auto t_run = std::chrono::steady_clock::now();
-        exe->run(ptrs.data(), err);
-        double run_s = seconds_since(t_run);
-        {
-            std::lock_guard<std::mutex> lock(runtime_mutex);
-            global_stats.run_seconds += run_s;
-        }
+        run_timed(*exe, ptrs.data(), err);
         try {
             check_errors(*prog, err);
         } catch (...) {
@@ -8169,7 +8167,7 @@ struct InFlight {
 static std::mutex in_flight_mutex;
 static std::vector<InFlight> in_flight;   // in each device's queue order
 
-// A step of little work (program_work below TG_BACKGROUND_MIN_WORK) runs at once: handing it
+// A step of little work (Program::work below TG_BACKGROUND_MIN_WORK) runs at once: handing it
 // to the queue's thread costs more than the overlap gives (an eager step of W1's 2-16-16-1
 // MLP, 34 thousand statements run: 68 us at once, 106 us in the background; W2's, 5.9
 // million: 180 us at once, 127 us in the background).
@@ -8200,6 +8198,16 @@ static void finish_in_flight(Device& dev, size_t keep = 0) {
     for (const InFlight& f : done)
         if (!f.job->outcome->inherited) f.job->outcome->rethrow_if_failed();
 }
+// wait(d) for every device, then the first error (in their order) once all are done
+template <typename Wait> static void wait_each(const std::vector<Device*>& devs, Wait wait) {
+    std::exception_ptr first;
+    for (Device* d : devs) try {
+            wait(*d);
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    if (first) std::rethrow_exception(first);
+}
 static void finish_all_in_flight() {
     std::vector<Device*> devs;
     {
@@ -8207,13 +8215,7 @@ static void finish_all_in_flight() {
         for (const InFlight& f : in_flight)
             if (std::find(devs.begin(), devs.end(), f.dev) == devs.end()) devs.push_back(f.dev);
     }
-    std::exception_ptr first;
-    for (Device* d : devs) try {
-            finish_in_flight(*d);
-        } catch (...) {
-            if (!first) first = std::current_exception();
-        }
-    if (first) std::rethrow_exception(first);
+    wait_each(devs, [](Device& d) { finish_in_flight(d); });
 }
 // A program's failure nobody read is said at exit rather than lost.
 static void finish_in_flight_at_exit() {
@@ -8305,14 +8307,8 @@ static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = f
     } else {
         count_run();
         int64_t err[2] = {0, 0};
-        auto t_run = std::chrono::steady_clock::now();
-        run.exe->run(ptrs.data(), err);
+        run_s = run_timed(*run.exe, ptrs.data(), err);
         note_updates(prog, run.buffers);
-        run_s = seconds_since(t_run);
-        {
-            std::lock_guard<std::mutex> lock(runtime_mutex);
-            global_stats.run_seconds += run_s;
-        }
         check_errors(prog, err);
     }
     for (const NodeP& t : run.targets) {                         // 7. results become buffers
@@ -8481,20 +8477,17 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
     }
     if (!st.run.buffers.empty()) finish_in_flight(*st.run.buffers[0]->device);
     for (const Tensor& x : inputs) throw_if_failed(*x.node()->buffer);
-    auto t0 = std::chrono::steady_clock::now();
     std::vector<void*> ptrs;
     for (auto& b : st.run.buffers) ptrs.push_back(b->ptr);
     for (size_t i = 0; i < inputs.size(); i++)
         if (st.input_slots[i] >= 0) ptrs[size_t(st.input_slots[i])] = inputs[i].node()->buffer->ptr;
     int64_t err[2] = {0, 0};
-    if (st.run.exe) st.run.exe->run(ptrs.data(), err);
+    double run_s = st.run.exe ? run_timed(*st.run.exe, ptrs.data(), err) : 0;
     note_updates(*st.run.prog, st.run.buffers);
     check_errors(*st.run.prog, err);
-    double run_s = seconds_since(t0);
     {
         std::lock_guard<std::mutex> lock(runtime_mutex);
         global_stats.programs_run++;
-        global_stats.run_seconds += run_s;
     }
     st.replays++;
     if (debug_level() >= 1)
@@ -9555,13 +9548,7 @@ static std::vector<void*> with_theirs(std::vector<void*> ptrs, const std::vector
 
 // Waits for every queue; the first error (in device order) is thrown once all are idle.
 static void wait_all(const std::vector<Device*>& devs) {
-    std::exception_ptr first;
-    for (Device* d : devs) try {
-            d->queue().synchronize();
-        } catch (...) {
-            if (!first) first = std::current_exception();
-        }
-    if (first) std::rethrow_exception(first);
+    wait_each(devs, [](Device& d) { d.queue().synchronize(); });
 }
 
 static double read_scalar(const Buffer& b) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compare.sh BENCH REFERENCE — make bench COMPARE=1: our bench and PyTorch's reference script
 # (reference_torch.py, 1 and 2 threads) interleaved, ROUNDS times (default 2); per round and
-# workload, our median, PyTorch's best median and the ratio ours / PyTorch (W4 as a time too).
+# workload, our median, PyTorch's best median and the ratio ours / PyTorch (W4 as a time too;
+# W2e, our W2 step run eagerly, beside PyTorch's W2).
 # It needs /usr/bin/python3 with torch (apt-get install -y python3-torch). TG_BENCH picks
 # workloads.
 set -euo pipefail
@@ -33,5 +34,11 @@ for round in $(seq "$rounds"); do
         done
         printf "%-6s %-5s %14.4f %14.4f %9.3f  %s\n" "$round" "$id" "$mine" "$best" \
             "$(awk -v a="$mine" -v b="$best" 'BEGIN { print a / b }')" "$load"
+        # our W2 step run eagerly, beside PyTorch's W2 (an eager step too)
+        eager=$(echo "$ours" | awk '$1 == "W2e" { print $3 / 1000 }')
+        if [[ $id == W2 && -n $eager ]]; then
+            printf "%-6s %-5s %14.4f %14.4f %9.3f  %s\n" "$round" W2e "$eager" "$best" \
+                "$(awk -v a="$eager" -v b="$best" 'BEGIN { print a / b }')" "$load"
+        fi
     done
 done

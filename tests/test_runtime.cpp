@@ -595,7 +595,7 @@ TEST(quick_build_runs_first_and_the_optimized_build_takes_over) {
 }
 
 // A program that runs once is built once; TG_QUICK_RUNS=0 builds every program optimized at
-// once; so does a program of much work (program_work: here 400^3 multiply-adds).
+// once; so does a program of much work (Program::work: here 400^3 multiply-adds).
 TEST(quick_builds_only_where_they_pay) {
     if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
     std::string dir = fresh_dir();

@@ -929,18 +929,25 @@ TEST(jit_first_call_compiles_one_program_then_replays) {
     CHECK_EQ(first.item(), l0);
 }
 
-TEST(jit_replays_see_set_lr) {
-    // loss = Σ c·p under the jit: each replay moves p by -lr·c with the lr of that moment
-    std::vector<float> c = {2, -1, 0.5f};
-    Tensor p = fv({1, 1, 1}).requires_grad();
-    optim::SGD opt({p}, 0.1);
-    tg::Jit step([&](const std::vector<Tensor>& in) {
+namespace {
+// The jitted step of loss = Σ p·in[0]: each replay moves p by -lr·in[0]
+tg::Jit jitted_dot_step(Tensor p, optim::Optimizer& opt) {
+    return tg::Jit([p, &opt](const std::vector<Tensor>& in) {
         Tensor loss = (p * in[0]).sum();
         opt.zero_grad();
         loss.backward();
         opt.step();
         return loss;
     });
+}
+}  // namespace
+
+TEST(jit_replays_see_set_lr) {
+    // loss = Σ c·p under the jit: each replay moves p by -lr·c with the lr of that moment
+    std::vector<float> c = {2, -1, 0.5f};
+    Tensor p = fv({1, 1, 1}).requires_grad();
+    optim::SGD opt({p}, 0.1);
+    tg::Jit step = jitted_dot_step(p, opt);
     step({fv(c)});
     CHECK_ALL_NEAR(vals(p), (Vec{0.8, 1.1, 0.95}), F32);
     tg::Stats before = tg::stats();
@@ -1006,13 +1013,7 @@ TEST(optimizer_steps_in_the_background_give_the_bits_of_steps_run_at_once) {
     optim::SGD opt({p}, 0.5);
     (p * p).sum().backward();
     opt.step();   // p = p - 0.5 * 2p = 0
-    tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = (p * in[0]).sum();
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
-    });
+    tg::Jit step = jitted_dot_step(p, opt);
     CHECK_EQ(step({fv({1, 1, 1})}).item(), 0.0);
     CHECK_EQ(p.to_vector(), (std::vector<float>{-0.5f, -0.5f, -0.5f}));
     tg::synchronize();   // nothing left to wait for: returns
