@@ -34,7 +34,9 @@
    The first call traces forward, backward and update into one program (one compile); later
    calls only run it. Without the jit the same code runs eagerly, one program per step; from
    the second step on, that program is found by the structure of the step's graph, so an
-   eager step skips scheduling and compiling (W2: about 1.9x the jitted step's time).
+   eager step skips scheduling and compiling (W2: about 1.3x the jitted step's time, its
+   program running in the background while the next step's graph is built). A new process
+   finds there, in the cache directory, the programs an earlier one built for the same graphs.
 
  DATA PARALLEL (examples/07_data_parallel.cpp)
        tg::DataParallel step({"CPU:0", "CPU:1"}, opt, [&](const std::vector<Tensor>& shard) {
@@ -119,7 +121,11 @@
              program run at once on the device, the step two after it, a Jit or DataParallel
              step and tg::synchronize() wait for it; a bounds check it failed is thrown once
              by the first of them and by every read of a tensor it computed, and the step
-             queued behind it does not run.
+             queued behind it does not run. The parameters' initializers, realized together
+             before the first program that uses them, are compiled and run there too where
+             they need a compile, so the host builds and compiles that program meanwhile;
+             a realize() returns with them done, and if their compile fails, the parameters
+             throw its error when read.
 
  CONFIGURATION (environment, read when used)
    TG_DEVICE     CPU (default: C + cc + dlopen), INTERP (the loop-IR interpreter, no
@@ -141,7 +147,9 @@
                  by nobody else (else an error says how to fix it). Entries are keyed by the
                  source, the compiler (its file's path, size and time; a TG_CC with arguments
                  by its --version), its flags and the macros the flags predefine (so what
-                 -march=native resolved to).
+                 -march=native resolved to). It also keeps each CPU program's run (buffers,
+                 checks, C files) under its graph's structure, so a process that builds a graph
+                 an earlier one built skips scheduling, lowering and the passes (lowered-*.bin).
    TG_DEBUG      0-4. 1 programs, compiles, cache hits, timings   2 + schedule, and keeps each
                  program's graph listing, loop IR and C in the cache dir as NAME-HASH.{graph,ir,c}
                  3 + loop IR before and after the passes       4 + the generated C source
@@ -636,7 +644,9 @@ struct Stats {                  // process-wide counters since start
     double compile_seconds = 0, run_seconds = 0;
     int64_t background_compiles = 0;      // optimized builds of quick-built programs
     double background_compile_seconds = 0;
-    int64_t background_runs = 0;   // programs_run that ran in the background (optimizer steps)
+    // programs_run that ran in the background: optimizer steps (TG_SYNC) and parameters'
+    // initializers that needed a compile
+    int64_t background_runs = 0;
 };
 Stats stats();
 // Waits until the optimized builds of quick-built programs, made in the background, are
@@ -1095,7 +1105,12 @@ struct Program {
     std::vector<Node*> buffer_nodes;     // the node that owns buffer i's storage, as lowered
                                          // (then ProgramRun::owners: programs are reused)
     std::vector<Block> blocks;
-    std::vector<std::pair<std::string, Loc>> checks;   // what each check guards, and where
+    struct Check {
+        std::string what;     // what it guards
+        Loc loc;              // the user's line
+        bool finite = false;  // TG_CHECK's test of a kernel's values, not an index's bounds
+    };
+    std::vector<Check> checks;
     std::vector<std::pair<int, Loc>> updates;   // buffers written in place, and by which line
     int64_t arena_bytes = 0;   // one allocation that the planned temporaries share
     int64_t work = 0;          // statements run, loops counted (set by run_passes)
@@ -1106,6 +1121,9 @@ struct Program {
 struct Executable {
     virtual ~Executable() = default;
     virtual void run(void* const* buffers, int64_t* err) = 0;
+    // what Device::prepare_files left to the first run (a compile), done before it is timed
+    virtual bool needs_build() { return false; }
+    virtual void build() {}
 };
 // A device's queue, its stream: work runs in order, apart from the thread that queues it
 // (CPU and CUDA devices: on the queue's own thread, [RUNTIME]). An event is the number of
@@ -1135,6 +1153,15 @@ struct Device {
     // devices); made at first use
     WorkQueue& queue();
     virtual std::shared_ptr<Executable> prepare(const Program& program) = 0;
+    // Where its programs are C files (CPU): a program's files, and the program prepared from
+    // them, so that one read from disk by its graph's structure is not rendered again
+    // (save_lowered). later: its compile left to its first run, which a setup program runs on
+    // the device's queue while the host goes on (RunMode). Empty, null: not such a device.
+    virtual std::vector<std::string> source_files(const Program&) { return {}; }
+    virtual std::shared_ptr<Executable> prepare_files(const Program&, std::vector<std::string>,
+                                                      bool /*later*/) {
+        return nullptr;
+    }
     // the source prepare() compiles, for TG_DEBUG (kept as NAME-HASH + source_suffix())
     virtual std::string source(const Program&) { return ""; }
     virtual const char* source_suffix() const { return ".c"; }
@@ -4564,7 +4591,7 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
             prog.checks.push_back({"TG_CHECK: kernel " + b.title +
                                        (b.origin.empty() ? "" : " (from " + b.origin + ")") +
                                        " produced",
-                                   k.root->loc});
+                                   k.root->loc, true});
         }
     }
     if (!sched.kernels.empty()) {
@@ -7074,6 +7101,72 @@ static bool private_file(const std::string& path) {
     return stat(path.c_str(), &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 022);
 }
 
+// Compiler processes of background builds, each the leader of its own process group, so that
+// a process leaving while one runs stops it with its children (cc1, as, ld) rather than leave
+// them writing into the cache after it.
+static std::mutex background_compilers_mutex;
+static std::set<pid_t> background_compilers;
+static std::atomic<bool> background_stopping{false};
+static thread_local bool in_background_build = false;
+
+// Runs a compiler command with its messages (stderr) going to errs, then read. A command with
+// an environment (env: a job's made on another thread, see CompileJob) gets that one, not the
+// process's, which another thread may change meanwhile (setenv); a background build's
+// compiler is the leader of a process group that a process leaving stops.
+static int run_compiler(const std::string& cmd, const std::string& errs, std::string& messages,
+                        const std::vector<std::string>& env) {
+    std::string line = cmd + " 2>" + shell_quote(errs);
+    int status = -1;
+    if (env.empty()) {
+        status = std::system(line.c_str());
+    } else {
+        bool stoppable = in_background_build;
+        posix_spawnattr_t attr;
+        posix_spawnattr_init(&attr);
+        if (stoppable) {
+            posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+            posix_spawnattr_setpgroup(&attr, 0);
+        }
+        const char* argv[] = {"sh", "-c", line.c_str(), nullptr};
+        std::vector<const char*> envp;
+        for (const std::string& e : env) envp.push_back(e.c_str());
+        envp.push_back(nullptr);
+        pid_t pid;
+        // under the lock, so a process leaving either sees this compiler or stops it starting
+        std::unique_lock<std::mutex> lock(background_compilers_mutex, std::defer_lock);
+        if (stoppable) lock.lock();
+        if (!(stoppable && background_stopping) &&
+            posix_spawn(&pid, "/bin/sh", nullptr, &attr, const_cast<char* const*>(argv),
+                        const_cast<char* const*>(envp.data())) == 0) {
+            if (stoppable) {
+                background_compilers.insert(pid);
+                lock.unlock();
+            }
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+            if (stoppable) {
+                lock.lock();
+                background_compilers.erase(pid);
+            }
+        }
+        posix_spawnattr_destroy(&attr);
+    }
+    read_file(errs, messages);
+    std::remove(errs.c_str());
+    return status;
+}
+
+// What cmd writes on stdout and stderr, run as run_compiler runs it (a file in dir holds it).
+static std::string command_output(const std::string& cmd, const std::string& dir,
+                                  const std::vector<std::string>& env) {
+    static std::atomic<int> asked{0};
+    std::string out = strf("%s/question.%d.%d", dir.c_str(), int(getpid()), asked++), answer,
+                messages;
+    run_compiler(cmd + " >" + shell_quote(out), out + ".err", messages, env);
+    read_file(out, answer);
+    std::remove(out.c_str());
+    return answer + messages;
+}
+
 // What a compiled program depends on besides its source and flags: the compiler's file and
 // the macros the flags predefine (the compiler's version, the instruction sets that
 // -march=native resolved to, the tuning). It joins every cache key, so an upgraded compiler or
@@ -7085,25 +7178,15 @@ static bool private_file(const std::string& path) {
 // the preprocessor resolves -march=native) are kept in the cache directory under a key of the
 // compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and flags), so a
 // process that finds them runs no preprocessor. A compiler that fails here fails again, with
-// its message, when it compiles.
-static std::string command_output(const std::string& cmd) {
-    std::string out;
-    if (FILE* p = popen((cmd + " 2>&1").c_str(), "r")) {
-        char chunk[4096];
-        size_t n;
-        while ((n = std::fread(chunk, 1, sizeof chunk, p)) > 0) out.append(chunk, n);
-        pclose(p);
-    }
-    return out;
-}
-static std::string compiler_file(const std::string& cc) {
+// its message, when it compiles. The questions run as the compiles do (run_compiler), with
+// the job's environment where it has one.
+static std::string compiler_file(const std::string& cc, const std::string& path_variable) {
     if (cc.empty() || cc.find_first_of(" \t'\"\\$") != std::string::npos) return "";
     std::string path;
     if (cc.find('/') != std::string::npos) {
         path = cc;
     } else {
-        const char* env = std::getenv("PATH");
-        std::istringstream dirs(env ? env : "");
+        std::istringstream dirs(path_variable);
         for (std::string dir; path.empty() && std::getline(dirs, dir, ':');) {
             std::string candidate = (dir.empty() ? "." : dir) + "/" + cc;
             if (access(candidate.c_str(), X_OK) == 0) path = candidate;
@@ -7129,78 +7212,45 @@ static std::string cpu_identity() {
     }
     return out;
 }
-static const std::string& toolchain_identity(const std::string& cc, const std::string& flags) {
-    static std::map<std::string, std::string> known;   // guarded by runtime_mutex
+// Null where that would run the compiler and may_ask is false.
+static const std::string* toolchain_identity(const std::string& cc, const std::string& flags,
+                                             const std::string& dir,
+                                             const std::vector<std::string>& env, bool may_ask) {
+    static std::mutex asking;   // not runtime_mutex: programs go on running meanwhile
+    static std::map<std::string, std::string> known;
+    std::lock_guard<std::mutex> lock(asking);
     std::string& id = known[cc + '\0' + flags];
-    if (!id.empty()) return id;
-    std::string version = compiler_file(cc), cpu = cpu_identity(), macros;
-    if (version.empty()) version = command_output(cc + " --version");
-    std::string kept = cache_dir() + "/toolchain-" +
+    if (!id.empty()) return &id;
+    std::string path_variable;   // PATH, from env where there is one
+    if (env.empty()) path_variable = env_str("PATH", "");
+    for (const std::string& e : env)
+        if (e.rfind("PATH=", 0) == 0) path_variable = e.substr(5);
+    std::string version = compiler_file(cc, path_variable), cpu = cpu_identity(), macros;
+    if (version.empty() && !may_ask) return nullptr;
+    if (version.empty()) version = command_output(cc + " --version", dir, env);
+    std::string kept = dir + "/toolchain-" +
                        hex16(fnv1a64(cc + '\0' + flags + '\0' + version + '\0' + cpu)) +
                        ".macros";
     if (cpu.empty() || !read_file(kept, macros) || macros.empty() || !private_file(kept)) {
-        macros = command_output(cc + " " + flags + " -E -dM -x c /dev/null");
+        if (!may_ask) return nullptr;
+        macros = command_output(cc + " " + flags + " -E -dM -x c /dev/null", dir, env);
         if (!cpu.empty() && macros.find("#define") != std::string::npos)
             write_file_atomic(kept, macros);
     }
     id = version + macros;
     if (id.empty()) id = "?";
-    return id;
+    return &id;
 }
 
-
-// Compiler processes of background builds, each the leader of its own process group, so that
-// a process leaving while one runs stops it with its children (cc1, as, ld) rather than leave
-// them writing into the cache after it.
-static std::mutex background_compilers_mutex;
-static std::set<pid_t> background_compilers;
-static std::atomic<bool> background_stopping{false};
-static thread_local bool in_background_build = false;
-
-// Runs a compiler command with its messages (stderr) going to errs, then read. A background
-// build's compiler gets the environment its job was asked with (env), not the process's,
-// which another thread may change meanwhile (setenv).
-static int run_compiler(const std::string& cmd, const std::string& errs, std::string& messages,
-                        const std::vector<std::string>& env) {
-    std::string line = cmd + " 2>" + shell_quote(errs);
-    int status = -1;
-    if (!in_background_build) {
-        status = std::system(line.c_str());
-    } else {
-        posix_spawnattr_t attr;
-        posix_spawnattr_init(&attr);
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-        posix_spawnattr_setpgroup(&attr, 0);
-        const char* argv[] = {"sh", "-c", line.c_str(), nullptr};
-        std::vector<const char*> envp;
-        for (const std::string& e : env) envp.push_back(e.c_str());
-        envp.push_back(nullptr);
-        pid_t pid;
-        // under the lock, so a process leaving either sees this compiler or stops it starting
-        std::unique_lock<std::mutex> lock(background_compilers_mutex);
-        if (!background_stopping &&
-            posix_spawn(&pid, "/bin/sh", nullptr, &attr, const_cast<char* const*>(argv),
-                        const_cast<char* const*>(envp.data())) == 0) {
-            background_compilers.insert(pid);
-            lock.unlock();
-            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-            lock.lock();
-            background_compilers.erase(pid);
-        }
-        posix_spawnattr_destroy(&attr);
-    }
-    read_file(errs, messages);
-    std::remove(errs.c_str());
-    return status;
-}
-
-// A compile: the C files (and their hash), the compiler, its flags, the cache directory (as
-// it was when the program was prepared) and the key that names the result there.
+// A compile: the C files (and their hash), the compiler, its flags, the cache directory and
+// the flags the toolchain is asked with (read when the program was prepared), and the key that
+// names the result there. A job made on one thread and compiled on another carries the
+// environment it was made with.
 struct CompileJob {
     std::vector<std::string> files;
     uint64_t source = 0;
-    std::string cc, flags, dir, key;
-    std::vector<std::string> environment;   // a background build's: when it was asked for
+    std::string cc, flags, dir, identity_flags, key;
+    std::vector<std::string> environment;
 };
 static const char* const OPTIMIZED_CFLAGS = "-O3 -march=native";   // TG_CFLAGS replaces it
 static const char* const QUICK_CFLAGS = "-O0 -march=native";
@@ -7212,25 +7262,34 @@ static const char* const ALWAYS_CFLAGS = " -fPIC -fno-math-errno -ffp-contract=o
 
 // The job's flags and key for an optimization (TG_CFLAGS or one of the two above). The
 // toolchain's identity is asked with the optimized flags for both builds (the quick one
-// differs only in its -O, which its key holds).
-static void set_optimization(CompileJob& job, const std::string& optimization) {
+// differs only in its -O, which its key holds); the first job asks it (see toolchain_identity).
+// False where that would run the compiler and may_ask is false.
+static bool set_optimization(CompileJob& job, const std::string& optimization,
+                             bool may_ask = true) {
     job.flags = optimization + ALWAYS_CFLAGS;
-    std::string identity_flags = env_str("TG_CFLAGS", OPTIMIZED_CFLAGS) + ALWAYS_CFLAGS;
-    std::lock_guard<std::mutex> lock(runtime_mutex);
-    const std::string& identity = toolchain_identity(job.cc, identity_flags);
+    const std::string* asked =
+        toolchain_identity(job.cc, job.identity_flags, job.dir, job.environment, may_ask);
+    if (!asked) return false;
+    const std::string& identity = *asked;
     // GCC 12's SLP vectorizer drops the float rounding of (double)(float)x in short loops and
     // in loop tails (tests/test_interp.cpp); our loops are vectorized by its loop vectorizer.
     bool gcc = identity.find("#define __GNUC__") != std::string::npos &&
                identity.find("#define __clang__") == std::string::npos;
     if (gcc) job.flags += " -fno-tree-slp-vectorize";
     job.key = hex16(fnv1a64(hex16(job.source) + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
+    return true;
 }
-static CompileJob compile_job(std::vector<std::string> files, const std::string& optimization) {
-    CompileJob job{std::move(files), 0, env_str("TG_CC", "cc"), "", cache_dir(), "", {}};
+// A job for files, with what the environment says now (TG_CC, TG_CFLAGS, the cache); its
+// flags and key are set_optimization's.
+static CompileJob compile_job(std::vector<std::string> files) {
+    CompileJob job;
+    job.files = std::move(files);
+    job.cc = env_str("TG_CC", "cc");
+    job.dir = cache_dir();
+    job.identity_flags = env_str("TG_CFLAGS", OPTIMIZED_CFLAGS) + ALWAYS_CFLAGS;
     std::string src;
     for (const std::string& f : job.files) src += f + '\0';
     job.source = fnv1a64(src);
-    set_optimization(job, optimization);
     return job;
 }
 
@@ -7607,6 +7666,26 @@ struct CompiledProgram : Executable, std::enable_shared_from_this<CompiledProgra
     }
 };
 
+// A program built at its first run, by the thread that runs it (Device::prepare_files). A
+// build that fails fails that run; the next run builds again.
+struct LaterExecutable : Executable {
+    explicit LaterExecutable(std::function<std::shared_ptr<Executable>()> b) : make(std::move(b)) {}
+    bool needs_build() override {
+        std::lock_guard<std::mutex> lock(building);
+        return !built;
+    }
+    void build() override { built_now(); }
+    void run(void* const* buffers, int64_t* err) override { built_now()->run(buffers, err); }
+    std::shared_ptr<Executable> built_now() {
+        std::lock_guard<std::mutex> lock(building);
+        if (!built) built = make();
+        return built;
+    }
+    std::function<std::shared_ptr<Executable>()> make;
+    std::mutex building;
+    std::shared_ptr<Executable> built;
+};
+
 void BackgroundBuilds::add(std::weak_ptr<CompiledProgram> program, CompileJob job) {
     std::lock_guard<std::mutex> lock(m_);
     if (stopping_) return;
@@ -7739,28 +7818,65 @@ struct CpuDevice : HostMemoryDevice {
     explicit CpuDevice(int index = 0) : name_(index ? strf("CPU:%d", index) : "CPU") {}
     const char* name() const override { return name_.c_str(); }
     std::shared_ptr<Executable> prepare(const Program& p) override {
-        std::string flags = env_str("TG_CFLAGS", "");
-        CompileJob optimized = compile_job(render_c_files(p, compile_parts(p)),
-                                           flags.empty() ? OPTIMIZED_CFLAGS : flags);
-        int quick_runs = env_int("TG_QUICK_RUNS", 2, 0, INT32_MAX);
-        if (!flags.empty() || quick_runs == 0 || p.work > QUICK_MAX_WORK)
-            return std::make_shared<CompiledProgram>(compile_c(optimized));
-        if (ProgramFn fn = find_compiled(optimized)) return std::make_shared<CompiledProgram>(fn);
-        CompileJob quick_job = optimized;
-        set_optimization(quick_job, QUICK_CFLAGS);
-        auto quick = std::make_shared<CompiledProgram>(compile_c(quick_job));
-        for (char** e = ::environ; *e; e++) optimized.environment.push_back(*e);
-        quick->optimized = std::move(optimized);
-        quick->quick_runs_left = quick_runs;
-        quick->name = p.name;
-        quick->announce = debug_level() >= 1;
-        return quick;
+        return prepare_files(p, source_files(p), false);
+    }
+    std::vector<std::string> source_files(const Program& p) override {
+        return render_c_files(p, compile_parts(p));
+    }
+    // later: still at once where the cache has it (only a compile is worth another thread)
+    std::shared_ptr<Executable> prepare_files(const Program& p, std::vector<std::string> files,
+                                              bool later) override {
+        BuildPlan planned = plan(p, std::move(files));
+        if (!later) return build(planned);
+        if (std::shared_ptr<Executable> kept = build(planned, false)) return kept;
+        for (char** e = ::environ; *e; e++) planned.optimized.environment.push_back(*e);
+        return std::make_shared<LaterExecutable>([planned] { return build(planned); });
     }
     std::string source(const Program& p) override { return render_c(p); }
     void queue_thread_start() override { thread_pool_here = &pool_; }
     bool runs_in_background() const override { return true; }
 
 private:
+    // what a build needs from the program and the environment, read on the host
+    struct BuildPlan {
+        CompileJob optimized;
+        std::string optimization;   // TG_CFLAGS or OPTIMIZED_CFLAGS
+        bool optimized_only;        // TG_CFLAGS given, TG_QUICK_RUNS=0 or much work
+        int quick_runs;
+        std::string name;
+        bool announce;
+    };
+    static BuildPlan plan(const Program& p, std::vector<std::string> files) {
+        std::string flags = env_str("TG_CFLAGS", "");
+        int quick_runs = env_int("TG_QUICK_RUNS", 2, 0, INT32_MAX);
+        bool optimized_only = !flags.empty() || quick_runs == 0 || p.work > QUICK_MAX_WORK;
+        return {compile_job(std::move(files)), flags.empty() ? OPTIMIZED_CFLAGS : flags,
+                optimized_only, quick_runs, p.name, debug_level() >= 1};
+    }
+    // The optimized build, else the quick one (asking for the optimized at a later run); null
+    // where either needs a compiler's process and may_compile is false.
+    static std::shared_ptr<Executable> build(BuildPlan plan, bool may_compile = true) {
+        CompileJob& optimized = plan.optimized;
+        if (!set_optimization(optimized, plan.optimization, may_compile)) return nullptr;
+        auto compiled = [&](const CompileJob& job) {
+            return may_compile ? compile_c(job) : find_compiled(job);
+        };
+        ProgramFn fn = plan.optimized_only ? compiled(optimized) : find_compiled(optimized);
+        if (fn) return std::make_shared<CompiledProgram>(fn);
+        if (plan.optimized_only) return nullptr;
+        CompileJob quick_job = optimized;
+        set_optimization(quick_job, QUICK_CFLAGS);
+        ProgramFn quick_fn = compiled(quick_job);
+        if (!quick_fn) return nullptr;
+        auto quick = std::make_shared<CompiledProgram>(quick_fn);
+        if (optimized.environment.empty())
+            for (char** e = ::environ; *e; e++) optimized.environment.push_back(*e);
+        quick->optimized = std::move(optimized);
+        quick->quick_runs_left = plan.quick_runs;
+        quick->name = plan.name;
+        quick->announce = plan.announce;
+        return quick;
+    }
     std::string name_;
     ThreadPool pool_;
 };
@@ -7880,12 +7996,11 @@ static void note_updates(const Program& prog, const std::vector<std::shared_ptr<
 static void check_errors(const Program& prog, const int64_t* err) {
     if (!err[0]) return;
     size_t site = size_t(err[0] - 1);
-    const auto& [what, loc] = prog.checks[site];
-    for (const Block& b : prog.blocks)
-        if (b.finite_site == int(site))
-            fail(what + strf(" %s at element %lld", err[1] % 2 ? "an infinity" : "a NaN",
-                             (long long)(err[1] / 2)), loc);
-    fail(what + strf(": got %lld", (long long)err[1]), loc);
+    const Program::Check& c = prog.checks[site];
+    if (c.finite)
+        fail(c.what + strf(" %s at element %lld", err[1] % 2 ? "an infinity" : "a NaN",
+                           (long long)(err[1] / 2)), c.loc);
+    fail(c.what + strf(": got %lld", (long long)err[1]), c.loc);
 }
 
 static thread_local ProgramInfo last_program_info;
@@ -7958,22 +8073,29 @@ struct KeyBytes {
         used += sizeof v;
     }
 };
-// False where the graph must take the full pipeline (which reports its errors): an assignment
-// to a buffer that another assignment of the graph also writes.
-// order: the graph's nodes, sources first; place: each node's index in it.
+// A file or device is named by its first place among the graph's (its name follows the
+// graph's fields), so the key says the same in another process (see save_lowered).
 using Places = NodeIndex;
-static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::string& key,
-                           std::vector<Node*>& order, Places& place) {
-    place = NodeIndex();
-    order = graph_toposort(targets, false, &place);
-    key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
-          env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
-          env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
-          env_str("TG_NVRTC_FLAGS", "") + '|';
-    KeyBytes bytes(key);
+struct GraphKey {
+    std::string key;
+    std::vector<Node*> order;          // the graph's nodes, sources first
+    Places place;                      // each node's index in order
+    std::vector<const char*> files;    // of the nodes' lines, in the key's order
+};
+template <class T> static int first_place(std::vector<T>& seen, T x) {
+    for (size_t i = 0; i < seen.size(); i++)
+        if (seen[i] == x) return int(i);
+    seen.push_back(x);
+    return int(seen.size()) - 1;
+}
+// The graph's fields, each node's after its sources'.
+static bool graph_fields(const std::vector<NodeP>& targets, GraphKey& g,
+                         std::vector<const Device*>& devices) {
+    const Places& place = g.place;
+    KeyBytes bytes(g.key);
     std::unordered_map<const Buffer*, int> slot;
     std::unordered_set<const Buffer*> assigned;
-    for (Node* n : order) {
+    for (Node* n : g.order) {
         bytes.room(128 + 8 * (n->shape.size() + n->arg.size() + n->src.size()));
         bytes.add(n->dtype);
         bytes.add(n->shape.size());
@@ -7982,7 +8104,7 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
             auto s = slot.emplace(n->buffer.get(), int(slot.size())).first->second;
             bytes.add('B');
             bytes.add(s);
-            bytes.add(n->buffer->device);
+            bytes.add(first_place<const Device*>(devices, n->buffer->device));
             continue;
         }
         check_fresh(n);
@@ -7992,8 +8114,8 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
         bytes.add(n->phase);
         bytes.add(n->leaf);
         bytes.add(n->requires_grad);
-        bytes.add(n->device);
-        bytes.add(n->loc.file);
+        bytes.add(first_place<const Device*>(devices, n->device));
+        bytes.add(first_place(g.files, n->loc.file));
         bytes.add(n->loc.line);
         bytes.add(n->arg.size());
         for (int64_t a : n->arg) bytes.add(a);
@@ -8004,6 +8126,32 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, std::
     for (const NodeP& t : targets) bytes.add(*place.find(t.get()));
     return true;
 }
+// False where the graph must take the full pipeline (which reports its errors): an assignment
+// to a buffer that another assignment of the graph also writes.
+static bool structural_key(const std::vector<NodeP>& targets, Device* dev, GraphKey& g) {
+    Places& place = g.place;
+    place = NodeIndex();
+    g.order = graph_toposort(targets, false, &place);
+    g.key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
+            env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
+            env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
+            env_str("TG_NVRTC_FLAGS", "") + '|';
+    g.files.clear();
+    std::vector<const Device*> devices;
+    if (!graph_fields(targets, g, devices)) return false;
+    for (const char* f : g.files) g.key += std::string(f ? f : "") + '\0';
+    for (const Device* d : devices) g.key += std::string(d ? d->name() : "-") + '\0';
+    return true;
+}
+// The run of r for the graph whose nodes are order.
+static void bind_reused(const ReusedProgram& r, const std::vector<Node*>& order, ProgramRun& run) {
+    run.exe = r.exe;
+    run.prog = r.prog;
+    for (int at : r.owner_at) run.owners.push_back(order[size_t(at)]);
+    for (auto [at, id] : r.ids) run.buffer_ids[order[size_t(at)]] = id;
+    for (int at : r.target_at) run.targets.push_back(order[size_t(at)]->shared_from_this());
+    last_program_info = r.info;
+}
 static bool reuse_program(const std::string& key, const std::vector<Node*>& order,
                           ProgramRun& run) {
     std::shared_ptr<const ReusedProgram> r;
@@ -8013,17 +8161,14 @@ static bool reuse_program(const std::string& key, const std::vector<Node*>& orde
         if (it == reused_programs().end()) return false;
         r = it->second;
     }
-    run.exe = r->exe;
-    run.prog = r->prog;
-    for (int at : r->owner_at) run.owners.push_back(order[size_t(at)]);
-    for (auto [at, id] : r->ids) run.buffer_ids[order[size_t(at)]] = id;
-    for (int at : r->target_at) run.targets.push_back(order[size_t(at)]->shared_from_this());
-    last_program_info = r->info;
+    bind_reused(*r, order, run);
     std::lock_guard<std::mutex> lock(runtime_mutex);
     global_stats.memory_cache_hits++;
     return true;
 }
-static void keep_program(const std::string& key, const Places& place, const ProgramRun& run) {
+static std::shared_ptr<const ReusedProgram> keep_program(const std::string& key,
+                                                         const Places& place,
+                                                         const ProgramRun& run) {
     auto r = std::make_shared<ReusedProgram>();
     auto at = [&](const Node* n) {
         const int* at = place.find(n);
@@ -8033,19 +8178,221 @@ static void keep_program(const std::string& key, const Places& place, const Prog
     for (auto& [n, id] : run.buffer_ids) r->ids.push_back({at(n), id});
     for (const NodeP& t : run.targets) r->target_at.push_back(at(t.get()));
     for (std::vector<int>* places : {&r->owner_at, &r->target_at})
-        if (std::count(places->begin(), places->end(), -1)) return;   // off the graph: not kept
+        if (std::count(places->begin(), places->end(), -1)) return nullptr;   // off the graph
     for (auto& [place_of, id] : r->ids)
-        if (place_of < 0) return;
+        if (place_of < 0) return nullptr;
     r->prog = run.prog;
     r->exe = run.exe;
     r->info = last_program_info;
     std::lock_guard<std::mutex> lock(reused_mutex);
     if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
-    reused_programs()[key] = std::move(r);
+    return reused_programs()[key] = std::move(r);
+}
+
+// -- programs kept on disk by the graph's structure: a process that builds a graph that an
+// earlier one built (a script run again) reads what a run needs (the program's buffers,
+// checks and updates, where the graph's nodes bind, its C files) from the cache directory and
+// finds the compiled program there, without scheduling, lowering, the passes or rendering
+// (W2's step program in a warm process: 5.4 ms instead of 10.5, 2.6-3.4 of them its run).
+// Where the device's programs are C files (CPU).
+// The entry is named by a hash of the structural key and of the implementation's file (its
+// path, size and time: a rebuilt tinygrad may lower otherwise) and holds the whole key,
+// compared when read. Lines are kept as the key's file places and bound to the new graph's.
+static const std::string& implementation_identity() {
+    static const std::string id = [] {   // the file mapped where this function's code lies
+        std::string maps, out;
+        if (!read_file("/proc/self/maps", maps)) return out;
+        auto here = uintptr_t(reinterpret_cast<void*>(&implementation_identity));
+        std::istringstream lines(maps);
+        for (std::string line; out.empty() && std::getline(lines, line);) {
+            unsigned long long from = 0, to = 0;
+            int path_at = 0;
+            int got = std::sscanf(line.c_str(), "%llx-%llx %*s %*s %*s %*s %n", &from, &to,
+                                  &path_at);
+            if (got < 2 || here < from || here >= to || path_at <= 0 || line[size_t(path_at)] != '/')
+                continue;
+            std::string path = line.substr(size_t(path_at));
+            struct stat st;
+            if (stat(path.c_str(), &st) == 0)
+                out = strf("%s %lld %lld.%09ld", path.c_str(), (long long)st.st_size,
+                           (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+        }
+        return out;
+    }();
+    return id;
+}
+static std::string lowered_path(const std::string& key) {
+    const std::string& impl = implementation_identity();
+    if (impl.empty()) return "";
+    return cache_dir() + "/lowered-" + hex16(fnv1a64(key + '\0' + impl)) + ".bin";
+}
+struct EntryBytes {   // numbers as their 8 bytes, strings after their length
+    std::string bytes;
+    void num(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof v); }
+    void str(const std::string& s) {
+        num(int64_t(s.size()));
+        bytes += s;
+    }
+    template <class F, class T> void list(const std::vector<T>& v, F each) {
+        num(int64_t(v.size()));
+        for (const T& x : v) each(x);
+    }
+};
+struct EntryReader {
+    const std::string& bytes;
+    size_t at = 0;
+    bool ok = true;
+    int64_t num() {
+        int64_t v = 0;
+        if (at + sizeof v > bytes.size()) ok = false;
+        else std::memcpy(&v, &bytes[at], sizeof v);
+        at += sizeof v;
+        return v;
+    }
+    std::string str() {
+        int64_t n = num();
+        if (!ok || n < 0 || size_t(n) > bytes.size() - at) {
+            ok = false;
+            return "";
+        }
+        at += size_t(n);
+        return bytes.substr(at - size_t(n), size_t(n));
+    }
+    template <class T, class F> void list(std::vector<T>& v, F each) {
+        int64_t n = num();
+        if (n < 0 || size_t(n) > bytes.size()) ok = false;
+        for (int64_t i = 0; ok && i < n; i++) v.push_back(each());
+    }
+};
+static const char* const LOWERED_MAGIC = "tinygrad lowered program 1";
+
+static void save_lowered(const GraphKey& g, const ReusedProgram& r,
+                         const std::vector<std::string>& files) {
+    std::string path = lowered_path(g.key);
+    if (path.empty() || files.empty()) return;
+    const Program& p = *r.prog;
+    EntryBytes e;
+    bool lines_known = true;
+    auto line = [&](Loc loc) {
+        auto f = std::find(g.files.begin(), g.files.end(), loc.file);
+        lines_known &= f != g.files.end();
+        e.num(f - g.files.begin());
+        e.num(loc.line);
+    };
+    e.str(LOWERED_MAGIC);
+    e.str(g.key);
+    e.str(p.name);
+    e.list(p.buffers, [&](const ProgramBuffer& b) {
+        for (int64_t v : {int64_t(b.role), int64_t(b.dtype), b.numel, b.offset,
+                          int64_t(b.local_block), int64_t(b.local_loop)})
+            e.num(v);
+    });
+    e.list(p.checks, [&](const Program::Check& c) {
+        e.str(c.what);
+        line(c.loc);
+        e.num(c.finite);
+    });
+    e.list(p.updates, [&](const std::pair<int, Loc>& u) {
+        e.num(u.first);
+        line(u.second);
+    });
+    e.num(p.arena_bytes);
+    e.num(p.work);
+    for (const std::vector<int>* v : {&r.owner_at, &r.target_at})
+        e.list(*v, [&](int x) { e.num(x); });
+    e.list(r.ids, [&](std::pair<int, int> x) {
+        e.num(x.first);
+        e.num(x.second);
+    });
+    const ProgramInfo& i = r.info;
+    e.str(i.name);
+    for (int64_t v : {int64_t(i.nests_lowered), int64_t(i.nests), int64_t(i.temporaries_lowered),
+                      int64_t(i.temporaries), int64_t(i.local_arrays), int64_t(i.tiled_nests),
+                      i.temp_bytes_lowered, i.temp_bytes, i.arena_bytes})
+        e.num(v);
+    e.list(files, [&](const std::string& f) { e.str(f); });
+    if (lines_known) write_file_atomic(path, e.bytes);
+}
+
+// The program of g's graph from its entry, kept in memory as a reused one; null where there
+// is none (or it is not this key's, or not whole).
+static std::shared_ptr<const ReusedProgram> load_lowered(const GraphKey& g, Device& dev,
+                                                         bool compile_later) {
+    std::string path = lowered_path(g.key), bytes;
+    if (path.empty() || !read_file(path, bytes) || !private_file(path)) return nullptr;
+    EntryReader in{bytes};
+    if (in.str() != LOWERED_MAGIC || in.str() != g.key) return nullptr;
+    auto prog = std::make_shared<Program>();
+    Program& p = *prog;
+    auto line = [&] {
+        int64_t f = in.num(), l = in.num();
+        if (f < 0 || size_t(f) >= g.files.size()) in.ok = false;
+        Loc loc;
+        loc.file = in.ok ? g.files[size_t(f)] : nullptr;
+        loc.line = int(l);
+        return loc;
+    };
+    p.name = in.str();
+    in.list(p.buffers, [&] {
+        ProgramBuffer b;
+        b.role = ProgramBuffer::Role(in.num());
+        b.dtype = DType(in.num());
+        b.numel = in.num();
+        b.offset = in.num();
+        b.local_block = int(in.num());
+        b.local_loop = int(in.num());
+        return b;
+    });
+    in.list(p.checks, [&] {
+        Program::Check c;
+        c.what = in.str();
+        c.loc = line();
+        c.finite = in.num() != 0;
+        return c;
+    });
+    in.list(p.updates, [&] {
+        int id = int(in.num());
+        return std::pair<int, Loc>(id, line());
+    });
+    p.arena_bytes = in.num();
+    p.work = in.num();
+    auto r = std::make_shared<ReusedProgram>();
+    for (std::vector<int>* v : {&r->owner_at, &r->target_at})
+        in.list(*v, [&] { return int(in.num()); });
+    in.list(r->ids, [&] {
+        int at = int(in.num());
+        return std::pair<int, int>(at, int(in.num()));
+    });
+    ProgramInfo& i = r->info;
+    i.name = in.str();
+    for (int* v : {&i.nests_lowered, &i.nests, &i.temporaries_lowered, &i.temporaries,
+                   &i.local_arrays, &i.tiled_nests})
+        *v = int(in.num());
+    for (int64_t* v : {&i.temp_bytes_lowered, &i.temp_bytes, &i.arena_bytes}) *v = in.num();
+    std::vector<std::string> files;
+    in.list(files, [&] { return in.str(); });
+    if (!in.ok || in.at != bytes.size() || files.empty()) return nullptr;
+    int n_buffers = int(p.buffers.size()), n_nodes = int(g.order.size());
+    auto place_ok = [&](int at) { return at >= 0 && at < n_nodes; };
+    for (const std::vector<int>* v : {&r->owner_at, &r->target_at})
+        if (!std::all_of(v->begin(), v->end(), place_ok)) return nullptr;
+    if (int(r->owner_at.size()) != n_buffers) return nullptr;
+    for (auto [at, id] : r->ids)
+        if (!place_ok(at) || id < 0 || id >= n_buffers) return nullptr;
+    for (const auto& u : p.updates)
+        if (u.first < 0 || u.first >= n_buffers) return nullptr;
+    r->prog = prog;
+    r->exe = dev.prepare_files(p, std::move(files), compile_later);
+    if (!r->exe) return nullptr;
+    std::lock_guard<std::mutex> lock(reused_mutex);
+    if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
+    return reused_programs()[g.key] = std::move(r);
 }
 
 // Steps 1-4 of the pipeline; false where there is nothing to compute.
-static bool build_program(const std::vector<NodeP>& targets, Device& dev, ProgramRun& run) {
+// files: the C files it compiled, where the device's programs are such.
+static bool build_program(const std::vector<NodeP>& targets, Device& dev, ProgramRun& run,
+                          bool compile_later = false, std::vector<std::string>* files = nullptr) {
     int debug = debug_level();
     Schedule sched;                                              // 1. kernels and buffers
     auto planned = std::make_shared<Program>();                  // 2. loop IR
@@ -8088,7 +8435,10 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
                        dev.source_suffix());
     }
     if (program_observer()) program_observer()(prog);
-    run.exe = dev.prepare(prog);                                 // 4. compile (or interpret)
+    std::vector<std::string> sources = dev.source_files(prog);   // 4. compile (or interpret)
+    if (files) *files = sources;
+    run.exe = sources.empty() ? dev.prepare(prog)
+                              : dev.prepare_files(prog, std::move(sources), compile_later);
     return true;
 }
 
@@ -8149,8 +8499,9 @@ struct BackgroundRun {
         }
         ThreadsHere with(threads);
         int64_t err[2] = {0, 0};
-        run_timed(*exe, ptrs.data(), err);
         try {
+            exe->build();   // a setup program's compile (prepare_files, later)
+            run_timed(*exe, ptrs.data(), err);
             check_errors(*prog, err);
         } catch (...) {
             outcome->fail_with(std::current_exception());
@@ -8171,8 +8522,11 @@ static std::vector<InFlight> in_flight;   // in each device's queue order
 // to the queue's thread costs more than the overlap gives (an eager step of W1's 2-16-16-1
 // MLP, 34 thousand statements run: 68 us at once, 106 us in the background; W2's, 5.9
 // million: 180 us at once, 127 us in the background).
+static bool background_allowed(const Device& dev) {
+    return dev.runs_in_background() && debug_level() == 0 && !env_int("TG_SYNC", 0, 0, 1);
+}
 static bool run_in_background(const Device& dev, const Program& prog) {
-    return dev.runs_in_background() && debug_level() == 0 && !env_int("TG_SYNC", 0, 0, 1) &&
+    return background_allowed(dev) &&
            prog.work >= env_int("TG_BACKGROUND_MIN_WORK", 1 << 21, 0, INT32_MAX);
 }
 // Waits until at most `keep` programs are in flight on dev (the newest); throws the first
@@ -8268,23 +8622,41 @@ static std::shared_ptr<RunOutcome> run_in_flight(Device& dev, const ProgramRun& 
     return job->outcome;
 }
 
-static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = false) {
+// How run_program runs a program: at once; as an optimizer's step (in the background where
+// run_in_background says); or as setup, the parameters' initializers, built and run in the
+// background wherever the device allows it, so the host traces and compiles the program that
+// uses them meanwhile (a first training step: two compilers at once).
+enum class RunMode { NOW, STEP, SETUP };
+
+static ProgramRun run_program(std::vector<NodeP> targets, RunMode mode = RunMode::NOW) {
     auto t0 = std::chrono::steady_clock::now();
     Device* targets_device = device_of(targets);
     int debug = debug_level();
     ProgramRun run;
     Stats at_start = debug >= 1 ? stats() : Stats{};
     Device& dev = *targets_device;
-    std::string key;
-    std::vector<Node*> order;
-    Places place;
-    bool reusable = debug < 2 && structural_key(targets, targets_device, key, order, place);
-    if (!reusable || !reuse_program(key, order, run)) {
-        if (!build_program(targets, dev, run)) return run;
-        if (reusable) keep_program(key, place, run);
-    }
+    GraphKey g;
+    bool reusable = debug < 2 && structural_key(targets, targets_device, g);
+    bool setup_later = mode == RunMode::SETUP && background_allowed(dev);
+    if (!reusable || !reuse_program(g.key, g.order, run)) try {
+            if (auto loaded = reusable ? load_lowered(g, dev, setup_later) : nullptr) {
+                bind_reused(*loaded, g.order, run);
+            } else {
+                std::vector<std::string> files;
+                if (!build_program(targets, dev, run, setup_later, &files)) return run;
+                if (auto kept = reusable ? keep_program(g.key, g.place, run) : nullptr)
+                    save_lowered(g, *kept, files);
+            }
+        } catch (...) {   // this error is the one thrown; what failed in flight throws when read
+            try {
+                finish_in_flight(dev);
+            } catch (...) {
+            }
+            throw;
+        }
     const Program& prog = *run.prog;
-    bool background = in_background && run_in_background(dev, prog);
+    bool background = (setup_later && run.exe && run.exe->needs_build()) ||
+                      (mode == RunMode::STEP && run_in_background(dev, prog));
     if (!background) finish_in_flight(dev);   // the programs before it may write what it reads
     std::vector<void*> ptrs(prog.buffers.size());
     uint64_t made_before = buffers_made.load();
@@ -8325,7 +8697,7 @@ static ProgramRun run_program(std::vector<NodeP> targets, bool in_background = f
         std::fprintf(stderr,
                      "[tg] %-28s %s %2zu kernels  compiles %lld  disk hits %lld  memory hits %lld"
                      "  compile %.3f s  run %.3f ms  total %.3f ms\n",
-                     prog.name.c_str(), dev.name(), prog.blocks.size(),
+                     prog.name.c_str(), dev.name(), size_t(last_program_info.nests),
                      (long long)(now.compiles - at_start.compiles),
                      (long long)(now.disk_cache_hits - at_start.disk_cache_hits),
                      (long long)(now.memory_cache_hits - at_start.memory_cache_hits),
@@ -8351,7 +8723,7 @@ static void fill_constant(Node* n, Device& dev) {
 }
 
 // One program per device, in the order each device first appears among the targets.
-static void run_per_device(const std::vector<NodeP>& targets, bool in_background = false) {
+static void run_per_device(const std::vector<NodeP>& targets, RunMode mode) {
     std::vector<std::pair<Device*, std::vector<NodeP>>> groups;
     for (const NodeP& t : targets) {
         Device* d = node_device(t.get());
@@ -8364,20 +8736,28 @@ static void run_per_device(const std::vector<NodeP>& targets, bool in_background
         if (g == groups.end()) groups.push_back({d, {t}});
         else g->second.push_back(t);
     }
-    for (auto& [dev, group] : groups) run_program(group, in_background);
+    for (auto& [dev, group] : groups) run_program(group, mode);
 }
 
-static void realize_pending_leaves() {
+// The devices whose queues took the setup program.
+static std::vector<Device*> realize_pending_leaves(RunMode mode = RunMode::SETUP) {
     std::vector<NodeP> leaves;
     for (auto& w : pending_leaves)
         if (NodeP n = w.lock())
             if (n->leaf && !n->buffer) leaves.push_back(n);
     pending_leaves.clear();
-    if (!leaves.empty()) run_per_device(leaves);
+    std::vector<Device*> queued;
+    if (!leaves.empty()) run_per_device(leaves, mode);
+    for (const NodeP& n : leaves)
+        if (n->buffer && n->buffer->made_by &&
+            std::find(queued.begin(), queued.end(), n->buffer->device) == queued.end())
+            queued.push_back(n->buffer->device);
+    return queued;
 }
 
+// A realize that is not a step's returns with the setup it queued done (its compile counted).
 static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_background) {
-    realize_pending_leaves();
+    std::vector<Device*> setup = realize_pending_leaves();
     std::vector<NodeP> all = targets;
     if (!now) {
         all.insert(all.end(), pending_targets.begin(), pending_targets.end());
@@ -8387,7 +8767,8 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_b
             return;
         }
     }
-    run_per_device(all, in_background);
+    run_per_device(all, in_background ? RunMode::STEP : RunMode::NOW);
+    if (!in_background) wait_each(setup, [](Device& d) { finish_in_flight(d); });
 }
 
 static std::shared_ptr<Buffer> copy_buffer(const Buffer& b, Device* to) {
@@ -9595,7 +9976,7 @@ Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
                       shape_str(b.shape()).c_str()));
         batch.push_back(b.node()->op == Op::BUFFER ? b : b.contiguous());
     }
-    realize_pending_leaves();
+    realize_pending_leaves(RunMode::NOW);   // the devices' copies are made from them below
     for (Tensor& b : batch)
         if (!b.realized()) realize_nodes({b.node()}, true);
     int64_t rows = batch[0].shape()[0];
