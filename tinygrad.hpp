@@ -8311,7 +8311,11 @@ static void save_lowered(const GraphKey& g, const ReusedProgram& r,
                       i.temp_bytes_lowered, i.temp_bytes, i.arena_bytes})
         e.num(v);
     e.list(files, [&](const std::string& f) { e.str(f); });
-    if (lines_known) write_file_atomic(path, e.bytes);
+    if (!lines_known) return;
+    try {
+        write_file_atomic(path, e.bytes);
+    } catch (const Error&) {   // a cache that takes no new files: the next process lowers again
+    }
 }
 
 // The program of g's graph from its entry, kept in memory as a reused one; null where there
