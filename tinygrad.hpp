@@ -1181,8 +1181,9 @@ void register_device(const std::string& name, Device* device);
 // makes KIND:k for k >= 1 when first named (the CPU's is built in; cuda_backend.hpp adds CUDA's)
 void register_device_kind(const std::string& kind, std::function<Device*(int index)> make);
 Device& default_device();                              // $TG_DEVICE, else CPU
-// Called with every program after its passes, before its device prepares it (tests use it to
-// render each program of a run for a second backend). Empty by default.
+// Called with every program the pipeline builds, after its passes, before its device prepares
+// it (tests use it to render each program of a run for a second backend); not for one found
+// by its graph's structure, in memory or on disk. Empty by default.
 std::function<void(const Program&)>& program_observer();
 }  // namespace detail
 
