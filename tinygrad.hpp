@@ -8210,7 +8210,8 @@ static const std::string& implementation_identity() {
             int path_at = 0;
             int got = std::sscanf(line.c_str(), "%llx-%llx %*s %*s %*s %*s %n", &from, &to,
                                   &path_at);
-            if (got < 2 || here < from || here >= to || path_at <= 0 || line[size_t(path_at)] != '/')
+            if (got < 2 || here < from || here >= to || path_at <= 0 ||
+                line[size_t(path_at)] != '/')
                 continue;
             std::string path = line.substr(size_t(path_at));
             struct stat st;
@@ -8447,6 +8448,21 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
     return true;
 }
 
+// The program an earlier process kept on disk for the graph of key g (null: not reusable),
+// else steps 1-4 (then kept); false where there is nothing to compute.
+static bool load_or_build(const std::vector<NodeP>& targets, Device& dev, const GraphKey* g,
+                          bool compile_later, ProgramRun& run) {
+    if (auto loaded = g ? load_lowered(*g, dev, compile_later) : nullptr) {
+        bind_reused(*loaded, g->order, run);
+        return true;
+    }
+    std::vector<std::string> files;
+    if (!build_program(targets, dev, run, compile_later, &files)) return false;
+    if (auto kept = g ? keep_program(g->key, g->place, run) : nullptr)
+        save_lowered(*g, *kept, files);
+    return true;
+}
+
 // Storage for every buffer of a program on dev: given(i) where it gives one (an input's or an
 // in-place target's own), a part of one arena for the planned temporaries, else its own.
 static std::vector<std::shared_ptr<Buffer>> allocate_buffers(
@@ -8643,15 +8659,10 @@ static ProgramRun run_program(std::vector<NodeP> targets, RunMode mode = RunMode
     GraphKey g;
     bool reusable = debug < 2 && structural_key(targets, targets_device, g);
     bool setup_later = mode == RunMode::SETUP && background_allowed(dev);
-    if (!reusable || !reuse_program(g.key, g.order, run)) try {
-            if (auto loaded = reusable ? load_lowered(g, dev, setup_later) : nullptr) {
-                bind_reused(*loaded, g.order, run);
-            } else {
-                std::vector<std::string> files;
-                if (!build_program(targets, dev, run, setup_later, &files)) return run;
-                if (auto kept = reusable ? keep_program(g.key, g.place, run) : nullptr)
-                    save_lowered(g, *kept, files);
-            }
+    if (!reusable || !reuse_program(g.key, g.order, run)) {
+        try {
+            if (!load_or_build(targets, dev, reusable ? &g : nullptr, setup_later, run))
+                return run;
         } catch (...) {   // this error is the one thrown; what failed in flight throws when read
             try {
                 finish_in_flight(dev);
@@ -8659,6 +8670,7 @@ static ProgramRun run_program(std::vector<NodeP> targets, RunMode mode = RunMode
             }
             throw;
         }
+    }
     const Program& prog = *run.prog;
     bool background = (setup_later && run.exe && run.exe->needs_build()) ||
                       (mode == RunMode::STEP && run_in_background(dev, prog));
