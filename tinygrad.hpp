@@ -8197,7 +8197,7 @@ static std::shared_ptr<const ReusedProgram> keep_program(const std::string& key,
 // (W2's step program in a warm process: 5.4 ms instead of 10.5, 2.6-3.4 of them its run).
 // Where the device's programs are C files (CPU).
 // The entry is named by a hash of the structural key and of the implementation's file (its
-// path, size and time: a rebuilt tinygrad may lower otherwise) and holds the whole key,
+// path, size, inode and time: a rebuilt tinygrad may lower otherwise) and holds the whole key,
 // compared when read. Lines are kept as the key's file places and bound to the new graph's.
 static const std::string& implementation_identity() {
     static const std::string id = [] {   // the file mapped where this function's code lies
@@ -8216,7 +8216,8 @@ static const std::string& implementation_identity() {
             std::string path = line.substr(size_t(path_at));
             struct stat st;
             if (stat(path.c_str(), &st) == 0)
-                out = strf("%s %lld %lld.%09ld", path.c_str(), (long long)st.st_size,
+                out = strf("%s %lld bytes, inode %llu, modified %lld.%09ld", path.c_str(),
+                           (long long)st.st_size, (unsigned long long)st.st_ino,
                            (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
         }
         return out;
