@@ -145,8 +145,8 @@
    TG_CACHE_DIR  compiled programs   default: $XDG_CACHE_HOME/tinygrad, else ~/.cache/tinygrad
                  It holds code this process loads, so it must be the user's own and writable
                  by nobody else (else an error says how to fix it). Entries are keyed by the
-                 source, the compiler (its file's path, size and time; a TG_CC with arguments
-                 by its --version), its flags and the macros the flags predefine (so what
+                 source, the compiler (its file's path, size, inode and time; a TG_CC with
+                 arguments by its --version), its flags and the macros the flags predefine (so what
                  -march=native resolved to). It also keeps each CPU program's run (buffers,
                  checks, C files) under its graph's structure, so a process that builds a graph
                  an earlier one built skips scheduling, lowering and the passes (lowered-*.bin).
@@ -7173,15 +7173,24 @@ static std::string command_output(const std::string& cmd, const std::string& dir
 // the macros the flags predefine (the compiler's version, the instruction sets that
 // -march=native resolved to, the tuning). It joins every cache key, so an upgraded compiler or
 // another machine sharing the cache builds anew. Asked once per process, without running the
-// compiler where it can: the file that the compiler's name finds on PATH is known by its path,
-// size and modification time (as ccache checks a compiler), where `cc --version` would start
-// two processes (about 10 ms, a third of a warm first step). A command with arguments
-// (TG_CC="ccache gcc") or a name not found is asked its --version. The macros (about 15 ms:
-// the preprocessor resolves -march=native) are kept in the cache directory under a key of the
-// compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and flags), so a
-// process that finds them runs no preprocessor. A compiler that fails here fails again, with
-// its message, when it compiles. The questions run as the compiles do (run_compiler), with
-// the job's environment where it has one.
+// compiler where it can: the file that the compiler's name finds on PATH is known by its
+// path, size, inode and modification time (as ccache checks a compiler), where `cc --version`
+// would start two processes (about 10 ms, a third of a warm first step). A command with
+// arguments (TG_CC="ccache gcc") or a name not found is asked its --version. The macros
+// (about 15 ms: the preprocessor resolves -march=native) are kept in the cache directory
+// under a key of the compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and
+// flags), so a process that finds them runs no preprocessor. A compiler that fails here
+// fails again, with its message, when it compiles. The questions run as the compiles do
+// (run_compiler), with the job's environment where it has one.
+// A file by its path, size, inode and modification time (a file rebuilt in its place differs);
+// empty where it cannot be read.
+static std::string file_identity(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return "";
+    return strf("%s %lld bytes, inode %llu, modified %lld.%09ld", path.c_str(),
+                (long long)st.st_size, (unsigned long long)st.st_ino,
+                (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+}
 static std::string compiler_file(const std::string& cc, const std::string& path_variable) {
     if (cc.empty() || cc.find_first_of(" \t'\"\\$") != std::string::npos) return "";
     std::string path;
@@ -7196,13 +7205,9 @@ static std::string compiler_file(const std::string& cc, const std::string& path_
     }
     char* resolved = path.empty() ? nullptr : realpath(path.c_str(), nullptr);
     if (!resolved) return "";
-    struct stat st;
-    std::string out;
-    if (stat(resolved, &st) == 0)
-        out = strf("%s %lld bytes, modified %lld.%09ld\n", resolved, (long long)st.st_size,
-                   (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+    std::string out = file_identity(resolved);
     std::free(resolved);
-    return out;
+    return out.empty() ? out : out + "\n";
 }
 static std::string cpu_identity() {
     std::string info, out;
@@ -7244,6 +7249,12 @@ static const std::string* toolchain_identity(const std::string& cc, const std::s
     return &id;
 }
 
+static std::vector<std::string> environment_now() {   // for a job compiled on another thread
+    std::vector<std::string> out;
+    for (char** e = ::environ; *e; e++) out.push_back(*e);
+    return out;
+}
+
 // A compile: the C files (and their hash), the compiler, its flags, the cache directory and
 // the flags the toolchain is asked with (read when the program was prepared), and the key that
 // names the result there. A job made on one thread and compiled on another carries the
@@ -7281,14 +7292,14 @@ static bool set_optimization(CompileJob& job, const std::string& optimization,
     job.key = hex16(fnv1a64(hex16(job.source) + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
     return true;
 }
-// A job for files, with what the environment says now (TG_CC, TG_CFLAGS, the cache); its
-// flags and key are set_optimization's.
-static CompileJob compile_job(std::vector<std::string> files) {
+// A job for files, with what the environment says now (TG_CC, the cache) and the optimized
+// build's flags (TG_CFLAGS or OPTIMIZED_CFLAGS); its flags and key are set_optimization's.
+static CompileJob compile_job(std::vector<std::string> files, const std::string& optimized) {
     CompileJob job;
     job.files = std::move(files);
     job.cc = env_str("TG_CC", "cc");
     job.dir = cache_dir();
-    job.identity_flags = env_str("TG_CFLAGS", OPTIMIZED_CFLAGS) + ALWAYS_CFLAGS;
+    job.identity_flags = optimized + ALWAYS_CFLAGS;
     std::string src;
     for (const std::string& f : job.files) src += f + '\0';
     job.source = fnv1a64(src);
@@ -7761,8 +7772,8 @@ static KeptBlocks& kept_blocks() {
 #endif
 static void* map_block(size_t size) {
 #ifndef TG_HEAP_BLOCKS
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
 #else
     return std::aligned_alloc(64, size);
@@ -7863,7 +7874,7 @@ struct CpuDevice : HostMemoryDevice {
         BuildPlan planned = plan(p, std::move(files));
         if (!later) return build(planned);
         if (std::shared_ptr<Executable> kept = build(planned, false)) return kept;
-        for (char** e = ::environ; *e; e++) planned.optimized.environment.push_back(*e);
+        planned.optimized.environment = environment_now();
         return std::make_shared<LaterExecutable>([planned] { return build(planned); });
     }
     std::string source(const Program& p) override { return render_c(p); }
@@ -7882,10 +7893,11 @@ private:
     };
     static BuildPlan plan(const Program& p, std::vector<std::string> files) {
         std::string flags = env_str("TG_CFLAGS", "");
+        std::string optimization = flags.empty() ? OPTIMIZED_CFLAGS : flags;
         int quick_runs = env_int("TG_QUICK_RUNS", 2, 0, INT32_MAX);
         bool optimized_only = !flags.empty() || quick_runs == 0 || p.work > QUICK_MAX_WORK;
-        return {compile_job(std::move(files)), flags.empty() ? OPTIMIZED_CFLAGS : flags,
-                optimized_only, quick_runs, p.name, debug_level() >= 1};
+        return {compile_job(std::move(files), optimization), optimization, optimized_only,
+                quick_runs, p.name, debug_level() >= 1};
     }
     // The optimized build, else the quick one (asking for the optimized at a later run); null
     // where either needs a compiler's process and may_compile is false.
@@ -7903,8 +7915,7 @@ private:
         ProgramFn quick_fn = compiled(quick_job);
         if (!quick_fn) return nullptr;
         auto quick = std::make_shared<CompiledProgram>(quick_fn);
-        if (optimized.environment.empty())
-            for (char** e = ::environ; *e; e++) optimized.environment.push_back(*e);
+        if (optimized.environment.empty()) optimized.environment = environment_now();
         quick->optimized = std::move(optimized);
         quick->quick_runs_left = plan.quick_runs;
         quick->name = plan.name;
@@ -8246,12 +8257,7 @@ static const std::string& implementation_identity() {
             if (got < 2 || here < from || here >= to || path_at <= 0 ||
                 line[size_t(path_at)] != '/')
                 continue;
-            std::string path = line.substr(size_t(path_at));
-            struct stat st;
-            if (stat(path.c_str(), &st) == 0)
-                out = strf("%s %lld bytes, inode %llu, modified %lld.%09ld", path.c_str(),
-                           (long long)st.st_size, (unsigned long long)st.st_ino,
-                           (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+            out = file_identity(line.substr(size_t(path_at)));
         }
         return out;
     }();
