@@ -1224,6 +1224,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 #include <unordered_set>
 #include <deque>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <signal.h>
 #include <pwd.h>
@@ -1319,21 +1320,54 @@ static int env_int(const char* name, int fallback, int lo, int hi) {
 }
 static int debug_level() { return env_int("TG_DEBUG", 0, 0, 4); }
 
-static uint64_t fnv1a64(const std::string& data, uint64_t h = 1469598103934665603ull) {
-    for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+// FNV-1a. It hashes a byte at a time, so pieces hashed one after another, each from the
+// last's value, hash as their concatenation would: keys are hashed from their parts without
+// copying them into one string (fresh memory costs a page fault per 4 KB, dear on a VM).
+static const uint64_t FNV_START = 1469598103934665603ull;
+static uint64_t fnv1a64(const char* data, size_t n, uint64_t h) {
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)data[i]) * 1099511628211ull;
+    return h;
+}
+static uint64_t fnv1a64(const std::string& data, uint64_t h = FNV_START) {
+    return fnv1a64(data.data(), data.size(), h);
+}
+// the hash of the parts joined with '\0' between them
+static uint64_t fnv1a64_joined(std::initializer_list<const std::string*> parts) {
+    uint64_t h = FNV_START;
+    bool first = true;
+    for (const std::string* part : parts) {
+        if (!first) h = fnv1a64("", 1, h);
+        h = fnv1a64(*part, h);
+        first = false;
+    }
     return h;
 }
 static std::string hex16(uint64_t h) { return strf("%016llx", (unsigned long long)h); }
 
+// The file's bytes, read into a string of its size at once (a file of unknown size, as
+// /proc's, in pieces).
 static bool read_file(const std::string& path, std::string& out) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return false;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st;
     out.clear();
-    char chunk[65536];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) out.append(chunk, n);
-    bool ok = !std::ferror(f);
-    std::fclose(f);
+    bool sized = fstat(fd, &st) == 0 && st.st_size > 0;
+    if (sized) out.reserve(size_t(st.st_size) + 1);   // + 1: the read that finds the end
+    bool ok = true;
+    for (;;) {
+        size_t at = out.size(), room = out.capacity() - at;
+        size_t want = room > 0 && (sized || room >= 1024) ? room : std::max<size_t>(at, 4096);
+        out.resize(at + want);
+        ssize_t n = ::read(fd, &out[at], want);
+        if (n < 0 && errno == EINTR) n = 0;
+        else if (n <= 0) {
+            ok = n == 0;
+            out.resize(at);
+            break;
+        }
+        out.resize(at + size_t(n));
+    }
+    ::close(fd);
     return ok;
 }
 
@@ -7289,7 +7323,8 @@ static bool set_optimization(CompileJob& job, const std::string& optimization,
     bool gcc = identity.find("#define __GNUC__") != std::string::npos &&
                identity.find("#define __clang__") == std::string::npos;
     if (gcc) job.flags += " -fno-tree-slp-vectorize";
-    job.key = hex16(fnv1a64(hex16(job.source) + '\0' + job.cc + '\0' + job.flags + '\0' + identity));
+    std::string source = hex16(job.source);
+    job.key = hex16(fnv1a64_joined({&source, &job.cc, &job.flags, &identity}));
     return true;
 }
 // A job for files, with what the environment says now (TG_CC, the cache) and the optimized
@@ -7300,9 +7335,8 @@ static CompileJob compile_job(std::vector<std::string> files, const std::string&
     job.cc = env_str("TG_CC", "cc");
     job.dir = cache_dir();
     job.identity_flags = optimized + ALWAYS_CFLAGS;
-    std::string src;
-    for (const std::string& f : job.files) src += f + '\0';
-    job.source = fnv1a64(src);
+    job.source = FNV_START;   // of the files, each followed by '\0'
+    for (const std::string& f : job.files) job.source = fnv1a64("", 1, fnv1a64(f, job.source));
     return job;
 }
 
@@ -8266,7 +8300,7 @@ static const std::string& implementation_identity() {
 static std::string lowered_path(const std::string& key) {
     const std::string& impl = implementation_identity();
     if (impl.empty()) return "";
-    return cache_dir() + "/lowered-" + hex16(fnv1a64(key + '\0' + impl)) + ".bin";
+    return cache_dir() + "/lowered-" + hex16(fnv1a64_joined({&key, &impl})) + ".bin";
 }
 struct EntryBytes {   // numbers as their 8 bytes, strings after their length
     std::string bytes;
@@ -8299,6 +8333,13 @@ struct EntryReader {
         }
         at += size_t(n);
         return bytes.substr(at - size_t(n), size_t(n));
+    }
+    bool str_is(const std::string& s) {   // compared where it lies: a key is long
+        int64_t n = num();
+        ok = ok && n == int64_t(s.size()) && size_t(n) <= bytes.size() - at &&
+             bytes.compare(at, s.size(), s) == 0;
+        at += s.size();
+        return ok;
     }
     template <class T, class F> void list(std::vector<T>& v, F each) {
         int64_t n = num();
@@ -8367,7 +8408,7 @@ static std::shared_ptr<const ReusedProgram> load_lowered(const GraphKey& g, Devi
     std::string path = lowered_path(g.key), bytes;
     if (path.empty() || !read_file(path, bytes) || !private_file(path)) return nullptr;
     EntryReader in{bytes};
-    if (in.str() != LOWERED_MAGIC || in.str() != g.key) return nullptr;
+    if (!in.str_is(LOWERED_MAGIC) || !in.str_is(g.key)) return nullptr;
     auto prog = std::make_shared<Program>();
     Program& p = *prog;
     auto line = [&] {
