@@ -827,10 +827,11 @@ public:
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
     // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
     // serial loops (W3's step: 256 threads where unfused nests give 262,144). The CPU's
-    // tiles of vector sums (tile_products) are plan_kernel's business here.
+    // tiles of vector sums (tile_products) are plan_kernel's business here, and a select costs
+    // a GPU thread less than the loops that split_at_edges makes.
     bool runs_pass(const std::string& pass) const override {
         return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products" &&
-               pass != "sum_lanes";
+               pass != "sum_lanes" && pass != "split_at_edges";
     }
 
 private:

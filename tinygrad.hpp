@@ -157,7 +157,7 @@
    TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
                  dead_stores,first_write,order_nests,local_temps,tile_products,
-                 sum_lanes,parallel_loops,plan_memory); default all;
+                 sum_lanes,split_at_edges,parallel_loops,plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
    TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles
                  (default 32768; the oracle uses 1 to tile every product it makes)
@@ -4798,6 +4798,9 @@ TG_COLD_END
 //                     iterations each use their own part of it (a row on the stack)
 //   tile_products     a matrix product's nest (or a sum over rows) is computed in tiles of
 //                     sums held in vector registers, each sum in its untiled order
+//   sum_lanes         a long float sum runs as 16 lanes summed as a tree at the end
+//   split_at_edges    a loop whose body compares its variable with a constant (a pad's edge)
+//                     runs as one loop per side, where the comparison is decided
 //   parallel_loops    a nest of enough work whose outer iterations write disjoint parts is
 //                     cut into fixed chunks that the thread pool runs (TG_THREADS)
 //   plan_memory       temporaries share one arena by lifetime
@@ -5166,6 +5169,7 @@ struct ProductMatch {
     // read, which run after all the trees (each in its order)
     std::vector<Stmt> trees, epilogue;
     int64_t terms = 0;                          // terms in each element's sum
+    bool column_products = false;   // without rows, terms x·y with x and y read along columns
 };
 static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AVX-512's width
                                              // (compilers split it where vectors are narrower)
@@ -5236,8 +5240,19 @@ static bool split_term(const ExprP& term, int rows, int cols, ExprP& x, ExprP& y
     x = nullptr;
     y = term;
     // a product packed as one value would be rounded before its addition, which the loops
-    // fuse (fused_term): it is no sum of columns
-    if (term->kind == EK::ALU && term->op == Op::MUL && dtype_is_float(term->dtype)) return false;
+    // fuse (fused_term): it is no sum of columns. Without rows, a product of two loads that
+    // step along the columns multiplies vectors of both where they lie (x·y, x not null), each
+    // lane's multiply-add fused as the loop's (a layer norm's weight gradient).
+    if (term->kind == EK::ALU && term->op == Op::MUL && dtype_is_float(term->dtype)) {
+        auto along = [&](const ExprP& e) {
+            return e->kind == EK::LOAD && steps_by_one(e->src[0], cols);
+        };
+        if (rows >= 0 || !along(term->src[0]) || !along(term->src[1])) return false;
+        x = term->src[0];
+        y = term->src[1];
+        x_at = 0;
+        return true;
+    }
     return rows < 0 || !uses_var(term, rows);
 }
 // A term of a sum tree: acc += v, or acc = v where first_write started the sum with it.
@@ -5346,11 +5361,14 @@ static bool match_product(const Block& b, ProductMatch& m) {
             return true;
         }
     for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c) {
-        bool along = true;
-        for (const ExprP& t : terms)
+        bool along = true, products = false;
+        for (const ExprP& t : terms) {
             along = along && read_along(t, *c) && split_term(t, -1, *c, x, y, x_at);
+            products = products || x;
+        }
         if (!along) continue;
         m.cols = *c;
+        m.column_products = products;
         return true;
     }
     return false;
@@ -5373,8 +5391,13 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     if (outer * rows * cols * m.terms < env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX))
         return false;
     int64_t vectors = cols > 2 * TILE_LANES ? 4 : cols > TILE_LANES ? 2 : 1;
-    while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
-    if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
+    if (m.column_products) {   // read where they lie, never packed: whole vectors of columns
+        while (vectors > 0 && cols % (vectors * TILE_LANES)) vectors /= 2;
+        if (vectors == 0) return false;
+    } else {
+        while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
+        if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
+    }
     auto padded = [&](int64_t v, int64_t r) {   // the columns and rows that tiles compute
         int64_t w = v * TILE_LANES;
         return (cols + w - 1) / w * w * ((rows + r - 1) / r * r);
@@ -6139,6 +6162,127 @@ static void pass_sum_lanes(Program& p) {
     }
 }
 
+// -- pass_split_at_edges: a loop as one loop per stretch between the edges its body tests
+// A pad, or a concatenation's gradient, reads each part of an axis under a comparison of the
+// axis's variable with a constant (i < 256 ? 0 : x[i - 256]), decided anew for every element,
+// which keeps the C compiler from vectorizing the loop (W5's qkv gradient took 4.5% of its
+// step). A loop whose body compares its variable plus a constant with a constant inside its
+// range runs as one loop for each stretch between those edges, in order, the variable being
+// the stretch's start plus a variable of its own; simplify then decides each comparison, and
+// the selects go. Each element is computed by the same operations as before: the bits do not
+// change. Not split: a nest's outer loop (parallel_loops cuts it), tiled nests, nests with
+// arrays of their loops (local_temps names a loop), and loops whose iterations share an
+// accumulator.
+static const size_t SPLIT_MAX_PIECES = 8;
+// the values of var where a comparison var + k < c, or c < var + k, in body changes
+static std::set<int64_t> edges_of(const std::vector<Stmt>& body, int var, int64_t extent) {
+    std::set<int64_t> edges;
+    ExprSet seen;
+    auto visit = [&](const ExprP& part) {
+        if (part->kind != EK::ALU || part->op != Op::CMPLT || part->src[0]->dtype != DType::INDEX)
+            return;
+        for (size_t side = 0; side < 2; side++) {
+            const ExprP& c = part->src[1 - side];
+            Linear lin;
+            lin.add(1, part->src[side]);
+            if (c->kind != EK::CONST || lin.terms.size() != 1 || lin.terms[0].first != 1 ||
+                lin.terms[0].second->kind != EK::VAR || lin.terms[0].second->id != var)
+                continue;
+            int64_t edge = int64_t(c->num) - lin.constant + int64_t(side);   // c < v + k: v > c - k
+            if (edge > 0 && edge < extent) edges.insert(edge);
+        }
+    };
+    std::function<void(const std::vector<Stmt>&)> walk = [&](const std::vector<Stmt>& stmts) {
+        for (const Stmt& st : stmts) {
+            each_part(st.idx, seen, visit);
+            each_part(st.val, seen, visit);
+            walk(st.body);
+        }
+    };
+    walk(body);
+    return edges;
+}
+static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extents, int& next_acc,
+                           bool outer) {
+    for (size_t p = 0; p < body.size(); p++) {
+        if (body[p].kind != SK::LOOP) continue;
+        split_at_edges(body[p].body, extents, next_acc, false);
+        if (outer) continue;
+        const Stmt loop = body[p];
+        int64_t extent = extents[size_t(loop.id)];
+        std::set<int64_t> edges = edges_of(loop.body, loop.id, extent);
+        std::unordered_set<int> set, started;   // accumulators the body sets, and starts
+        accs_set(loop.body, set);
+        std::function<void(const std::vector<Stmt>&)> starts = [&](const std::vector<Stmt>& in) {
+            for (const Stmt& st : in) {
+                if (st.kind == SK::ACC_INIT) started.insert(st.id);
+                starts(st.body);
+            }
+        };
+        starts(loop.body);
+        bool own = std::all_of(set.begin(), set.end(), [&](int a) { return started.count(a); });
+        if (edges.empty() || edges.size() + 1 > SPLIT_MAX_PIECES || !own) continue;
+        std::vector<int64_t> at{0};
+        at.insert(at.end(), edges.begin(), edges.end());
+        at.push_back(extent);
+        std::vector<Stmt> pieces;
+        for (size_t k = 0; k + 1 < at.size(); k++) {
+            // each piece's loops and accumulators are its own (a C variable is declared once)
+            std::vector<Stmt> piece{loop};
+            std::unordered_map<int, int> var_of, acc_of;
+            std::function<void(const std::vector<Stmt>&)> fresh = [&](const std::vector<Stmt>& in) {
+                for (const Stmt& st : in) {
+                    if (st.kind != SK::LOOP) continue;
+                    var_of[st.id] = int(extents.size());
+                    extents.push_back(extents[size_t(st.id)]);
+                    fresh(st.body);
+                }
+            };
+            fresh(loop.body);
+            for (int acc : set) acc_of[acc] = next_acc++;
+            Rewritten done;
+            substitute(piece[0].body, [&](const ExprP& e) -> ExprP {
+                auto& to = e->kind == EK::VAR ? var_of : acc_of;
+                auto it = e->kind == EK::VAR || e->kind == EK::ACC ? to.find(e->id) : to.end();
+                if (it == to.end()) return nullptr;
+                return e->kind == EK::VAR ? ex_var(it->second) : ex_acc(it->second, e->dtype);
+            }, done);
+            std::function<void(std::vector<Stmt>&)> ids = [&](std::vector<Stmt>& in) {
+                for (Stmt& st : in) {
+                    auto& to = st.kind == SK::LOOP ? var_of : acc_of;
+                    bool named = st.kind == SK::LOOP || st.kind == SK::ACC_INIT ||
+                                 st.kind == SK::ACC_UPDATE;
+                    if (named) st.id = to.at(st.id);
+                    ids(st.body);
+                }
+            };
+            ids(piece[0].body);
+            int var = int(extents.size());
+            extents.push_back(at[k + 1] - at[k]);
+            substitute_var(piece[0].body, loop.id, ix_add(ex_var(var), ix(at[k])));
+            piece[0].id = var;
+            pieces.push_back(std::move(piece[0]));
+        }
+        body.erase(body.begin() + std::ptrdiff_t(p));
+        body.insert(body.begin() + std::ptrdiff_t(p), pieces.begin(), pieces.end());
+        p += pieces.size() - 1;
+    }
+}
+static void pass_split_at_edges(Program& p) {
+    for (size_t k = 0; k < p.blocks.size(); k++) {
+        Block& b = p.blocks[k];
+        bool locals = false;
+        for (const ProgramBuffer& pb : p.buffers) locals = locals || pb.local_block == int(k);
+        if (b.tile.rows || locals) continue;
+        size_t vars = b.extents.size();
+        int next_acc = accumulators_used(b.body);
+        split_at_edges(b.body, b.extents, next_acc, true);
+        if (b.extents.size() == vars) continue;
+        SimplifyMemo memo{&b.extents, {}};
+        simplify_stmts(b.body, memo);
+    }
+}
+
 // -- pass_parallel_loops: nests whose outer iterations write disjoint parts run on threads
 // A block that is one loop, in which every buffer written is accessed in chunks of the loop
 // variable (as fuse_loops checks; arrays local to the loop are each iteration's own), may run
@@ -6317,6 +6461,7 @@ static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"local_temps", pass_local_temps},
     {"tile_products", pass_tile_products},
     {"sum_lanes", pass_sum_lanes},
+    {"split_at_edges", pass_split_at_edges},
     {"parallel_loops", pass_parallel_loops},
     {"plan_memory", pass_plan_memory},
 };
@@ -6730,6 +6875,14 @@ static std::string c_tiled_product(const Block& b) {
             if (!xe) {   // a sum of columns
                 out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
                             st.id, op, yv.c_str());
+            } else if (rows < 0) {   // of products of columns
+                std::string xv = "TG_VEC(&" + operand(xe, cols, "c0") + ", v)";
+                std::string sum = strf("sum%d[r][v]", st.id);
+                std::string set = st.kind == SK::ACC_INIT
+                                      ? xv + " * " + yv
+                                      : "TG_FMAV(" + xv + ", " + yv + ", " + sum + ")";
+                out += strf("%sTG_TILE(%lld, %lld) %s = %s;\n", pad.c_str(), R, V, sum.c_str(),
+                            set.c_str());
             } else {
                 std::string xv = x_direct ? operand(xe, rows, "row[r]") : "x[r]";
                 std::string sum = strf("sum%d[r][v]", st.id);   // its first term, or the next
@@ -6955,6 +7108,32 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
      "#else\n"
      "static inline tg_vf TG_FMA(float x, tg_vf y, tg_vf s) {\n"
      "    for (int l = 0; l < 16; l++) s[l] = fmaf(x, y[l], s[l]);\n"
+     "    return s;\n"
+     "}\n"
+     "#endif\n"},
+    // x·y + s for vectors x, y, s (a sum of products of columns), rounded once in each lane
+    {"TG_FMAV(",
+     "#if defined(__AVX512F__)\n"
+     "#define TG_FMAV(x, y, s) ((tg_vf)__builtin_ia32_vfmaddps512_mask( \\\n"
+     "    (x), (y), (s), (unsigned short)0xFFFF, 4))\n"
+     "#elif defined(__FMA__)\n"
+     "static inline tg_vf TG_FMAV(tg_vf x, tg_vf y, tg_vf s) {\n"
+     "    typedef float half __attribute__((vector_size(32)));\n"
+     "    union { tg_vf v; half h[2]; } a = {x}, b = {y}, c = {s};\n"
+     "    for (int i = 0; i < 2; i++)\n"
+     "        c.h[i] = __builtin_ia32_vfmaddps256(a.h[i], b.h[i], c.h[i]);\n"
+     "    return c.v;\n"
+     "}\n"
+     "#elif defined(__aarch64__)\n"
+     "#include <arm_neon.h>\n"
+     "static inline tg_vf TG_FMAV(tg_vf x, tg_vf y, tg_vf s) {\n"
+     "    union { tg_vf v; float32x4_t q[4]; } a = {x}, b = {y}, c = {s};\n"
+     "    for (int i = 0; i < 4; i++) c.q[i] = vfmaq_f32(c.q[i], a.q[i], b.q[i]);\n"
+     "    return c.v;\n"
+     "}\n"
+     "#else\n"
+     "static inline tg_vf TG_FMAV(tg_vf x, tg_vf y, tg_vf s) {\n"
+     "    for (int l = 0; l < 16; l++) s[l] = fmaf(x[l], y[l], s[l]);\n"
      "    return s;\n"
      "}\n"
      "#endif\n"},

@@ -607,12 +607,14 @@ TEST(tile_products_sum_columns_read_along_them) {
     Tensor x = data({1030, 70}), w = data({1030, 70}, 1);
     CHECK(optimized({x.sum(0) * 1.0f}, "all").find("[tiles: 1 x ") != std::string::npos);
     CHECK(values({x.sum(0)}, "all")[0] == values({x.sum(0)}, "none")[0]);
-    // a sum of products over the rows stays in loops, where each product is fused into the
-    // sum (a tile would round it first): the bits of the loops, with values whose products
-    // are not exact floats
+    // a sum of products over the rows of computed operands stays in loops, where each product
+    // is fused into the sum (packing would round it first): the bits of the loops, with values
+    // whose products are not exact floats; so does one of loads whose columns fill no whole
+    // vectors (70)
     Tensor a = x * 0.1f, b = w * 0.3f;
     CHECK(optimized({(a * b).sum(0) * 1.0f}, "all").find("[tiles:") == std::string::npos);
     CHECK(values({(a * b).sum(0)}, "all")[0] == values({(a * b).sum(0)}, "none")[0]);
+    CHECK(optimized({(x * w).sum(0) * 1.0f}, "all").find("[tiles:") == std::string::npos);
     std::vector<float> xv = x.to_vector(), wv = w.to_vector();
     std::vector<float> got = values({(x * w).sum(0)}, "all")[0];
     std::vector<double> want(70, 0.0);
@@ -620,6 +622,84 @@ TEST(tile_products_sum_columns_read_along_them) {
         for (size_t j = 0; j < 70; j++) want[j] += double(xv[i * 70 + j]) * double(wv[i * 70 + j]);
     CHECK_ALL_NEAR(got, want, 1e-4);
     CHECK(optimized({x.sum(1) * 1.0f}, "all").find("[tiles:") == std::string::npos);
+}
+
+// A sum over rows of products of two loads read along the outputs (a layer norm's weight
+// gradient: Σ_rows dy·x̂) multiplies vectors of both where they lie, each lane's multiply-add
+// fused as in the loops: the bits of TG_PASSES=none on 1 and 3 threads, near float64, for
+// columns that fill vectors of 64, 32 and 16 floats, and next to a plain sum of columns.
+TEST(tile_products_sum_products_of_columns_in_place) {
+    for (int64_t cols : {128, 96, 48}) {
+        Tensor dy = data({1027, cols}) * 0.7f, xh = data({1027, cols}, 1) * 1.3f;
+        dy.realize();
+        xh.realize();
+        Tensor g = (dy * xh).sum(0), bias = dy.sum(0);
+        std::string ir = optimized({g * 1.0f, bias * 1.0f}, "all");
+        CHECK(ir.find("[tiles: 1 x ") != std::string::npos);
+        std::string c = tg::inspect({g * 1.0f}).c_source;
+        CHECK(c.find("TG_FMAV(TG_VEC(&") != std::string::npos);
+        std::vector<float> tiled = values({g, bias}, "all")[0];
+        CHECK(tiled == values({g, bias}, "none")[0]);
+        CHECK(values({g, bias}, "all")[1] == values({g, bias}, "none")[1]);
+        for (const char* threads : {"1", "3"}) {
+            th::EnvGuard env("TG_THREADS", threads);
+            CHECK(values({g, bias}, "all")[0] == tiled);
+        }
+        std::vector<float> dv = dy.to_vector(), xv = xh.to_vector();
+        std::vector<double> want(size_t(cols), 0.0);
+        for (size_t i = 0; i < 1027; i++)
+            for (size_t j = 0; j < size_t(cols); j++)
+                want[j] += double(dv[i * size_t(cols) + j]) * double(xv[i * size_t(cols) + j]);
+        CHECK_ALL_NEAR(tiled, want, 1e-3);
+    }
+}
+
+// A concatenation (and a pad) reads each part of its axis under a comparison of the axis's
+// variable with the part's edge, for every element; split_at_edges runs one loop per part,
+// where each comparison is decided and its select goes: the bits of TG_PASSES=none on 1 and
+// 3 threads. A nest's outer loop stays whole; a comparison with another variable in it
+// splits nothing.
+TEST(split_at_edges_runs_a_loop_per_part_of_a_concatenation) {
+    const char* without = "simplify,fuse_loops,substitute_temps,dead_stores,first_write,"
+                          "order_nests,local_temps,tile_products,sum_lanes,parallel_loops,"
+                          "plan_memory";
+    Tensor a = data({16, 8, 40}), b = data({16, 8, 24}, 1), c = data({16, 8, 8}, 2);
+    Tensor joined = tg::cat({a, b * 3.0f, c.exp()}, 2) * 0.5f;
+    Tensor padded = data({16, 8, 20}, 3).pad({{0, 0}, {0, 0}, {5, 7}}) - 0.25f;
+    for (Tensor t : {joined, padded}) {
+        std::string c_split, c_whole;
+        {
+            th::EnvGuard env("TG_PASSES", "all");
+            c_split = tg::inspect({t}).c_source;
+        }
+        {
+            th::EnvGuard env("TG_PASSES", without);
+            c_whole = tg::inspect({t}).c_source;
+        }
+        CHECK(c_whole.find("tg_where") != std::string::npos);
+        CHECK(c_split.find("tg_where") == std::string::npos);
+        std::vector<float> split = values({t}, "all")[0];
+        CHECK(split == values({t}, "none")[0]);
+        CHECK(split == values({t}, without)[0]);
+        for (const char* threads : {"1", "3"}) {
+            th::EnvGuard env("TG_THREADS", threads);
+            CHECK(values({t}, "all")[0] == split);
+        }
+    }
+    // edges one element from the ends: pieces of one iteration, each with its own sums
+    Tensor sums = data({16, 8, 6, 10}).sum(3).pad({{0, 0}, {0, 0}, {1, 1}}) * 3.0f;
+    std::vector<float> split = values({sums}, "all")[0];
+    CHECK(split == values({sums}, "none")[0]);
+    CHECK(split == values({sums}, without)[0]);
+    std::vector<float> av = a.to_vector(), got = values({joined}, "all")[0];
+    for (size_t row = 0; row < 16 * 8; row++)
+        for (size_t j = 0; j < 40; j++) CHECK_EQ(got[row * 72 + j], av[row * 40 + j] * 0.5f);
+    // the edge moves with the outer variable (a causal mask): no loop is split
+    Tensor above = Tensor::arange(64).reshape({64, 1}) < Tensor::arange(64);
+    Tensor tri = data({64, 64}).masked_fill(above, 0.0f) * 2.0f;
+    std::string ir = optimized({tri}, "all");
+    CHECK(ir == optimized({tri}, without));
+    CHECK(values({tri}, "all")[0] == values({tri}, "none")[0]);
 }
 
 // A long float sum runs as 16 lanes: lane j adds the j-th element of each block of 16, in
