@@ -7426,9 +7426,13 @@ static std::string cpu_identity() {
     std::string info, out;
     if (!read_file("/proc/cpuinfo", info)) return "";
     std::istringstream lines(info);
-    for (std::string line; std::getline(lines, line) && out.size() < 2;) {
-        bool model = line.rfind("model name", 0) == 0, flags = line.rfind("flags", 0) == 0;
-        if ((model || flags) && out.find(line) == std::string::npos) out += line + "\n";
+    bool model = false, features = false;   // the first CPU's (x86's flags, ARM's Features)
+    for (std::string line; std::getline(lines, line) && !(model && features);) {
+        bool is_model = line.rfind("model name", 0) == 0;
+        bool is_features = line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0;
+        if ((is_model && !model) || (is_features && !features)) out += line + "\n";
+        model = model || is_model;
+        features = features || is_features;
     }
     return out;
 }
