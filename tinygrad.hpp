@@ -6211,8 +6211,8 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
         const Stmt loop = body[p];
         int64_t extent = extents[size_t(loop.id)];
         std::set<int64_t> edges = edges_of(loop.body, loop.id, extent);
-        std::unordered_set<int> set, started;   // accumulators the body sets, and starts
-        accs_set(loop.body, set);
+        std::unordered_set<int> updated, started;   // accumulators the body sets, and starts
+        accs_set(loop.body, updated);
         std::function<void(const std::vector<Stmt>&)> starts = [&](const std::vector<Stmt>& in) {
             for (const Stmt& st : in) {
                 if (st.kind == SK::ACC_INIT) started.insert(st.id);
@@ -6220,7 +6220,8 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
             }
         };
         starts(loop.body);
-        bool own = std::all_of(set.begin(), set.end(), [&](int a) { return started.count(a); });
+        bool own = std::all_of(updated.begin(), updated.end(),
+                               [&](int acc) { return started.count(acc) > 0; });
         if (edges.empty() || edges.size() + 1 > SPLIT_MAX_PIECES || !own) continue;
         std::vector<int64_t> at{0};
         at.insert(at.end(), edges.begin(), edges.end());
@@ -6239,7 +6240,7 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
                 }
             };
             fresh(loop.body);
-            for (int acc : set) acc_of[acc] = next_acc++;
+            for (int acc : updated) acc_of[acc] = next_acc++;
             Rewritten done;
             substitute(piece[0].body, [&](const ExprP& e) -> ExprP {
                 auto& to = e->kind == EK::VAR ? var_of : acc_of;
