@@ -5093,21 +5093,31 @@ static int accumulators_used(const std::vector<Stmt>& body) {
     }
     return n;
 }
-static void renumber(std::vector<Stmt>& body, const std::vector<int>& var_of, int acc_offset) {
+// Loop variables and accumulators by new numbers: var_of(v), acc_of(a).
+using Renumbering = std::function<int(int)>;
+static void renumber(std::vector<Stmt>& body, const Renumbering& var_of,
+                     const Renumbering& acc_of) {
     Rewritten done;
     substitute(body, [&](const ExprP& e) -> ExprP {
-        if (e->kind == EK::VAR) return ex_var(var_of[size_t(e->id)]);
-        if (e->kind == EK::ACC) return ex_acc(e->id + acc_offset, e->dtype);
+        if (e->kind == EK::VAR) return ex_var(var_of(e->id));
+        if (e->kind == EK::ACC) return ex_acc(acc_of(e->id), e->dtype);
         return nullptr;
     }, done);
     std::function<void(std::vector<Stmt>&)> ids = [&](std::vector<Stmt>& stmts) {
         for (Stmt& st : stmts) {
-            if (st.kind == SK::LOOP) st.id = var_of[size_t(st.id)];
-            if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) st.id += acc_offset;
+            if (st.kind == SK::LOOP) st.id = var_of(st.id);
+            if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) st.id = acc_of(st.id);
             ids(st.body);
         }
     };
     ids(body);
+}
+// moved after a's: b's variables as var_of says, its accumulators after a's
+static void renumber_after(std::vector<Stmt>& moved, const std::vector<int>& var_of,
+                           const Block& a) {
+    int acc_offset = accumulators_used(a.body);
+    renumber(moved, [&](int v) { return var_of[size_t(v)]; },
+             [&](int acc) { return acc + acc_offset; });
 }
 
 
@@ -5709,7 +5719,7 @@ static void fuse_into(Block& a, Block& b, bool one_after_other) {   // else oute
     }
     std::vector<Stmt>& into = one_after_other ? a.body : a.body[0].body;
     std::vector<Stmt> moved = std::move(one_after_other ? b.body : b.body[0].body);
-    renumber(moved, var_of, accumulators_used(a.body));
+    renumber_after(moved, var_of, a);
     for (Stmt& st : moved) into.push_back(std::move(st));
     if (!one_after_other) fuse_inner_loops(into, a.extents);
     take_title(a, b);
@@ -5741,7 +5751,7 @@ static bool fuse_epilogue(Block& a, const Block& b) {
             a.extents.push_back(b.extents[v]);
         }
     std::vector<Stmt> moved = *ib;
-    renumber(moved, var_of, accumulators_used(a.body));
+    renumber_after(moved, var_of, a);
     for (Stmt& st : moved) ia->push_back(std::move(st));
     take_title(a, b);
     return true;
@@ -6241,23 +6251,13 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
             };
             fresh(loop.body);
             for (int acc : updated) acc_of[acc] = next_acc++;
-            Rewritten done;
-            substitute(piece[0].body, [&](const ExprP& e) -> ExprP {
-                auto& to = e->kind == EK::VAR ? var_of : acc_of;
-                auto it = e->kind == EK::VAR || e->kind == EK::ACC ? to.find(e->id) : to.end();
-                if (it == to.end()) return nullptr;
-                return e->kind == EK::VAR ? ex_var(it->second) : ex_acc(it->second, e->dtype);
-            }, done);
-            std::function<void(std::vector<Stmt>&)> ids = [&](std::vector<Stmt>& in) {
-                for (Stmt& st : in) {
-                    auto& to = st.kind == SK::LOOP ? var_of : acc_of;
-                    bool named = st.kind == SK::LOOP || st.kind == SK::ACC_INIT ||
-                                 st.kind == SK::ACC_UPDATE;
-                    if (named) st.id = to.at(st.id);
-                    ids(st.body);
-                }
+            auto mapped = [](const std::unordered_map<int, int>& to) {   // others keep theirs
+                return [&to](int id) {
+                    auto it = to.find(id);
+                    return it == to.end() ? id : it->second;
+                };
             };
-            ids(piece[0].body);
+            renumber(piece[0].body, mapped(var_of), mapped(acc_of));
             int var = int(extents.size());
             extents.push_back(at[k + 1] - at[k]);
             substitute_var(piece[0].body, loop.id, ix_add(ex_var(var), ix(at[k])));
@@ -7454,7 +7454,7 @@ static const std::string* toolchain_identity(const std::string& cc, const std::s
     if (version.empty() && !may_ask) return nullptr;
     if (version.empty()) version = command_output(cc + " --version", dir, env);
     std::string kept = dir + "/toolchain-" +
-                       hex16(fnv1a64(cc + '\0' + flags + '\0' + version + '\0' + cpu)) +
+                       hex16(fnv1a64_joined({&cc, &flags, &version, &cpu})) +
                        ".macros";
     if (cpu.empty() || !read_file(kept, macros) || macros.empty() || !private_file(kept)) {
         if (!may_ask) return nullptr;
@@ -8321,6 +8321,12 @@ static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>>& re
     static std::unordered_map<std::string, std::shared_ptr<const ReusedProgram>> table;
     return table;
 }
+static std::shared_ptr<const ReusedProgram> remember_program(const std::string& key,
+                                                             std::shared_ptr<ReusedProgram> r) {
+    std::lock_guard<std::mutex> lock(reused_mutex);
+    if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
+    return reused_programs()[key] = std::move(r);
+}
 // The key's bytes, copied in place: an eager step's graph adds some twenty fields a node, and
 // callgrind counted a string append a field as the costliest part of the walk.
 struct KeyBytes {
@@ -8447,9 +8453,7 @@ static std::shared_ptr<const ReusedProgram> keep_program(const std::string& key,
     r->prog = run.prog;
     r->exe = run.exe;
     r->info = last_program_info;
-    std::lock_guard<std::mutex> lock(reused_mutex);
-    if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
-    return reused_programs()[key] = std::move(r);
+    return remember_program(key, std::move(r));
 }
 
 // -- programs kept on disk by the graph's structure: a process that builds a graph that an
@@ -8655,9 +8659,7 @@ static std::shared_ptr<const ReusedProgram> load_lowered(const GraphKey& g, Devi
     r->prog = prog;
     r->exe = dev.prepare_files(p, std::move(files), compile_later);
     if (!r->exe) return nullptr;
-    std::lock_guard<std::mutex> lock(reused_mutex);
-    if (reused_programs().size() >= REUSED_PROGRAMS_MAX) reused_programs().clear();
-    return reused_programs()[g.key] = std::move(r);
+    return remember_program(g.key, std::move(r));
 }
 
 // Steps 1-4 of the pipeline; false where there is nothing to compute.
