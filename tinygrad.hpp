@@ -7383,19 +7383,6 @@ static std::string command_output(const std::string& cmd, const std::string& dir
     return answer + messages;
 }
 
-// What a compiled program depends on besides its source and flags: the compiler's file and
-// the macros the flags predefine (the compiler's version, the instruction sets that
-// -march=native resolved to, the tuning). It joins every cache key, so an upgraded compiler or
-// another machine sharing the cache builds anew. Asked once per process, without running the
-// compiler where it can: the file that the compiler's name finds on PATH is known by its
-// path, size, inode and modification time (as ccache checks a compiler), where `cc --version`
-// would start two processes (about 10 ms, a third of a warm first step). A command with
-// arguments (TG_CC="ccache gcc") or a name not found is asked its --version. The macros
-// (about 15 ms: the preprocessor resolves -march=native) are kept in the cache directory
-// under a key of the compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and
-// flags), so a process that finds them runs no preprocessor. A compiler that fails here
-// fails again, with its message, when it compiles. The questions run as the compiles do
-// (run_compiler), with the job's environment where it has one.
 // A file by its path, size, inode and modification time (a file rebuilt in its place differs);
 // empty where it cannot be read.
 static std::string file_identity(const std::string& path) {
@@ -7437,6 +7424,19 @@ static std::string cpu_identity() {
     }
     return out;
 }
+// What a compiled program depends on besides its source and flags: the compiler's file and
+// the macros the flags predefine (the compiler's version, the instruction sets that
+// -march=native resolved to, the tuning). It joins every cache key, so an upgraded compiler or
+// another machine sharing the cache builds anew. Asked once per process, without running the
+// compiler where it can: the file that the compiler's name finds on PATH is known by its
+// path, size, inode and modification time (as ccache checks a compiler), where `cc --version`
+// would start two processes (about 10 ms, a third of a warm first step). A command with
+// arguments (TG_CC="ccache gcc") or a name not found is asked its --version. The macros
+// (about 15 ms: the preprocessor resolves -march=native) are kept in the cache directory
+// under a key of the compiler, the flags, its identity and the CPU (/proc/cpuinfo's model and
+// flags), so a process that finds them runs no preprocessor. A compiler that fails here
+// fails again, with its message, when it compiles. The questions run as the compiles do
+// (run_compiler), with the job's environment where it has one.
 // Null where that would run the compiler and may_ask is false.
 static const std::string* toolchain_identity(const std::string& cc, const std::string& flags,
                                              const std::string& dir,
