@@ -600,6 +600,26 @@ void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {
     CHECK_EQ(tg::inspect({y}).c_source, std::string(want));
 }
 
+// A panel of y's columns is packed 16 columns at a time: where a row of y holds them, as one
+// copy of a size the C compiler knows (a vector's move, not a call of memcpy) and the
+// panel's last, shorter stretch as one more; where they lie across the rows (a transposed
+// weight, as Linear reads it), in a loop. Both give the bits of the loops.
+TEST(tile_products_pack_columns_of_a_row_as_one_copy) {
+    th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
+    Tensor x = data({32, 40}), w = data({40, 200}, 1), w_out_in = data({200, 40}, 2);
+    Tensor along = x.matmul(w), across = x.matmul(w_out_in.t());
+    for (const Tensor& y : {along, across})
+        CHECK(values({y}, "all")[0] == values({y}, "none")[0]);
+    th::EnvGuard passes("TG_PASSES", "all");
+    std::string c = tg::inspect({along}).c_source;
+    CHECK(c.find("a panel's columns") != std::string::npos);
+    CHECK(c.find(", 16 * sizeof(float));") != std::string::npos);
+    CHECK(c.find(", (col_end - col0 - cb) * sizeof(float));") != std::string::npos);
+    c = tg::inspect({across}).c_source;
+    CHECK(c.find("a panel's columns") != std::string::npos);
+    CHECK(c.find("memcpy") == std::string::npos);
+}
+
 // A sum over rows whose elements lie along the outputs (a bias's gradient) is tiled too:
 // vector sums across the columns, each in its untiled order. A sum along a row is not (its
 // terms would have to be packed across the rows first).
