@@ -1237,7 +1237,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 // of Part C runs once per new program, beside a C compiler call that takes far longer: the
 // scheduler, lowering, most passes, the C renderer, the compiler driver, and plots and
 // safetensors files. Those sections are compiled unoptimized (TG_COLD_BEGIN to TG_COLD_END):
-// the implementation compiles in 12-17% less time and the pipeline runs about 6% longer. What
+// the implementation compiles in 14-20% less time and the pipeline runs about 6% longer. What
 // runs every step (graph building, autograd, realize, replay, the interpreter, the thread pool)
 // and the IR walks the passes spend their time in keep the includer's level (a walk's lambda
 // left unoptimized would be called, not inlined, at every node). TINYGRAD_OPTIMIZE_ALL, or
