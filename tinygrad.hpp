@@ -1231,6 +1231,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 
 // Build time: at -O2 the compiler spends most of this file's time optimizing Part C, and much
@@ -1307,6 +1308,17 @@ struct UserLocScope {
 static std::string env_str(const char* name, const std::string& fallback) {
     const char* v = std::getenv(name);
     return v && *v ? std::string(v) : fallback;
+}
+// This process's id: getpid() is a system call at each use (glibc keeps no copy; a few µs on
+// a virtual machine), and each eager step asks several times. Forgotten in a child at fork().
+static pid_t this_process() {
+    static std::atomic<pid_t> pid{0};
+    static const int forget_at_fork =
+        pthread_atfork(nullptr, nullptr, [] { pid.store(0, std::memory_order_relaxed); });
+    (void)forget_at_fork;
+    pid_t p = pid.load(std::memory_order_relaxed);
+    if (p == 0) pid.store(p = getpid(), std::memory_order_relaxed);
+    return p;
 }
 // A whole number from the environment; anything else is an error, not a silent default.
 static int env_int(const char* name, int fallback, int lo, int hi) {
@@ -7688,7 +7700,7 @@ public:
     void run(int64_t count, int threads, const std::function<void(int64_t)>& task) {
         std::unique_lock<std::mutex> job(job_, std::try_to_lock);
         int helpers = int(std::min<int64_t>(threads, count)) - 1;
-        if (!job.owns_lock() || helpers <= 0 || getpid() != owner_) {
+        if (!job.owns_lock() || helpers <= 0 || this_process() != owner_) {
             for (int64_t c = 0; c < count; c++) task(c);
             return;
         }
@@ -7750,7 +7762,7 @@ private:
     int64_t count_ = 0;
     int helpers_ = 0, job_workers_ = 0;
     bool stop_ = false;
-    pid_t owner_ = getpid();
+    pid_t owner_ = this_process();
 };
 
 // A device's queue on a thread of its own, started at first use. An error is thrown once, by
@@ -7760,7 +7772,7 @@ class ThreadQueue : public WorkQueue {
 public:
     explicit ThreadQueue(Device* dev) : dev_(dev) {}
     uint64_t enqueue(std::function<void()> work) override {
-        if (getpid() != owner_) {
+        if (this_process() != owner_) {
             work();
             return 0;
         }
@@ -7814,13 +7826,16 @@ private:
     uint64_t queued_ = 0, done_ = 0;
     std::exception_ptr error_;
     std::thread thread_;
-    pid_t owner_ = getpid();
+    pid_t owner_ = this_process();
 };
 
-static int thread_count() {
-    unsigned cores = std::thread::hardware_concurrency();
-    return int(env_int("TG_THREADS", cores ? cores : 1, 1, 1024));
+// The machine's cores, asked once: glibc reads /sys/devices/system/cpu/online at each
+// hardware_concurrency() (an open, a read and a close), and an eager step asked at every run.
+static int machine_cores() {
+    static const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    return cores;
 }
+static int thread_count() { return env_int("TG_THREADS", machine_cores(), 1, 1024); }
 
 // The pool and thread count of the programs this thread runs: a CPU:k device's queue thread
 // uses that device's pool, and DataParallel gives each of N devices run at once threads()/N.
@@ -7857,7 +7872,7 @@ public:
     void add(std::weak_ptr<CompiledProgram> program, CompileJob job);
     void finish() {   // until none waits or runs
         std::unique_lock<std::mutex> lock(m_);
-        if (getpid() == owner_) idle_.wait(lock, [&] { return jobs_.empty() && !busy_; });
+        if (this_process() == owner_) idle_.wait(lock, [&] { return jobs_.empty() && !busy_; });
     }
     ~BackgroundBuilds() {
         {
@@ -7867,7 +7882,7 @@ public:
         }
         background_stopping = true;
         wake_.notify_all();
-        if (!worker_ || getpid() != owner_) return;   // a forked child: not its thread
+        if (!worker_ || this_process() != owner_) return;   // a forked child: not its thread
         {
             std::lock_guard<std::mutex> lock(background_compilers_mutex);
             for (pid_t pid : background_compilers) kill(-pid, SIGKILL);
@@ -7886,7 +7901,7 @@ private:
     std::deque<Job> jobs_;
     bool busy_ = false, stopping_ = false;
     std::thread* worker_ = nullptr;
-    pid_t owner_ = getpid();
+    pid_t owner_ = this_process();
     void work();
 };
 static BackgroundBuilds& background_builds() {
@@ -7940,8 +7955,8 @@ struct LaterExecutable : Executable {
 void BackgroundBuilds::add(std::weak_ptr<CompiledProgram> program, CompileJob job) {
     std::lock_guard<std::mutex> lock(m_);
     if (stopping_) return;
-    if (getpid() != owner_) {   // forked: the parent's thread and jobs are not here
-        owner_ = getpid();
+    if (this_process() != owner_) {   // forked: the parent's thread and jobs are not here
+        owner_ = this_process();
         worker_ = nullptr;
         jobs_.clear();
         busy_ = false;
@@ -8091,7 +8106,7 @@ static const int64_t QUICK_MAX_WORK = int64_t(1) << 25;
 // W2 step: 0.76 s of cc in one process). Kernels are noinline either way, so the code, and
 // every result, is the same.
 static int compile_parts(const Program& p) {
-    return p.blocks.size() >= 4 && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
+    return p.blocks.size() >= 4 && machine_cores() >= 2 ? 2 : 1;
 }
 
 // CPU:k (k >= 1) is a device of its own for data parallelism: its buffers are its own
@@ -8856,7 +8871,7 @@ static void finish_in_flight(Device& dev, size_t keep = 0) {
             }
     }
     if (done.empty()) return;
-    if (done.back().owner == getpid()) dev.queue().wait(done.back().event);
+    if (done.back().owner == this_process()) dev.queue().wait(done.back().event);
     for (const InFlight& f : done)
         if (!f.job->outcome->inherited) f.job->outcome->rethrow_if_failed();
 }
@@ -8926,7 +8941,7 @@ static std::shared_ptr<RunOutcome> run_in_flight(Device& dev, const ProgramRun& 
     }
     uint64_t event = dev.queue().enqueue([run = job.get()] { run->run(); });
     std::lock_guard<std::mutex> lock(in_flight_mutex);
-    in_flight.push_back({&dev, event, buffers_made.load(), job, getpid()});
+    in_flight.push_back({&dev, event, buffers_made.load(), job, this_process()});
     return job->outcome;
 }
 

@@ -459,6 +459,30 @@ TEST(threads_after_fork_run_in_the_child) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// The same for an optimizer's step, which the parent runs on its device's queue thread: the
+// child runs it at once (its process id is its own, not the parent's, which it inherited).
+TEST(optimizer_steps_after_fork_run_in_the_child) {
+    EnvGuard sync("TG_SYNC", "0"), small("TG_BACKGROUND_MIN_WORK", "0");
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
+    tg::optim::SGD opt({w}, 0.25);
+    auto step = [&] {
+        opt.zero_grad();
+        (w * w).sum().backward();
+        opt.step();
+        return w.to_vector();
+    };
+    CHECK(step() == std::vector<float>({0.5f, 1.0f, 1.5f}));   // the queue's thread now exists
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(60);
+        _exit(step() == std::vector<float>({0.25f, 0.5f, 0.75f}) ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(step() == std::vector<float>({0.25f, 0.5f, 0.75f}));
+}
+
 // A program of four or more nests compiles as two C files in two compiler processes and one
 // link (where there are two cores): the first file's functions are hidden and declared in the
 // second, which holds tg_program; the results are those of the one-file program. A compile
