@@ -5133,7 +5133,8 @@ static void renumber_after(std::vector<Stmt>& moved, const std::vector<int>& var
 }
 
 
-// The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE).
+// The accumulators a body reads, and those it sets (ACC_INIT, ACC_UPDATE; those it starts:
+// ACC_INIT alone).
 static void accs_read(const Stmt& st, std::unordered_set<int>& read, ExprSet& seen) {
     for (const ExprP* e : {&st.idx, &st.val})
         each_part(*e, seen, [&](const ExprP& part) {
@@ -5149,12 +5150,13 @@ static void accs_read(const std::vector<Stmt>& body, std::unordered_set<int>& re
     ExprSet seen;
     for (const Stmt& st : body) accs_read(st, read, seen);
 }
-static void accs_set(const Stmt& st, std::unordered_set<int>& set) {
-    if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) set.insert(st.id);
-    for (const Stmt& inner : st.body) accs_set(inner, set);
+static void accs_set(const Stmt& st, std::unordered_set<int>& set, bool started = false) {
+    if (st.kind == SK::ACC_INIT || (st.kind == SK::ACC_UPDATE && !started)) set.insert(st.id);
+    for (const Stmt& inner : st.body) accs_set(inner, set, started);
 }
-static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set) {
-    for (const Stmt& st : body) accs_set(st, set);
+static void accs_set(const std::vector<Stmt>& body, std::unordered_set<int>& set,
+                     bool started = false) {
+    for (const Stmt& st : body) accs_set(st, set, started);
 }
 
 // the accumulators that sum trees update or add into others
@@ -6230,28 +6232,29 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
         if (body[p].kind != SK::LOOP) continue;
         split_at_edges(body[p].body, extents, next_acc, false);
         if (outer) continue;
-        const Stmt loop = body[p];
+        const Stmt& loop = body[p];   // until it is erased, after its pieces are made
         int64_t extent = extents[size_t(loop.id)];
         std::set<int64_t> edges = edges_of(loop.body, loop.id, extent);
+        if (edges.empty() || edges.size() + 1 > SPLIT_MAX_PIECES) continue;
         std::unordered_set<int> updated, started;   // accumulators the body sets, and starts
         accs_set(loop.body, updated);
-        std::function<void(const std::vector<Stmt>&)> starts = [&](const std::vector<Stmt>& in) {
-            for (const Stmt& st : in) {
-                if (st.kind == SK::ACC_INIT) started.insert(st.id);
-                starts(st.body);
-            }
-        };
-        starts(loop.body);
-        bool own = std::all_of(updated.begin(), updated.end(),
-                               [&](int acc) { return started.count(acc) > 0; });
-        if (edges.empty() || edges.size() + 1 > SPLIT_MAX_PIECES || !own) continue;
+        accs_set(loop.body, started, true);
+        if (!std::all_of(updated.begin(), updated.end(),
+                         [&](int acc) { return started.count(acc) > 0; }))
+            continue;
         std::vector<int64_t> at{0};
         at.insert(at.end(), edges.begin(), edges.end());
         at.push_back(extent);
+        auto mapped = [](const std::unordered_map<int, int>& to) {   // others keep theirs
+            return [&to](int id) {
+                auto it = to.find(id);
+                return it == to.end() ? id : it->second;
+            };
+        };
         std::vector<Stmt> pieces;
         for (size_t k = 0; k + 1 < at.size(); k++) {
             // each piece's loops and accumulators are its own (a C variable is declared once)
-            std::vector<Stmt> piece{loop};
+            Stmt piece = loop;
             std::unordered_map<int, int> var_of, acc_of;
             std::function<void(const std::vector<Stmt>&)> fresh = [&](const std::vector<Stmt>& in) {
                 for (const Stmt& st : in) {
@@ -6263,18 +6266,12 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
             };
             fresh(loop.body);
             for (int acc : updated) acc_of[acc] = next_acc++;
-            auto mapped = [](const std::unordered_map<int, int>& to) {   // others keep theirs
-                return [&to](int id) {
-                    auto it = to.find(id);
-                    return it == to.end() ? id : it->second;
-                };
-            };
-            renumber(piece[0].body, mapped(var_of), mapped(acc_of));
+            renumber(piece.body, mapped(var_of), mapped(acc_of));
             int var = int(extents.size());
             extents.push_back(at[k + 1] - at[k]);
-            substitute_var(piece[0].body, loop.id, ix_add(ex_var(var), ix(at[k])));
-            piece[0].id = var;
-            pieces.push_back(std::move(piece[0]));
+            substitute_var(piece.body, loop.id, ix_add(ex_var(var), ix(at[k])));
+            piece.id = var;
+            pieces.push_back(std::move(piece));
         }
         body.erase(body.begin() + std::ptrdiff_t(p));
         body.insert(body.begin() + std::ptrdiff_t(p), pieces.begin(), pieces.end());
