@@ -1,8 +1,11 @@
 # make            build every example (in $(BUILD)/examples/, with examples/data/ beside them)
-# make test       build and run every test (one binary; the implementation is compiled once)
+# make test       build and run every test (one binary; the implementation is compiled once),
+#                 then the CUDA tests on the CPU stand-in for the driver and NVRTC (CUDA_ON_CPU=0:
+#                 not; tests/cuda_on_cpu.cpp)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
 #                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
+# make test-cuda-on-cpu  the same on the CPU stand-in for the driver and NVRTC
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make build-time seconds to compile the implementation alone (a tinygrad_impl.cpp) with each
@@ -21,7 +24,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-asan test-subset test-asan-subset fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-cuda-on-cpu test-asan test-subset test-asan-subset fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -60,12 +63,20 @@ $(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygra
 
 # Tests run from the repository root with a fresh, private compile cache, in as many processes
 # as there are cores (tests/run.sh; TG_TEST_PROCESSES=1 for one).
-test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES)
+CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
+CUDA_ON_CPU ?= 1
+STAND_IN    := $(if $(filter 1,$(CUDA_ON_CPU)),$(BUILD)/cuda_on_cpu.so)
+test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES) $(STAND_IN)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
+	TG_TEST_CUDA_ON_CPU=$(if $(STAND_IN),$(abspath $(STAND_IN))) TG_TEST_CUDA_FILES="$(CUDA_TESTS)" \
 	tests/run.sh ./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
 
-CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
+# The CUDA driver API and NVRTC on the CPU, for make test (one library serves as both)
+$(BUILD)/cuda_on_cpu.so: tests/cuda_on_cpu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -fPIC -shared -o $@ $< -ldl
+
 CUDA_GRAPHS ?= 300
 test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
@@ -73,8 +84,14 @@ test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 	TG_CACHE_DIR=$$dir TG_ORACLE_DEVICE=CUDA ./$(BUILD)/oracle 1 $(CUDA_GRAPHS) || rc=1; \
 	rm -rf $$dir; exit $$rc
 
+# the same without a GPU, on the CPU stand-in (slow: every kernel a thread at a time)
+test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
+	@TG_CUDA_LIBRARY=$(abspath $<) TG_NVRTC_LIBRARY=$(abspath $<) \
+	    $(MAKE) --no-print-directory test-cuda
+
 test-asan:
-	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
+	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 \
+	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
 
 # What CI runs under the sanitizers beside make test (all of make test-asan takes about 8
 # minutes on 2 cores): the runtime and cache, the loaders and parsers (fuzz targets), the

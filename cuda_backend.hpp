@@ -9,9 +9,11 @@
        #include "cuda_backend.hpp"
 
    That registers the device "CUDA": TG_DEVICE=CUDA makes it the default, Tensor::to("CUDA")
-   and to("CPU") move data. Build with -ldl only: libcuda.so.1 (the driver) and libnvrtc.so are
-   opened with dlopen at first use, and a machine without them gets a tg::Error that names the
-   library or call that failed.
+   and to("CPU") move data. Build with -ldl only: libcuda.so.1 (the driver, CUDA 12 or later)
+   and libnvrtc.so are opened with dlopen at first use (TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY:
+   other files; make test names tests/cuda_on_cpu.cpp, which carries out their calls on the
+   CPU), and a machine without them gets a tg::Error that names the library or call that
+   failed.
 
    How a program runs on the GPU. Each loop nest of the program (a Block of the loop IR, after
    the CPU's passes less its fusion into row loops) becomes a kernel. Its outer loops, as long
@@ -20,7 +22,9 @@
    thread in the loop IR's order. A nest with few grid items and long reductions gives each
    item a block of threads that split the loops and combine their partial results in a fixed
    tree; a nest without grid loops runs as one kernel per statement; a scatter runs a thread
-   per column. Every order is fixed by the shapes, so results are the same on every run.
+   per column; a matrix product runs a block per tile of outputs through shared memory. Every
+   order is fixed by the shapes, so results are the same on every run. From its second run a
+   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not).
    Bounds checks write the failing site into a small device buffer, which is read back after
    the program; a nest that writes in place starts by looking at it, so a failed check still
    prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
@@ -37,6 +41,8 @@
    Memory: freed buffers return to a cache of blocks by size class and are reused; when an
    allocation fails, the cache is released and the allocation tried again. All work goes to
    one stream of the device, so reusing a block is ordered after the kernels that used it.
+   Copies from the host return while the GPU copies (reads of values wait); Event marks a
+   point in a device's work.
 
    Several GPUs: CUDA:1, CUDA:2, ... (CUDA is CUDA:0), each with its own context, stream and
    queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
@@ -55,6 +61,27 @@ bool available(std::string* why = nullptr);
 bool nvrtc_available(std::string* why = nullptr);
 // Waits until every copy and kernel queued on the CUDA device has finished.
 void synchronize();
+// The GPU's name as the driver gives it, for device CUDA, CUDA:1, ... (a tg::Error as
+// available() describes where there is none)
+std::string gpu_name(const std::string& device = "CUDA");
+
+// A point in a CUDA device's work (seed 002's events): made, it stands for everything queued
+// on the device so far (copies from the host and programs run while the host goes on; reading
+// values waits for them).
+class Event {
+public:
+    explicit Event(const std::string& device = "CUDA");
+    bool done() const;           // that work has finished
+    void synchronize() const;    // waits until it has
+    // work queued on `device` (another GPU) from now on starts after this point
+    void happens_before(const std::string& device) const;
+    // GPU time from `earlier` to this point (waits for both)
+    double milliseconds_since(const Event& earlier) const;
+    struct State;
+
+private:
+    std::shared_ptr<State> state_;
+};
 
 // NCCL: tensors summed across processes, one process per GPU, for DataParallel across
 // machines (seed 000's merge, where a process cannot read another's memory). libnccl.so.2 is
@@ -97,10 +124,14 @@ struct KernelPlan {
     const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
     int64_t items = 1;
     bool cooperative = false;
+    // a matrix product, a block per tile of CUDA_TILE x CUDA_TILE outputs (items: the tiles)
+    bool product = false;
     int64_t blocks() const {
-        return cooperative ? items : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
+        return cooperative || product ? items
+                                      : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     }
 };
+const int CUDA_TILE = 64, CUDA_TILE_TERMS = 16;
 KernelPlan plan_kernel(const Program& program, size_t block, const Block& nest);
 // One kernel launch: nest `block` whole, or one of its statements (part), named k0, k3_1, ...
 struct Launch {
@@ -113,6 +144,8 @@ std::vector<Launch> launches_of(const Program& program);
 // NVRTC's log. name: the file name that line information and messages use.
 std::string nvrtc_compile(const std::string& source, int arch, const std::string& name = "tg.cu",
                           bool debug_info = false);
+// the names of the driver's functions that are looked up in libcuda.so.1
+std::vector<std::string> cuda_driver_symbol_names();
 }  // namespace detail
 }  // namespace tg
 
@@ -133,11 +166,19 @@ namespace detail {
 using CUresult = int;
 using CUdevice = int;
 using CUdeviceptr = unsigned long long;
-using CUhandle = void*;   // CUcontext, CUmodule, CUfunction, CUstream, CUevent
+using CUhandle = void*;   // CUcontext, CUmodule, CUfunction, CUstream, CUevent, CUgraph...
 enum : int {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_READY = 600,
+};
+struct CudaKernelNodeParams {   // CUDA_KERNEL_NODE_PARAMS_v2
+    CUhandle func;
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    void** params;
+    void** extra;
+    CUhandle kernel, context;   // unused: func is set
 };
 
 struct CudaDriver {
@@ -154,6 +195,21 @@ struct CudaDriver {
     CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUhandle);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUhandle);
     CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUhandle, CUdeviceptr, CUhandle, size_t, CUhandle);
+    CUresult (*cuEventCreate)(CUhandle*, unsigned);
+    CUresult (*cuEventRecord)(CUhandle, CUhandle);
+    CUresult (*cuEventQuery)(CUhandle);
+    CUresult (*cuEventSynchronize)(CUhandle);
+    CUresult (*cuEventElapsedTime)(float*, CUhandle, CUhandle);
+    CUresult (*cuEventDestroy)(CUhandle);
+    CUresult (*cuStreamWaitEvent)(CUhandle, CUhandle, unsigned);
+    CUresult (*cuGraphCreate)(CUhandle*, unsigned);
+    CUresult (*cuGraphAddKernelNode)(CUhandle*, CUhandle, const CUhandle*, size_t,
+                                     const CudaKernelNodeParams*);
+    CUresult (*cuGraphInstantiate)(CUhandle*, CUhandle, unsigned long long);
+    CUresult (*cuGraphExecKernelNodeSetParams)(CUhandle, CUhandle, const CudaKernelNodeParams*);
+    CUresult (*cuGraphLaunch)(CUhandle, CUhandle);
+    CUresult (*cuGraphExecDestroy)(CUhandle);
+    CUresult (*cuGraphDestroy)(CUhandle);
     CUresult (*cuModuleLoadData)(CUhandle*, const void*);
     CUresult (*cuModuleGetFunction)(CUhandle*, CUhandle, const char*);
     CUresult (*cuLaunchKernel)(CUhandle, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -205,32 +261,59 @@ static bool open_library(const std::vector<const char*>& names,
 
 #define TG_SYM(table, name, symbol) {symbol, reinterpret_cast<void**>(&table.name)}
 
+// The driver's entry points by the names its library exports (cuda.h maps several calls to a
+// _v2 name), each with its slot in d.
+static std::vector<std::pair<const char*, void**>> cuda_driver_symbols(CudaDriver& d) {
+    return {TG_SYM(d, cuInit, "cuInit"), TG_SYM(d, cuDeviceGetCount, "cuDeviceGetCount"),
+            TG_SYM(d, cuDeviceGet, "cuDeviceGet"),
+            TG_SYM(d, cuDeviceGetAttribute, "cuDeviceGetAttribute"),
+            TG_SYM(d, cuDeviceGetName, "cuDeviceGetName"),
+            TG_SYM(d, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+            TG_SYM(d, cuCtxSetCurrent, "cuCtxSetCurrent"),
+            TG_SYM(d, cuMemAlloc, "cuMemAlloc_v2"), TG_SYM(d, cuMemFree, "cuMemFree_v2"),
+            TG_SYM(d, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+            TG_SYM(d, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+            TG_SYM(d, cuMemsetD8Async, "cuMemsetD8Async"),
+            TG_SYM(d, cuMemcpyPeerAsync, "cuMemcpyPeerAsync"),
+            TG_SYM(d, cuEventCreate, "cuEventCreate"), TG_SYM(d, cuEventRecord, "cuEventRecord"),
+            TG_SYM(d, cuEventQuery, "cuEventQuery"),
+            TG_SYM(d, cuEventSynchronize, "cuEventSynchronize"),
+            TG_SYM(d, cuEventElapsedTime, "cuEventElapsedTime_v2"),
+            TG_SYM(d, cuEventDestroy, "cuEventDestroy_v2"),
+            TG_SYM(d, cuStreamWaitEvent, "cuStreamWaitEvent"),
+            TG_SYM(d, cuGraphCreate, "cuGraphCreate"),
+            TG_SYM(d, cuGraphAddKernelNode, "cuGraphAddKernelNode_v2"),
+            TG_SYM(d, cuGraphInstantiate, "cuGraphInstantiateWithFlags"),
+            TG_SYM(d, cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2"),
+            TG_SYM(d, cuGraphLaunch, "cuGraphLaunch"),
+            TG_SYM(d, cuGraphExecDestroy, "cuGraphExecDestroy"),
+            TG_SYM(d, cuGraphDestroy, "cuGraphDestroy"),
+            TG_SYM(d, cuModuleLoadData, "cuModuleLoadData"),
+            TG_SYM(d, cuModuleGetFunction, "cuModuleGetFunction"),
+            TG_SYM(d, cuLaunchKernel, "cuLaunchKernel"),
+            TG_SYM(d, cuStreamCreate, "cuStreamCreate"),
+            TG_SYM(d, cuStreamSynchronize, "cuStreamSynchronize"),
+            TG_SYM(d, cuGetErrorName, "cuGetErrorName"),
+            TG_SYM(d, cuGetErrorString, "cuGetErrorString")};
+}
+
+std::vector<std::string> cuda_driver_symbol_names() {
+    CudaDriver d;
+    std::vector<std::string> names;
+    for (auto& [name, slot] : cuda_driver_symbols(d)) names.push_back(name);
+    return names;
+}
+
 // The driver, loaded once; null with *why set when it cannot be.
 static const CudaDriver* cuda_driver(std::string* why) {
     static CudaDriver d;
     static std::string failure;
     static bool loaded = [] {
+        std::string named = env_str("TG_CUDA_LIBRARY", "");
         return open_library(
-            {"libcuda.so.1", "libcuda.so"},
-            {TG_SYM(d, cuInit, "cuInit"), TG_SYM(d, cuDeviceGetCount, "cuDeviceGetCount"),
-             TG_SYM(d, cuDeviceGet, "cuDeviceGet"),
-             TG_SYM(d, cuDeviceGetAttribute, "cuDeviceGetAttribute"),
-             TG_SYM(d, cuDeviceGetName, "cuDeviceGetName"),
-             TG_SYM(d, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
-             TG_SYM(d, cuCtxSetCurrent, "cuCtxSetCurrent"),
-             TG_SYM(d, cuMemAlloc, "cuMemAlloc_v2"), TG_SYM(d, cuMemFree, "cuMemFree_v2"),
-             TG_SYM(d, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
-             TG_SYM(d, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
-             TG_SYM(d, cuMemsetD8Async, "cuMemsetD8Async"),
-             TG_SYM(d, cuMemcpyPeerAsync, "cuMemcpyPeerAsync"),
-             TG_SYM(d, cuModuleLoadData, "cuModuleLoadData"),
-             TG_SYM(d, cuModuleGetFunction, "cuModuleGetFunction"),
-             TG_SYM(d, cuLaunchKernel, "cuLaunchKernel"),
-             TG_SYM(d, cuStreamCreate, "cuStreamCreate"),
-             TG_SYM(d, cuStreamSynchronize, "cuStreamSynchronize"),
-             TG_SYM(d, cuGetErrorName, "cuGetErrorName"),
-             TG_SYM(d, cuGetErrorString, "cuGetErrorString")},
-            failure);
+            named.empty() ? std::vector<const char*>{"libcuda.so.1", "libcuda.so"}
+                          : std::vector<const char*>{named.c_str()},
+            cuda_driver_symbols(d), failure);
     }();
     if (!loaded && why) *why = "CUDA: " + failure + "; is the NVIDIA driver installed?";
     return loaded ? &d : nullptr;
@@ -240,8 +323,11 @@ static const Nvrtc* nvrtc(std::string* why) {
     static Nvrtc n;
     static std::string failure;
     static bool loaded = [] {
+        std::string named = env_str("TG_NVRTC_LIBRARY", "");
         bool ok = open_library(
-            {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"},
+            named.empty() ? std::vector<const char*>{"libnvrtc.so", "libnvrtc.so.13",
+                                                     "libnvrtc.so.12"}
+                          : std::vector<const char*>{named.c_str()},
             {TG_SYM(n, nvrtcVersion, "nvrtcVersion"),
              TG_SYM(n, nvrtcCreateProgram, "nvrtcCreateProgram"),
              TG_SYM(n, nvrtcCompileProgram, "nvrtcCompileProgram"),
@@ -397,6 +483,91 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
     return true;
 }
 
+// A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output
+// loops holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add
+// into the one accumulator the epilogue reads. Each block computes a tile of CUDA_TILE rows by
+// CUDA_TILE columns, each thread 4 x 4 of them in registers, from CUDA_TILE_TERMS terms at a
+// time of x and y staged in shared memory. The terms are numbered in the order of the trees
+// (segments: a term and the loops around it), and each output adds them in that order, a
+// partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not
+// kept: a fixed order still, so the bits are the same on every run).
+struct ProductSegment {
+    std::vector<const Stmt*> loops;   // around the term, outermost first
+    ExprP x, y;                       // the term is x·y (fused multiply-add, as in the loops)
+    int64_t terms = 1;
+};
+struct ProductPlan {
+    ProductMatch match;
+    std::vector<ProductSegment> segments;
+    int sum = -1;                     // the accumulator the epilogue reads
+    int64_t rows = 1, cols = 1, terms = 0, outer = 1;
+    int64_t tiles() const {
+        return outer * ((rows + CUDA_TILE - 1) / CUDA_TILE) * ((cols + CUDA_TILE - 1) / CUDA_TILE);
+    }
+};
+static bool product_segments(const std::vector<Stmt>& body, const Block& b, const ProductMatch& m,
+                             std::vector<const Stmt*>& loops, ProductPlan& plan) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::LOOP) {
+            loops.push_back(&st);
+            bool ok = product_segments(st.body, b, m, loops, plan);
+            loops.pop_back();
+            if (!ok) return false;
+            continue;
+        }
+        if (!is_term(st)) continue;   // an accumulator's start, or a sum added into another
+        ProductSegment seg;
+        int x_at = 0;
+        if (st.val->kind != EK::ALU || st.val->op != Op::MUL ||
+            !split_term(st.val, m.rows, m.cols, seg.x, seg.y, x_at) || !seg.x)
+            return false;
+        seg.loops = loops;
+        for (const Stmt* l : loops) seg.terms *= b.extents[size_t(l->id)];
+        plan.terms += seg.terms;
+        plan.segments.push_back(seg);
+    }
+    return true;
+}
+static bool plan_product(const Block& b, ProductPlan& plan) {
+    ProductMatch& m = plan.match;
+    if (!match_product(b, m) || m.rows < 0 || m.column_products) return false;
+    std::unordered_set<int> read, set;
+    accs_read(m.epilogue, read);
+    accs_set(m.trees, set);
+    for (int acc : read)
+        if (set.count(acc)) {
+            if (plan.sum >= 0) return false;   // two sums: not one product
+            plan.sum = acc;
+        }
+    if (plan.sum < 0) return false;
+    // every accumulator of the trees is added into the sum, through the ones it is added into
+    std::unordered_map<int, int> into;
+    std::function<void(const std::vector<Stmt>&)> edges = [&](const std::vector<Stmt>& body) {
+        for (const Stmt& st : body) {
+            if (st.kind == SK::ACC_UPDATE && st.val->kind == EK::ACC) into[st.val->id] = st.id;
+            edges(st.body);
+        }
+    };
+    edges(m.trees);
+    for (int acc : set) {
+        int a = acc;
+        for (size_t hops = 0; a != plan.sum && hops <= set.size(); hops++) {
+            auto next = into.find(a);
+            if (next == into.end()) return false;
+            a = next->second;
+        }
+        if (a != plan.sum) return false;
+    }
+    std::vector<const Stmt*> loops;
+    if (!product_segments(m.trees, b, m, loops, plan) || plan.segments.empty()) return false;
+    plan.rows = b.extents[size_t(m.rows)];
+    plan.cols = b.extents[size_t(m.cols)];
+    for (int v : m.loops)
+        if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
+    return plan.outer * plan.rows * plan.cols * plan.terms >=
+           env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX);
+}
+
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     KernelPlan plan;
     plan.body = &b.body;
@@ -429,6 +600,13 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
         plan.grid.push_back(&body[0].body[0]);
         plan.items = b.extents[size_t(body[0].body[0].id)];
         plan.body = &body[0].body[0].body;
+        return plan;
+    }
+    ProductPlan product;
+    if (!arrays && plan.values.empty() && plan_product(b, product) &&
+        product.match.loops.size() == plan.grid.size()) {
+        plan.product = true;
+        plan.items = product.tiles();
         return plan;
     }
     std::unordered_map<int, DType> accs;
@@ -602,6 +780,101 @@ static std::string cuda_prelude(const std::string& body) {
     return out;
 }
 
+// The body of a product's kernel (see ProductPlan). Threads load the tiles' terms so that
+// neighbours read neighbouring addresses where an operand lies along the rows (x) or columns
+// (y); a term past the last, or a row or column past the end, is 0.
+static std::string render_product(const Block& b, int& next_tmp) {
+    ProductPlan plan;
+    if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
+    const ProductMatch& m = plan.match;
+    const int T = CUDA_TILE, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
+    long long M = plan.rows, N = plan.cols, K = plan.terms;
+    long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
+    std::string out = strf("    __shared__ float xs[%d][%d], ys[%d][%d];\n", KT, T + 4, KT, T + 4);
+    out += strf("    int64_t t = blockIdx.x;\n    const int64_t r0 = t %% %lldLL * %d;\n"
+                "    t /= %lldLL;\n    const int64_t c0 = t %% %lldLL * %d;\n    t /= %lldLL;\n",
+                row_tiles, T, row_tiles, col_tiles, T, col_tiles);
+    for (size_t l = m.loops.size(); l-- > 0;) {
+        int v = m.loops[l];
+        if (v == m.rows || v == m.cols) continue;
+        long long n = (long long)b.extents[size_t(v)];
+        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", v, n, n);
+    }
+    out += strf("    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n"
+                "    float part[%d][%d], total[%d][%d];\n"
+                "    for (int a = 0; a < %d; a++)\n"
+                "        for (int c = 0; c < %d; c++) part[a][c] = total[a][c] = 0.0f;\n",
+                R, R, R, R, R, R);
+    // an operand's value for term f (the segment's loops from it), in `to`
+    auto operand = [&](bool x, const std::string& to, const std::string& pad) {
+        std::string code;
+        int64_t first = 0;
+        for (size_t s = 0; s < plan.segments.size(); s++) {
+            const ProductSegment& seg = plan.segments[s];
+            bool last = s + 1 == plan.segments.size();
+            code += pad + (s ? "} else " : "") +
+                    (last ? "{\n" : strf("if (f < %lldLL) {\n", (long long)(first + seg.terms)));
+            code += pad + strf("    int64_t l = f - %lldLL;\n", (long long)first);
+            for (size_t i = seg.loops.size(); i-- > 0;) {
+                int id = seg.loops[i]->id;
+                long long e = (long long)b.extents[size_t(id)];
+                code += pad + strf("    int64_t i%d = l %% %lldLL;\n", id, e) + pad +
+                        "    l /= " + strf("%lldLL;\n", e);
+            }
+            code += pad + "    (void)l;\n";
+            CExprs cx{{}, next_tmp};
+            const ExprP& e = x ? seg.x : seg.y;
+            code += cx.declare_shared({e}, pad + "    ");
+            code += pad + "    " + to + " = " + cx.str(e) + ";\n";
+            first += seg.terms;
+        }
+        return code + pad + "}\n";
+    };
+    const ProductSegment& first = plan.segments[0];
+    int inner = first.loops.empty() ? -1 : first.loops.back()->id;
+    bool x_by_rows = read_along(first.x, m.rows) && (inner < 0 || !read_along(first.x, inner));
+    bool y_by_cols = read_along(first.y, m.cols) || inner < 0 || !read_along(first.y, inner);
+    out += strf("    for (int64_t k0 = 0; k0 < %lldLL; k0 += %d) {\n", K, KT);
+    for (int x = 1; x >= 0; x--) {   // x's tile, then y's
+        bool along = x ? x_by_rows : y_by_cols;
+        int var = x ? m.rows : m.cols;
+        const char* base = x ? "r0" : "c0";
+        long long n = x ? M : N;
+        out += strf("        for (int e = threadIdx.x; e < %d; e += %d) {\n", T * KT,
+                    CUDA_BLOCK_THREADS);
+        out += along ? strf("            int o = e %% %d, kk = e / %d;\n", T, T)
+                     : strf("            int o = e / %d, kk = e %% %d;\n", KT, KT);
+        out += strf("            int64_t i%d = %s + o, f = k0 + kk;\n", var, base);
+        out += "            float v = 0.0f;\n";
+        out += strf("            if (i%d < %lldLL && f < %lldLL) {\n", var, n, K);
+        out += operand(x, "v", "                ");
+        out += "            }\n";
+        out += strf("            %s[kk][o] = v;\n", x ? "xs" : "ys");
+        out += "        }\n";
+    }
+    out += "        __syncthreads();\n";
+    out += strf("        for (int kk = 0; kk < %d; kk++) {\n", KT);
+    out += strf("            float xv[%d], yv[%d];\n", R, R);
+    out += strf("            for (int a = 0; a < %d; a++) xv[a] = xs[kk][ty + 16 * a];\n", R);
+    out += strf("            for (int c = 0; c < %d; c++) yv[c] = ys[kk][tx + 16 * c];\n", R);
+    out += strf("            for (int a = 0; a < %d; a++)\n"
+                "                for (int c = 0; c < %d; c++)\n"
+                "                    part[a][c] = fmaf(xv[a], yv[c], part[a][c]);\n"
+                "        }\n        __syncthreads();\n", R, R);
+    out += strf("        for (int a = 0; a < %d; a++)\n"
+                "            for (int c = 0; c < %d; c++) {\n"
+                "                total[a][c] += part[a][c];\n"
+                "                part[a][c] = 0.0f;\n            }\n    }\n", R, R);
+    out += strf("    for (int a = 0; a < %d; a++)\n        for (int c = 0; c < %d; c++) {\n", R, R);
+    out += strf("            const int64_t i%d = r0 + ty + 16 * a, i%d = c0 + tx + 16 * c;\n",
+                m.rows, m.cols);
+    out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M, m.cols, N);
+    out += strf("            float acc%d = total[a][c];\n", plan.sum);
+    c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);
+    out += "        }\n";
+    return out;
+}
+
 std::string render_cuda(const Program& p) {
     std::string out;
     for (const Launch& launch : launches_of(p)) {
@@ -620,6 +893,11 @@ std::string render_cuda(const Program& p) {
         if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
             out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
                    "    __syncthreads();\n    if (failed) return;\n";
+        int next_tmp = 0;
+        if (plan.product) {
+            out += render_product(b, next_tmp) + "}\n";
+            continue;
+        }
         if (plan.cooperative)
             out += "    int64_t t = blockIdx.x;\n";
         else
@@ -636,7 +914,6 @@ std::string render_cuda(const Program& p) {
             }
         }
         if (arrays.count(-1)) out += "    " + arrays[-1];
-        int next_tmp = 0;
         for (const Stmt* v : plan.values) c_stmts({*v}, b.extents, arrays, 1, next_tmp, out);
         int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
         if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
@@ -759,6 +1036,7 @@ public:
     }
     CUhandle stream() { driver(); return stream_; }
     int arch() { driver(); return arch_; }
+    std::string gpu_name() { driver(); return gpu_name_; }
 
     void* alloc(size_t bytes) override {
         const CudaDriver& d = driver();
@@ -792,11 +1070,12 @@ public:
         free_.insert({it->second, p});
         sizes_.erase(it);
     }
+    // Returns while the GPU copies: from pageable memory, cuMemcpyHtoDAsync returns once src
+    // has been staged (CUDA's documented behaviour), so the caller may free it.
     void copy_in(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         const CudaDriver& d = driver();
         check(d.cuMemcpyHtoDAsync(CUdeviceptr(dst), src, bytes, stream_), "cuMemcpyHtoDAsync");
-        check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");   // src may go away
     }
     void copy_out(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
@@ -805,17 +1084,38 @@ public:
         check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
     }
     // To another GPU: a peer copy (through the host only where the two cannot reach each
-    // other, which the driver handles); to host memory: straight into it.
+    // other, which the driver handles) on this device's stream, after the work queued on the
+    // other (which may still read dst) and before the work queued there next; the host goes
+    // on. To host memory: straight into it.
     void copy_to(Device& to, void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         if (to.host_memory()) return copy_out(dst, src, bytes);
         auto* gpu = dynamic_cast<CudaDevice*>(&to);
         if (!gpu) return Device::copy_to(to, dst, src, bytes);
-        CUhandle dst_context = gpu->context();
+        gpu->happens_before(*this);
         const CudaDriver& d = driver();
-        check(d.cuMemcpyPeerAsync(CUdeviceptr(dst), dst_context, CUdeviceptr(src), context_,
+        check(d.cuMemcpyPeerAsync(CUdeviceptr(dst), gpu->context(), CUdeviceptr(src), context_,
                                   bytes, stream_), "cuMemcpyPeerAsync");
-        check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+        happens_before(*gpu);
+    }
+    // An event at the end of the work queued so far (timing: for Event's milliseconds_since).
+    CUhandle record(bool timing = false) {
+        const CudaDriver& d = driver();
+        CUhandle event = nullptr;
+        check(d.cuEventCreate(&event, timing ? 0 : 2 /* CU_EVENT_DISABLE_TIMING */),
+              "cuEventCreate");
+        check(d.cuEventRecord(event, stream_), "cuEventRecord");
+        return event;
+    }
+    // this device's work queued from now on waits for the event
+    void wait(CUhandle event) {
+        check(driver().cuStreamWaitEvent(stream_, event, 0), "cuStreamWaitEvent");
+    }
+    // other's work queued from now on waits for this device's work queued so far
+    void happens_before(CudaDevice& other) {
+        CUhandle event = record();
+        other.wait(event);
+        check(driver().cuEventDestroy(event), "cuEventDestroy");   // freed once it has happened
     }
     void synchronize() { check(driver().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
     CUhandle context() { driver(); return context_; }
@@ -864,6 +1164,9 @@ private:
         check(d_->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
               "cuDeviceGetAttribute");
         arch_ = major * 10 + minor;
+        char gpu[256] = {};
+        check(d_->cuDeviceGetName(gpu, sizeof gpu - 1, dev), "cuDeviceGetName");
+        gpu_name_ = gpu;
         check(d_->cuDevicePrimaryCtxRetain(&context_, dev), "cuDevicePrimaryCtxRetain");
         check(d_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
         check(d_->cuStreamCreate(&stream_, 0), "cuStreamCreate");
@@ -877,6 +1180,7 @@ private:
     const CudaDriver* d_ = nullptr;
     CUhandle context_ = nullptr, stream_ = nullptr;
     int arch_ = 0;
+    std::string gpu_name_;
     std::multimap<size_t, CUdeviceptr> free_;          // cached blocks by size class
     std::unordered_map<CUdeviceptr, size_t> sizes_;    // blocks in use
 };
@@ -886,15 +1190,40 @@ static CudaDevice& cuda_device() {
     return *device;
 }
 
+// A program's kernels. From its second run on, a program without TG_CHECK's scans (which stop
+// it part-way) runs as one CUDA graph of its launches: one call from the host for the whole
+// program (a jitted training step), where the first run's launches cost a call each. Where a
+// run's buffers differ from the graph's (a jitted step's new inputs), the kernels that take
+// them have their arguments set again; nothing is recorded twice. TG_CUDA_GRAPHS=0: never.
 struct CudaProgram : Executable {
     CudaDevice& dev;
     CUhandle module = nullptr;
     std::vector<CudaKernel> kernels;
     void* err_buffer;   // int64_t[2] on the device
+    bool scans = false;
+    int64_t runs = 0;
+    CUhandle graph = nullptr, graph_exec = nullptr;
+    std::vector<CUhandle> nodes;                // per kernel (null: none, its grid is empty)
+    std::vector<std::vector<void*>> graph_args;  // per kernel, the arguments in its node
+    std::mutex graph_mutex;
     explicit CudaProgram(CudaDevice& d) : dev(d), err_buffer(d.alloc(16)) {}
-    ~CudaProgram() override { dev.free(err_buffer); }
+    ~CudaProgram() override {
+        if (graph_exec) dev.driver().cuGraphExecDestroy(graph_exec);
+        if (graph) dev.driver().cuGraphDestroy(graph);
+        dev.free(err_buffer);
+    }
 
-    // params: a pointer to each argument's value, as cuLaunchKernel takes them
+    std::vector<void*> args_of(const CudaKernel& k, void* const* buffers) {
+        std::vector<void*> args;
+        for (int b : k.buffers) args.push_back(buffers[b]);
+        args.push_back(err_buffer);
+        return args;
+    }
+    static std::vector<void*> params_of(std::vector<void*>& args) {
+        std::vector<void*> params;   // a pointer to each argument's value, as CUDA takes them
+        for (void*& a : args) params.push_back(&a);
+        return params;
+    }
     void launch(CUhandle fn, int64_t blocks, std::vector<void*> params) {
         if (blocks == 0) return;   // a nest over an empty tensor
         dev.check(dev.driver().cuLaunchKernel(fn, unsigned(blocks), 1, 1, CUDA_BLOCK_THREADS, 1,
@@ -908,17 +1237,63 @@ struct CudaProgram : Executable {
         dev.check(d.cuStreamSynchronize(dev.stream()), "cuStreamSynchronize (a kernel failed)");
         return err[0] != 0;
     }
+    CudaKernelNodeParams node_params(const CudaKernel& k, std::vector<void*>& params) {
+        CudaKernelNodeParams n{};
+        n.func = k.fn;
+        n.grid_x = unsigned(k.blocks);
+        n.grid_y = n.grid_z = n.block_y = n.block_z = 1;
+        n.block_x = CUDA_BLOCK_THREADS;
+        n.params = params.data();
+        return n;
+    }
+    // the graph of the kernels, made at the first call, its arguments set to these buffers
+    void launch_graph(void* const* buffers) {
+        const CudaDriver& d = dev.driver();
+        std::lock_guard<std::mutex> lock(graph_mutex);
+        if (!graph_exec) {
+            dev.check(d.cuGraphCreate(&graph, 0), "cuGraphCreate");
+            CUhandle previous = nullptr;
+            for (const CudaKernel& k : kernels) {
+                graph_args.push_back(args_of(k, buffers));
+                nodes.push_back(nullptr);
+                if (k.blocks == 0) continue;
+                std::vector<void*> params = params_of(graph_args.back());
+                CudaKernelNodeParams n = node_params(k, params);
+                dev.check(d.cuGraphAddKernelNode(&nodes.back(), graph, &previous, previous ? 1 : 0,
+                                                 &n),
+                          "cuGraphAddKernelNode");
+                previous = nodes.back();
+            }
+            dev.check(d.cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
+        } else {
+            for (size_t i = 0; i < kernels.size(); i++) {
+                std::vector<void*> args = args_of(kernels[i], buffers);
+                if (!nodes[i] || args == graph_args[i]) continue;
+                graph_args[i] = args;
+                std::vector<void*> params = params_of(graph_args[i]);
+                CudaKernelNodeParams n = node_params(kernels[i], params);
+                dev.check(d.cuGraphExecKernelNodeSetParams(graph_exec, nodes[i], &n),
+                          "cuGraphExecKernelNodeSetParams");
+            }
+        }
+        dev.check(d.cuGraphLaunch(graph_exec, dev.stream()), "cuGraphLaunch");
+    }
     void run(void* const* buffers, int64_t* err) override {
         const CudaDriver& d = dev.driver();
         dev.check(d.cuMemsetD8Async(CUdeviceptr(err_buffer), 0, 16, dev.stream()),
                   "cuMemsetD8Async");
+        if (!scans && runs++ > 0 && env_int("TG_CUDA_GRAPHS", 1, 0, 1)) {
+            launch_graph(buffers);
+            {
+                std::lock_guard<std::mutex> lock(runtime_mutex);
+                global_stats.graph_runs++;
+            }
+            read_err(err);
+            return;
+        }
         for (const CudaKernel& k : kernels) {
-            std::vector<void*> args;
-            for (int b : k.buffers) args.push_back(buffers[b]);
-            args.push_back(err_buffer);
-            std::vector<void*> params;
-            for (void*& a : args) params.push_back(&a);
-            launch(k.fn, k.blocks, params);
+            std::vector<void*> args = args_of(k, buffers);
+            launch(k.fn, k.blocks, params_of(args));
             if (!k.finite_scan) continue;
             void *x = buffers[k.finite_buffer], *e = err_buffer;
             int site = k.finite_site;
@@ -952,6 +1327,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;
         if (b.finite_site >= 0) {
+            exe->scans = true;
             bool f32 = p.buffers[size_t(b.finite_buffer)].dtype == DType::FLOAT32;
             check(d.cuModuleGetFunction(&kernel.finite_scan, exe->module,
                                         f32 ? "tg_finite_float" : "tg_finite_double"),
@@ -1021,6 +1397,50 @@ bool available(std::string* why) {
 }
 bool nvrtc_available(std::string* why) { return detail::nvrtc(why) != nullptr; }
 void synchronize() { detail::cuda_device().synchronize(); }
+static detail::CudaDevice& cuda_device_named(const char* what, const std::string& name) {
+    auto* gpu = dynamic_cast<detail::CudaDevice*>(&detail::device(name));
+    if (!gpu) detail::fail(std::string(what) + ": " + name + " is not a CUDA device");
+    return *gpu;
+}
+std::string gpu_name(const std::string& device_name) {
+    return cuda_device_named("gpu_name", device_name).gpu_name();
+}
+
+struct Event::State {
+    detail::CudaDevice* dev = nullptr;
+    detail::CUhandle event = nullptr;
+    ~State() {
+        if (event) dev->driver().cuEventDestroy(event);
+    }
+};
+Event::Event(const std::string& device_name) : state_(std::make_shared<State>()) {
+    detail::CudaDevice& dev = cuda_device_named("Event", device_name);
+    state_->event = dev.record(/*timing=*/true);
+    state_->dev = &dev;
+}
+bool Event::done() const {
+    detail::CudaDevice& dev = *state_->dev;
+    detail::CUresult r = dev.driver().cuEventQuery(state_->event);
+    if (r == detail::CUDA_ERROR_NOT_READY) return false;
+    dev.check(r, "cuEventQuery");
+    return true;
+}
+void Event::synchronize() const {
+    state_->dev->check(state_->dev->driver().cuEventSynchronize(state_->event),
+                       "cuEventSynchronize");
+}
+void Event::happens_before(const std::string& device_name) const {
+    cuda_device_named("Event::happens_before", device_name).wait(state_->event);
+}
+double Event::milliseconds_since(const Event& earlier) const {
+    synchronize();
+    earlier.synchronize();
+    float ms = 0;
+    state_->dev->check(state_->dev->driver().cuEventElapsedTime(&ms, earlier.state_->event,
+                                                                 state_->event),
+                       "cuEventElapsedTime");
+    return ms;
+}
 
 std::string nccl_unique_id() {
     const detail::NcclLibrary& lib = detail::nccl_library();

@@ -155,12 +155,16 @@
                  3 + loop IR before and after the passes       4 + the generated C source
                  (CUDA: NAME-HASH.cu, and at 4 kernels with debug and line information)
    TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
+   TG_CUDA_GRAPHS  CUDA: 0 runs each program kernel by kernel (default 1: from its second
+                 run, as one CUDA graph)
+   TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
+                 libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
                  dead_stores,first_write,order_nests,local_temps,tile_products,
                  sum_lanes,split_at_edges,parallel_loops,plan_memory); default all;
                  none runs the IR as lowered (to bisect a wrong result to a pass)
-   TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles
-                 (default 32768; the oracle uses 1 to tile every product it makes)
+   TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles, on the
+                 CPU and on CUDA (default 32768; the oracle uses 1 to tile every product)
    TG_THREADS    threads for nests whose outer iterations write disjoint parts (default:
                  the machine's cores); results are the same bits for any count
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
@@ -647,6 +651,8 @@ struct Stats {                  // process-wide counters since start
     // programs_run that ran in the background: optimizer steps (TG_SYNC) and parameters'
     // initializers that needed a compile
     int64_t background_runs = 0;
+    // programs_run that a device ran as one recorded graph of its kernels (CUDA graphs)
+    int64_t graph_runs = 0;
 };
 Stats stats();
 // Waits until the optimized builds of quick-built programs, made in the background, are

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -87,6 +88,9 @@ std::vector<std::string> compile_all(const std::vector<std::pair<std::string, st
 }
 
 bool gpu(std::string* why = nullptr) { return tg::cuda::available(why); }
+// make test runs the CUDA tests a second time on tests/cuda_on_cpu.cpp, the driver API and
+// NVRTC on the CPU
+bool stand_in() { return gpu() && tg::cuda::gpu_name().find("cuda_on_cpu") != std::string::npos; }
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
@@ -238,6 +242,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
 TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
     std::string why;
     if (!tg::cuda::nvrtc_available(&why)) SKIP("NVRTC is absent: " + why);
+    if (stand_in()) SKIP("NVRTC is the CPU stand-in, whose compiler ran every program already");
     CHECK(collecting);
     // a few programs of its own, so that it compiles something when run alone
     Tensor x = Tensor::randn({16, 8}, 3).requires_grad();
@@ -291,6 +296,84 @@ TEST(cuda_ops_and_gradients_match_the_cpu) {
     CHECK(cuda == run("CUDA"));   // the same bits on every run
 }
 
+// Long reductions over few items run a block of threads per item (plan_kernel's cooperative
+// nests): sums and maxima by rows, over everything, over two axes, in a product with a long
+// inner axis, in softmax's forward and backward, and in integers.
+TEST(cuda_block_reductions_match_the_cpu) {
+    NEED_GPU();
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor x = Tensor::from_vector(th::randf(3 * 1000, 21), {3, 1000}).requires_grad();
+        Tensor y = Tensor::from_vector(th::randf(2 * 3 * 700, 22), {2, 3, 700});
+        Tensor a = Tensor::from_vector(th::randf(2 * 3000, 23), {2, 3000});
+        Tensor b = Tensor::from_vector(th::randf(3000 * 3, 24), {3000, 3});
+        Tensor i = Tensor::from_vector(th::randi(4097, 25, -50, 50), {4097});
+        Tensor loss = (x.softmax(-1) * x).sum();
+        loss.backward();
+        std::vector<float> out;
+        for (const Tensor& t : {x.sum(1), x.max(1).values, x.min(1).values, x.sum(),
+                                y.sum(std::vector<int>{1, 2}), a.matmul(b), loss, x.grad(),
+                                i.sum().cast(tg::DType::FLOAT32),
+                                i.max().cast(tg::DType::FLOAT32)})
+            for (float v : values(t)) out.push_back(v);
+        return out;
+    };
+    std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == run("CUDA"));
+}
+
+// Matrix products run a block per 64 x 64 tile of outputs through shared memory (plan_kernel's
+// products): sizes that leave partial tiles, a batch, operands read across their rows (x.t(),
+// a Linear's weight), an epilogue (bias and GELU) and a Linear's gradients; the same bits on
+// every run. The plan is checked on every machine, the values where a GPU (or the stand-in) is.
+TEST(cuda_products_run_in_tiles_through_shared_memory) {
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor a = Tensor::from_vector(th::randf(100 * 300, 31), {100, 300});
+        Tensor b = Tensor::from_vector(th::randf(300 * 70, 32), {300, 70});
+        Tensor c = Tensor::from_vector(th::randf(3 * 40 * 50, 33), {3, 40, 50});
+        Tensor d = Tensor::from_vector(th::randf(3 * 50 * 20, 34), {3, 50, 20});
+        tg::manual_seed(4);
+        tg::nn::Linear lin(300, 90);
+        Tensor h = lin(a).gelu(true);
+        Tensor loss = (h * h).mean();
+        loss.backward();
+        std::vector<float> out;
+        for (const Tensor& t : {a.matmul(b), c.matmul(d), b.t().matmul(a.t()), h, loss,
+                                lin.weight.grad(), lin.bias.grad()})
+            for (float v : values(t)) out.push_back(v);
+        return out;
+    };
+    {   // the passes CudaDevice runs (runs_pass), on whichever device this run uses
+        EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
+                                     "order_nests,parallel_loops,plan_memory");
+        run(tg::detail::default_device().name());
+    }
+    tg::detail::program_observer() = saved;
+    std::vector<float> cpu = run("CPU");
+    int products = 0;
+    for (const tg::detail::Program& p : programs)
+        for (const auto& l : tg::detail::launches_of(p)) {
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
+            products += plan.product;
+            if (!plan.product) continue;
+            std::string cu = tg::detail::render_cuda(p);
+            CHECK(cu.find("__shared__ float xs[16][68], ys[16][68];") != std::string::npos);
+            if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
+                CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
+        }
+    CHECK_EQ(products, 6);   // the 3 products, the Linear's forward, its input's and weight's gradients
+    std::string why;
+    if (!gpu(&why)) SKIP("no GPU for the values: " + why);
+    std::vector<float> cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == run("CUDA"));
+}
+
 // Integer min is -max(-x): CUDA 13.0's ptxas lost the negations in such a loop (found by the
 // oracle, graph 1169) until integer max became a call.
 TEST(cuda_integer_min_and_max_match_the_cpu) {
@@ -315,6 +398,16 @@ TEST(cuda_failed_check_is_an_error_and_skips_in_place_writes) {
     Tensor bad = Tensor::from_vector(std::vector<int32_t>{1, 9, 0, 2});
     CHECK_THROWS(w.assign(w + w.gather(0, bad)).realize(), "gather", "got 9", "test_cuda.cpp");
     CHECK_ALL_NEAR(values(w), (std::vector<float>{1, 2, 3, 4}), 0);
+    // one program run three times: its kernels, then as a CUDA graph, then failing as one
+    int64_t graphs = tg::stats().graph_runs;
+    Tensor good = Tensor::from_vector(std::vector<int32_t>{3, 2, 1, 0});
+    auto step = [&](const Tensor& idx) { w.assign(w + w.gather(0, idx)).realize(); };
+    step(good);
+    step(good);
+    CHECK_ALL_NEAR(values(w), (std::vector<float>{10, 10, 10, 10}), 0);
+    CHECK_THROWS(step(bad), "gather", "got 9");
+    CHECK_ALL_NEAR(values(w), (std::vector<float>{10, 10, 10, 10}), 0);
+    CHECK(tg::stats().graph_runs >= graphs + 2);
     EnvGuard check("TG_CHECK", "1");
     CHECK_THROWS((w.log() - 2 * w.log()).sqrt().realize(), "NaN");
 }
@@ -358,6 +451,91 @@ TEST(cuda_debug_keeps_the_cu_source) {
     if (std::system(("rm -rf " + dir).c_str()) != 0) th::report(__FILE__, __LINE__, "rm failed");
 }
 
+// A jitted step replays as one CUDA graph from its second run; new inputs (other buffers) set
+// the arguments of the kernels that read them. The same bits as launches one by one.
+TEST(cuda_jitted_steps_replay_as_one_graph) {
+    NEED_GPU();
+    auto train = [](const char* graphs) {
+        EnvGuard dev("TG_DEVICE", "CUDA"), g("TG_CUDA_GRAPHS", graphs);
+        Tensor X = Tensor::from_vector(th::randf(48 * 10, 5), {48, 10});
+        Tensor Y = Tensor::from_vector(th::randi(48, 6, 0, 3), {48});
+        tg::manual_seed(3);
+        tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
+        tg::optim::Adam opt(mlp.parameters(), 0.01);
+        tg::Jit step([&](const std::vector<Tensor>& in) {
+            Tensor loss = tg::nn::cross_entropy(mlp(in[0]), in[1]);
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+            return loss;
+        });
+        int64_t before = tg::stats().graph_runs;
+        std::vector<float> out;
+        std::vector<Tensor> kept;   // each batch in buffers of its own
+        for (int s = 0; s < 6; s++) {   // the same batch twice, then others
+            int b = s < 2 ? 0 : s % 3;
+            kept.push_back(X.slice(0, 16 * b, 16 * b + 16).contiguous().realize());
+            kept.push_back(Y.slice(0, 16 * b, 16 * b + 16).contiguous().realize());
+            out.push_back(float(step({kept[kept.size() - 2], kept.back()}).item()));
+        }
+        for (const Tensor& p : mlp.parameters())
+            for (float v : values(p)) out.push_back(v);
+        out.push_back(float(tg::stats().graph_runs - before));
+        return out;
+    };
+    std::vector<float> launches = train("0"), graphs = train("1");
+    CHECK_EQ(launches.back(), 0.0f);
+    CHECK(graphs.back() >= 5);   // the 5 replays (programs run again may add more)
+    launches.pop_back();
+    graphs.pop_back();
+    CHECK(graphs == launches);
+}
+
+// Events stand for the work queued so far; copies between GPUs are ordered by them.
+TEST(cuda_events_order_and_time_the_work) {
+    NEED_GPU();
+    tg::cuda::Event start;
+    Tensor x = Tensor::from_vector(th::randf(4096, 8), {64, 64}).to("CUDA");
+    Tensor y = (x.matmul(x) + 1).realize();
+    tg::cuda::Event end;
+    end.synchronize();
+    CHECK(end.done());
+    CHECK(end.milliseconds_since(start) >= 0);
+    CHECK_THROWS(tg::cuda::Event("CPU"), "Event: CPU is not a CUDA device");
+    bool two = true;
+    try {
+        tg::cuda::gpu_name("CUDA:1");
+    } catch (const tg::Error&) {
+        two = false;
+    }
+    if (!two) SKIP("one GPU: copies between GPUs need two");
+    end.happens_before("CUDA:1");
+    Tensor z = (y.to("CUDA:1") * 2).to("CUDA") - y * 2;   // there and back, in order
+    CHECK_ALL_NEAR(values(z), std::vector<float>(4096, 0.0f), 0);
+}
+
+// The driver's entry points as the toolkit's stub library names them (the GPU's driver
+// exports the same names): a misspelt or removed name fails here, without a GPU.
+TEST(cuda_driver_entry_points_are_in_the_toolkits_stub_library) {
+    std::string stub;
+    for (const char* dir : {"/usr/local/cuda/lib64/stubs", "/usr/local/cuda/lib/stubs"}) {
+        std::string path = std::string(dir) + "/libcuda.so";
+        if (FILE* f = std::fopen(path.c_str(), "rb")) {
+            std::fclose(f);
+            stub = path;
+            break;
+        }
+    }
+    if (stub.empty()) SKIP("no CUDA toolkit in /usr/local/cuda (its stub libcuda.so)");
+    void* lib = dlopen(stub.c_str(), RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != nullptr);
+    if (!lib) return;
+    for (const std::string& name : tg::detail::cuda_driver_symbol_names())
+        if (!dlsym(lib, name.c_str())) th::report(__FILE__, __LINE__, stub + " has no " + name);
+    CHECK(tg::detail::cuda_driver_symbol_names().size() >= 30);
+    dlclose(lib);
+}
+
 // ---- several GPUs and NCCL --------------------------------------------------------------------
 
 TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
@@ -394,6 +572,7 @@ TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
 // rank runs the path that sums across processes, changing nothing.
 TEST(cuda_data_parallel_with_a_one_rank_nccl) {
     NEED_GPU();
+    if (stand_in()) SKIP("NCCL needs a GPU, not the CPU stand-in");
     auto train = [](bool nccl, bool dp) {
         EnvGuard dev("TG_DEVICE", "CUDA");
         Tensor X = Tensor::from_vector(th::randf(64 * 10, 3), {64, 10});
