@@ -124,14 +124,14 @@ struct KernelPlan {
     const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
     int64_t items = 1;
     bool cooperative = false;
-    // a matrix product, a block per tile of CUDA_TILE x CUDA_TILE outputs (items: the tiles)
+    // a matrix product, a block per square tile of outputs (items: the tiles)
     bool product = false;
     int64_t blocks() const {
         return cooperative || product ? items
                                       : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     }
 };
-const int CUDA_TILE = 64, CUDA_TILE_TERMS = 16;
+const int CUDA_TILE_TERMS = 16;
 KernelPlan plan_kernel(const Program& program, size_t block, const Block& nest);
 // One kernel launch: nest `block` whole, or one of its statements (part), named k0, k3_1, ...
 struct Launch {
@@ -191,6 +191,7 @@ struct CudaDriver {
     CUresult (*cuCtxSetCurrent)(CUhandle);
     CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemAllocHost)(void**, size_t);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUhandle);
     CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUhandle);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUhandle);
@@ -271,6 +272,7 @@ static std::vector<std::pair<const char*, void**>> cuda_driver_symbols(CudaDrive
             TG_SYM(d, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
             TG_SYM(d, cuCtxSetCurrent, "cuCtxSetCurrent"),
             TG_SYM(d, cuMemAlloc, "cuMemAlloc_v2"), TG_SYM(d, cuMemFree, "cuMemFree_v2"),
+            TG_SYM(d, cuMemAllocHost, "cuMemAllocHost_v2"),
             TG_SYM(d, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
             TG_SYM(d, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
             TG_SYM(d, cuMemsetD8Async, "cuMemsetD8Async"),
@@ -485,9 +487,12 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
 
 // A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output
 // loops holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add
-// into the one accumulator the epilogue reads. Each block computes a tile of CUDA_TILE rows by
-// CUDA_TILE columns, each thread 4 x 4 of them in registers, from CUDA_TILE_TERMS terms at a
-// time of x and y staged in shared memory. The terms are numbered in the order of the trees
+// into the one accumulator the epilogue reads. Each block computes a tile of T rows by T
+// columns, its 16 x 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms
+// at a time of x and y staged in shared memory. T is 64, or 128 where that still gives the GPU
+// 4 blocks per multiprocessor (twice the multiply-adds per value read from shared memory), or
+// 32 where 64 would leave multiprocessors idle (a weight's gradient: few outputs, long sums);
+// TG_CUDA_TILE=32, 64 or 128 sets it. The terms are numbered in the order of the trees
 // (segments: a term and the loops around it), and each output adds them in that order, a
 // partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not
 // kept: a fixed order still, so the bits are the same on every run).
@@ -496,14 +501,15 @@ struct ProductSegment {
     ExprP x, y;                       // the term is x·y (fused multiply-add, as in the loops)
     int64_t terms = 1;
 };
+static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the tile size aims to fill
 struct ProductPlan {
     ProductMatch match;
     std::vector<ProductSegment> segments;
     int sum = -1;                     // the accumulator the epilogue reads
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
-    int64_t tiles() const {
-        return outer * ((rows + CUDA_TILE - 1) / CUDA_TILE) * ((cols + CUDA_TILE - 1) / CUDA_TILE);
-    }
+    int tile = 64;
+    int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
+    int64_t tiles() const { return tiles(tile); }
 };
 static bool product_segments(const std::vector<Stmt>& body, const Block& b, const ProductMatch& m,
                              std::vector<const Stmt*>& loops, ProductPlan& plan) {
@@ -564,6 +570,11 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     plan.cols = b.extents[size_t(m.cols)];
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
+    plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
+    if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128)
+        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
+                    : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
+                                                               : 64;
     return plan.outer * plan.rows * plan.cols * plan.terms >=
            env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX);
 }
@@ -787,7 +798,7 @@ static std::string render_product(const Block& b, int& next_tmp) {
     ProductPlan plan;
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
-    const int T = CUDA_TILE, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
+    const int T = plan.tile, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
     long long M = plan.rows, N = plan.cols, K = plan.terms;
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
     std::string out = strf("    __shared__ float xs[%d][%d], ys[%d][%d];\n", KT, T + 4, KT, T + 4);
@@ -1070,12 +1081,39 @@ public:
         free_.insert({it->second, p});
         sizes_.erase(it);
     }
-    // Returns while the GPU copies: from pageable memory, cuMemcpyHtoDAsync returns once src
-    // has been staged (CUDA's documented behaviour), so the caller may free it.
+    // Returns while the GPU copies: src is copied into pinned host memory (a staging block),
+    // which the GPU reads from after the work queued before; the block is used again once the
+    // event recorded after its copy has happened. A copy of more than STAGING_MAX bytes waits
+    // (pinning that much costs more than the wait saves).
+    static const size_t STAGING_MAX = size_t(16) << 20, STAGING_TOTAL = size_t(64) << 20;
     void copy_in(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         const CudaDriver& d = driver();
-        check(d.cuMemcpyHtoDAsync(CUdeviceptr(dst), src, bytes, stream_), "cuMemcpyHtoDAsync");
+        if (bytes > STAGING_MAX) {
+            check(d.cuMemcpyHtoDAsync(CUdeviceptr(dst), src, bytes, stream_),
+                  "cuMemcpyHtoDAsync");
+            check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");   // src may go away
+            return;
+        }
+        std::lock_guard<std::mutex> lock(staging_mutex_);
+        Staging* block = free_staging(bytes);
+        if (!block && staged_bytes_ + size_class(bytes) > STAGING_TOTAL) {
+            check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");   // every block free
+            block = free_staging(bytes);
+        }
+        if (!block) {
+            Staging fresh{nullptr, size_class(bytes), nullptr};
+            check(d.cuMemAllocHost(&fresh.host, fresh.size), "cuMemAllocHost");
+            check(d.cuEventCreate(&fresh.copied, 2 /* CU_EVENT_DISABLE_TIMING */),
+                  "cuEventCreate");
+            staged_bytes_ += fresh.size;
+            staging_.push_back(fresh);
+            block = &staging_.back();
+        }
+        std::memcpy(block->host, src, bytes);
+        check(d.cuMemcpyHtoDAsync(CUdeviceptr(dst), block->host, bytes, stream_),
+              "cuMemcpyHtoDAsync");
+        check(d.cuEventRecord(block->copied, stream_), "cuEventRecord");
     }
     void copy_out(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
@@ -1123,6 +1161,9 @@ public:
 
     std::shared_ptr<Executable> prepare(const Program& p) override;
     std::string source(const Program& p) override { return render_cuda(p); }
+    std::string settings() const override {
+        return env_str("TG_NVRTC_FLAGS", "") + '|' + env_str("TG_CUDA_TILE", "");
+    }
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
     // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
@@ -1135,6 +1176,22 @@ public:
     }
 
 private:
+    struct Staging {
+        void* host;
+        size_t size;
+        CUhandle copied;   // recorded after its last copy (never recorded: done)
+    };
+    // a staging block of at least `bytes` whose copy has happened (staging_mutex_ held)
+    Staging* free_staging(size_t bytes) {
+        for (Staging& block : staging_) {
+            if (block.size < bytes) continue;
+            CUresult r = d_->cuEventQuery(block.copied);
+            if (r == CUDA_ERROR_NOT_READY) continue;
+            check(r, "cuEventQuery");
+            return &block;
+        }
+        return nullptr;
+    }
     // sizes up to 4 KiB in steps of 256 bytes, then four classes per power of two (a block
     // wastes less than a fifth)
     static size_t size_class(size_t bytes) {
@@ -1183,6 +1240,9 @@ private:
     std::string gpu_name_;
     std::multimap<size_t, CUdeviceptr> free_;          // cached blocks by size class
     std::unordered_map<CUdeviceptr, size_t> sizes_;    // blocks in use
+    std::mutex staging_mutex_;
+    std::deque<Staging> staging_;                      // pinned blocks copy_in copies from
+    size_t staged_bytes_ = 0;
 };
 
 static CudaDevice& cuda_device() {

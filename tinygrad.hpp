@@ -1175,6 +1175,9 @@ struct Device {
     virtual bool runs_pass(const std::string&) const { return true; }
     // run at the start of its queue's thread (CPU:k: the thread pool its programs use there)
     virtual void queue_thread_start() {}
+    // the settings (environment variables) its programs depend on beyond the graph, part of
+    // the key under which a program is reused (CPU: TG_CC, TG_CFLAGS)
+    virtual std::string settings() const { return ""; }
 
 private:
     std::shared_ptr<WorkQueue> queue_;
@@ -8118,6 +8121,9 @@ static int compile_parts(const Program& p) {
 struct CpuDevice : HostMemoryDevice {
     explicit CpuDevice(int index = 0) : name_(index ? strf("CPU:%d", index) : "CPU") {}
     const char* name() const override { return name_.c_str(); }
+    std::string settings() const override {
+        return env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "");
+    }
     std::shared_ptr<Executable> prepare(const Program& p) override {
         return prepare_files(p, source_files(p), false);
     }
@@ -8441,8 +8447,7 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, Graph
     g.order = graph_toposort(targets, false, &place);
     g.key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
             env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
-            env_str("TG_CC", "") + '|' + env_str("TG_CFLAGS", "") + '|' +
-            env_str("TG_NVRTC_FLAGS", "") + '|';
+            dev->settings() + '|';
     g.files.clear();
     std::vector<const Device*> devices;
     if (!graph_fields(targets, g, devices)) return false;

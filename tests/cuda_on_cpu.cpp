@@ -378,6 +378,10 @@ int cuMemFree_v2(unsigned long long p) {
     std::free(reinterpret_cast<void*>(p));
     return CUDA_SUCCESS;
 }
+int cuMemAllocHost_v2(void** p, size_t bytes) {
+    *p = std::malloc(bytes);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
 int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, void*) {
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     return CUDA_SUCCESS;

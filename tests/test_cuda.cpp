@@ -323,8 +323,9 @@ TEST(cuda_block_reductions_match_the_cpu) {
     CHECK(cuda == run("CUDA"));
 }
 
-// Matrix products run a block per 64 x 64 tile of outputs through shared memory (plan_kernel's
-// products): sizes that leave partial tiles, a batch, operands read across their rows (x.t(),
+// Matrix products run a block per tile of outputs through shared memory (plan_kernel's
+// products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
+// partial tiles, a batch, operands read across their rows (x.t(),
 // a Linear's weight), an epilogue (bias and GELU) and a Linear's gradients; the same bits on
 // every run. The plan is checked on every machine, the values where a GPU (or the stand-in) is.
 TEST(cuda_products_run_in_tiles_through_shared_memory) {
@@ -362,7 +363,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             products += plan.product;
             if (!plan.product) continue;
             std::string cu = tg::detail::render_cuda(p);
-            CHECK(cu.find("__shared__ float xs[16][68], ys[16][68];") != std::string::npos);
+            CHECK(cu.find("__shared__ float xs[16][36], ys[16][36];") != std::string::npos);
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
@@ -372,6 +373,10 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     std::vector<float> cuda = run("CUDA");
     CHECK_ALL_NEAR(cuda, cpu, 1e-5);
     CHECK(cuda == run("CUDA"));
+    for (const char* tile : {"64", "128"}) {   // the tiles of larger products
+        EnvGuard t("TG_CUDA_TILE", tile);
+        CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
+    }
 }
 
 // Integer min is -max(-x): CUDA 13.0's ptxas lost the negations in such a loop (found by the
@@ -426,6 +431,16 @@ TEST(cuda_memory_is_reused_and_copies_round_trip) {
     d.free(q);
     Tensor big = Tensor::ones({1 << 20}).to("CUDA");
     CHECK_EQ(big.sum().item(), double(1 << 20));
+    // copies from the host return at once: their sources may go right away (staged), many
+    // may be in flight, and one over the staging limit waits
+    std::vector<Tensor> moved;
+    for (int i = 0; i < 300; i++) {
+        std::vector<float> v(size_t(1000 + i), float(i));
+        moved.push_back(Tensor::from_vector(v).to("CUDA"));
+    }
+    for (int i = 0; i < 300; i += 37) CHECK_EQ(moved[size_t(i)].sum().item(), double(i) * (1000 + i));
+    Tensor huge = Tensor::full({5 << 20}, 2.0f).to("CPU").to("CUDA");   // 20 MiB
+    CHECK_EQ(huge.sum().item(), double(10 << 20));
 }
 
 TEST(cuda_debug_keeps_the_cu_source) {
