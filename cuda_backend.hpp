@@ -791,6 +791,59 @@ static std::string cuda_prelude(const std::string& body) {
     return out;
 }
 
+// An operand as one load at base + c·f, f the term's number, where each segment reads it so
+// (the lowering splits a sum's axis into loops: k = 16·i3 + i4 for the first 256 terms, then
+// 256 + 16·i5 + i6, ...): the tiles then read it without the segments' divisions and
+// branches. f_var stands for f; null where the operand is not such a load.
+static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const ExprP& f_var) {
+    const ExprP& e0 = x ? plan.segments[0].x : plan.segments[0].y;
+    if (e0->kind != EK::LOAD) return nullptr;
+    int64_t c = 0, first = 0;
+    bool c_known = false;
+    Linear base;
+    for (size_t s = 0; s < plan.segments.size(); s++) {
+        const ProductSegment& seg = plan.segments[s];
+        const ExprP& e = x ? seg.x : seg.y;
+        if (e->kind != EK::LOAD || e->id != e0->id) return nullptr;
+        Linear lin;
+        lin.add(1, e->src[0]);
+        int64_t stride = 1;   // of the loop in the term's number
+        for (size_t i = seg.loops.size(); i-- > 0;) {
+            int id = seg.loops[i]->id;
+            int64_t coef = 0;
+            for (auto t = lin.terms.begin(); t != lin.terms.end(); ++t)
+                if (t->second->kind == EK::VAR && t->second->id == id) {
+                    coef = t->first;
+                    lin.terms.erase(t);
+                    break;
+                }
+            if (!c_known && coef % stride == 0) {
+                c = coef / stride;
+                c_known = true;
+            }
+            if (coef != c * stride) return nullptr;
+            stride *= b.extents[size_t(id)];
+        }
+        for (auto& [coef, term] : lin.terms)
+            for (const Stmt* loop : seg.loops)
+                if (uses_var(term, loop->id)) return nullptr;
+        lin.constant -= c * first;
+        first += seg.terms;
+        if (s == 0) {
+            base = lin;
+            continue;
+        }
+        if (lin.constant != base.constant || lin.terms.size() != base.terms.size()) return nullptr;
+        for (size_t t = 0; t < lin.terms.size(); t++)
+            if (lin.terms[t].first != base.terms[t].first ||
+                !expr_eq(lin.terms[t].second, base.terms[t].second))
+                return nullptr;
+    }
+    ExprP idx = base.build();
+    if (c) idx = ix_add(idx, c == 1 ? f_var : ix_mul(f_var, c));
+    return ex_load(e0->id, e0->dtype, idx);
+}
+
 // The body of a product's kernel (see ProductPlan). Threads load the tiles' terms so that
 // neighbours read neighbouring addresses where an operand lies along the rows (x) or columns
 // (y); a term past the last, or a row or column past the end, is 0.
@@ -817,8 +870,14 @@ static std::string render_product(const Block& b, int& next_tmp) {
                 "        for (int c = 0; c < %d; c++) part[a][c] = total[a][c] = 0.0f;\n",
                 R, R, R, R, R, R);
     // an operand's value for term f (the segment's loops from it), in `to`
+    const int f_id = int(b.extents.size());   // a variable of no loop: f
+    ExprP f_var = ex_var(f_id);
     auto operand = [&](bool x, const std::string& to, const std::string& pad) {
         std::string code;
+        if (ExprP load = load_by_term(b, plan, x, f_var)) {
+            CExprs cx{{{f_var.get(), "f"}}, next_tmp};
+            return pad + to + " = " + cx.str(load) + ";\n";
+        }
         int64_t first = 0;
         for (size_t s = 0; s < plan.segments.size(); s++) {
             const ProductSegment& seg = plan.segments[s];
@@ -1261,7 +1320,7 @@ struct CudaProgram : Executable {
     std::vector<CudaKernel> kernels;
     void* err_buffer;   // int64_t[2] on the device
     bool scans = false;
-    int64_t runs = 0;
+    std::atomic<int64_t> runs{0};
     CUhandle graph = nullptr, graph_exec = nullptr;
     std::vector<CUhandle> nodes;                // per kernel (null: none, its grid is empty)
     std::vector<std::vector<void*>> graph_args;  // per kernel, the arguments in its node

@@ -157,6 +157,8 @@
    TG_NVRTC_FLAGS  CUDA: more NVRTC options, space-separated (part of the cache key)
    TG_CUDA_GRAPHS  CUDA: 0 runs each program kernel by kernel (default 1: from its second
                  run, as one CUDA graph)
+   TG_CUDA_TILE  CUDA: 32, 64 or 128, the side of a product's tile of outputs (default: by
+                 the product's size)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
                  libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,

@@ -5,15 +5,16 @@
 //
 // NVRTC's compile becomes the system C++ compiler's ($TG_CUDA_ON_CPU_CXX, default c++): the
 // generated CUDA C, after a prelude that gives its dialect a meaning on the CPU, built as a
-// shared library, which is the "CUBIN" (an ELF file too, whose size its header gives). A launch runs the
-// grid's blocks one after another. A kernel that never synchronizes runs its threads as calls,
-// one after another; the others run each thread of a block as a fiber, switched at
-// __syncthreads and at warp shuffles, which wait as the GPU's do: for the block's (or the
-// warp's) threads that have not returned. Between two barriers the threads of an even block
-// run from the last to the first, those of an odd block from the first to the last, so that
-// a read of what another thread writes, without a barrier between, reads the old value in
-// one of the two and the missing barrier shows. Device memory is host memory; copies are memcpy;
-// streams, events and graphs keep their order by running everything at once, in call order.
+// shared library, which is the "CUBIN" (an ELF file too, whose size its header gives). A
+// launch runs the grid's blocks one after another. A kernel that never synchronizes runs its
+// threads as calls, one after another; the others run each thread of a block as a fiber,
+// switched at __syncthreads and at warp shuffles, which wait as the GPU's do: for the block's
+// (or the warp's) threads that have not returned. Between two barriers the threads of an even
+// block run from the last to the first, those of an odd block from the first to the last, so
+// that a read of what another thread writes, without a barrier between, reads the old value
+// in one of the two and the missing barrier shows. Device memory is host memory; copies are
+// memcpy; streams, events and graphs keep their order by running everything at once, in call
+// order.
 // Not modelled: timing, memory spaces (a wrong pointer reads host memory), warp divergence
 // within a shuffle, and the GPU's math functions' last bits (the CPU's libm is used).
 #include <algorithm>
@@ -617,7 +618,8 @@ int nvrtcCompileProgram(void* program, int count, const char* const* options) {
     std::string library;
     if (!read_all(log, p.log)) p.log.clear();
     ok = ok && read_all(so, library);
-    std::system(("rm -rf " + dir).c_str());
+    for (const std::string& file : {cpp, so, log}) unlink(file.c_str());
+    rmdir(dir.c_str());
     if (!ok) {
         if (p.log.empty()) p.log = "cuda_on_cpu: " + command + " failed";
         return 6;   // NVRTC_ERROR_COMPILATION

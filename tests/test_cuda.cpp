@@ -356,7 +356,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     }
     tg::detail::program_observer() = saved;
     std::vector<float> cpu = run("CPU");
-    int products = 0;
+    int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
     for (const tg::detail::Program& p : programs)
         for (const auto& l : tg::detail::launches_of(p)) {
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
@@ -364,10 +364,12 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             if (!plan.product) continue;
             std::string cu = tg::detail::render_cuda(p);
             CHECK(cu.find("__shared__ float xs[16][36], ys[16][36];") != std::string::npos);
+            by_term += cu.find("int64_t l = f") == std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
     CHECK_EQ(products, 6);   // the 3 products, the Linear's forward, its input's and weight's gradients
+    CHECK(by_term >= 3);
     std::string why;
     if (!gpu(&why)) SKIP("no GPU for the values: " + why);
     std::vector<float> cuda = run("CUDA");
