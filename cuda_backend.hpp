@@ -124,8 +124,10 @@ struct KernelPlan {
     const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
     int64_t items = 1;
     bool cooperative = false;
-    // a matrix product, a block per square tile of outputs (items: the tiles)
+    // a matrix product, a block per square tile of outputs (items: the tiles), its sums split
+    // in `splits` ranges of terms where it has few tiles and long sums (outputs: its outputs)
     bool product = false;
+    int64_t splits = 1, outputs = 0;
     int64_t blocks() const {
         return cooperative || product ? items
                                       : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
@@ -138,6 +140,9 @@ struct Launch {
     size_t block;
     Block part;
     std::string name;
+    // a product whose sums are split: 1, its kernel of partial sums (into a scratch buffer of
+    // splits x outputs floats); 2, the kernel that adds them and runs the epilogue
+    int stage = 0;
 };
 std::vector<Launch> launches_of(const Program& program);
 // NVRTC: CUDA C to a CUBIN for sm_<arch> (e.g. 90); a compile error is a tg::Error with
@@ -491,8 +496,11 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
 // columns, its 16 x 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms
 // at a time of x and y staged in shared memory. T is 64, or 128 where that still gives the GPU
 // 4 blocks per multiprocessor (twice the multiply-adds per value read from shared memory), or
-// 32 where 64 would leave multiprocessors idle (a weight's gradient: few outputs, long sums);
-// TG_CUDA_TILE=32, 64 or 128 sets it. The terms are numbered in the order of the trees
+// 32 where 64 would leave multiprocessors idle and the sums are short; TG_CUDA_TILE=32, 64 or
+// 128 sets it. Where the tiles are still fewer than the multiprocessors and the sums long (a
+// weight's gradient: few outputs, a term per token), the terms are split into ranges of at
+// least SPLIT_TERMS_EACH, a block per tile and range writing its partial sums to a scratch
+// buffer; a second kernel adds each output's ranges in order, then runs the epilogue. The terms are numbered in the order of the trees
 // (segments: a term and the loops around it), and each output adds them in that order, a
 // partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not
 // kept: a fixed order still, so the bits are the same on every run).
@@ -508,9 +516,11 @@ struct ProductPlan {
     int sum = -1;                     // the accumulator the epilogue reads
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
     int tile = 64;
+    int64_t splits = 1, split_terms = 0;   // ranges of terms, each of split_terms (the last less)
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
 };
+static const int64_t SPLIT_MIN_TERMS = 2048, SPLIT_TERMS_EACH = 512;
 static bool product_segments(const std::vector<Stmt>& body, const Block& b, const ProductMatch& m,
                              std::vector<const Stmt*>& loops, ProductPlan& plan) {
     for (const Stmt& st : body) {
@@ -570,11 +580,20 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     plan.cols = b.extents[size_t(m.cols)];
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
+    bool few_tiles = plan.tiles(64) < GPU_MULTIPROCESSORS;
     plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
     if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128)
-        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
-                    : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
-                                                               : 64;
+        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS              ? 128
+                    : few_tiles && plan.terms < SPLIT_MIN_TERMS ? 32
+                                                                : 64;
+    plan.split_terms = plan.terms;
+    if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
+        int64_t want = (2 * GPU_MULTIPROCESSORS + plan.tiles() - 1) / plan.tiles();
+        int64_t splits = std::min(want, plan.terms / SPLIT_TERMS_EACH);
+        int64_t each = (plan.terms + splits - 1) / splits;
+        plan.split_terms = (each + CUDA_TILE_TERMS - 1) / CUDA_TILE_TERMS * CUDA_TILE_TERMS;
+        plan.splits = (plan.terms + plan.split_terms - 1) / plan.split_terms;
+    }
     return plan.outer * plan.rows * plan.cols * plan.terms >=
            env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX);
 }
@@ -617,7 +636,9 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     if (!arrays && plan.values.empty() && plan_product(b, product) &&
         product.match.loops.size() == plan.grid.size()) {
         plan.product = true;
-        plan.items = product.tiles();
+        plan.items = product.tiles() * product.splits;
+        plan.splits = product.splits;
+        plan.outputs = product.outer * product.rows * product.cols;
         return plan;
     }
     std::unordered_map<int, DType> accs;
@@ -635,7 +656,13 @@ std::vector<Launch> launches_of(const Program& p) {
     std::vector<Launch> out;
     for (size_t k = 0; k < p.blocks.size(); k++) {
         const Block& b = p.blocks[k];
-        bool split = b.body.size() > 1 && plan_kernel(p, k, b).grid.empty();
+        KernelPlan plan = plan_kernel(p, k, b);
+        if (plan.splits > 1) {
+            out.push_back({k, b, strf("k%zu_terms", k), 1});
+            out.push_back({k, b, strf("k%zu", k), 2});
+            continue;
+        }
+        bool split = b.body.size() > 1 && plan.grid.empty();
         for (const Stmt& st : b.body)
             split = split && st.kind != SK::ACC_INIT && st.kind != SK::ACC_UPDATE;
         if (!split) {
@@ -844,26 +871,60 @@ static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const
     return ex_load(e0->id, e0->dtype, idx);
 }
 
-// The body of a product's kernel (see ProductPlan). Threads load the tiles' terms so that
-// neighbours read neighbouring addresses where an operand lies along the rows (x) or columns
-// (y); a term past the last, or a row or column past the end, is 0.
-static std::string render_product(const Block& b, int& next_tmp) {
+// The body of a product's kernel (see ProductPlan): stage 0 the whole product, 1 the partial
+// sums of a split one (a block per tile and range of terms, into tg_part), 2 their totals (a
+// thread per output, the ranges added in order) and the epilogue. Threads load the tiles'
+// terms so that neighbours read neighbouring addresses where an operand lies along the rows
+// (x) or columns (y); a term past the range, or a row or column past the end, is 0.
+static std::string render_product(const Block& b, int stage, int& next_tmp) {
     ProductPlan plan;
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
     const int T = plan.tile, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
     long long M = plan.rows, N = plan.cols, K = plan.terms;
+    long long outputs = plan.outer * M * N;
+    // the outer loops' variables from t, the flat number of their iteration
+    auto outer_vars = [&](const char* pad) {
+        std::string code;
+        for (size_t l = m.loops.size(); l-- > 0;) {
+            int v = m.loops[l];
+            if (v == m.rows || v == m.cols) continue;
+            long long n = (long long)b.extents[size_t(v)];
+            code += strf("%sconst int64_t i%d = t %% %lldLL;\n%st /= %lldLL;\n", pad, v, n, pad, n);
+        }
+        return code;
+    };
+    if (stage == 2) {
+        std::string out = strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+                               "    if (t >= %lldLL) return;\n    const int64_t at = t;\n",
+                               CUDA_BLOCK_THREADS, outputs);
+        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.cols, N, N);
+        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.rows, M, M);
+        out += outer_vars("    ");
+        out += strf("    float acc%d = 0.0f;\n", plan.sum);
+        out += strf("    for (int64_t s = 0; s < %lldLL; s++) acc%d += tg_part[s * %lldLL + at];\n",
+                    (long long)plan.splits, plan.sum, outputs);
+        c_stmts(m.epilogue, b.extents, {}, 1, next_tmp, out);
+        return out;
+    }
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
     std::string out = strf("    __shared__ float xs[%d][%d], ys[%d][%d];\n", KT, T + 4, KT, T + 4);
-    out += strf("    int64_t t = blockIdx.x;\n    const int64_t r0 = t %% %lldLL * %d;\n"
-                "    t /= %lldLL;\n    const int64_t c0 = t %% %lldLL * %d;\n    t /= %lldLL;\n",
-                row_tiles, T, row_tiles, col_tiles, T, col_tiles);
-    for (size_t l = m.loops.size(); l-- > 0;) {
-        int v = m.loops[l];
-        if (v == m.rows || v == m.cols) continue;
-        long long n = (long long)b.extents[size_t(v)];
-        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", v, n, n);
+    out += "    int64_t t = blockIdx.x;\n";
+    std::string k_end = strf("%lldLL", K);
+    if (stage == 1) {
+        long long each = plan.split_terms;
+        out += strf("    const int64_t split = t %% %lldLL, k_begin = split * %lldLL;\n"
+                    "    t /= %lldLL;\n"
+                    "    const int64_t k_end = k_begin + %lldLL < %lldLL ? k_begin + %lldLL : "
+                    "%lldLL;\n",
+                    (long long)plan.splits, each, (long long)plan.splits, each, K, each, K);
+        k_end = "k_end";
     }
+    out += strf("    const int64_t r0 = t %% %lldLL * %d;\n    t /= %lldLL;\n"
+                "    const int64_t c0 = t %% %lldLL * %d;\n    t /= %lldLL;\n",
+                row_tiles, T, row_tiles, col_tiles, T, col_tiles);
+    out += "    const int64_t outer = t;\n    (void)outer;\n";
+    out += outer_vars("    ");
     out += strf("    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n"
                 "    float part[%d][%d], total[%d][%d];\n"
                 "    for (int a = 0; a < %d; a++)\n"
@@ -904,7 +965,8 @@ static std::string render_product(const Block& b, int& next_tmp) {
     int inner = first.loops.empty() ? -1 : first.loops.back()->id;
     bool x_by_rows = read_along(first.x, m.rows) && (inner < 0 || !read_along(first.x, inner));
     bool y_by_cols = read_along(first.y, m.cols) || inner < 0 || !read_along(first.y, inner);
-    out += strf("    for (int64_t k0 = 0; k0 < %lldLL; k0 += %d) {\n", K, KT);
+    out += strf("    for (int64_t k0 = %s; k0 < %s; k0 += %d) {\n", stage == 1 ? "k_begin" : "0",
+                k_end.c_str(), KT);
     for (int x = 1; x >= 0; x--) {   // x's tile, then y's
         bool along = x ? x_by_rows : y_by_cols;
         int var = x ? m.rows : m.cols;
@@ -916,7 +978,7 @@ static std::string render_product(const Block& b, int& next_tmp) {
                      : strf("            int o = e / %d, kk = e %% %d;\n", KT, KT);
         out += strf("            int64_t i%d = %s + o, f = k0 + kk;\n", var, base);
         out += "            float v = 0.0f;\n";
-        out += strf("            if (i%d < %lldLL && f < %lldLL) {\n", var, n, K);
+        out += strf("            if (i%d < %lldLL && f < %s) {\n", var, n, k_end.c_str());
         out += operand(x, "v", "                ");
         out += "            }\n";
         out += strf("            %s[kk][o] = v;\n", x ? "xs" : "ys");
@@ -939,6 +1001,12 @@ static std::string render_product(const Block& b, int& next_tmp) {
     out += strf("            const int64_t i%d = r0 + ty + 16 * a, i%d = c0 + tx + 16 * c;\n",
                 m.rows, m.cols);
     out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M, m.cols, N);
+    if (stage == 1) {
+        out += strf("            tg_part[split * %lldLL + (outer * %lldLL + i%d) * %lldLL + i%d] = "
+                    "total[a][c];\n        }\n",
+                    outputs, M, m.rows, N, m.cols);
+        return out;
+    }
     out += strf("            float acc%d = total[a][c];\n", plan.sum);
     c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);
     out += "        }\n";
@@ -956,6 +1024,7 @@ std::string render_cuda(const Program& p) {
         for (auto [i, writes] : buffers.params)
             params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
                            c_type(p.buffers[size_t(i)].dtype), i);
+        if (launch.stage) params += "float *__restrict__ tg_part, ";
         KernelPlan plan = plan_kernel(p, k, b);
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         out += strf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%sint64_t *err) {\n",
@@ -965,7 +1034,7 @@ std::string render_cuda(const Program& p) {
                    "    __syncthreads();\n    if (failed) return;\n";
         int next_tmp = 0;
         if (plan.product) {
-            out += render_product(b, next_tmp) + "}\n";
+            out += render_product(b, launch.stage, next_tmp) + "}\n";
             continue;
         }
         if (plan.cooperative)
@@ -1081,7 +1150,9 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
 // ---- [CUDA DEVICE] context, stream, memory, programs ---------------------------------------
 struct CudaKernel {
     CUhandle fn = nullptr;
-    std::vector<int> buffers;   // its arguments before err
+    std::vector<int> buffers;   // its arguments before err (and scratch)
+    void* scratch = nullptr;    // a split product's partial sums (its first kernel owns them)
+    bool owns_scratch = false;
     int64_t blocks = 1;
     int finite_site = -1, finite_buffer = -1;
     int64_t finite_count = 0;
@@ -1329,12 +1400,15 @@ struct CudaProgram : Executable {
     ~CudaProgram() override {
         if (graph_exec) dev.driver().cuGraphExecDestroy(graph_exec);
         if (graph) dev.driver().cuGraphDestroy(graph);
+        for (const CudaKernel& k : kernels)
+            if (k.owns_scratch) dev.free(k.scratch);
         dev.free(err_buffer);
     }
 
     std::vector<void*> args_of(const CudaKernel& k, void* const* buffers) {
         std::vector<void*> args;
         for (int b : k.buffers) args.push_back(buffers[b]);
+        if (k.scratch) args.push_back(k.scratch);
         args.push_back(err_buffer);
         return args;
     }
@@ -1441,7 +1515,15 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
               "cuModuleGetFunction");
         for (auto [i, writes] : nest_buffers(p, k, b).params) kernel.buffers.push_back(i);
-        kernel.blocks = plan_kernel(p, k, b).blocks();
+        KernelPlan plan = plan_kernel(p, k, b);
+        kernel.blocks = plan.blocks();
+        if (launch.stage == 1) {
+            kernel.scratch = alloc(size_t(plan.splits * plan.outputs) * sizeof(float));
+            kernel.owns_scratch = true;
+        } else if (launch.stage == 2) {
+            kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
+            kernel.blocks = (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
+        }
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;

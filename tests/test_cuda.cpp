@@ -338,6 +338,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         Tensor b = Tensor::from_vector(th::randf(300 * 70, 32), {300, 70});
         Tensor c = Tensor::from_vector(th::randf(3 * 40 * 50, 33), {3, 40, 50});
         Tensor d = Tensor::from_vector(th::randf(3 * 50 * 20, 34), {3, 50, 20});
+        Tensor e = Tensor::from_vector(th::randf(20 * 3000, 35), {20, 3000});
+        Tensor f = Tensor::from_vector(th::randf(3000 * 30, 36), {3000, 30});
         tg::manual_seed(4);
         tg::nn::Linear lin(300, 90);
         Tensor h = lin(a).gelu(true);
@@ -345,7 +347,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         loss.backward();
         std::vector<float> out;
         for (const Tensor& t : {a.matmul(b), c.matmul(d), b.t().matmul(a.t()), h, loss,
-                                lin.weight.grad(), lin.bias.grad()})
+                                lin.weight.grad(), lin.bias.grad(), (e.matmul(f) + 1).relu()})
             for (float v : values(t)) out.push_back(v);
         return out;
     };
@@ -357,19 +359,25 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     tg::detail::program_observer() = saved;
     std::vector<float> cpu = run("CPU");
     int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
+    int split = 0;                   // a product of long sums split in ranges of terms
     for (const tg::detail::Program& p : programs)
         for (const auto& l : tg::detail::launches_of(p)) {
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
-            products += plan.product;
-            if (!plan.product) continue;
+            if (!plan.product || l.stage == 2) continue;
+            products++;
+            split += plan.splits > 1 && l.stage == 1 && l.name.find("_terms") != std::string::npos;
             std::string cu = tg::detail::render_cuda(p);
-            CHECK(cu.find("__shared__ float xs[16][36], ys[16][36];") != std::string::npos);
+            CHECK(cu.find(plan.splits > 1 ? "__shared__ float xs[16][68], ys[16][68];"
+                                          : "__shared__ float xs[16][36], ys[16][36];") !=
+                  std::string::npos);
             by_term += cu.find("int64_t l = f") == std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
-    CHECK_EQ(products, 6);   // the 3 products, the Linear's forward, its input's and weight's gradients
+    // the 4 products, the Linear's forward, its input's and weight's gradients
+    CHECK_EQ(products, 7);
     CHECK(by_term >= 3);
+    CHECK_EQ(split, 1);   // 20 x 30 outputs of 3000 terms: 5 ranges of 608, in a 64 x 64 tile
     std::string why;
     if (!gpu(&why)) SKIP("no GPU for the values: " + why);
     std::vector<float> cuda = run("CUDA");
