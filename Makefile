@@ -6,6 +6,7 @@
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
 #                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
 # make test-cuda-on-cpu  the same on the CPU stand-in for the driver and NVRTC
+# make test-cuda-memcheck compute-sanitizer's memcheck over those tests (with a GPU)
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make build-time seconds to compile the implementation alone (a tinygrad_impl.cpp) with each
@@ -24,7 +25,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-cuda-on-cpu test-asan test-subset test-asan-subset fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-subset test-asan-subset fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -83,6 +84,13 @@ test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; \
 	TG_CACHE_DIR=$$dir TG_ORACLE_DEVICE=CUDA ./$(BUILD)/oracle 1 $(CUDA_GRAPHS) || rc=1; \
 	rm -rf $$dir; exit $$rc
+
+# compute-sanitizer's memcheck over the CUDA tests (with a GPU; the graphs off, so that each
+# kernel is reported by name)
+test-cuda-memcheck: $(BUILD)/run_tests
+	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
+	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA TG_CUDA_GRAPHS=0 compute-sanitizer --tool memcheck \
+	    --error-exitcode 1 ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; rm -rf $$dir; exit $$rc
 
 # the same without a GPU, on the CPU stand-in (slow: every kernel a thread at a time)
 test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
