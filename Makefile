@@ -71,6 +71,7 @@ test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES) $(STAND_IN)
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_EXAMPLES_DIR=$(BUILD)/examples TG_PROBES_DIR=$(BUILD)/probes \
 	TG_TEST_CUDA_ON_CPU=$(if $(STAND_IN),$(abspath $(STAND_IN))) TG_TEST_CUDA_FILES="$(CUDA_TESTS)" \
+	TG_CUDA_ON_CPU_CXX="$(CXX)" \
 	tests/run.sh ./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
 
 # The CUDA driver API and NVRTC on the CPU, for make test (one library serves as both)
@@ -94,7 +95,7 @@ test-cuda-memcheck: $(BUILD)/run_tests
 
 # the same without a GPU, on the CPU stand-in (slow: every kernel a thread at a time)
 test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
-	@TG_CUDA_LIBRARY=$(abspath $<) TG_NVRTC_LIBRARY=$(abspath $<) \
+	@TG_CUDA_LIBRARY=$(abspath $<) TG_NVRTC_LIBRARY=$(abspath $<) TG_CUDA_ON_CPU_CXX="$(CXX)" \
 	    $(MAKE) --no-print-directory test-cuda
 
 test-asan:

@@ -14,7 +14,8 @@
 // that a read of what another thread writes, without a barrier between, reads the old value
 // in one of the two and the missing barrier shows. Device memory is host memory; copies are
 // memcpy; streams, events and graphs keep their order by running everything at once, in call
-// order.
+// order. It reports TG_CUDA_ON_CPU_GPUS GPUs (default 2, so that copies between GPUs run),
+// each of compute capability 9.0.
 // Not modelled: timing, memory spaces (a wrong pointer reads host memory), warp divergence
 // within a shuffle, and the GPU's math functions' last bits (the CPU's libm is used).
 #include <algorithm>
