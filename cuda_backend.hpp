@@ -47,7 +47,7 @@
    Several GPUs: CUDA:1, CUDA:2, ... (CUDA is CUDA:0), each with its own context, stream and
    queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
    sums tensors across processes for tg::DataParallel::all_reduce. Neither has run on a GPU
-   yet. */
+   yet (the CPU stand-in of make test runs two GPUs' copies and DataParallel, not NCCL). */
 #ifndef TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 #define TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 

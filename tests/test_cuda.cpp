@@ -593,6 +593,52 @@ TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
     }), "CPU and CUDA are devices of different kinds");
 }
 
+// Two GPUs (or the stand-in's two): DataParallel splits the batch over them (copies between
+// GPUs, each device's queue, the gradients summed on the first) and gives one GPU's jitted
+// step within float rounding, the same bits on every run.
+TEST(cuda_data_parallel_over_two_gpus_matches_one) {
+    NEED_GPU();
+    try {
+        tg::cuda::gpu_name("CUDA:1");
+    } catch (const tg::Error&) {
+        SKIP("one GPU: data parallelism over two needs two");
+    }
+    auto train = [](const std::vector<std::string>& devices) {
+        EnvGuard dev("TG_DEVICE", "CUDA");
+        Tensor X = Tensor::from_vector(th::randf(64 * 10, 13), {64, 10});
+        Tensor Y = Tensor::from_vector(th::randi(64, 14, 0, 3), {64});
+        tg::manual_seed(15);
+        tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
+        tg::optim::Adam opt(mlp.parameters(), 0.01);
+        auto loss_of = [&](const Tensor& x, const Tensor& y) {
+            return tg::nn::cross_entropy(mlp(x), y);
+        };
+        tg::Jit one([&](const std::vector<Tensor>& in) {
+            Tensor loss = loss_of(in[0], in[1]);
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+            return loss;
+        });
+        std::unique_ptr<tg::DataParallel> dp;
+        if (!devices.empty())
+            dp = std::make_unique<tg::DataParallel>(
+                devices, opt, [&](const std::vector<Tensor>& s) { return loss_of(s[0], s[1]); });
+        for (int s = 0; s < 4; s++) {
+            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
+                                      Y.slice(0, 16 * s, 16 * s + 16)};
+            dp ? (*dp)(in) : one(in);
+        }
+        std::vector<float> out;
+        for (const Tensor& p : mlp.parameters())
+            for (float v : values(p.to("CPU"))) out.push_back(v);
+        return out;
+    };
+    std::vector<float> one = train({}), two = train({"CUDA:0", "CUDA:1"});
+    CHECK_ALL_NEAR(two, one, 2e-5);
+    CHECK(train({"CUDA:0", "CUDA:1"}) == two);
+}
+
 // On one GPU: DataParallel on CUDA gives one device's jitted step, and a communicator of one
 // rank runs the path that sums across processes, changing nothing.
 TEST(cuda_data_parallel_with_a_one_rank_nccl) {
