@@ -593,6 +593,47 @@ TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
     }), "CPU and CUDA are devices of different kinds");
 }
 
+// An MLP trained 4 steps on CUDA: by one GPU's jitted step (no devices), or by DataParallel
+// over `devices`, its gradients summed across processes by a one-rank NCCL communicator
+// (nccl); the parameters after.
+static std::vector<float> train_mlp_on_cuda(const std::vector<std::string>& devices,
+                                            bool nccl = false) {
+    EnvGuard dev("TG_DEVICE", "CUDA");
+    Tensor X = Tensor::from_vector(th::randf(64 * 10, 3), {64, 10});
+    Tensor Y = Tensor::from_vector(th::randi(64, 4, 0, 3), {64});
+    tg::manual_seed(2);
+    tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
+    tg::optim::Adam opt(mlp.parameters(), 0.01);
+    auto loss_of = [&](const Tensor& x, const Tensor& y) {
+        return tg::nn::cross_entropy(mlp(x), y);
+    };
+    tg::Jit one([&](const std::vector<Tensor>& in) {
+        Tensor loss = loss_of(in[0], in[1]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    std::unique_ptr<tg::DataParallel> dp;
+    if (!devices.empty())
+        dp = std::make_unique<tg::DataParallel>(
+            devices, opt, [&](const std::vector<Tensor>& s) { return loss_of(s[0], s[1]); });
+    std::unique_ptr<tg::cuda::Nccl> comm;
+    if (nccl) {
+        comm = std::make_unique<tg::cuda::Nccl>(0, 1, tg::cuda::nccl_unique_id());
+        dp->all_reduce(comm->all_reduce(), comm->ranks());
+    }
+    for (int s = 0; s < 4; s++) {
+        std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
+                                  Y.slice(0, 16 * s, 16 * s + 16)};
+        dp ? (*dp)(in) : one(in);
+    }
+    std::vector<float> out;
+    for (const Tensor& p : mlp.parameters())
+        for (float v : values(p.to("CPU"))) out.push_back(v);
+    return out;
+}
+
 // Two GPUs (or the stand-in's two): DataParallel splits the batch over them (copies between
 // GPUs, each device's queue, the gradients summed on the first) and gives one GPU's jitted
 // step within float rounding, the same bits on every run.
@@ -603,40 +644,9 @@ TEST(cuda_data_parallel_over_two_gpus_matches_one) {
     } catch (const tg::Error&) {
         SKIP("one GPU: data parallelism over two needs two");
     }
-    auto train = [](const std::vector<std::string>& devices) {
-        EnvGuard dev("TG_DEVICE", "CUDA");
-        Tensor X = Tensor::from_vector(th::randf(64 * 10, 13), {64, 10});
-        Tensor Y = Tensor::from_vector(th::randi(64, 14, 0, 3), {64});
-        tg::manual_seed(15);
-        tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
-        tg::optim::Adam opt(mlp.parameters(), 0.01);
-        auto loss_of = [&](const Tensor& x, const Tensor& y) {
-            return tg::nn::cross_entropy(mlp(x), y);
-        };
-        tg::Jit one([&](const std::vector<Tensor>& in) {
-            Tensor loss = loss_of(in[0], in[1]);
-            opt.zero_grad();
-            loss.backward();
-            opt.step();
-            return loss;
-        });
-        std::unique_ptr<tg::DataParallel> dp;
-        if (!devices.empty())
-            dp = std::make_unique<tg::DataParallel>(
-                devices, opt, [&](const std::vector<Tensor>& s) { return loss_of(s[0], s[1]); });
-        for (int s = 0; s < 4; s++) {
-            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
-                                      Y.slice(0, 16 * s, 16 * s + 16)};
-            dp ? (*dp)(in) : one(in);
-        }
-        std::vector<float> out;
-        for (const Tensor& p : mlp.parameters())
-            for (float v : values(p.to("CPU"))) out.push_back(v);
-        return out;
-    };
-    std::vector<float> one = train({}), two = train({"CUDA:0", "CUDA:1"});
+    std::vector<float> one = train_mlp_on_cuda({}), two = train_mlp_on_cuda({"CUDA:0", "CUDA:1"});
     CHECK_ALL_NEAR(two, one, 2e-5);
-    CHECK(train({"CUDA:0", "CUDA:1"}) == two);
+    CHECK(train_mlp_on_cuda({"CUDA:0", "CUDA:1"}) == two);
 }
 
 // On one GPU: DataParallel on CUDA gives one device's jitted step, and a communicator of one
@@ -644,42 +654,7 @@ TEST(cuda_data_parallel_over_two_gpus_matches_one) {
 TEST(cuda_data_parallel_with_a_one_rank_nccl) {
     NEED_GPU();
     if (stand_in()) SKIP("NCCL needs a GPU, not the CPU stand-in");
-    auto train = [](bool nccl, bool dp) {
-        EnvGuard dev("TG_DEVICE", "CUDA");
-        Tensor X = Tensor::from_vector(th::randf(64 * 10, 3), {64, 10});
-        Tensor Y = Tensor::from_vector(th::randi(64, 4, 0, 3), {64});
-        tg::manual_seed(2);
-        tg::nn::Sequential mlp(tg::nn::Linear(10, 32), tg::nn::Tanh(), tg::nn::Linear(32, 4));
-        tg::optim::Adam opt(mlp.parameters(), 0.01);
-        auto loss_of = [&](const Tensor& x, const Tensor& y) {
-            return tg::nn::cross_entropy(mlp(x), y);
-        };
-        tg::Jit one([&](const std::vector<Tensor>& in) {
-            Tensor loss = loss_of(in[0], in[1]);
-            opt.zero_grad();
-            loss.backward();
-            opt.step();
-            return loss;
-        });
-        tg::DataParallel step({"CUDA:0"}, opt, [&](const std::vector<Tensor>& s) {
-            return loss_of(s[0], s[1]);
-        });
-        std::unique_ptr<tg::cuda::Nccl> comm;
-        if (nccl) {
-            comm = std::make_unique<tg::cuda::Nccl>(0, 1, tg::cuda::nccl_unique_id());
-            step.all_reduce(comm->all_reduce(), comm->ranks());
-        }
-        for (int s = 0; s < 4; s++) {
-            std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
-                                      Y.slice(0, 16 * s, 16 * s + 16)};
-            dp ? step(in) : one(in);
-        }
-        std::vector<float> out;
-        for (const Tensor& p : mlp.parameters())
-            for (float v : values(p.to("CPU"))) out.push_back(v);
-        return out;
-    };
-    std::vector<float> jit = train(false, false), dp = train(false, true);
+    std::vector<float> jit = train_mlp_on_cuda({}), dp = train_mlp_on_cuda({"CUDA:0"});
     CHECK_ALL_NEAR(dp, jit, 1e-5);
-    CHECK(train(true, true) == dp);
+    CHECK(train_mlp_on_cuda({"CUDA:0"}, /*nccl=*/true) == dp);
 }
