@@ -25,7 +25,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-subset test-asan-subset fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-subset test-asan-subset asan-implementation fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -98,9 +98,9 @@ test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
 	@TG_CUDA_LIBRARY=$(abspath $<) TG_NVRTC_LIBRARY=$(abspath $<) TG_CUDA_ON_CPU_CXX="$(CXX)" \
 	    $(MAKE) --no-print-directory test-cuda
 
+ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(ASAN)
 test-asan:
-	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 \
-	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
+	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 CXXFLAGS="$(ASAN_CXXFLAGS)"
 
 # What CI runs under the sanitizers beside make test (all of make test-asan takes about 8
 # minutes on 2 cores): the runtime and cache, the loaders and parsers (fuzz targets), the
@@ -113,8 +113,10 @@ test-subset: $(BUILD)/run_tests_subset
 	TG_CACHE_DIR=$$dir tests/run.sh ./$(BUILD)/run_tests_subset $(FILTER); rc=$$?; \
 	rm -rf $$dir; exit $$rc
 test-asan-subset:
-	$(MAKE) --no-print-directory test-subset BUILD=build-asan \
-	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra $(ASAN)"
+	$(MAKE) --no-print-directory test-subset BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
+# the sanitized implementation alone (CI builds it beside make test: one long compile)
+asan-implementation:
+	$(MAKE) --no-print-directory build-asan/tinygrad.o BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
 
 # libFuzzer (clang) with ASan and UBSan, each target run with a scratch corpus directory first:
 # new inputs go there, the committed corpus is only read. Findings land in build-fuzz/.

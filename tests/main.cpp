@@ -4,8 +4,10 @@
 // "N passed, N failed, N skipped". Exit status 1 on a failure.
 // With TG_TEST_CLAIMS=DIR several processes share one run (tests/run.sh): a case runs in the
 // process that first creates DIR/<its number>; a TEST_LAST case runs in each, over what that
-// process did.
+// process did. TG_TEST_TIMES=1 prints each case's seconds after its status (to find the slow
+// ones: make test stays quick).
 #include "harness.hpp"
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
         return th::failures() ? 1 : 0;
     }
     int passed = 0, failed = 0, skipped = 0;
+    const char* times_env = std::getenv("TG_TEST_TIMES");
+    const bool times = times_env && std::strcmp(times_env, "0") != 0;
     for (bool last : {false, true})
         for (size_t index = 0; index < th::cases().size(); index++) {
             const th::Case& c = th::cases()[index];
@@ -45,6 +49,7 @@ int main(int argc, char** argv) {
             if (!last && !claimed(index)) continue;
             int before = th::failures();
             std::string status = "ok";
+            auto start = std::chrono::steady_clock::now();
             try {
                 c.fn();
             } catch (const th::Skip& s) {
@@ -56,7 +61,10 @@ int main(int argc, char** argv) {
             if (status == "ok") passed++;
             else if (status == "FAILED") failed++;
             else skipped++;
-            std::printf("%-44s %s\n", c.name, status.c_str());
+            std::printf("%-44s %s", c.name, status.c_str());
+            std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+            if (times) std::printf("  %.2f s", took.count());
+            std::printf("\n");
             std::fflush(stdout);
         }
     std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
