@@ -490,20 +490,22 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
     return true;
 }
 
-// A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output
-// loops holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add
-// into the one accumulator the epilogue reads. Each block computes a tile of T rows by T
-// columns, its 16 x 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms
-// at a time of x and y staged in shared memory. T is 64, or 128 where that still gives the GPU
-// 4 blocks per multiprocessor (twice the multiply-adds per value read from shared memory), or
-// 32 where 64 would leave multiprocessors idle and the sums are short; TG_CUDA_TILE=32, 64 or
-// 128 sets it. Where the tiles are still fewer than the multiprocessors and the sums long (a
-// weight's gradient: few outputs, a term per token), the terms are split into ranges of at
-// least SPLIT_TERMS_EACH, a block per tile and range writing its partial sums to a scratch
-// buffer; a second kernel adds each output's ranges in order, then runs the epilogue. The terms are numbered in the order of the trees
-// (segments: a term and the loops around it), and each output adds them in that order, a
-// partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not
-// kept: a fixed order still, so the bits are the same on every run).
+// A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output loops
+// holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add into the
+// one accumulator the epilogue reads. Each block computes a tile of T rows by T columns, its 16 x
+// 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms at a time of x and
+// y staged in shared memory, in two buffers: the loads of the next terms are in flight while the
+// products of these run, so one barrier per step suffices. A thread's rows (and columns) come in
+// runs of 4 (2 for T = 32), read with one vector load. T is 64, or 128 where there are still 4
+// such tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or
+// 32 where 64 would leave multiprocessors idle and the sums are short; TG_CUDA_TILE=32, 64 or 128
+// sets it. Where the tiles are still fewer than the multiprocessors and the sums long (a weight's
+// gradient: few outputs, a term per token), the terms are split into ranges of at least
+// SPLIT_TERMS_EACH, a block per tile and range writing its partial sums to a scratch buffer; a
+// second kernel adds each output's ranges in order, then runs the epilogue. The terms are numbered
+// in the order of the trees (segments: a term and the loops around it), and each output adds them
+// in that order, a partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own
+// grouping is not kept: a fixed order still, so the bits are the same on every run).
 struct ProductSegment {
     std::vector<const Stmt*> loops;   // around the term, outermost first
     ExprP x, y;                       // the term is x·y (fused multiply-add, as in the loops)
@@ -908,9 +910,11 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         return out;
     }
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
-    std::string out = strf("    __shared__ float xs[%d][%d], ys[%d][%d];\n", KT, T + 4, KT, T + 4);
+    // two buffers of each operand's terms: one read while the next terms are stored in the other
+    std::string out = strf("    __shared__ __align__(16) float xs[2][%d][%d], ys[2][%d][%d];\n",
+                           KT, T + 4, KT, T + 4);
     out += "    int64_t t = blockIdx.x;\n";
-    std::string k_end = strf("%lldLL", K);
+    std::string k_begin = "0LL", k_end = strf("%lldLL", K);
     if (stage == 1) {
         long long each = plan.split_terms;
         out += strf("    const int64_t split = t %% %lldLL, k_begin = split * %lldLL;\n"
@@ -918,6 +922,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
                     "    const int64_t k_end = k_begin + %lldLL < %lldLL ? k_begin + %lldLL : "
                     "%lldLL;\n",
                     (long long)plan.splits, each, (long long)plan.splits, each, K, each, K);
+        k_begin = "k_begin";
         k_end = "k_end";
     }
     out += strf("    const int64_t r0 = t %% %lldLL * %d;\n    t /= %lldLL;\n"
@@ -925,6 +930,10 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
                 row_tiles, T, row_tiles, col_tiles, T, col_tiles);
     out += "    const int64_t outer = t;\n    (void)outer;\n";
     out += outer_vars("    ");
+    // a thread's rows are V·ty + 16·V·j + q (q < V, j < R / V), its columns the same with tx:
+    // V consecutive values, read from shared memory in one vector load
+    const int V = std::min(R, 4);
+    const std::string vec = strf("float%d", V);
     out += strf("    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n"
                 "    float part[%d][%d], total[%d][%d];\n"
                 "    for (int a = 0; a < %d; a++)\n"
@@ -965,41 +974,77 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     int inner = first.loops.empty() ? -1 : first.loops.back()->id;
     bool x_by_rows = read_along(first.x, m.rows) && (inner < 0 || !read_along(first.x, inner));
     bool y_by_cols = read_along(first.y, m.cols) || inner < 0 || !read_along(first.y, inner);
-    out += strf("    for (int64_t k0 = %s; k0 < %s; k0 += %d) {\n", stage == 1 ? "k_begin" : "0",
-                k_end.c_str(), KT);
-    for (int x = 1; x >= 0; x--) {   // x's tile, then y's
+    // Each thread stages L of each operand's T·KT values of the terms from k0: element e =
+    // threadIdx.x + 256·l of the tile. `fetch` loads them from memory into xn and yn, `put`
+    // stores them into shared buffer `buffer`: the loads of the next terms are issued before
+    // the products of these, and stored after them.
+    const int L = T * KT / CUDA_BLOCK_THREADS;
+    auto element = [&](bool x, const std::string& pad) {
         bool along = x ? x_by_rows : y_by_cols;
-        int var = x ? m.rows : m.cols;
-        const char* base = x ? "r0" : "c0";
-        long long n = x ? M : N;
-        out += strf("        for (int e = threadIdx.x; e < %d; e += %d) {\n", T * KT,
-                    CUDA_BLOCK_THREADS);
-        out += along ? strf("            int o = e %% %d, kk = e / %d;\n", T, T)
-                     : strf("            int o = e / %d, kk = e %% %d;\n", KT, KT);
-        out += strf("            int64_t i%d = %s + o, f = k0 + kk;\n", var, base);
-        out += "            float v = 0.0f;\n";
-        out += strf("            if (i%d < %lldLL && f < %s) {\n", var, n, k_end.c_str());
-        out += operand(x, "v", "                ");
-        out += "            }\n";
-        out += strf("            %s[kk][o] = v;\n", x ? "xs" : "ys");
-        out += "        }\n";
-    }
-    out += "        __syncthreads();\n";
+        return pad + strf("const int e = threadIdx.x + %d * l;\n", CUDA_BLOCK_THREADS) + pad +
+               (along ? strf("const int o = e %% %d, kk = e / %d;\n", T, T)
+                      : strf("const int o = e / %d, kk = e %% %d;\n", KT, KT));
+    };
+    auto fetch = [&](const std::string& k0, const std::string& pad) {
+        std::string code;
+        for (int x = 1; x >= 0; x--) {   // x's terms, then y's
+            int var = x ? m.rows : m.cols;
+            long long n = x ? M : N;
+            code += pad + strf("for (int l = 0; l < %d; l++) {\n", L);
+            code += element(x, pad + "    ");
+            code += pad + strf("    const int64_t i%d = %s + o, f = %s + kk;\n", var,
+                               x ? "r0" : "c0", k0.c_str());
+            code += pad + "    float v = 0.0f;\n";
+            code += pad + strf("    if (i%d < %lldLL && f < %s) {\n", var, n, k_end.c_str());
+            code += operand(x, "v", pad + "        ");
+            code += pad + "    }\n" + pad + strf("    %s[l] = v;\n", x ? "xn" : "yn") + pad + "}\n";
+        }
+        return code;
+    };
+    auto put = [&](const char* buffer, const std::string& pad) {
+        std::string code;
+        for (int x = 1; x >= 0; x--) {
+            code += pad + strf("for (int l = 0; l < %d; l++) {\n", L);
+            code += element(x, pad + "    ");
+            code += pad + strf("    %s[%s][kk][o] = %s[l];\n", x ? "xs" : "ys", buffer,
+                               x ? "xn" : "yn") + pad + "}\n";
+        }
+        return code;
+    };
+    out += strf("    float xn[%d], yn[%d];\n", L, L);
+    out += fetch(k_begin, "    ") + put("0", "    ") + "    __syncthreads();\n";
+    out += strf("    int buffer = 0;\n"
+                "    for (int64_t k0 = %s; k0 < %s; k0 += %d, buffer ^= 1) {\n"
+                "        const bool more = k0 + %d < %s;\n        if (more) {\n",
+                k_begin.c_str(), k_end.c_str(), KT, KT, k_end.c_str());
+    out += fetch("k0 + " + std::to_string(KT), "            ") + "        }\n";
     out += strf("        for (int kk = 0; kk < %d; kk++) {\n", KT);
     out += strf("            float xv[%d], yv[%d];\n", R, R);
-    out += strf("            for (int a = 0; a < %d; a++) xv[a] = xs[kk][ty + 16 * a];\n", R);
-    out += strf("            for (int c = 0; c < %d; c++) yv[c] = ys[kk][tx + 16 * c];\n", R);
+    for (int x = 1; x >= 0; x--) {
+        const char* w = x ? "xv" : "yv";
+        out += strf("            for (int j = 0; j < %d; j++) {\n"
+                    "                const %s v = *(const %s *)&%s[buffer][kk][%d * %s + %d * j];\n",
+                    R / V, vec.c_str(), vec.c_str(), x ? "xs" : "ys", V, x ? "ty" : "tx", 16 * V);
+        for (int q = 0; q < V; q++) out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
+        out += "            }\n";
+    }
     out += strf("            for (int a = 0; a < %d; a++)\n"
                 "                for (int c = 0; c < %d; c++)\n"
                 "                    part[a][c] = fmaf(xv[a], yv[c], part[a][c]);\n"
-                "        }\n        __syncthreads();\n", R, R);
+                "        }\n", R, R);
     out += strf("        for (int a = 0; a < %d; a++)\n"
                 "            for (int c = 0; c < %d; c++) {\n"
                 "                total[a][c] += part[a][c];\n"
-                "                part[a][c] = 0.0f;\n            }\n    }\n", R, R);
+                "                part[a][c] = 0.0f;\n            }\n", R, R);
+    // the other buffer was last read before the barrier that ended the previous terms
+    out += "        if (more) {\n" + put("buffer ^ 1", "            ") +
+           "        }\n        __syncthreads();\n    }\n";
+    auto place = [&](const char* axis, const char* index) {   // a thread's row or column
+        return strf("%d * %s + %d * (%s / %d) + %s %% %d", V, axis, 16 * V, index, V, index, V);
+    };
     out += strf("    for (int a = 0; a < %d; a++)\n        for (int c = 0; c < %d; c++) {\n", R, R);
-    out += strf("            const int64_t i%d = r0 + ty + 16 * a, i%d = c0 + tx + 16 * c;\n",
-                m.rows, m.cols);
+    out += strf("            const int64_t i%d = r0 + %s, i%d = c0 + %s;\n", m.rows,
+                place("ty", "a").c_str(), m.cols, place("tx", "c").c_str());
     out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M, m.cols, N);
     if (stage == 1) {
         out += strf("            tg_part[split * %lldLL + (outer * %lldLL + i%d) * %lldLL + i%d] = "

@@ -62,6 +62,9 @@ void *memcpy(void *, const void *, __SIZE_TYPE__);
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(threads)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
 struct tg_cpu_dim3 { unsigned x, y, z; };
 struct tg_cpu_api {
     tg_cpu_dim3 thread, block, block_dim, grid_dim;

@@ -367,8 +367,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             products++;
             split += plan.splits > 1 && l.stage == 1 && l.name.find("_terms") != std::string::npos;
             std::string cu = tg::detail::render_cuda(p);
-            CHECK(cu.find(plan.splits > 1 ? "__shared__ float xs[16][68], ys[16][68];"
-                                          : "__shared__ float xs[16][36], ys[16][36];") !=
+            CHECK(cu.find(plan.splits > 1 ? "float xs[2][16][68], ys[2][16][68];"
+                                          : "float xs[2][16][36], ys[2][16][36];") !=
                   std::string::npos);
             by_term += cu.find("int64_t l = f") == std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
