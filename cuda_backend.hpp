@@ -1022,10 +1022,11 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     out += strf("            float xv[%d], yv[%d];\n", R, R);
     for (int x = 1; x >= 0; x--) {
         const char* w = x ? "xv" : "yv";
-        out += strf("            for (int j = 0; j < %d; j++) {\n"
-                    "                const %s v = *(const %s *)&%s[buffer][kk][%d * %s + %d * j];\n",
-                    R / V, vec.c_str(), vec.c_str(), x ? "xs" : "ys", V, x ? "ty" : "tx", 16 * V);
-        for (int q = 0; q < V; q++) out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
+        out += strf("            for (int j = 0; j < %d; j++) {\n", R / V);
+        out += strf("                const %s v = *(const %s *)&%s[buffer][kk][%d * %s + %d * j];\n",
+                    vec.c_str(), vec.c_str(), x ? "xs" : "ys", V, x ? "ty" : "tx", 16 * V);
+        for (int q = 0; q < V; q++)
+            out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
         out += "            }\n";
     }
     out += strf("            for (int a = 0; a < %d; a++)\n"
