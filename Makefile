@@ -87,11 +87,14 @@ test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 	rm -rf $$dir; exit $$rc
 
 # compute-sanitizer's memcheck over the CUDA tests (with a GPU; the graphs off, so that each
-# kernel is reported by name)
+# kernel is reported by name). Its reports of failed API calls are off: the backend checks
+# every call it makes, and NCCL's set-up asks for kernels it has no code for on this GPU
+# (cudaFuncGetAttributes, "no kernel image"), which it expects and passes over.
 test-cuda-memcheck: $(BUILD)/run_tests
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
 	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA TG_CUDA_GRAPHS=0 compute-sanitizer --tool memcheck \
-	    --error-exitcode 1 ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; rm -rf $$dir; exit $$rc
+	    --report-api-errors no --error-exitcode 1 ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; \
+	rm -rf $$dir; exit $$rc
 
 # the same without a GPU, on the CPU stand-in (slow: every kernel a thread at a time)
 test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so

@@ -414,6 +414,8 @@ TEST(cuda_failed_check_is_an_error_and_skips_in_place_writes) {
     CHECK_THROWS(w.assign(w + w.gather(0, bad)).realize(), "gather", "got 9", "test_cuda.cpp");
     CHECK_ALL_NEAR(values(w), (std::vector<float>{1, 2, 3, 4}), 0);
     // one program run three times: its kernels, then as a CUDA graph, then failing as one
+    // (graphs on, also where make test-cuda-memcheck turns them off for the other tests)
+    EnvGuard on("TG_CUDA_GRAPHS", "1");
     int64_t graphs = tg::stats().graph_runs;
     Tensor good = Tensor::from_vector(std::vector<int32_t>{3, 2, 1, 0});
     auto step = [&](const Tensor& idx) { w.assign(w + w.gather(0, idx)).realize(); };
