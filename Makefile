@@ -168,7 +168,7 @@ oracle: $(BUILD)/oracle
 	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(SEED) $(COUNT); \
 	rc=$$?; rm -rf $$dir; exit $$rc
 
-$(BUILD)/bench: bench/bench.cpp tinygrad.hpp
+$(BUILD)/bench: bench/bench.cpp tinygrad.hpp cuda_backend.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
