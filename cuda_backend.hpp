@@ -19,9 +19,10 @@
    the CPU's passes less its fusion into row loops) becomes a kernel. Its outer loops, as long
    as each iteration writes its own part of every buffer it writes (the test the CPU's
    parallel_loops pass uses), become one grid of threads; what is inside them runs in each
-   thread in the loop IR's order. A nest with few grid items and long reductions gives each
-   item a block of threads that split the loops and combine their partial results in a fixed
-   tree; a nest without grid loops runs as one kernel per statement; a scatter runs a thread
+   thread in the loop IR's order. A nest with few grid items and long reductions, or whose
+   items each walk rows of their own (a layer norm's, a softmax's), gives each item a block of
+   threads that split the loops and combine their partial results in a fixed tree; a nest
+   without grid loops runs as one kernel per statement; a scatter runs a thread
    per column; a matrix product runs a block per tile of outputs through shared memory. Every
    order is fixed by the shapes, so results are the same on every run. From its second run a
    program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not).
@@ -401,8 +402,13 @@ static bool stores(const std::vector<Stmt>& body) {
 // rest (body) as the loop IR says; or, for a nest of few items with long reductions
 // (cooperative), a block of CUDA_BLOCK_THREADS threads that split each loop of the body in a
 // fixed way (thread l takes iterations l, l + 256, ...) and combine their partial results in
-// a fixed tree (tg_block_reduce), so the result is the same on every run.
+// a fixed tree (tg_block_reduce), so the result is the same on every run. A nest whose items
+// each walk rows of their own (their accesses move by one element along a loop inside the
+// item, none along the innermost grid loop: a layer norm's or a softmax's rows) runs so with
+// up to COOPERATIVE_MAX_ROWS items: a thread per item would leave most of the GPU idle and
+// read memory with the threads of a warp a row apart, where a block reads each row in step.
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
+static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18, COOPERATIVE_MIN_ROW_WORK = 128;
 
 // A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
 // or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
@@ -600,6 +606,32 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
            env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX);
 }
 
+// Whether the items of plan walk rows of their own (see COOPERATIVE_MAX_ROWS): of the accesses
+// that move with a loop of the item, none moves by one element along the innermost grid loop,
+// and some move so along a loop of the item. (An item's own value, read once, does not count.)
+static bool walks_rows(const Block& b, const KernelPlan& plan) {
+    if (plan.grid.empty()) return false;
+    auto moves_by_one = [](const ExprP& idx, int var) {
+        Linear lin;
+        lin.add(1, idx);
+        for (auto& [coef, term] : lin.terms)
+            if (coef == 1 && term->kind == EK::VAR && term->id == var) return true;
+        return false;
+    };
+    std::unordered_set<int> grid;
+    for (const Stmt* l : plan.grid) grid.insert(l->id);
+    bool along_item = false;
+    for (const Access& a : block_accesses(b).accesses) {
+        bool in_item = false;   // read or written at each step of a loop of the item
+        for (int v : a.loops) in_item = in_item || (!grid.count(v) && uses_var(a.idx, v));
+        if (!in_item) continue;
+        if (moves_by_one(a.idx, plan.grid.back()->id)) return false;
+        for (int v : a.loops)
+            along_item = along_item || (!grid.count(v) && moves_by_one(a.idx, v));
+    }
+    return along_item;
+}
+
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     KernelPlan plan;
     plan.body = &b.body;
@@ -644,9 +676,11 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
         return plan;
     }
     std::unordered_map<int, DType> accs;
-    plan.cooperative = plan.items <= COOPERATIVE_MAX_ITEMS && !arrays &&
-                       loop_work(*plan.body, b.extents) >= COOPERATIVE_MIN_WORK &&
-                       cooperative_body(*plan.body, accs);
+    int64_t work = loop_work(*plan.body, b.extents);
+    bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
+    bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= COOPERATIVE_MIN_ROW_WORK &&
+                walks_rows(b, plan);
+    plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
     return plan;
 }
 

@@ -180,7 +180,8 @@ TEST(cuda_without_a_driver_is_a_clear_error) {
 }
 
 TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
-    Tensor a = Tensor::randn({64, 32}, 1).realize(), b = Tensor::randn({32, 16}, 2).realize();
+    // rows short enough (8 x 8 multiply-adds) for a thread each
+    Tensor a = Tensor::randn({64, 8}, 1).realize(), b = Tensor::randn({8, 8}, 2).realize();
     tg::detail::Program captured;
     auto saved = tg::detail::program_observer();
     tg::detail::program_observer() = [&](const tg::detail::Program& p) { captured = p; };
@@ -200,9 +201,11 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 }
 
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
-// with a block reduction; an optimizer's update (values, then a loop) is a grid over the
-// elements; a scatter (an index_select's gradient) is a grid over its columns, each summing
-// its rows in order after a kernel that zeroes the output.
+// with a block reduction; so is each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item
+// walks along, but not each of many columns, whose threads read side by side; an optimizer's
+// update (values, then a loop) is a grid over the elements; a scatter (an index_select's
+// gradient) is a grid over its columns, each summing its rows in order after a kernel that
+// zeroes the output.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
@@ -212,6 +215,12 @@ TEST(cuda_plans_nests_for_the_gpu) {
     tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
     Tensor a = Tensor::randn({4, 3000}, 5).realize();
     (a * a).sum().realize();
+    Tensor r = Tensor::randn({5000, 130}, 7).realize(), c = Tensor::randn({300, 5000}, 8).realize();
+    size_t rows_from = programs.size();
+    (r - r.mean(-1, true)).realize();
+    size_t columns_from = programs.size();
+    c.sum(0).realize();
+    size_t columns_to = programs.size();
     Tensor w = Tensor::randn({16, 8}, 6).requires_grad();
     Tensor idx = Tensor::from_vector(std::vector<int32_t>{1, 3, 1, 5, 0});
     tg::optim::AdamW opt({w}, 1e-3, 0.9, 0.999, 1e-8, 0.01);
@@ -219,8 +228,9 @@ TEST(cuda_plans_nests_for_the_gpu) {
     opt.step();
     w.realize();
     tg::detail::program_observer() = saved;
-    bool reduced = false, adam = false, scatter = false;
-    for (const tg::detail::Program& p : programs) {
+    bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
+    for (size_t n = 0; n < programs.size(); n++) {
+        const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
         reduced = reduced || (cu.find("tg_block_reduce<0>(acc") != std::string::npos &&
                               cu.find("int64_t t = blockIdx.x;") != std::string::npos);
@@ -232,8 +242,14 @@ TEST(cuda_plans_nests_for_the_gpu) {
                 adam = adam || (!plan.values.empty() && plan.items == 128 && !plan.cooperative);
             if (title.find("SCATTER_ADD") != std::string::npos && plan.serial)
                 scatter = scatter || (plan.items == 8 && l.name.find('_') != std::string::npos);
+            if (n >= rows_from && n < columns_from && plan.items == 5000)
+                rows = rows || plan.cooperative;
+            if (n >= columns_from && n < columns_to && plan.items == 5000)
+                columns = columns || !plan.cooperative;
         }
     }
+    CHECK(rows);
+    CHECK(columns);
     CHECK(reduced);
     CHECK(adam);
     CHECK(scatter);
@@ -298,7 +314,8 @@ TEST(cuda_ops_and_gradients_match_the_cpu) {
 
 // Long reductions over few items run a block of threads per item (plan_kernel's cooperative
 // nests): sums and maxima by rows, over everything, over two axes, in a product with a long
-// inner axis, in softmax's forward and backward, and in integers.
+// inner axis, in softmax's forward and backward, over many rows (a layer norm's), and in
+// integers.
 TEST(cuda_block_reductions_match_the_cpu) {
     NEED_GPU();
     auto run = [](const char* device) {
@@ -308,11 +325,15 @@ TEST(cuda_block_reductions_match_the_cpu) {
         Tensor a = Tensor::from_vector(th::randf(2 * 3000, 23), {2, 3000});
         Tensor b = Tensor::from_vector(th::randf(3000 * 3, 24), {3000, 3});
         Tensor i = Tensor::from_vector(th::randi(4097, 25, -50, 50), {4097});
-        Tensor loss = (x.softmax(-1) * x).sum();
+        Tensor r = Tensor::from_vector(th::randf(5000 * 130, 26), {5000, 130}).requires_grad();
+        Tensor centred = r - r.mean(-1, true);
+        Tensor normed = centred / (centred.pow(2).mean(-1, true) + 1e-5f).sqrt();
+        Tensor loss = (x.softmax(-1) * x).sum() + (normed * normed.softmax(-1)).sum();
         loss.backward();
         std::vector<float> out;
         for (const Tensor& t : {x.sum(1), x.max(1).values, x.min(1).values, x.sum(),
                                 y.sum(std::vector<int>{1, 2}), a.matmul(b), loss, x.grad(),
+                                r.grad(),
                                 i.sum().cast(tg::DType::FLOAT32),
                                 i.max().cast(tg::DType::FLOAT32)})
             for (float v : values(t)) out.push_back(v);
