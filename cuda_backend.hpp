@@ -504,11 +504,11 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
 // products of these run, so one barrier per step suffices. A thread's rows (and columns) come in
 // runs of 4 (2 for T = 32), read with one vector load. T is 64, or 128 where there are still 4
 // such tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or
-// 32 where 64 would leave multiprocessors idle and the sums are short; TG_CUDA_TILE=32, 64 or 128
-// sets it. Where the tiles are still fewer than the multiprocessors and the sums long (a weight's
-// gradient: few outputs, a term per token), the terms are split into ranges of at least
-// SPLIT_TERMS_EACH, a block per tile and range writing its partial sums to a scratch buffer; a
-// second kernel adds each output's ranges in order, then runs the epilogue. The terms are numbered
+// 32 where 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the
+// tiles are still fewer than the multiprocessors and the sums long (a weight's gradient: few
+// outputs, a term per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, a
+// block per tile and range writing its partial sums to a scratch buffer; a second kernel adds
+// each output's ranges in order, then runs the epilogue. The terms are numbered
 // in the order of the trees (segments: a term and the loops around it), and each output adds them
 // in that order, a partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own
 // grouping is not kept: a fixed order still, so the bits are the same on every run).
@@ -528,7 +528,7 @@ struct ProductPlan {
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
 };
-static const int64_t SPLIT_MIN_TERMS = 2048, SPLIT_TERMS_EACH = 512;
+static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256;
 static bool product_segments(const std::vector<Stmt>& body, const Block& b, const ProductMatch& m,
                              std::vector<const Stmt*>& loops, ProductPlan& plan) {
     for (const Stmt& st : body) {
@@ -588,12 +588,11 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     plan.cols = b.extents[size_t(m.cols)];
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
-    bool few_tiles = plan.tiles(64) < GPU_MULTIPROCESSORS;
     plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
     if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128)
-        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS              ? 128
-                    : few_tiles && plan.terms < SPLIT_MIN_TERMS ? 32
-                                                                : 64;
+        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
+                    : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
+                                                               : 64;
     plan.split_terms = plan.terms;
     if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
         int64_t want = (2 * GPU_MULTIPROCESSORS + plan.tiles() - 1) / plan.tiles();
