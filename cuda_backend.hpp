@@ -47,8 +47,9 @@
 
    Several GPUs: CUDA:1, CUDA:2, ... (CUDA is CUDA:0), each with its own context, stream and
    queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
-   sums tensors across processes for tg::DataParallel::all_reduce. Neither has run on a GPU
-   yet (the CPU stand-in of make test runs two GPUs' copies and DataParallel, not NCCL). */
+   sums tensors across processes for tg::DataParallel::all_reduce. Copies between GPUs have
+   run only on the CPU stand-in of make test (two GPUs' copies and DataParallel); NCCL with
+   one rank has run on a GPU, across processes not yet. */
 #ifndef TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 #define TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 

@@ -214,10 +214,11 @@
    in-place writes, and the error names the line that indexed.
 
  NOT YET
-   tiled products on CUDA (one thread per output element); fast tiles on x86 CPUs without
-   AVX-512 (with AVX2 and FMA they run at a fraction of the AVX-512 rate; without FMA the
-   fused multiply-adds are library calls); CUDA graphs for jit replays. Several CUDA devices
-   (CUDA:1, ...), their peer copies and NCCL are written but have not run on a GPU yet.
+   CUDA products at cuBLAS's speed (the tiled kernels: 29 of its 51 TFLOP/s at 4096^3 on an
+   H200) and TF32; fast tiles on x86 CPUs without AVX-512 (with AVX2 and FMA they run at a
+   fraction of the AVX-512 rate; without FMA the fused multiply-adds are library calls).
+   Several CUDA devices (CUDA:1, ...) and their peer copies, and NCCL across processes, are
+   written but have not run on real GPUs (a one-rank NCCL step has).
    The interpreter and constant folding hold integers exactly, but a constant in the graph
    (Scalar) is a double: int64 constants beyond 2^53 are rounded.
 */
