@@ -22,8 +22,9 @@
    thread in the loop IR's order. A nest with few grid items and long reductions, or whose
    items each walk rows of their own (a layer norm's, a softmax's), gives each item a block of
    threads that split the loops and combine their partial results in a fixed tree; a nest
-   without grid loops runs as one kernel per statement; a scatter runs a thread
-   per column; a matrix product runs a block per tile of outputs through shared memory. Every
+   without grid loops runs as one kernel per statement; a scatter runs a thread per column
+   (with many rows, a thread per range of rows and column, into copies added after); a matrix
+   product runs a block per tile of outputs through shared memory. Every
    order is fixed by the shapes, so results are the same on every run. From its second run a
    program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not).
    Bounds checks write the failing site into a small device buffer, which is read back after
@@ -127,9 +128,12 @@ struct KernelPlan {
     int64_t items = 1;
     bool cooperative = false;
     // a matrix product, a block per square tile of outputs (items: the tiles), its sums split
-    // in `splits` ranges of terms where it has few tiles and long sums (outputs: its outputs)
+    // in `splits` ranges of terms where it has few tiles and long sums (outputs: its outputs);
+    // or a scatter (serial) whose rows are split in `splits` ranges of serial_rows, each adding
+    // into its own zeroed copy of the `outputs` elements of buffer scatter_buffer
     bool product = false;
-    int64_t splits = 1, outputs = 0;
+    int64_t splits = 1, outputs = 0, serial_rows = 0;
+    int scatter_buffer = -1;
     int64_t blocks() const {
         return cooperative || product ? items
                                       : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
@@ -632,6 +636,34 @@ static bool walks_rows(const Block& b, const KernelPlan& plan) {
     return along_item;
 }
 
+// A scatter (plan.serial) of few columns and many rows runs a thread per column, each adding
+// its rows in order: a chain of read-add-writes that waits on memory at every row. Where its
+// body only adds float32 values into one buffer that it does not read, the rows are split into
+// ranges of at least SCATTER_ROWS_EACH, a thread per range and column adding into the range's
+// own copy of that buffer (scratch, zeroed before each run; at most SCATTER_MAX_SCRATCH floats
+// in all); a second kernel adds each element's copies, in the ranges' order, into the buffer.
+static const int64_t SCATTER_ROWS_EACH = 32, SCATTER_MAX_SCRATCH = int64_t(1) << 23;
+static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
+    int into = -1;
+    for (const Stmt& st : *plan.body) {
+        if (st.kind == SK::CHECK) continue;
+        if (st.kind != SK::STORE_ADD || (into >= 0 && st.id != into)) return;
+        into = st.id;
+    }
+    if (into < 0 || p.buffers[size_t(into)].dtype != DType::FLOAT32) return;
+    for (const Access& a : block_accesses(b).accesses)
+        if (a.buffer == into && !a.write) return;
+    int64_t rows = b.extents[size_t(plan.serial->id)], elements = p.buffers[size_t(into)].numel;
+    int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
+    int64_t splits = std::min({want, rows / SCATTER_ROWS_EACH, SCATTER_MAX_SCRATCH / elements});
+    if (splits < 2) return;
+    plan.serial_rows = (rows + splits - 1) / splits;
+    plan.splits = (rows + plan.serial_rows - 1) / plan.serial_rows;
+    plan.outputs = elements;
+    plan.scatter_buffer = into;
+    plan.items *= plan.splits;
+}
+
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     KernelPlan plan;
     plan.body = &b.body;
@@ -664,6 +696,7 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
         plan.grid.push_back(&body[0].body[0]);
         plan.items = b.extents[size_t(body[0].body[0].id)];
         plan.body = &body[0].body[0].body;
+        split_scatter(p, b, plan);
         return plan;
     }
     ProductPlan product;
@@ -684,6 +717,16 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     return plan;
 }
 
+// A split product's or scatter's two kernels: the partial sums into scratch, then their totals
+// (and the scan of TG_CHECK, if any, after the second).
+static void push_split(std::vector<Launch>& out, size_t k, const Block& b,
+                       const std::string& name) {
+    Block first = b;
+    first.finite_site = -1;
+    out.push_back({k, first, name + "_terms", 1});
+    out.push_back({k, b, name, 2});
+}
+
 // The launches of nest k: the nest as one kernel, or one kernel per statement when the nest
 // has no grid loop and its statements share no accumulator (an optimizer's update: a scalar
 // step count, then a loop per tensor). Each statement then gets a grid of its own; the
@@ -694,8 +737,7 @@ std::vector<Launch> launches_of(const Program& p) {
         const Block& b = p.blocks[k];
         KernelPlan plan = plan_kernel(p, k, b);
         if (plan.splits > 1) {
-            out.push_back({k, b, strf("k%zu_terms", k), 1});
-            out.push_back({k, b, strf("k%zu", k), 2});
+            push_split(out, k, b, strf("k%zu", k));
             continue;
         }
         bool split = b.body.size() > 1 && plan.grid.empty();
@@ -709,7 +751,9 @@ std::vector<Launch> launches_of(const Program& p) {
             Block part = b;
             part.body = {b.body[i]};
             if (i + 1 < b.body.size()) part.finite_site = -1;   // the scan follows the last
-            out.push_back({k, part, strf("k%zu_%zu", k, i)});
+            std::string name = strf("k%zu_%zu", k, i);
+            if (plan_kernel(p, k, part).splits > 1) push_split(out, k, part, name);
+            else out.push_back({k, part, name});
         }
     }
     return out;
@@ -1117,12 +1161,26 @@ std::string render_cuda(const Program& p) {
             out += render_product(b, launch.stage, next_tmp) + "}\n";
             continue;
         }
+        if (launch.stage == 2) {   // a split scatter's totals, a thread per element
+            out += strf("    const int64_t e = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+                        "    if (e >= %lldLL) return;\n    float sum = 0.0f;\n"
+                        "    for (int64_t s = 0; s < %lldLL; s++) sum += tg_part[s * %lldLL + e];\n"
+                        "    buf%d[e] += sum;\n}\n",
+                        CUDA_BLOCK_THREADS, (long long)plan.outputs, (long long)plan.splits,
+                        (long long)plan.outputs, plan.scatter_buffer);
+            continue;
+        }
         if (plan.cooperative)
             out += "    int64_t t = blockIdx.x;\n";
         else
             out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
                         "    if (t >= %lldLL) return;\n",
                         CUDA_BLOCK_THREADS, (long long)plan.items);
+        if (launch.stage == 1) {   // a split scatter's range of rows
+            long long columns = (long long)(plan.items / plan.splits);
+            out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
+                        columns);
+        }
         if (plan.grid.empty()) out += "    (void)t;\n";
         for (size_t l = plan.grid.size(); l-- > 0;) {
             int id = plan.grid[l]->id;
@@ -1141,10 +1199,23 @@ std::string render_cuda(const Program& p) {
             cooperative_stmts(p, k, b, *plan.body, accs, 1, next_tmp, out);
         } else if (plan.serial) {
             int id = plan.serial->id;
-            out += strf("    for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", id, id,
-                        (long long)b.extents[size_t(id)], id);
-            c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, out);
-            out += "    }\n";
+            long long rows = (long long)b.extents[size_t(id)], each = plan.serial_rows;
+            std::string body;
+            c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, body);
+            if (launch.stage == 1) {   // its rows of the range, into the range's copy
+                out += strf("    float *tg_range = tg_part + split * %lldLL;\n"
+                            "    const int64_t first = split * %lldLL;\n"
+                            "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : "
+                            "%lldLL;\n",
+                            (long long)plan.outputs, each, each, rows, each, rows);
+                out += strf("    for (int64_t i%d = first; i%d < last; i%d++) {\n", id, id, id);
+                std::string from = strf("buf%d[", plan.scatter_buffer);
+                for (size_t at; (at = body.find(from)) != std::string::npos;)
+                    body.replace(at, from.size(), "tg_range[");
+            } else {
+                out += strf("    for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", id, id, rows, id);
+            }
+            out += body + "    }\n";
         } else {
             c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
         }
@@ -1233,6 +1304,7 @@ struct CudaKernel {
     std::vector<int> buffers;   // its arguments before err (and scratch)
     void* scratch = nullptr;    // a split product's partial sums (its first kernel owns them)
     bool owns_scratch = false;
+    size_t zero_bytes = 0;      // a split scatter's: zeroed before each run
     int64_t blocks = 1;
     int finite_site = -1, finite_buffer = -1;
     int64_t finite_count = 0;
@@ -1555,6 +1627,11 @@ struct CudaProgram : Executable {
         const CudaDriver& d = dev.driver();
         dev.check(d.cuMemsetD8Async(CUdeviceptr(err_buffer), 0, 16, dev.stream()),
                   "cuMemsetD8Async");
+        for (const CudaKernel& k : kernels) {
+            if (!k.zero_bytes) continue;
+            dev.check(d.cuMemsetD8Async(CUdeviceptr(k.scratch), 0, k.zero_bytes, dev.stream()),
+                      "cuMemsetD8Async");
+        }
         if (!scans && runs++ > 0 && env_int("TG_CUDA_GRAPHS", 1, 0, 1)) {
             launch_graph(buffers);
             {
@@ -1600,6 +1677,8 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         if (launch.stage == 1) {
             kernel.scratch = alloc(size_t(plan.splits * plan.outputs) * sizeof(float));
             kernel.owns_scratch = true;
+            if (plan.scatter_buffer >= 0)
+                kernel.zero_bytes = size_t(plan.splits * plan.outputs) * sizeof(float);
         } else if (launch.stage == 2) {
             kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
             kernel.blocks = (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;

@@ -205,7 +205,7 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // walks along, but not each of many columns, whose threads read side by side; an optimizer's
 // update (values, then a loop) is a grid over the elements; a scatter (an index_select's
 // gradient) is a grid over its columns, each summing its rows in order after a kernel that
-// zeroes the output.
+// zeroes the output, and one of many rows sums ranges of them into copies first.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
@@ -221,6 +221,11 @@ TEST(cuda_plans_nests_for_the_gpu) {
     size_t columns_from = programs.size();
     c.sum(0).realize();
     size_t columns_to = programs.size();
+    Tensor table = Tensor::randn({16, 8}, 9).requires_grad();
+    Tensor many = Tensor::from_vector(th::randi(3000, 10, 0, 15));
+    table.index_select(0, many).sum().backward();
+    table.grad().realize();
+    size_t many_rows_to = programs.size();
     Tensor w = Tensor::randn({16, 8}, 6).requires_grad();
     Tensor idx = Tensor::from_vector(std::vector<int32_t>{1, 3, 1, 5, 0});
     tg::optim::AdamW opt({w}, 1e-3, 0.9, 0.999, 1e-8, 0.01);
@@ -229,6 +234,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
+    bool scatter_split = false;
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -240,8 +246,17 @@ TEST(cuda_plans_nests_for_the_gpu) {
             const std::string& title = l.part.title;
             if (title.find("RECIP SQRT ASSIGN") != std::string::npos)
                 adam = adam || (!plan.values.empty() && plan.items == 128 && !plan.cooperative);
-            if (title.find("SCATTER_ADD") != std::string::npos && plan.serial)
-                scatter = scatter || (plan.items == 8 && l.name.find('_') != std::string::npos);
+            if (title.find("SCATTER_ADD") != std::string::npos && plan.serial && n >= many_rows_to)
+                scatter = scatter || (plan.items == 8 && plan.splits == 1 &&
+                                      l.name.find('_') != std::string::npos);
+            // 3000 rows: 91 ranges of 33 (the last 30), a thread per range and column, into
+            // copies of the 16 x 8 gradient
+            if (title.find("SCATTER_ADD") != std::string::npos && n >= columns_to &&
+                n < many_rows_to && l.stage == 1)
+                scatter_split = plan.serial && plan.splits == 91 && plan.serial_rows == 33 &&
+                                plan.items == 91 * 8 && plan.outputs == 128 &&
+                                l.name.find("_terms") != std::string::npos &&
+                                cu.find("tg_range[") != std::string::npos;
             if (n >= rows_from && n < columns_from && plan.items == 5000)
                 rows = rows || plan.cooperative;
             if (n >= columns_from && n < columns_to && plan.items == 5000)
@@ -250,6 +265,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     }
     CHECK(rows);
     CHECK(columns);
+    CHECK(scatter_split);
     CHECK(reduced);
     CHECK(adam);
     CHECK(scatter);
@@ -406,6 +422,33 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         EnvGuard t("TG_CUDA_TILE", tile);
         CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
     }
+}
+
+// A scatter of many rows (an embedding's gradient: 3000 tokens of a vocabulary of 50) adds its
+// rows in ranges, each into a copy of the gradient, then the copies in order: the values of
+// the CPU's, the same bits on every run, in graphs too, and a bad index is still an error.
+TEST(cuda_scatters_of_many_rows_match_the_cpu) {
+    NEED_GPU();
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor table = Tensor::from_vector(th::randf(50 * 24, 41), {50, 24}).requires_grad();
+        Tensor tokens = Tensor::from_vector(th::randi(3000, 42, 0, 49));
+        Tensor g = Tensor::from_vector(th::randf(3000 * 24, 43), {3000, 24});
+        std::vector<float> out;
+        for (int s = 0; s < 3; s++) {   // the second and third run the program's graph
+            table.zero_grad();
+            (table.index_select(0, tokens) * g).sum().backward();
+            for (float v : values(table.grad())) out.push_back(v);
+        }
+        Tensor bad = Tensor::from_vector(std::vector<int32_t>(3000, 50));
+        table.zero_grad();
+        CHECK_THROWS(((table.index_select(0, bad) * g).sum().backward(), table.grad().realize()),
+                     "got 50");
+        return out;
+    };
+    std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-4);
+    CHECK(cuda == run("CUDA"));
 }
 
 // Integer min is -max(-x): CUDA 13.0's ptxas lost the negations in such a loop (found by the
