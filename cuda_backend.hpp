@@ -67,6 +67,11 @@ void synchronize();
 // The GPU's name as the driver gives it, for device CUDA, CUDA:1, ... (a tg::Error as
 // available() describes where there is none)
 std::string gpu_name(const std::string& device = "CUDA");
+// With TG_CUDA_PROFILE=1, programs run kernel by kernel (no graphs), each kernel timed on the
+// GPU between two events; this is the table of the kernels that took the most time so far
+// (program, as TG_DEBUG=2 names its files, kernel, the nest it computes, calls, total and
+// mean time), which is also printed to stderr at exit. Empty when nothing was profiled.
+std::string profile_report(size_t top = 25);
 
 // A point in a CUDA device's work (seed 002's events): made, it stands for everything queued
 // on the device so far (copies from the host and programs run while the host goes on; reading
@@ -1305,6 +1310,7 @@ struct CudaKernel {
     void* scratch = nullptr;    // a split product's partial sums (its first kernel owns them)
     bool owns_scratch = false;
     size_t zero_bytes = 0;      // a split scatter's: zeroed before each run
+    std::string name;           // TG_CUDA_PROFILE's: program-hash/kernel: the nest's title
     int64_t blocks = 1;
     int finite_site = -1, finite_buffer = -1;
     int64_t finite_count = 0;
@@ -1537,6 +1543,16 @@ static CudaDevice& cuda_device() {
 // program (a jitted training step), where the first run's launches cost a call each. Where a
 // run's buffers differ from the graph's (a jitted step's new inputs), the kernels that take
 // them have their arguments set again; nothing is recorded twice. TG_CUDA_GRAPHS=0: never.
+// TG_CUDA_PROFILE's sums, by program/kernel (guarded by runtime_mutex)
+struct KernelTime {
+    int64_t calls = 0;
+    double ms = 0;
+};
+static std::map<std::string, KernelTime>& kernel_times() {
+    static std::map<std::string, KernelTime> times;
+    return times;
+}
+
 struct CudaProgram : Executable {
     CudaDevice& dev;
     CUhandle module = nullptr;
@@ -1632,7 +1648,8 @@ struct CudaProgram : Executable {
             dev.check(d.cuMemsetD8Async(CUdeviceptr(k.scratch), 0, k.zero_bytes, dev.stream()),
                       "cuMemsetD8Async");
         }
-        if (!scans && runs++ > 0 && env_int("TG_CUDA_GRAPHS", 1, 0, 1)) {
+        bool profile = env_int("TG_CUDA_PROFILE", 0, 0, 1), again = runs++ > 0;
+        if (!scans && again && !profile && env_int("TG_CUDA_GRAPHS", 1, 0, 1)) {
             launch_graph(buffers);
             {
                 std::lock_guard<std::mutex> lock(runtime_mutex);
@@ -1641,18 +1658,45 @@ struct CudaProgram : Executable {
             read_err(err);
             return;
         }
+        std::vector<CUhandle> marks;   // TG_CUDA_PROFILE: before each kernel, after the last
         for (const CudaKernel& k : kernels) {
             std::vector<void*> args = args_of(k, buffers);
+            if (profile) marks.push_back(dev.record(/*timing=*/true));
             launch(k.fn, k.blocks, params_of(args));
+            if (profile && &k == &kernels.back()) add_kernel_times(marks);
             if (!k.finite_scan) continue;
             void *x = buffers[k.finite_buffer], *e = err_buffer;
             int site = k.finite_site;
             int64_t count = k.finite_count;
             launch(k.finite_scan, (count + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS,
                    {&x, &count, &site, &e});
-            if (read_err(err)) return;   // the nests after it do not run, as on the CPU
+            if (read_err(err)) {   // the nests after it do not run, as on the CPU
+                for (CUhandle m : marks) dev.driver().cuEventDestroy(m);
+                return;
+            }
         }
         read_err(err);
+    }
+    // each kernel's time between its mark and the next (the last's to a mark after it)
+    void add_kernel_times(std::vector<CUhandle>& marks) {
+        const CudaDriver& d = dev.driver();
+        marks.push_back(dev.record(/*timing=*/true));
+        dev.check(d.cuEventSynchronize(marks.back()), "cuEventSynchronize");
+        std::lock_guard<std::mutex> lock(runtime_mutex);
+        for (size_t i = 0; i + 1 < marks.size(); i++) {
+            float ms = 0;
+            dev.check(d.cuEventElapsedTime(&ms, marks[i], marks[i + 1]), "cuEventElapsedTime");
+            KernelTime& t = kernel_times()[kernels[i].name];
+            t.calls++;
+            t.ms += ms;
+        }
+        for (CUhandle m : marks) d.cuEventDestroy(m);
+        marks.clear();
+        static bool printed_at_exit = (std::atexit([] {
+            if (env_int("TG_CUDA_PROFILE", 0, 0, 1))
+                std::fputs(tg::cuda::profile_report().c_str(), stderr);
+        }), true);
+        (void)printed_at_exit;
     }
 };
 
@@ -1683,6 +1727,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
             kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
             kernel.blocks = (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
         }
+        kernel.name = artifact_stem(p) + "/" + launch.name + ": " + b.title;
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;
@@ -1764,6 +1809,28 @@ static detail::CudaDevice& cuda_device_named(const char* what, const std::string
 }
 std::string gpu_name(const std::string& device_name) {
     return cuda_device_named("gpu_name", device_name).gpu_name();
+}
+std::string profile_report(size_t top) {
+    using namespace detail;
+    std::lock_guard<std::mutex> lock(runtime_mutex);
+    const std::map<std::string, KernelTime>& times = kernel_times();
+    if (times.empty()) return "";
+    std::vector<std::pair<double, const std::string*>> order;
+    double total = 0;
+    for (auto& [name, t] : times) {
+        order.push_back({t.ms, &name});
+        total += t.ms;
+    }
+    std::sort(order.begin(), order.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::string out = strf("[tg] CUDA kernel times (TG_CUDA_PROFILE): %zu kernels, %.3f ms in all\n"
+                           "      total ms  share   calls   mean us  program/kernel: nest\n",
+                           times.size(), total);
+    for (size_t i = 0; i < order.size() && i < top; i++) {
+        const KernelTime& t = times.at(*order[i].second);
+        out += strf("    %10.3f %5.1f%% %7lld %9.1f  %s\n", t.ms, 100 * t.ms / total,
+                    (long long)t.calls, 1000 * t.ms / double(t.calls), order[i].second->c_str());
+    }
+    return out;
 }
 
 struct Event::State {

@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 using tg::Tensor;
@@ -449,6 +450,31 @@ TEST(cuda_scatters_of_many_rows_match_the_cpu) {
     std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
     CHECK_ALL_NEAR(cuda, cpu, 1e-4);
     CHECK(cuda == run("CUDA"));
+}
+
+// TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
+// summed in a table by program and kernel, beside the title of the nest it computes.
+TEST(cuda_profile_times_each_kernel) {
+    NEED_GPU();
+    EnvGuard dev("TG_DEVICE", "CUDA"), profile("TG_CUDA_PROFILE", "1");
+    Tensor x = Tensor::from_vector(th::randf(64 * 300, 51), {64, 300});
+    int64_t graphs = tg::stats().graph_runs;
+    for (int i = 0; i < 3; i++) (x.softmax(-1) * 2).realize();
+    CHECK_EQ(tg::stats().graph_runs, graphs);
+    std::string report = tg::cuda::profile_report();
+    CHECK(report.find("CUDA kernel times (TG_CUDA_PROFILE)") != std::string::npos);
+    int64_t calls = 0;
+    std::istringstream lines(report);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.find("test_cuda_cpp_") == std::string::npos) continue;
+        if (line.find("/k0: K0") == std::string::npos) continue;
+        double ms = -1, share = -1, mean = -1;
+        long long n = 0;
+        CHECK_EQ(std::sscanf(line.c_str(), "%lf %lf%% %lld %lf", &ms, &share, &n, &mean), 4);
+        CHECK(ms >= 0 && mean >= 0);
+        calls = std::max<int64_t>(calls, n);
+    }
+    CHECK(calls >= 3);
 }
 
 // Integer min is -max(-x): CUDA 13.0's ptxas lost the negations in such a loop (found by the
