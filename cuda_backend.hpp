@@ -24,9 +24,9 @@
    threads that split the loops and combine their partial results in a fixed tree; a nest
    without grid loops runs as one kernel per statement; a scatter runs a thread per column
    (with many rows, a thread per range of rows and column, into copies added after); a matrix
-   product runs a block per tile of outputs through shared memory. Every
-   order is fixed by the shapes, so results are the same on every run. From its second run a
-   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not).
+   product runs a block per tile of outputs through shared memory. Every order is fixed by the
+   shapes, so results are the same on every run. From its second run a program is one CUDA
+   graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed).
    Bounds checks write the failing site into a small device buffer, which is read back after
    the program; a nest that writes in place starts by looking at it, so a failed check still
    prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
@@ -509,19 +509,19 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
 // A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output loops
 // holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add into the
 // one accumulator the epilogue reads. Each block computes a tile of T rows by T columns, its 16 x
-// 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms at a time of x and
-// y staged in shared memory, in two buffers: the loads of the next terms are in flight while the
+// 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms at a time of x and y
+// staged in shared memory, in two buffers: the loads of the next terms are in flight while the
 // products of these run, so one barrier per step suffices. A thread's rows (and columns) come in
-// runs of 4 (2 for T = 32), read with one vector load. T is 64, or 128 where there are still 4
-// such tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or
-// 32 where 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the
-// tiles are still fewer than the multiprocessors and the sums long (a weight's gradient: few
-// outputs, a term per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, a
-// block per tile and range writing its partial sums to a scratch buffer; a second kernel adds
-// each output's ranges in order, then runs the epilogue. The terms are numbered
-// in the order of the trees (segments: a term and the loops around it), and each output adds them
-// in that order, a partial sum per CUDA_TILE_TERMS terms added into its total (the trees' own
-// grouping is not kept: a fixed order still, so the bits are the same on every run).
+// runs of 4 (2 for T = 32), read with one vector load. T is 64, or 128 where there are still 4 such
+// tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or 32 where
+// 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are
+// still fewer than the multiprocessors and the sums long (a weight's gradient: few outputs, a term
+// per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, a block per tile and
+// range writing its partial sums to a scratch buffer; a second kernel adds each output's ranges in
+// order, then runs the epilogue. The terms are numbered in the order of the trees (segments: a term
+// and the loops around it), and each output adds them in that order, a partial sum per
+// CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not kept: a fixed order
+// still, so the bits are the same on every run).
 struct ProductSegment {
     std::vector<const Stmt*> loops;   // around the term, outermost first
     ExprP x, y;                       // the term is x·y (fused multiply-add, as in the loops)
