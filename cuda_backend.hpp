@@ -620,13 +620,6 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
 // and some move so along a loop of the item. (An item's own value, read once, does not count.)
 static bool walks_rows(const Block& b, const KernelPlan& plan) {
     if (plan.grid.empty()) return false;
-    auto moves_by_one = [](const ExprP& idx, int var) {
-        Linear lin;
-        lin.add(1, idx);
-        for (auto& [coef, term] : lin.terms)
-            if (coef == 1 && term->kind == EK::VAR && term->id == var) return true;
-        return false;
-    };
     std::unordered_set<int> grid;
     for (const Stmt* l : plan.grid) grid.insert(l->id);
     bool along_item = false;
@@ -634,9 +627,9 @@ static bool walks_rows(const Block& b, const KernelPlan& plan) {
         bool in_item = false;   // read or written at each step of a loop of the item
         for (int v : a.loops) in_item = in_item || (!grid.count(v) && uses_var(a.idx, v));
         if (!in_item) continue;
-        if (moves_by_one(a.idx, plan.grid.back()->id)) return false;
+        if (steps_by_one(a.idx, plan.grid.back()->id)) return false;
         for (int v : a.loops)
-            along_item = along_item || (!grid.count(v) && moves_by_one(a.idx, v));
+            along_item = along_item || (!grid.count(v) && steps_by_one(a.idx, v));
     }
     return along_item;
 }
@@ -956,6 +949,15 @@ static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const
     return ex_load(e0->id, e0->dtype, idx);
 }
 
+// A split product's or scatter's second kernel: `acc`, the partial sums of element `at` over the
+// ranges, added in the ranges' order from the scratch buffer (ranges x outputs floats).
+static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t outputs,
+                                 const char* at) {
+    return strf("    float %s = 0.0f;\n"
+                "    for (int64_t s = 0; s < %lldLL; s++) %s += tg_part[s * %lldLL + %s];\n",
+                acc.c_str(), (long long)ranges, acc.c_str(), (long long)outputs, at);
+}
+
 // The body of a product's kernel (see ProductPlan): stage 0 the whole product, 1 the partial
 // sums of a split one (a block per tile and range of terms, into tg_part), 2 their totals (a
 // thread per output, the ranges added in order) and the epilogue. Threads load the tiles'
@@ -986,9 +988,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.cols, N, N);
         out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.rows, M, M);
         out += outer_vars("    ");
-        out += strf("    float acc%d = 0.0f;\n", plan.sum);
-        out += strf("    for (int64_t s = 0; s < %lldLL; s++) acc%d += tg_part[s * %lldLL + at];\n",
-                    (long long)plan.splits, plan.sum, outputs);
+        out += sum_of_ranges(strf("acc%d", plan.sum), plan.splits, outputs, "at");
         c_stmts(m.epilogue, b.extents, {}, 1, next_tmp, out);
         return out;
     }
@@ -1168,11 +1168,10 @@ std::string render_cuda(const Program& p) {
         }
         if (launch.stage == 2) {   // a split scatter's totals, a thread per element
             out += strf("    const int64_t e = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-                        "    if (e >= %lldLL) return;\n    float sum = 0.0f;\n"
-                        "    for (int64_t s = 0; s < %lldLL; s++) sum += tg_part[s * %lldLL + e];\n"
-                        "    buf%d[e] += sum;\n}\n",
-                        CUDA_BLOCK_THREADS, (long long)plan.outputs, (long long)plan.splits,
-                        (long long)plan.outputs, plan.scatter_buffer);
+                        "    if (e >= %lldLL) return;\n",
+                        CUDA_BLOCK_THREADS, (long long)plan.outputs);
+            out += sum_of_ranges("sum", plan.splits, plan.outputs, "e");
+            out += strf("    buf%d[e] += sum;\n}\n", plan.scatter_buffer);
             continue;
         }
         if (plan.cooperative)
