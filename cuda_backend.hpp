@@ -19,18 +19,19 @@
    the CPU's passes less its fusion into row loops) becomes a kernel. Its outer loops, as long
    as each iteration writes its own part of every buffer it writes (the test the CPU's
    parallel_loops pass uses), become one grid of threads; what is inside them runs in each
-   thread in the loop IR's order. A nest with few grid items and long reductions, or whose
-   items each walk rows of their own (a layer norm's, a softmax's), gives each item a block of
-   threads that split the loops and combine their partial results in a fixed tree; a nest
-   without grid loops runs as one kernel per statement; a scatter runs a thread per column
-   (with many rows, a thread per range of rows and column, into copies added after); a matrix
-   product runs a block per tile of outputs through shared memory. Every order is fixed by the
-   shapes, so results are the same on every run. From its second run a program is one CUDA
-   graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed).
-   Bounds checks write the failing site into a small device buffer, which is read back after
-   the program; a nest that writes in place starts by looking at it, so a failed check still
-   prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
-   kernel after its nest and stops the program there.
+   thread in the loop IR's order. A nest with few grid items and long reductions, or whose items
+   each walk rows of their own (a layer norm's, a softmax's), gives each item a block of threads
+   that split the loops and combine their partial results in a fixed tree; a nest without grid
+   loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
+   thread per range of rows and column, into copies added after); a sum of each of few columns
+   over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
+   added after; a matrix product runs a block per tile of outputs through shared memory. Every
+   order is fixed by the shapes, so results are the same on every run. From its second run a
+   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each
+   kernel timed). Bounds checks write the failing site into a small device buffer, which is read
+   back after the program; a nest that writes in place starts by looking at it, so a failed
+   check still prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs
+   as a kernel after its nest and stops the program there.
 
    Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
    under a key of source, architecture, NVRTC's version and options, and in memory per
@@ -40,11 +41,11 @@
    device debug information and line numbers (-G -lineinfo) under the name of that .cu, so
    cuda-gdb stops inside a generated kernel and shows its source.
 
-   Memory: freed buffers return to a cache of blocks by size class and are reused; when an
-   allocation fails, the cache is released and the allocation tried again. All work goes to
-   one stream of the device, so reusing a block is ordered after the kernels that used it.
-   Copies from the host return while the GPU copies (reads of values wait); Event marks a
-   point in a device's work.
+   Memory: freed buffers return to a cache of blocks by size class and are reused (the one freed
+   last first); when an allocation fails, the cache is released and the allocation tried again.
+   All work goes to one stream of the device, so reusing a block is ordered after the kernels
+   that used it. Copies from the host return while the GPU copies (reads of values wait); Event
+   marks a point in a device's work.
 
    Several GPUs: CUDA:1, CUDA:2, ... (CUDA is CUDA:0), each with its own context, stream and
    queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
@@ -134,10 +135,12 @@ struct KernelPlan {
     bool cooperative = false;
     // a matrix product, a block per square tile of outputs (items: the tiles), its sums split
     // in `splits` ranges of terms where it has few tiles and long sums (outputs: its outputs);
-    // or a scatter (serial) whose rows are split in `splits` ranges of serial_rows, each adding
-    // into its own zeroed copy of the `outputs` elements of buffer scatter_buffer
-    bool product = false;
-    int64_t splits = 1, outputs = 0, serial_rows = 0;
+    // or a scatter (serial) whose rows are split in `splits` ranges of rows_each, each adding
+    // into its own zeroed copy of the `outputs` elements of buffer scatter_buffer; or a sum of
+    // each of few columns (column_sum) whose rows (terms) are split in `splits` ranges of
+    // rows_each, a thread per range and column (items: outputs x splits)
+    bool product = false, column_sum = false;
+    int64_t splits = 1, outputs = 0, rows_each = 0;
     int scatter_buffer = -1;
     int64_t blocks() const {
         return cooperative || product ? items
@@ -506,6 +509,15 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
     return true;
 }
 
+// A term of a sum's trees with the loops around it, outermost first: `terms` of the sum's
+// terms, numbered in the trees' order (an output adds them in that order); in a product, the
+// term is x·y (a fused multiply-add, as in the loops).
+struct SumSegment {
+    std::vector<const Stmt*> loops;
+    ExprP term, x, y;
+    int64_t terms = 1;
+};
+
 // A matrix product on the GPU: a nest that pass_tile_products' match_product takes (output loops
 // holding sum trees of x(i, k)·y(k, j), then an epilogue of stores), whose sums all add into the
 // one accumulator the epilogue reads. Each block computes a tile of T rows by T columns, its 16 x
@@ -522,15 +534,10 @@ static bool columns_disjoint(const Block& b, const Stmt& m) {
 // and the loops around it), and each output adds them in that order, a partial sum per
 // CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not kept: a fixed order
 // still, so the bits are the same on every run).
-struct ProductSegment {
-    std::vector<const Stmt*> loops;   // around the term, outermost first
-    ExprP x, y;                       // the term is x·y (fused multiply-add, as in the loops)
-    int64_t terms = 1;
-};
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the tile size aims to fill
 struct ProductPlan {
     ProductMatch match;
-    std::vector<ProductSegment> segments;
+    std::vector<SumSegment> segments;
     int sum = -1;                     // the accumulator the epilogue reads
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
     int tile = 64;
@@ -539,42 +546,36 @@ struct ProductPlan {
     int64_t tiles() const { return tiles(tile); }
 };
 static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256;
-static bool product_segments(const std::vector<Stmt>& body, const Block& b, const ProductMatch& m,
-                             std::vector<const Stmt*>& loops, ProductPlan& plan) {
+static void sum_segments(const std::vector<Stmt>& body, const Block& b,
+                         std::vector<const Stmt*>& loops, std::vector<SumSegment>& out) {
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
             loops.push_back(&st);
-            bool ok = product_segments(st.body, b, m, loops, plan);
+            sum_segments(st.body, b, loops, out);
             loops.pop_back();
-            if (!ok) return false;
             continue;
         }
         if (!is_term(st)) continue;   // an accumulator's start, or a sum added into another
-        ProductSegment seg;
-        int x_at = 0;
-        if (st.val->kind != EK::ALU || st.val->op != Op::MUL ||
-            !split_term(st.val, m.rows, m.cols, seg.x, seg.y, x_at) || !seg.x)
-            return false;
+        SumSegment seg;
+        seg.term = st.val;
         seg.loops = loops;
         for (const Stmt* l : loops) seg.terms *= b.extents[size_t(l->id)];
-        plan.terms += seg.terms;
-        plan.segments.push_back(seg);
+        out.push_back(seg);
     }
-    return true;
 }
-static bool plan_product(const Block& b, ProductPlan& plan) {
-    ProductMatch& m = plan.match;
-    if (!match_product(b, m) || m.rows < 0 || m.column_products) return false;
+// The accumulator that the epilogue reads and every accumulator of the trees is added into
+// (through the ones it is added into); -1 where there is no such one.
+static int single_sum(const std::vector<Stmt>& trees, const std::vector<Stmt>& epilogue) {
     std::unordered_set<int> read, set;
-    accs_read(m.epilogue, read);
-    accs_set(m.trees, set);
+    accs_read(epilogue, read);
+    accs_set(trees, set);
+    int sum = -1;
     for (int acc : read)
         if (set.count(acc)) {
-            if (plan.sum >= 0) return false;   // two sums: not one product
-            plan.sum = acc;
+            if (sum >= 0) return -1;   // two sums
+            sum = acc;
         }
-    if (plan.sum < 0) return false;
-    // every accumulator of the trees is added into the sum, through the ones it is added into
+    if (sum < 0) return -1;
     std::unordered_map<int, int> into;
     std::function<void(const std::vector<Stmt>&)> edges = [&](const std::vector<Stmt>& body) {
         for (const Stmt& st : body) {
@@ -582,18 +583,32 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
             edges(st.body);
         }
     };
-    edges(m.trees);
+    edges(trees);
     for (int acc : set) {
         int a = acc;
-        for (size_t hops = 0; a != plan.sum && hops <= set.size(); hops++) {
+        for (size_t hops = 0; a != sum && hops <= set.size(); hops++) {
             auto next = into.find(a);
-            if (next == into.end()) return false;
+            if (next == into.end()) return -1;
             a = next->second;
         }
-        if (a != plan.sum) return false;
+        if (a != sum) return -1;
     }
+    return sum;
+}
+static bool plan_product(const Block& b, ProductPlan& plan) {
+    ProductMatch& m = plan.match;
+    if (!match_product(b, m) || m.rows < 0 || m.column_products) return false;
+    plan.sum = single_sum(m.trees, m.epilogue);
+    if (plan.sum < 0) return false;
     std::vector<const Stmt*> loops;
-    if (!product_segments(m.trees, b, m, loops, plan) || plan.segments.empty()) return false;
+    sum_segments(m.trees, b, loops, plan.segments);
+    for (SumSegment& seg : plan.segments) {
+        int x_at = 0;
+        if (seg.term->kind != EK::ALU || seg.term->op != Op::MUL ||
+            !split_term(seg.term, m.rows, m.cols, seg.x, seg.y, x_at) || !seg.x)
+            return false;
+        plan.terms += seg.terms;
+    }
     plan.rows = b.extents[size_t(m.rows)];
     plan.cols = b.extents[size_t(m.cols)];
     for (int v : m.loops)
@@ -638,9 +653,9 @@ static bool walks_rows(const Block& b, const KernelPlan& plan) {
 // its rows in order: a chain of read-add-writes that waits on memory at every row. Where its
 // body only adds float32 values into one buffer that it does not read, the rows are split into
 // ranges of at least SCATTER_ROWS_EACH, a thread per range and column adding into the range's
-// own copy of that buffer (scratch, zeroed before each run; at most SCATTER_MAX_SCRATCH floats
+// own copy of that buffer (scratch, zeroed before each run; at most SPLIT_MAX_SCRATCH floats
 // in all); a second kernel adds each element's copies, in the ranges' order, into the buffer.
-static const int64_t SCATTER_ROWS_EACH = 32, SCATTER_MAX_SCRATCH = int64_t(1) << 23;
+static const int64_t SCATTER_ROWS_EACH = 32, SPLIT_MAX_SCRATCH = int64_t(1) << 23;
 static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
     int into = -1;
     for (const Stmt& st : *plan.body) {
@@ -653,13 +668,60 @@ static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
         if (a.buffer == into && !a.write) return;
     int64_t rows = b.extents[size_t(plan.serial->id)], elements = p.buffers[size_t(into)].numel;
     int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
-    int64_t splits = std::min({want, rows / SCATTER_ROWS_EACH, SCATTER_MAX_SCRATCH / elements});
+    int64_t splits = std::min({want, rows / SCATTER_ROWS_EACH, SPLIT_MAX_SCRATCH / elements});
     if (splits < 2) return;
-    plan.serial_rows = (rows + splits - 1) / splits;
-    plan.splits = (rows + plan.serial_rows - 1) / plan.serial_rows;
+    plan.rows_each = (rows + splits - 1) / splits;
+    plan.splits = (rows + plan.rows_each - 1) / plan.rows_each;
     plan.outputs = elements;
     plan.scatter_buffer = into;
     plan.items *= plan.splits;
+}
+
+// A sum of each of few columns over many rows (a bias's gradient: a column per feature, a row
+// per token) would run a block per column whose threads read a column apart, or a thread per
+// column that leaves most of the GPU idle. Where every load of its terms that moves with the
+// column reads the next element for the next column, the rows (the terms, numbered in the
+// trees' order) are split into ranges of at least COLUMN_ROWS_EACH, a thread per range and
+// column adding its range in order into scratch, the threads of a warp reading side by side;
+// a second kernel adds each column's ranges in order and runs the epilogue. Only for
+// COLUMN_MIN_WORK terms in all or more: smaller sums would gain less than a launch costs.
+struct ColumnSumPlan {
+    std::vector<Stmt> trees, epilogue;
+    std::vector<SumSegment> segments;
+    int sum = -1;
+    int64_t terms = 0;   // each column's
+};
+static const int64_t COLUMN_ROWS_EACH = 64, COLUMN_MIN_WORK = int64_t(1) << 20;
+static bool plan_column_sum(const Block& b, const KernelPlan& plan, ColumnSumPlan& cs) {
+    std::vector<ExprP> terms;
+    if (plan.grid.empty() ||
+        !trees_and_epilogue(*plan.body, b.extents, cs.trees, cs.epilogue, terms, cs.terms))
+        return false;
+    cs.sum = single_sum(cs.trees, cs.epilogue);
+    int column = plan.grid.back()->id;
+    bool along = false, apart = false;
+    ExprSet seen;
+    for (const ExprP& t : terms)
+        each_part(t, seen, [&](const ExprP& part) {
+            if (part->kind != EK::LOAD || !uses_var(part->src[0], column)) return;
+            (steps_by_one(part->src[0], column) ? along : apart) = true;
+        });
+    std::vector<const Stmt*> loops;
+    sum_segments(cs.trees, b, loops, cs.segments);
+    return cs.sum >= 0 && along && !apart;
+}
+static void split_columns(const Block& b, KernelPlan& plan) {
+    ColumnSumPlan cs;
+    if (!plan_column_sum(b, plan, cs) || plan.items * cs.terms < COLUMN_MIN_WORK) return;
+    int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
+    int64_t splits =
+        std::min({want, cs.terms / COLUMN_ROWS_EACH, SPLIT_MAX_SCRATCH / plan.items});
+    if (splits < 2) return;
+    plan.rows_each = (cs.terms + splits - 1) / splits;
+    plan.splits = (cs.terms + plan.rows_each - 1) / plan.rows_each;
+    plan.outputs = plan.items;
+    plan.items *= plan.splits;
+    plan.column_sum = true;
 }
 
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
@@ -706,6 +768,8 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
         plan.outputs = product.outer * product.rows * product.cols;
         return plan;
     }
+    if (!arrays) split_columns(b, plan);
+    if (plan.column_sum) return plan;
     std::unordered_map<int, DType> accs;
     int64_t work = loop_work(*plan.body, b.extents);
     bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
@@ -896,6 +960,41 @@ static std::string cuda_prelude(const std::string& body) {
     return out;
 }
 
+// idx as base + c·l, l the number of an iteration of `loops` (outermost first, the innermost
+// counting by one), where idx reads their variables only so. c is the first c found where
+// c_known is false (it stays false where no loop is read).
+static bool by_iteration(const ExprP& idx, const std::vector<const Stmt*>& loops, const Block& b,
+                         int64_t& c, bool& c_known, Linear& base) {
+    base = Linear{};
+    base.add(1, idx);
+    int64_t stride = 1;   // of the loop in the iteration's number
+    for (size_t i = loops.size(); i-- > 0;) {
+        int id = loops[i]->id;
+        int64_t coef = 0;
+        for (auto t = base.terms.begin(); t != base.terms.end(); ++t)
+            if (t->second->kind == EK::VAR && t->second->id == id) {
+                coef = t->first;
+                base.terms.erase(t);
+                break;
+            }
+        if (!c_known && coef % stride == 0) {
+            c = coef / stride;
+            c_known = true;
+        }
+        if (coef != c * stride) return false;
+        stride *= b.extents[size_t(id)];
+    }
+    for (auto& [coef, term] : base.terms)
+        for (const Stmt* loop : loops)
+            if (uses_var(term, loop->id)) return false;
+    return true;
+}
+
+static ExprP plus_multiple(Linear base, int64_t c, const ExprP& var) {   // base + c·var
+    if (c) base.terms.push_back({c, var});
+    return base.build();
+}
+
 // An operand as one load at base + c·f, f the term's number, where each segment reads it so
 // (the lowering splits a sum's axis into loops: k = 16·i3 + i4 for the first 256 terms, then
 // 256 + 16·i5 + i6, ...): the tiles then read it without the segments' divisions and
@@ -907,31 +1006,12 @@ static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const
     bool c_known = false;
     Linear base;
     for (size_t s = 0; s < plan.segments.size(); s++) {
-        const ProductSegment& seg = plan.segments[s];
+        const SumSegment& seg = plan.segments[s];
         const ExprP& e = x ? seg.x : seg.y;
-        if (e->kind != EK::LOAD || e->id != e0->id) return nullptr;
         Linear lin;
-        lin.add(1, e->src[0]);
-        int64_t stride = 1;   // of the loop in the term's number
-        for (size_t i = seg.loops.size(); i-- > 0;) {
-            int id = seg.loops[i]->id;
-            int64_t coef = 0;
-            for (auto t = lin.terms.begin(); t != lin.terms.end(); ++t)
-                if (t->second->kind == EK::VAR && t->second->id == id) {
-                    coef = t->first;
-                    lin.terms.erase(t);
-                    break;
-                }
-            if (!c_known && coef % stride == 0) {
-                c = coef / stride;
-                c_known = true;
-            }
-            if (coef != c * stride) return nullptr;
-            stride *= b.extents[size_t(id)];
-        }
-        for (auto& [coef, term] : lin.terms)
-            for (const Stmt* loop : seg.loops)
-                if (uses_var(term, loop->id)) return nullptr;
+        if (e->kind != EK::LOAD || e->id != e0->id ||
+            !by_iteration(e->src[0], seg.loops, b, c, c_known, lin))
+            return nullptr;
         lin.constant -= c * first;
         first += seg.terms;
         if (s == 0) {
@@ -944,9 +1024,40 @@ static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const
                 !expr_eq(lin.terms[t].second, base.terms[t].second))
                 return nullptr;
     }
-    ExprP idx = base.build();
-    if (c) idx = ix_add(idx, c == 1 ? f_var : ix_mul(f_var, c));
-    return ex_load(e0->id, e0->dtype, idx);
+    return ex_load(e0->id, e0->dtype, plus_multiple(base, c, f_var));
+}
+
+// A segment's term with each load read at base + c·l (l_var: the number of the segment's
+// iteration) in place of its loops' variables; null where it reads them otherwise.
+static ExprP term_by_iteration(const SumSegment& seg, const Block& b, const ExprP& l_var) {
+    bool fits = true;
+    Rewritten done;
+    ExprP out = substitute(
+        seg.term,
+        [&](const ExprP& e) -> ExprP {
+            if (e->kind == EK::VAR)
+                for (const Stmt* l : seg.loops) fits = fits && l->id != e->id;
+            int64_t c = 0;
+            bool c_known = false;
+            Linear base;
+            if (e->kind != EK::LOAD || !by_iteration(e->src[0], seg.loops, b, c, c_known, base))
+                return nullptr;
+            return ex_load(e->id, e->dtype, plus_multiple(base, c, l_var));
+        },
+        done);
+    return fits ? out : nullptr;
+}
+
+// The variables of a segment's loops, declared from `number` (its iteration's number).
+static std::string segment_vars(const SumSegment& seg, const Block& b, const std::string& number,
+                                const std::string& pad) {
+    std::string code = pad + "int64_t l = " + number + ";\n";
+    for (size_t i = seg.loops.size(); i-- > 0;) {
+        int id = seg.loops[i]->id;
+        long long e = (long long)b.extents[size_t(id)];
+        code += pad + strf("int64_t i%d = l %% %lldLL;\n", id, e) + pad + strf("l /= %lldLL;\n", e);
+    }
+    return code + pad + "(void)l;\n";
 }
 
 // A split product's or scatter's second kernel: `acc`, the partial sums of element `at` over the
@@ -1033,18 +1144,11 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         }
         int64_t first = 0;
         for (size_t s = 0; s < plan.segments.size(); s++) {
-            const ProductSegment& seg = plan.segments[s];
+            const SumSegment& seg = plan.segments[s];
             bool last = s + 1 == plan.segments.size();
             code += pad + (s ? "} else " : "") +
                     (last ? "{\n" : strf("if (f < %lldLL) {\n", (long long)(first + seg.terms)));
-            code += pad + strf("    int64_t l = f - %lldLL;\n", (long long)first);
-            for (size_t i = seg.loops.size(); i-- > 0;) {
-                int id = seg.loops[i]->id;
-                long long e = (long long)b.extents[size_t(id)];
-                code += pad + strf("    int64_t i%d = l %% %lldLL;\n", id, e) + pad +
-                        "    l /= " + strf("%lldLL;\n", e);
-            }
-            code += pad + "    (void)l;\n";
+            code += segment_vars(seg, b, strf("f - %lldLL", (long long)first), pad + "    ");
             CExprs cx{{}, next_tmp};
             const ExprP& e = x ? seg.x : seg.y;
             code += cx.declare_shared({e}, pad + "    ");
@@ -1053,7 +1157,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         }
         return code + pad + "}\n";
     };
-    const ProductSegment& first = plan.segments[0];
+    const SumSegment& first = plan.segments[0];
     int inner = first.loops.empty() ? -1 : first.loops.back()->id;
     bool x_by_rows = read_along(first.x, m.rows) && (inner < 0 || !read_along(first.x, inner));
     bool y_by_cols = read_along(first.y, m.cols) || inner < 0 || !read_along(first.y, inner);
@@ -1142,6 +1246,51 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     return out;
 }
 
+// The body of a column sum's kernels (see ColumnSumPlan), after the column's variables and
+// `item`, its number: stage 1 adds the rows of range `split` into tg_part, segment by
+// segment, each as a loop over the number l of its iteration (the loads read at base + c·l
+// where they can, else the segment's variables from l); stage 2 adds the column's ranges in
+// order, then runs the epilogue.
+static std::string render_column_sum(const Block& b, const KernelPlan& plan, int stage,
+                                     int& next_tmp) {
+    ColumnSumPlan cs;
+    if (!plan_column_sum(b, plan, cs)) fail("render: a nest planned as a column sum is not one");
+    std::string acc = strf("acc%d", cs.sum), out;
+    if (stage == 2) {
+        out += sum_of_ranges(acc, plan.splits, plan.outputs, "item");
+        c_stmts(cs.epilogue, b.extents, {}, 1, next_tmp, out);
+        return out;
+    }
+    long long each = (long long)plan.rows_each, terms = (long long)cs.terms;
+    out += strf("    const int64_t first = split * %lldLL;\n"
+                "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : %lldLL;\n"
+                "    float %s = 0.0f;\n",
+                each, each, terms, each, terms, acc.c_str());
+    const int l_id = int(b.extents.size());   // a variable of no loop: l
+    long long start = 0;
+    for (const SumSegment& seg : cs.segments) {
+        long long end = start + (long long)seg.terms;
+        std::string lo = start ? strf("(first > %lldLL ? first : %lldLL) - %lldLL", start,
+                                      start, start)
+                               : "first";
+        std::string hi = end < terms ? strf("(last < %lldLL ? last : %lldLL)", end, end) : "last";
+        if (start) hi += strf(" - %lldLL", start);
+        out += strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
+                    hi.c_str(), l_id);
+        Stmt update{SK::ACC_UPDATE, cs.sum, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
+        update.val = term_by_iteration(seg, b, ex_var(l_id));
+        if (!update.val) {
+            out += segment_vars(seg, b, strf("i%d", l_id), "        ");
+            update.val = seg.term;
+        }
+        c_stmts({update}, b.extents, {}, 2, next_tmp, out);
+        out += "    }\n";
+        start = end;
+    }
+    return out + strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
+                      acc.c_str());
+}
+
 std::string render_cuda(const Program& p) {
     std::string out;
     for (const Launch& launch : launches_of(p)) {
@@ -1166,7 +1315,7 @@ std::string render_cuda(const Program& p) {
             out += render_product(b, launch.stage, next_tmp) + "}\n";
             continue;
         }
-        if (launch.stage == 2) {   // a split scatter's totals, a thread per element
+        if (launch.stage == 2 && !plan.column_sum) {   // a split scatter's totals, by element
             out += strf("    const int64_t e = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
                         "    if (e >= %lldLL) return;\n",
                         CUDA_BLOCK_THREADS, (long long)plan.outputs);
@@ -1179,12 +1328,14 @@ std::string render_cuda(const Program& p) {
         else
             out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
                         "    if (t >= %lldLL) return;\n",
-                        CUDA_BLOCK_THREADS, (long long)plan.items);
-        if (launch.stage == 1) {   // a split scatter's range of rows
+                        CUDA_BLOCK_THREADS,
+                        (long long)(launch.stage == 2 ? plan.outputs : plan.items));
+        if (launch.stage == 1) {   // a split scatter's or column sum's range of rows
             long long columns = (long long)(plan.items / plan.splits);
             out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
                         columns);
         }
+        if (plan.column_sum) out += "    const int64_t item = t;\n";
         if (plan.grid.empty()) out += "    (void)t;\n";
         for (size_t l = plan.grid.size(); l-- > 0;) {
             int id = plan.grid[l]->id;
@@ -1199,11 +1350,13 @@ std::string render_cuda(const Program& p) {
         int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
         if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
         std::unordered_map<int, Op> accs;
-        if (plan.cooperative) {
+        if (plan.column_sum) {
+            out += render_column_sum(b, plan, launch.stage, next_tmp);
+        } else if (plan.cooperative) {
             cooperative_stmts(p, k, b, *plan.body, accs, 1, next_tmp, out);
         } else if (plan.serial) {
             int id = plan.serial->id;
-            long long rows = (long long)b.extents[size_t(id)], each = plan.serial_rows;
+            long long rows = (long long)b.extents[size_t(id)], each = plan.rows_each;
             std::string body;
             c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, body);
             if (launch.stage == 1) {   // its rows of the range, into the range's copy
@@ -1365,7 +1518,9 @@ public:
         auto p = CUdeviceptr(ptr);
         auto it = sizes_.find(p);
         if (it == sizes_.end()) return;
-        free_.insert({it->second, p});
+        // first among its size's: the block freed last is used first (what it held may
+        // still be in the GPU's L2)
+        free_.insert(free_.lower_bound(it->second), {it->second, p});
         sizes_.erase(it);
     }
     // Returns while the GPU copies: src is copied into pinned host memory (a staging block),

@@ -5322,41 +5322,38 @@ static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>&
     }
     return true;
 }
-static bool match_product(const Block& b, ProductMatch& m) {
-    m = ProductMatch{};
-    const std::vector<Stmt>* body = &b.body;
-    while (body->size() == 1 && (*body)[0].kind == SK::LOOP) {
-        m.loops.push_back((*body)[0].id);
-        body = &(*body)[0].body;
-    }
+// A loop body as sum trees and the epilogue after them (see ProductMatch): the trees are sums
+// of float32 terms (terms: each pass's count), and the epilogue stores each buffer once,
+// reading it only where it stores it; the terms read no buffer the epilogue stores.
+static bool trees_and_epilogue(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
+                               std::vector<Stmt>& trees, std::vector<Stmt>& epilogue,
+                               std::vector<ExprP>& terms, int64_t& count) {
     // An epilogue statement moves after the trees that follow it: no accumulator it reads is
     // set after it (the terms read no accumulator and no buffer it writes, checked below).
     // Locals (an accumulator set once from loads, as substitute_temps leaves an optimizer's
     // moments) are epilogue statements too.
     std::unordered_set<int> read_before;   // by the epilogue statements so far
     std::unordered_set<int> in_trees;
-    accs_in_trees(*body, in_trees);
-    for (const Stmt& st : *body) {
+    accs_in_trees(body, in_trees);
+    for (const Stmt& st : body) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
         std::unordered_set<int> reads, sets;
         accs_read(st, reads);
         bool local =
             st.kind == SK::ACC_INIT && st.val->kind != EK::CONST && !in_trees.count(st.id);
         if (store || (st.kind == SK::ACC_INIT && !reads.empty()) || local) {
-            m.epilogue.push_back(st);
+            epilogue.push_back(st);
             read_before.insert(reads.begin(), reads.end());
             continue;
         }
         accs_set(st, sets);
         for (int acc : sets)
             if (read_before.count(acc)) return false;
-        m.trees.push_back(st);
+        trees.push_back(st);
     }
-    std::vector<ExprP> terms;
-    if (m.loops.empty() || !sum_trees(m.trees, b.extents, terms, m.terms) || terms.empty())
-        return false;
+    if (!sum_trees(trees, extents, terms, count) || terms.empty()) return false;
     std::map<int, ExprP> stored;   // buffer → the index its store writes
-    for (const Stmt& st : m.epilogue) {
+    for (const Stmt& st : epilogue) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
         if (expr_has(st.val, EK::CHECK) ||
             (store && (expr_has(st.idx, EK::CHECK) || stored.count(st.id))))
@@ -5368,7 +5365,7 @@ static bool match_product(const Block& b, ProductMatch& m) {
     for (const ExprP& t : terms)
         for (auto& [buffer, idx] : stored)
             if (uses_buffer(t, buffer)) return false;
-    for (const Stmt& st : m.epilogue) {
+    for (const Stmt& st : epilogue) {
         bool apart = false;
         ExprSet seen;
         each_part(st.val, seen, [&](const ExprP& part) {
@@ -5377,6 +5374,19 @@ static bool match_product(const Block& b, ProductMatch& m) {
         });
         if (apart) return false;
     }
+    return true;
+}
+static bool match_product(const Block& b, ProductMatch& m) {
+    m = ProductMatch{};
+    const std::vector<Stmt>* body = &b.body;
+    while (body->size() == 1 && (*body)[0].kind == SK::LOOP) {
+        m.loops.push_back((*body)[0].id);
+        body = &(*body)[0].body;
+    }
+    std::vector<ExprP> terms;
+    if (m.loops.empty() ||
+        !trees_and_epilogue(*body, b.extents, m.trees, m.epilogue, terms, m.terms))
+        return false;
     // the rows and columns: innermost loops first (choosing the pair that packs the fewest
     // values made W2 20-35% faster and W5 8-30% slower in two A/B runs: W5's products then
     // took the tokens as columns, so their GELU epilogues stored across the columns);

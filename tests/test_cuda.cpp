@@ -222,6 +222,9 @@ TEST(cuda_plans_nests_for_the_gpu) {
     size_t columns_from = programs.size();
     c.sum(0).realize();
     size_t columns_to = programs.size();
+    Tensor few = Tensor::randn({300, 3000}, 11).realize();
+    few.sum(0).realize();
+    size_t few_columns_to = programs.size();
     Tensor table = Tensor::randn({16, 8}, 9).requires_grad();
     Tensor many = Tensor::from_vector(th::randi(3000, 10, 0, 15));
     table.index_select(0, many).sum().backward();
@@ -235,7 +238,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
-    bool scatter_split = false;
+    bool scatter_split = false, short_columns = false;
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -254,18 +257,26 @@ TEST(cuda_plans_nests_for_the_gpu) {
             // copies of the 16 x 8 gradient
             if (title.find("SCATTER_ADD") != std::string::npos && n >= columns_to &&
                 n < many_rows_to && l.stage == 1)
-                scatter_split = plan.serial && plan.splits == 91 && plan.serial_rows == 33 &&
+                scatter_split = plan.serial && plan.splits == 91 && plan.rows_each == 33 &&
                                 plan.items == 91 * 8 && plan.outputs == 128 &&
                                 l.name.find("_terms") != std::string::npos &&
                                 cu.find("tg_range[") != std::string::npos;
             if (n >= rows_from && n < columns_from && plan.items == 5000)
                 rows = rows || plan.cooperative;
-            if (n >= columns_from && n < columns_to && plan.items == 5000)
-                columns = columns || !plan.cooperative;
+            // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, then
+            // a thread per column adding its ranges; 3000 x 300 is too little to split
+            if (n >= columns_from && n < columns_to && plan.outputs == 5000)
+                columns = columns || (plan.column_sum && plan.splits == 4 &&
+                                      plan.rows_each == 75 && plan.items == 4 * 5000 &&
+                                      l.stage == (l.name.find("_terms") != std::string::npos
+                                                      ? 1 : 2));
+            if (n >= columns_to && n < few_columns_to && plan.items == 3000)
+                short_columns = !plan.cooperative && !plan.column_sum && l.stage == 0;
         }
     }
     CHECK(rows);
     CHECK(columns);
+    CHECK(short_columns);
     CHECK(scatter_split);
     CHECK(reduced);
     CHECK(adam);
@@ -445,6 +456,31 @@ TEST(cuda_scatters_of_many_rows_match_the_cpu) {
         table.zero_grad();
         CHECK_THROWS(((table.index_select(0, bad) * g).sum().backward(), table.grad().realize()),
                      "got 50");
+        return out;
+    };
+    std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-4);
+    CHECK(cuda == run("CUDA"));
+}
+
+// Sums of few columns over many rows (a bias's gradient, a layer norm's weight gradient: a
+// product by a value per row) add ranges of rows, a thread per range and column, then each
+// column's ranges in order: 5003 rows (no power of two: several segments of terms), a mean,
+// rows read across two axes out of order (their loop variables from each row's number): the
+// values of the CPU's, the same bits on every run, in graphs too.
+TEST(cuda_column_sums_of_many_rows_match_the_cpu) {
+    NEED_GPU();
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor a = Tensor::from_vector(th::randf(5003 * 210, 61), {5003, 210});
+        Tensor b = Tensor::from_vector(th::randf(5003 * 210, 62), {5003, 210});
+        Tensor r = Tensor::from_vector(th::randf(5003, 63), {5003, 1});
+        Tensor p = Tensor::from_vector(th::randf(50 * 100 * 210, 64), {50, 100, 210});
+        std::vector<float> out;
+        for (int s = 0; s < 3; s++)   // the second and third run the programs' graphs
+            for (const Tensor& t : {a.sum(0), (a * b).sum(0), (a * r).mean(0),
+                                    p.permute({1, 0, 2}).sum(std::vector<int>{0, 1})})
+                for (float v : values(t)) out.push_back(v);
         return out;
     };
     std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
