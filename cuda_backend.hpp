@@ -531,9 +531,9 @@ struct SumSegment {
 // per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, a block per tile and
 // range writing its partial sums to a scratch buffer; a second kernel adds each output's ranges in
 // order, then runs the epilogue. The terms are numbered in the order of the trees (segments: a term
-// and the loops around it), and each output adds them in that order, a partial sum per
-// CUDA_TILE_TERMS terms added into its total (the trees' own grouping is not kept: a fixed order
-// still, so the bits are the same on every run).
+// and the loops around it), and each output adds them in that order into one sum, as cuBLAS does
+// (the trees' own grouping is not kept: a fixed order still, so the bits are the same on every
+// run). Bounds are tested only where a tile or a step of terms can pass the end.
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the tile size aims to fill
 struct ProductPlan {
     ProductMatch match;
@@ -1129,10 +1129,10 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     const int V = std::min(R, 4);
     const std::string vec = strf("float%d", V);
     out += strf("    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n"
-                "    float part[%d][%d], total[%d][%d];\n"
+                "    float sum[%d][%d];\n"
                 "    for (int a = 0; a < %d; a++)\n"
-                "        for (int c = 0; c < %d; c++) part[a][c] = total[a][c] = 0.0f;\n",
-                R, R, R, R, R, R);
+                "        for (int c = 0; c < %d; c++) sum[a][c] = 0.0f;\n",
+                R, R, R, R);
     // an operand's value for term f (the segment's loops from it), in `to`
     const int f_id = int(b.extents.size());   // a variable of no loop: f
     ExprP f_var = ex_var(f_id);
@@ -1172,6 +1172,8 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
                (along ? strf("const int o = e %% %d, kk = e / %d;\n", T, T)
                       : strf("const int o = e / %d, kk = e %% %d;\n", KT, KT));
     };
+    // every step of KT terms lies inside the sum (or the range: split_terms is a multiple of KT)
+    const bool whole_steps = K % KT == 0;
     auto fetch = [&](const std::string& k0, const std::string& pad) {
         std::string code;
         for (int x = 1; x >= 0; x--) {   // x's terms, then y's
@@ -1181,10 +1183,16 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
             code += element(x, pad + "    ");
             code += pad + strf("    const int64_t i%d = %s + o, f = %s + kk;\n", var,
                                x ? "r0" : "c0", k0.c_str());
-            code += pad + "    float v = 0.0f;\n";
-            code += pad + strf("    if (i%d < %lldLL && f < %s) {\n", var, n, k_end.c_str());
-            code += operand(x, "v", pad + "        ");
-            code += pad + "    }\n" + pad + strf("    %s[l] = v;\n", x ? "xn" : "yn") + pad + "}\n";
+            std::string inside;   // the bounds that a partial tile or step can pass
+            if (n % T) inside = strf("i%d < %lldLL", var, n);
+            if (!whole_steps) inside += (inside.empty() ? "f < " : " && f < ") + k_end;
+            if (inside.empty()) {
+                code += pad + "    float v;\n" + operand(x, "v", pad + "    ");
+            } else {
+                code += pad + "    float v = 0.0f;\n" + pad + "    if (" + inside + ") {\n";
+                code += operand(x, "v", pad + "        ") + pad + "    }\n";
+            }
+            code += pad + strf("    %s[l] = v;\n", x ? "xn" : "yn") + pad + "}\n";
         }
         return code;
     };
@@ -1218,12 +1226,8 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     }
     out += strf("            for (int a = 0; a < %d; a++)\n"
                 "                for (int c = 0; c < %d; c++)\n"
-                "                    part[a][c] = fmaf(xv[a], yv[c], part[a][c]);\n"
+                "                    sum[a][c] = fmaf(xv[a], yv[c], sum[a][c]);\n"
                 "        }\n", R, R);
-    out += strf("        for (int a = 0; a < %d; a++)\n"
-                "            for (int c = 0; c < %d; c++) {\n"
-                "                total[a][c] += part[a][c];\n"
-                "                part[a][c] = 0.0f;\n            }\n", R, R);
     // the other buffer was last read before the barrier that ended the previous terms
     out += "        if (more) {\n" + put("buffer ^ 1", "            ") +
            "        }\n        __syncthreads();\n    }\n";
@@ -1233,14 +1237,16 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     out += strf("    for (int a = 0; a < %d; a++)\n        for (int c = 0; c < %d; c++) {\n", R, R);
     out += strf("            const int64_t i%d = r0 + %s, i%d = c0 + %s;\n", m.rows,
                 place("ty", "a").c_str(), m.cols, place("tx", "c").c_str());
-    out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M, m.cols, N);
+    if (M % T || N % T)
+        out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
+                    m.cols, N);
     if (stage == 1) {
         out += strf("            tg_part[split * %lldLL + (outer * %lldLL + i%d) * %lldLL + i%d] = "
-                    "total[a][c];\n        }\n",
+                    "sum[a][c];\n        }\n",
                     outputs, M, m.rows, N, m.cols);
         return out;
     }
-    out += strf("            float acc%d = total[a][c];\n", plan.sum);
+    out += strf("            float acc%d = sum[a][c];\n", plan.sum);
     c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);
     out += "        }\n";
     return out;
