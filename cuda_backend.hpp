@@ -1174,12 +1174,55 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     };
     // every step of KT terms lies inside the sum (or the range: split_terms is a multiple of KT)
     const bool whole_steps = K % KT == 0;
+    // An operand that is one float load at a·i + c·f + base (i its row or column), with no
+    // bounds to test, is read through a pointer to the thread's first element: element l lies
+    // a fixed distance further (e grows by 256: kk by 256/T, or o by 256/KT), and each step
+    // moves it c·KT on, so that no index is computed in the loop.
+    bool by_pointer[2] = {false, false};
+    long long pointer_step[2] = {0, 0}, pointer_each[2] = {0, 0};
+    std::string pointers;
+    for (int x = 1; x >= 0; x--) {
+        int var = x ? m.rows : m.cols;
+        ExprP load = load_by_term(b, plan, x, f_var);
+        if (!load || load->dtype != DType::FLOAT32 || !whole_steps || (x ? M : N) % T) continue;
+        Linear lin;
+        lin.add(1, load->src[0]);
+        long long a = 0, c = 0;
+        bool linear = true;
+        for (auto& [coef, term] : lin.terms) {
+            bool is_var = term->kind == EK::VAR && term->id == var;
+            bool is_f = term->kind == EK::VAR && term->id == f_id;
+            if (is_var) a = coef;
+            if (is_f) c = coef;
+            linear = linear && (is_var || is_f || (!uses_var(term, var) && !uses_var(term, f_id)));
+        }
+        if (!linear) continue;
+        bool along = x ? x_by_rows : y_by_cols;
+        pointer_each[x] = along ? c * (CUDA_BLOCK_THREADS / T) : a * (CUDA_BLOCK_THREADS / KT);
+        pointer_step[x] = c * KT;
+        by_pointer[x] = true;
+        CExprs cx{{{f_var.get(), "f"}}, next_tmp};
+        const char* p = x ? "xp" : "yp";
+        pointers += strf("    const float *%s;\n    {\n        const int l = 0;\n", p) +
+                    element(x, "        ") +
+                    strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
+                         x ? "r0" : "c0", k_begin.c_str()) +
+                    cx.declare_shared({load}, "        ") +
+                    strf("        %s = &%s;\n    }\n", p, cx.str(load).c_str());
+    }
     auto fetch = [&](const std::string& k0, const std::string& pad) {
         std::string code;
         for (int x = 1; x >= 0; x--) {   // x's terms, then y's
             int var = x ? m.rows : m.cols;
             long long n = x ? M : N;
-            code += pad + strf("for (int l = 0; l < %d; l++) {\n", L);
+            const char* p = x ? "xp" : "yp";
+            code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
+            if (by_pointer[x]) {
+                code += pad + strf("    %s[l] = %s[l * %lldLL];\n", x ? "xn" : "yn", p,
+                                   pointer_each[x]) +
+                        pad + "}\n" + pad + strf("%s += %lldLL;\n", p, pointer_step[x]);
+                continue;
+            }
             code += element(x, pad + "    ");
             code += pad + strf("    const int64_t i%d = %s + o, f = %s + kk;\n", var,
                                x ? "r0" : "c0", k0.c_str());
@@ -1199,33 +1242,36 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     auto put = [&](const char* buffer, const std::string& pad) {
         std::string code;
         for (int x = 1; x >= 0; x--) {
-            code += pad + strf("for (int l = 0; l < %d; l++) {\n", L);
+            code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
             code += element(x, pad + "    ");
             code += pad + strf("    %s[%s][kk][o] = %s[l];\n", x ? "xs" : "ys", buffer,
                                x ? "xn" : "yn") + pad + "}\n";
         }
         return code;
     };
-    out += strf("    float xn[%d], yn[%d];\n", L, L);
+    out += pointers + strf("    float xn[%d], yn[%d];\n", L, L);
     out += fetch(k_begin, "    ") + put("0", "    ") + "    __syncthreads();\n";
     out += strf("    int buffer = 0;\n"
                 "    for (int64_t k0 = %s; k0 < %s; k0 += %d, buffer ^= 1) {\n"
                 "        const bool more = k0 + %d < %s;\n        if (more) {\n",
                 k_begin.c_str(), k_end.c_str(), KT, KT, k_end.c_str());
     out += fetch("k0 + " + std::to_string(KT), "            ") + "        }\n";
-    out += strf("        for (int kk = 0; kk < %d; kk++) {\n", KT);
+    // unrolled, so that the shared reads are one base register and offsets
+    out += strf("        const float (*xb)[%d] = xs[buffer], (*yb)[%d] = ys[buffer];\n"
+                "#pragma unroll\n        for (int kk = 0; kk < %d; kk++) {\n",
+                T + 4, T + 4, KT);
     out += strf("            float xv[%d], yv[%d];\n", R, R);
     for (int x = 1; x >= 0; x--) {
         const char* w = x ? "xv" : "yv";
-        out += strf("            for (int j = 0; j < %d; j++) {\n", R / V);
-        out += strf("                const %s v = *(const %s *)&%s[buffer][kk][%d * %s + %d * j];\n",
-                    vec.c_str(), vec.c_str(), x ? "xs" : "ys", V, x ? "ty" : "tx", 16 * V);
+        out += strf("#pragma unroll\n            for (int j = 0; j < %d; j++) {\n", R / V);
+        out += strf("                const %s v = *(const %s *)&%s[kk][%d * %s + %d * j];\n",
+                    vec.c_str(), vec.c_str(), x ? "xb" : "yb", V, x ? "ty" : "tx", 16 * V);
         for (int q = 0; q < V; q++)
             out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
         out += "            }\n";
     }
-    out += strf("            for (int a = 0; a < %d; a++)\n"
-                "                for (int c = 0; c < %d; c++)\n"
+    out += strf("#pragma unroll\n            for (int a = 0; a < %d; a++)\n"
+                "#pragma unroll\n                for (int c = 0; c < %d; c++)\n"
                 "                    sum[a][c] = fmaf(xv[a], yv[c], sum[a][c]);\n"
                 "        }\n", R, R);
     // the other buffer was last read before the barrier that ended the previous terms

@@ -374,10 +374,10 @@ TEST(cuda_block_reductions_match_the_cpu) {
 
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
 // products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
-// partial tiles or none (then no bounds are tested), a batch, operands read across their rows
-// (x.t(), a Linear's weight), an epilogue (bias and GELU) and a Linear's gradients; the same
-// bits on every run. The plan is checked on every machine, the values where a GPU (or the
-// stand-in) is.
+// partial tiles or none (then no bounds are tested, and loads read by pointer), a batch,
+// operands read across their rows (x.t(), a Linear's weight), an epilogue (bias and GELU) and
+// a Linear's gradients; the same bits on every run. The plan is checked on every machine, the
+// values where a GPU (or the stand-in) is.
 TEST(cuda_products_run_in_tiles_through_shared_memory) {
     std::vector<tg::detail::Program> programs;
     auto saved = tg::detail::program_observer();
@@ -390,8 +390,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         Tensor d = Tensor::from_vector(th::randf(3 * 50 * 20, 34), {3, 50, 20});
         Tensor e = Tensor::from_vector(th::randf(20 * 3000, 35), {20, 3000});
         Tensor f = Tensor::from_vector(th::randf(3000 * 30, 36), {3000, 30});
-        Tensor g = Tensor::from_vector(th::randf(64 * 96, 37), {64, 96});
-        Tensor k = Tensor::from_vector(th::randf(96 * 64, 38), {96, 64});
+        Tensor g = Tensor::from_vector(th::randf(2 * 64 * 96, 37), {2, 64, 96});
+        Tensor k = Tensor::from_vector(th::randf(2 * 96 * 64, 38), {2, 96, 64});
         tg::manual_seed(4);
         tg::nn::Linear lin(300, 90);
         Tensor h = lin(a).gelu(true);
@@ -412,7 +412,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     tg::detail::program_observer() = saved;
     std::vector<float> cpu = run("CPU");
     int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
-    int unbounded = 0;               // whole tiles and steps: no bounds tested
+    int unbounded = 0;   // whole tiles and steps: no bounds tested, operands read by pointer
     int split = 0;                   // a product of long sums split in ranges of terms
     for (const tg::detail::Program& p : programs)
         for (const auto& l : tg::detail::launches_of(p)) {
@@ -423,14 +423,15 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             std::string cu = tg::detail::render_cuda(p);
             CHECK(cu.find("float xs[2][16][36], ys[2][16][36];") != std::string::npos);
             by_term += cu.find("int64_t l = f") == std::string::npos;
-            unbounded += cu.find("float v;") != std::string::npos &&
+            unbounded += cu.find("const float *xp;") != std::string::npos &&
+                         cu.find("const float *yp;") != std::string::npos &&
                          cu.find("if (i") == std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
     // the 5 products, the Linear's forward, its input's and weight's gradients
     CHECK_EQ(products, 8);
-    CHECK_EQ(unbounded, 1);   // 64 x 64 outputs of 96 terms
+    CHECK_EQ(unbounded, 1);   // 2 x 64 x 64 outputs of 96 terms
     CHECK(by_term >= 3);
     CHECK_EQ(split, 1);   // 20 x 30 outputs of 3000 terms: 11 ranges of 288 (the last 120)
     std::string why;
