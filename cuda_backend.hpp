@@ -133,6 +133,7 @@ struct KernelPlan {
     const std::vector<Stmt>* body;      // what each item runs (in serial's loop if any)
     int64_t items = 1;
     bool cooperative = false;
+    bool warp = false;   // cooperative by a warp per item (WARP_ITEMS items a block)
     // a matrix product, a block per square tile of outputs (items: the tiles), its sums split
     // in `splits` ranges of terms where it has few tiles and long sums (outputs: its outputs);
     // or a scatter (serial) whose rows are split in `splits` ranges of rows_each, each adding
@@ -143,6 +144,7 @@ struct KernelPlan {
     int64_t splits = 1, outputs = 0, rows_each = 0;
     int scatter_buffer = -1;
     int64_t blocks() const {
+        if (warp) return (items + CUDA_BLOCK_THREADS / 32 - 1) / (CUDA_BLOCK_THREADS / 32);
         return cooperative || product ? items
                                       : (items + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     }
@@ -420,8 +422,15 @@ static bool stores(const std::vector<Stmt>& body) {
 // item, none along the innermost grid loop: a layer norm's or a softmax's rows) runs so with
 // up to COOPERATIVE_MAX_ROWS items: a thread per item would leave most of the GPU idle and
 // read memory with the threads of a warp a row apart, where a block reads each row in step.
+// Where there are more such rows than one wave of blocks (8 blocks of 256 threads fill a
+// multiprocessor), each of at most WARP_MAX_ROW_WORK iterations (a GPT's layer norm, softmax
+// and loss), they run a warp per row instead, 8 rows a block, combined by shuffles alone
+// (tg_warp_reduce): a block of 256 threads would leave most of them idle on a row of 64 and
+// wait at its barriers.
+static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
 static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18, COOPERATIVE_MIN_ROW_WORK = 128;
+static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
 
 // A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
 // or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
@@ -534,7 +543,6 @@ struct SumSegment {
 // and the loops around it), and each output adds them in that order into one sum, as cuBLAS does
 // (the trees' own grouping is not kept: a fixed order still, so the bits are the same on every
 // run). Bounds are tested only where a tile or a step of terms can pass the end.
-static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the tile size aims to fill
 struct ProductPlan {
     ProductMatch match;
     std::vector<SumSegment> segments;
@@ -776,6 +784,8 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= COOPERATIVE_MIN_ROW_WORK &&
                 walks_rows(b, plan);
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
+    plan.warp = plan.cooperative && rows && plan.items > WARP_MIN_ROWS &&
+                work <= WARP_MAX_ROW_WORK;
     return plan;
 }
 
@@ -821,12 +831,23 @@ std::vector<Launch> launches_of(const Program& p) {
     return out;
 }
 
-// The body of a cooperative item (see KernelPlan and cooperative_body). Every thread runs
-// every statement at this level with the same values, so the __syncthreads() in the block
+// Who runs a cooperative item: a block (its threads numbered by threadIdx.x), or a warp (by
+// lane), with the reduction and barrier of their size.
+struct CooperativeGroup {
+    const char *thread, *reduce, *barrier;
+    int size;
+};
+static const CooperativeGroup BLOCK_GROUP{"threadIdx.x", "tg_block_reduce", "__syncthreads()",
+                                          CUDA_BLOCK_THREADS};
+static const CooperativeGroup WARP_GROUP{"lane", "tg_warp_reduce", "__syncwarp()", 32};
+
+// The body of a cooperative item (see KernelPlan and cooperative_body). Every thread of the
+// group runs every statement at this level with the same values, so the barriers in the
 // reductions and after each write are reached by all of them; a store is done by thread 0.
 static void cooperative_stmts(const Program& p, size_t k, const Block& b,
                               const std::vector<Stmt>& body, std::unordered_map<int, Op>& accs,
-                              int depth, int& next_tmp, std::string& out) {
+                              const CooperativeGroup& g, int depth, int& next_tmp,
+                              std::string& out) {
     const std::map<int, std::string> no_arrays;
     std::string pad(size_t(depth) * 4, ' ');
     std::unordered_set<int> zero;   // accumulators that hold 0 since their initialisation
@@ -839,23 +860,23 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             if (st.kind == SK::ACC_INIT && is_const(st.val, 0)) zero.insert(st.id);
             else if (st.kind == SK::ACC_INIT || st.kind == SK::ACC_UPDATE) zero.erase(st.id);
             if (store)
-                part = pad + "if (threadIdx.x == 0) {\n" + part + pad + "}\n" + pad +
-                       "__syncthreads();\n";
+                part = pad + "if (" + g.thread + " == 0) {\n" + part + pad + "}\n" + pad +
+                       g.barrier + ";\n";
             out += part;
             continue;
         }
         std::vector<const Stmt*> chain;
         ExprP value;
         int acc = chain_acc(st, chain, value);
-        if (acc >= 0) {   // thread l takes the chain's flat iterations l, l + 256, ...
+        if (acc >= 0) {   // thread l takes the chain's flat iterations l, l + size, ...
             Op op = accs.at(acc);
             int64_t n = 1;
             for (const Stmt* l : chain) n *= b.extents[size_t(l->id)];
             if (op == Op::REDUCE_SUM && !zero.count(acc))   // what it holds: counted once
-                out += strf("%sif (threadIdx.x != 0) acc%d = 0;\n", pad.c_str(), acc);
+                out += strf("%sif (%s != 0) acc%d = 0;\n", pad.c_str(), g.thread, acc);
             zero.erase(acc);
-            out += strf("%sfor (int64_t f = threadIdx.x; f < %lldLL; f += %d) {\n", pad.c_str(),
-                        (long long)n, CUDA_BLOCK_THREADS);
+            out += strf("%sfor (int64_t f = %s; f < %lldLL; f += %d) {\n", pad.c_str(), g.thread,
+                        (long long)n, g.size);
             for (size_t l = chain.size(); l-- > 0;) {
                 int id = chain[l]->id;
                 long long e = (long long)b.extents[size_t(id)];
@@ -868,7 +889,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             update.id = acc;
             c_stmts({update}, b.extents, no_arrays, depth + 1, next_tmp, out);
             out += pad + "}\n";
-            out += strf("%sacc%d = tg_block_reduce<%d>(acc%d);\n", pad.c_str(), acc,
+            out += strf("%sacc%d = %s<%d>(acc%d);\n", pad.c_str(), acc, g.reduce,
                         op == Op::REDUCE_MAX ? 1 : 0, acc);
             continue;
         }
@@ -880,20 +901,20 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
         if (outer) {   // every thread runs every iteration; the body cooperates
             out += strf("%sfor (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", pad.c_str(), st.id,
                         st.id, n, st.id);
-            cooperative_stmts(p, k, b, st.body, accs, depth + 1, next_tmp, out);
+            cooperative_stmts(p, k, b, st.body, accs, g, depth + 1, next_tmp, out);
             out += pad + "}\n";
             for (int a : updated) zero.erase(a);
             continue;
         }
         std::string loop;   // stores only: split when its iterations write apart
         if (iterations_disjoint(p, k, b, st, -1))
-            loop = strf("%sfor (int64_t i%d = threadIdx.x; i%d < %lldLL; i%d += %d) {\n",
-                        pad.c_str(), st.id, st.id, n, st.id, CUDA_BLOCK_THREADS);
+            loop = strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
+                        st.id, g.thread, st.id, n, st.id, g.size);
         else
-            loop = strf("%sif (threadIdx.x == 0) for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n",
-                        pad.c_str(), st.id, st.id, n, st.id);
+            loop = strf("%sif (%s == 0) for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n",
+                        pad.c_str(), g.thread, st.id, st.id, n, st.id);
         c_stmts(st.body, b.extents, no_arrays, depth + 1, next_tmp, loop);
-        out += loop + pad + "}\n" + pad + "__syncthreads();\n";
+        out += loop + pad + "}\n" + pad + g.barrier + ";\n";
     }
 }
 
@@ -906,8 +927,8 @@ static std::string cuda_prelude(const std::string& body) {
         "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fc00000)\n";
     // a block-wide reduction in a fixed order: within each warp by shuffles (lane l takes lane
     // l + 16, then l + 8, ...), then the warps' results in the first warp the same way; every
-    // thread gets the total
-    const char* block_reduce =
+    // thread gets the total. A warp's alone: the first step, then lane 0's total to every lane.
+    const char* combine =
         "static __device__ __forceinline__ float tg_combine(float a, float b, int max) {\n"
         "    return max ? (a > b || a != a ? a : b) : a + b;\n}\n"
         "static __device__ __forceinline__ double tg_combine(double a, double b, int max) {\n"
@@ -915,7 +936,8 @@ static std::string cuda_prelude(const std::string& body) {
         "static __device__ __forceinline__ int32_t tg_combine(int32_t a, int32_t b, int max) {\n"
         "    return max ? (a > b ? a : b) : (int32_t)((uint32_t)a + (uint32_t)b);\n}\n"
         "static __device__ __forceinline__ int64_t tg_combine(int64_t a, int64_t b, int max) {\n"
-        "    return max ? (a > b ? a : b) : (int64_t)((uint64_t)a + (uint64_t)b);\n}\n"
+        "    return max ? (a > b ? a : b) : (int64_t)((uint64_t)a + (uint64_t)b);\n}\n";
+    const char* block_reduce =
         "template <int MAX, typename T> static __device__ T tg_block_reduce(T v) {\n"
         "    __shared__ T part[32];\n"
         "    __syncthreads();\n"
@@ -933,7 +955,17 @@ static std::string cuda_prelude(const std::string& body) {
         "    __syncthreads();\n"
         "    return part[0];\n"
         "}\n";
-    if (body.find("tg_block_reduce<") != std::string::npos) out += block_reduce;
+    const char* warp_reduce =
+        "template <int MAX, typename T> static __device__ T tg_warp_reduce(T v) {\n"
+        "    for (int o = 16; o > 0; o /= 2)\n"
+        "        v = tg_combine(v, __shfl_down_sync(0xffffffffu, v, o), MAX);\n"
+        "    return __shfl_sync(0xffffffffu, v, 0);\n"
+        "}\n";
+    bool blocks = body.find("tg_block_reduce<") != std::string::npos,
+         warps = body.find("tg_warp_reduce<") != std::string::npos;
+    if (blocks || warps) out += combine;
+    if (blocks) out += block_reduce;
+    if (warps) out += warp_reduce;
     // the first failed check wins; the others leave err alone
     const char* check =
         "static __device__ __forceinline__ int64_t tg_check(int64_t i, int64_t n, int site,\n"
@@ -1375,7 +1407,12 @@ std::string render_cuda(const Program& p) {
             out += strf("    buf%d[e] += sum;\n}\n", plan.scatter_buffer);
             continue;
         }
-        if (plan.cooperative)
+        if (plan.warp)
+            out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x / 32;\n"
+                        "    if (t >= %lldLL) return;   // the warp's item\n"
+                        "    const int lane = threadIdx.x %% 32;\n",
+                        CUDA_BLOCK_THREADS / 32, (long long)plan.items);
+        else if (plan.cooperative)
             out += "    int64_t t = blockIdx.x;\n";
         else
             out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
@@ -1405,7 +1442,8 @@ std::string render_cuda(const Program& p) {
         if (plan.column_sum) {
             out += render_column_sum(b, plan, launch.stage, next_tmp);
         } else if (plan.cooperative) {
-            cooperative_stmts(p, k, b, *plan.body, accs, 1, next_tmp, out);
+            cooperative_stmts(p, k, b, *plan.body, accs, plan.warp ? WARP_GROUP : BLOCK_GROUP, 1,
+                              next_tmp, out);
         } else if (plan.serial) {
             int id = plan.serial->id;
             long long rows = (long long)b.extents[size_t(id)], each = plan.rows_each;

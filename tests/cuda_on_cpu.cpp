@@ -86,6 +86,16 @@ template <typename T> static T __shfl_down_sync(unsigned, T v, int delta) {
     tg_cpu->sync_warp();
     return r;
 }
+template <typename T> static T __shfl_sync(unsigned, T v, int lane) {
+    static T lanes[1024];
+    unsigned t = threadIdx.x;
+    lanes[t] = v;
+    tg_cpu->sync_warp();
+    T r = lanes[(t & ~31u) + unsigned(lane)];
+    tg_cpu->sync_warp();
+    return r;
+}
+static inline void __syncwarp(unsigned = 0xffffffffu) { tg_cpu->sync_warp(); }
 static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long expected,
                                            unsigned long long desired) {
     unsigned long long old = *p;
@@ -567,6 +577,8 @@ std::vector<std::pair<std::string, bool>> kernels_of(const std::string& src) {
         std::string body = src.substr(at, (k + 1 < starts.size() ? starts[k + 1] : src.size()) - at);
         bool syncs = body.find("__syncthreads") != std::string::npos ||
                      body.find("tg_block_reduce") != std::string::npos ||
+                     body.find("tg_warp_reduce") != std::string::npos ||
+                     body.find("__syncwarp") != std::string::npos ||
                      body.find("__shfl") != std::string::npos;
         out.push_back({src.substr(at, end - at), syncs});
     }

@@ -202,11 +202,12 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 }
 
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
-// with a block reduction; so is each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item
-// walks along, but not each of many columns, whose threads read side by side; an optimizer's
-// update (values, then a loop) is a grid over the elements; a scatter (an index_select's
-// gradient) is a grid over its columns, each summing its rows in order after a kernel that
-// zeroes the output, and one of many rows sums ranges of them into copies first.
+// with a block reduction; each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks
+// along is a warp with a warp's reduction (a block where they are fewer than 8 per
+// multiprocessor: 500), but not each of many columns, whose threads read side by side; an
+// optimizer's update (values, then a loop) is a grid over the elements; a scatter (an
+// index_select's gradient) is a grid over its columns, each summing its rows in order after a
+// kernel that zeroes the output, and one of many rows sums ranges of them into copies first.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
@@ -219,6 +220,9 @@ TEST(cuda_plans_nests_for_the_gpu) {
     Tensor r = Tensor::randn({5000, 130}, 7).realize(), c = Tensor::randn({300, 5000}, 8).realize();
     size_t rows_from = programs.size();
     (r - r.mean(-1, true)).realize();
+    size_t fewer_rows_from = programs.size();
+    Tensor r500 = Tensor::randn({500, 130}, 12).realize();
+    (r500 - r500.mean(-1, true)).realize();
     size_t columns_from = programs.size();
     c.sum(0).realize();
     size_t columns_to = programs.size();
@@ -238,7 +242,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
-    bool scatter_split = false, short_columns = false;
+    bool scatter_split = false, short_columns = false, fewer_rows = false;
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -261,8 +265,11 @@ TEST(cuda_plans_nests_for_the_gpu) {
                                 plan.items == 91 * 8 && plan.outputs == 128 &&
                                 l.name.find("_terms") != std::string::npos &&
                                 cu.find("tg_range[") != std::string::npos;
-            if (n >= rows_from && n < columns_from && plan.items == 5000)
-                rows = rows || plan.cooperative;
+            if (n >= rows_from && n < fewer_rows_from && plan.items == 5000)
+                rows = rows || (plan.cooperative && plan.warp && plan.blocks() == 625 &&
+                                cu.find("tg_warp_reduce<0>(acc") != std::string::npos);
+            if (n >= fewer_rows_from && n < columns_from && plan.items == 500)
+                fewer_rows = fewer_rows || (plan.cooperative && !plan.warp);
             // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, then
             // a thread per column adding its ranges; 3000 x 300 is too little to split
             if (n >= columns_from && n < columns_to && plan.outputs == 5000)
@@ -275,6 +282,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
         }
     }
     CHECK(rows);
+    CHECK(fewer_rows);
     CHECK(columns);
     CHECK(short_columns);
     CHECK(scatter_split);
@@ -342,8 +350,8 @@ TEST(cuda_ops_and_gradients_match_the_cpu) {
 
 // Long reductions over few items run a block of threads per item (plan_kernel's cooperative
 // nests): sums and maxima by rows, over everything, over two axes, in a product with a long
-// inner axis, in softmax's forward and backward, over many rows (a layer norm's), and in
-// integers.
+// inner axis, in softmax's forward and backward, over many rows (a layer norm's, a warp per
+// row), and in integers.
 TEST(cuda_block_reductions_match_the_cpu) {
     NEED_GPU();
     auto run = [](const char* device) {
