@@ -1389,8 +1389,13 @@ std::string render_cuda(const Program& p) {
         if (launch.stage) params += "float *__restrict__ tg_part, ";
         KernelPlan plan = plan_kernel(p, k, b);
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
-        out += strf("extern \"C\" __global__ void __launch_bounds__(%d) %s(%sint64_t *err) {\n",
-                    CUDA_BLOCK_THREADS, launch.name.c_str(), params.c_str());
+        // TG_CUDA_PRODUCT_BLOCKS=2: a product's kernel compiled for two blocks per
+        // multiprocessor (at most 128 registers a thread: the 128 x 128 tile's then spill)
+        std::string bounds = strf("%d", CUDA_BLOCK_THREADS);
+        int product_blocks = env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8);
+        if (plan.product && product_blocks > 1) bounds += strf(", %d", product_blocks);
+        out += strf("extern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
+                    bounds.c_str(), launch.name.c_str(), params.c_str());
         if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
             out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
                    "    __syncthreads();\n    if (failed) return;\n";
@@ -1694,7 +1699,8 @@ public:
     std::shared_ptr<Executable> prepare(const Program& p) override;
     std::string source(const Program& p) override { return render_cuda(p); }
     std::string settings() const override {
-        return env_str("TG_NVRTC_FLAGS", "") + '|' + env_str("TG_CUDA_TILE", "");
+        return env_str("TG_NVRTC_FLAGS", "") + '|' + env_str("TG_CUDA_TILE", "") + '|' +
+               env_str("TG_CUDA_PRODUCT_BLOCKS", "");
     }
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop

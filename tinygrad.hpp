@@ -159,6 +159,8 @@
                  run, as one CUDA graph)
    TG_CUDA_TILE  CUDA: 32, 64 or 128, the side of a product's tile of outputs (default: by
                  the product's size)
+   TG_CUDA_PRODUCT_BLOCKS  CUDA: the blocks per multiprocessor a product's kernel is compiled
+                 for (default 1; 2 caps a thread's registers at 128)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
                  libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,

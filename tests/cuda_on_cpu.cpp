@@ -60,7 +60,7 @@ void *memcpy(void *, const void *, __SIZE_TYPE__);
 #define __device__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 struct float2 { float x, y; };

@@ -430,6 +430,14 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             split += plan.splits > 1 && l.stage == 1 && l.name.find("_terms") != std::string::npos;
             std::string cu = tg::detail::render_cuda(p);
             CHECK(cu.find("float xs[2][16][36], ys[2][16][36];") != std::string::npos);
+            {
+                EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");
+                std::string bounded = tg::detail::render_cuda(p);
+                CHECK(bounded.find("__launch_bounds__(256, 2) " + l.name + "(") !=
+                      std::string::npos);
+                if (tg::cuda::nvrtc_available() && !stand_in())
+                    CHECK(tg::detail::nvrtc_compile(bounded, 90, p.name + ".cu").size() > 0);
+            }
             by_term += cu.find("int64_t l = f") == std::string::npos;
             unbounded += cu.find("const float *xp;") != std::string::npos &&
                          cu.find("const float *yp;") != std::string::npos &&
@@ -451,6 +459,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         EnvGuard t("TG_CUDA_TILE", tile);
         CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
     }
+    EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");   // compiled for two blocks a multiprocessor
+    CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
 }
 
 // A scatter of many rows (an embedding's gradient: 3000 tokens of a vocabulary of 50) adds its
