@@ -16,22 +16,23 @@
    failed.
 
    How a program runs on the GPU. Each loop nest of the program (a Block of the loop IR, after
-   the CPU's passes less its fusion into row loops) becomes a kernel. Its outer loops, as long
-   as each iteration writes its own part of every buffer it writes (the test the CPU's
-   parallel_loops pass uses), become one grid of threads; what is inside them runs in each
-   thread in the loop IR's order. A nest with few grid items and long reductions, or whose items
-   each walk rows of their own (a layer norm's, a softmax's), gives each item a block of threads
-   that split the loops and combine their partial results in a fixed tree; a nest without grid
-   loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
-   thread per range of rows and column, into copies added after); a sum of each of few columns
-   over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
-   added after; a matrix product runs a block per tile of outputs through shared memory. Every
-   order is fixed by the shapes, so results are the same on every run. From its second run a
-   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each
-   kernel timed). Bounds checks write the failing site into a small device buffer, which is read
-   back after the program; a nest that writes in place starts by looking at it, so a failed
-   check still prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs
-   as a kernel after its nest and stops the program there.
+   the CPU's passes less its fusion into row loops, but with elementwise nests over the same
+   loops joined: fuse_maps) becomes a kernel. Its outer loops, as long as each iteration writes
+   its own part of every buffer it writes (the test the CPU's parallel_loops pass uses), become
+   one grid of threads; what is inside them runs in each thread in the loop IR's order. A nest
+   with few grid items and long reductions, or whose items each walk rows of their own (a layer
+   norm's, a softmax's), gives each item a block of threads that split the loops and combine
+   their partial results in a fixed tree; a nest without grid loops runs as one kernel per
+   statement; a scatter runs a thread per column (with many rows, a thread per range of rows and
+   column, into copies added after); a sum of each of few columns over many rows (a bias's
+   gradient) runs a thread per range of rows and column, the ranges added after; a matrix
+   product runs a block per tile of outputs through shared memory. Every order is fixed by the
+   shapes, so results are the same on every run. From its second run a program is one CUDA graph
+   of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed). Bounds
+   checks write the failing site into a small device buffer, which is read back after the
+   program; a nest that writes in place starts by looking at it, so a failed check still
+   prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a kernel
+   after its nest and stops the program there.
 
    Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
    under a key of source, architecture, NVRTC's version and options, and in memory per
@@ -1705,7 +1706,8 @@ public:
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
     // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
-    // serial loops (W3's step: 256 threads where unfused nests give 262,144). The CPU's
+    // serial loops (W3's step: 256 threads where unfused nests give 262,144). fuse_maps joins
+    // only elementwise nests whose every loop fuses, so the grid stays whole. The CPU's
     // tiles of vector sums (tile_products) are plan_kernel's business here, and a select costs
     // a GPU thread less than the loops that split_at_edges makes.
     bool runs_pass(const std::string& pass) const override {

@@ -163,9 +163,10 @@
                  for (default 1; 2 caps a thread's registers at 128)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
                  libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
-   TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,substitute_temps,
-                 dead_stores,first_write,order_nests,local_temps,tile_products,
-                 sum_lanes,split_at_edges,parallel_loops,plan_memory); default all;
+   TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,fuse_maps,
+                 substitute_temps,dead_stores,first_write,order_nests,local_temps,
+                 tile_products,sum_lanes,split_at_edges,parallel_loops,plan_memory);
+                 default all (each device runs those that suit it);
                  none runs the IR as lowered (to bisect a wrong result to a pass)
    TG_TILE_MIN_WORK  the fewest multiply-adds of a matrix product computed in tiles, on the
                  CPU and on CUDA (default 32768; the oracle uses 1 to tile every product)
@@ -1176,8 +1177,9 @@ struct Device {
     // the source prepare() compiles, for TG_DEBUG (kept as NAME-HASH + source_suffix())
     virtual std::string source(const Program&) { return ""; }
     virtual const char* source_suffix() const { return ".c"; }
-    // the passes of TG_PASSES that suit it (CUDA: not the CPU's fusion into row loops)
-    virtual bool runs_pass(const std::string&) const { return true; }
+    // the passes of TG_PASSES that suit it (CUDA: not the CPU's fusion into row loops, but
+    // fuse_maps, which only a device without fuse_loops needs)
+    virtual bool runs_pass(const std::string& pass) const { return pass != "fuse_maps"; }
     // run at the start of its queue's thread (CPU:k: the thread pool its programs use there)
     virtual void queue_thread_start() {}
     // the settings (environment variables) its programs depend on beyond the graph, part of
@@ -4812,6 +4814,8 @@ TG_COLD_END
 //                     reads like strided code written by hand.
 //   fuse_loops        adjacent nests over the same extent become one, stepping over a nest in
 //                     between (merge left or right, seed 004); the loops inside fuse too
+//   fuse_maps         for a device without fuse_loops (CUDA): elementwise nests over the same
+//                     loops become one, only where every level fuses (one grid still)
 //   substitute_temps  a value stored and read back at the same index in one nest is read from
 //                     a local
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
@@ -5800,6 +5804,21 @@ static bool epilogue_fusable(const Block& a, const Block& b, bool checks) {
     return fuse_epilogue(trial, b) && tiled_later(trial);
 }
 static const size_t FUSE_WINDOW = 8;   // how many nests ahead a nest looks for a partner
+// Whether a and b are maps (one nest of loops around stores and checks alone, without
+// TG_CHECK's scan) over loops of the same extents, level by level.
+static bool same_maps(const Block& a, const Block& b) {
+    auto loops = [](const Block& x, std::vector<int64_t>& extents) {
+        const std::vector<Stmt>* body = &x.body;
+        for (; body->size() == 1 && (*body)[0].kind == SK::LOOP; body = &(*body)[0].body)
+            extents.push_back(x.extents[size_t((*body)[0].id)]);
+        for (const Stmt& st : *body)
+            if (st.kind != SK::STORE && st.kind != SK::STORE_ADD && st.kind != SK::CHECK)
+                return false;
+        return !extents.empty() && x.finite_site < 0;
+    };
+    std::vector<int64_t> ea, eb;
+    return loops(a, ea) && loops(b, eb) && ea == eb;
+}
 static std::vector<std::string> passes_selected();
 // The sweeps of pass_fuse_loops over one program. What they ask of a nest (tiled_later, its
 // accesses, its invariants sunk) and of a pair (fusable, as an epilogue or not) is costly and
@@ -5816,6 +5835,7 @@ struct FuseSweeps {
     struct Pair { bool epilogue, fusable; };
     std::vector<Block>& bs;
     bool tiling;
+    bool maps_only = false;   // pass_fuse_maps: only maps into maps over the same loops
     std::vector<Facts> facts;
     uint64_t versions = 0;
     std::map<std::tuple<uint64_t, uint64_t, bool>, Pair> pairs;   // by versions, one_after_other
@@ -5853,7 +5873,8 @@ struct FuseSweeps {
     void sweep(bool loops_too) {
         for (size_t i = 0; i < bs.size(); i++) {
             for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-                bool sunk = sinks(j);
+                if (maps_only && !same_maps(bs[i], bs[j])) continue;
+                bool sunk = !maps_only && sinks(j);
                 const Block& bj = sunk ? facts[j].sunk : bs[j];
                 bool i_tiled = tiled(i), j_tiled = sunk ? facts[j].sunk_tiled == 1 : tiled(j);
                 bool one_after_other =
@@ -5877,6 +5898,11 @@ struct FuseSweeps {
                     right = right && blocks_independent(bs[i], uses(i), bs[k], uses(k));
                 }
                 if (!left && !right) continue;
+                if (maps_only) {   // only where the loops inside fuse too
+                    Block trial = bs[i], other = bs[j];
+                    fuse_into(trial, other, one_after_other);
+                    if (!same_maps(trial, trial)) continue;
+                }
                 if (sunk) bs[j] = std::move(facts[j].sunk);
                 if (epilogue) fuse_epilogue(bs[i], bs[j]);
                 else fuse_into(bs[i], bs[j], one_after_other);
@@ -5901,6 +5927,24 @@ static void pass_fuse_loops(Program& p) {
     FuseSweeps sweeps(p.blocks, tiling);
     sweeps.sweep(false);
     sweeps.sweep(true);
+}
+
+// -- pass_fuse_maps: elementwise nests over the same loops become one nest
+// For a device that does not fuse into row loops (the GPU: a thread per row would run each
+// row's loops alone): a map (one nest of loops around stores and checks alone) joins a map
+// over loops of the same extents, as pass_fuse_loops joins them (steps over nests in between,
+// keeps each dependence), where the loops inside fuse too, so the fused nest is again one
+// grid of the same items. A value it stores and reads back then stays in a register
+// (pass_substitute_temps) and one kernel does what several did. Values a map computes before
+// its loop go into the loop first: each GPU thread computes them anyway.
+static void pass_fuse_maps(Program& p) {
+    for (Block& b : p.blocks) {   // values before the loop (Adam's bias corrections) go in it
+        Block sunk = b;
+        if (b.body.size() > 1 && sink_invariants(sunk) && same_maps(sunk, sunk)) b = sunk;
+    }
+    FuseSweeps sweeps(p.blocks, false);
+    sweeps.maps_only = true;
+    sweeps.sweep(false);
 }
 
 // -- pass_substitute_temps: a value stored and read back at the same index in one nest
@@ -6488,6 +6532,7 @@ static void pass_plan_memory(Program& p) {
 static const std::vector<std::pair<const char*, void (*)(Program&)>> PASSES = {
     {"simplify", pass_simplify},
     {"fuse_loops", pass_fuse_loops},
+    {"fuse_maps", pass_fuse_maps},
     {"substitute_temps", pass_substitute_temps},
     {"dead_stores", pass_dead_stores},
     {"first_write", pass_first_write},

@@ -205,13 +205,14 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // with a block reduction; each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks
 // along is a warp with a warp's reduction (a block where they are fewer than 8 per
 // multiprocessor: 500), but not each of many columns, whose threads read side by side; an
-// optimizer's update (values, then a loop) is a grid over the elements; a scatter (an
-// index_select's gradient) is a grid over its columns, each summing its rows in order after a
-// kernel that zeroes the output, and one of many rows sums ranges of them into copies first.
+// optimizer's update is a grid over the elements (its values before the loop go into it where
+// fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
+// summing its rows in order after a kernel that zeroes the output, and one of many rows sums
+// ranges of them into copies first.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
-    EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
-                                 "parallel_loops,plan_memory");
+    EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
+                                 "first_write,parallel_loops,plan_memory");
     std::vector<tg::detail::Program> programs;
     auto saved = tg::detail::program_observer();
     tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
@@ -253,7 +254,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
             const std::string& title = l.part.title;
             if (title.find("RECIP SQRT ASSIGN") != std::string::npos)
-                adam = adam || (!plan.values.empty() && plan.items == 128 && !plan.cooperative);
+                adam = adam || (plan.items == 128 && !plan.cooperative);
             if (title.find("SCATTER_ADD") != std::string::npos && plan.serial && n >= many_rows_to)
                 scatter = scatter || (plan.items == 8 && plan.splits == 1 &&
                                       l.name.find('_') != std::string::npos);
@@ -413,8 +414,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         return out;
     };
     {   // the passes CudaDevice runs (runs_pass), on whichever device this run uses
-        EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
-                                     "order_nests,parallel_loops,plan_memory");
+        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
+                                     "first_write,order_nests,parallel_loops,plan_memory");
         run(tg::detail::default_device().name());
     }
     tg::detail::program_observer() = saved;
@@ -513,6 +514,55 @@ TEST(cuda_column_sums_of_many_rows_match_the_cpu) {
     std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
     CHECK_ALL_NEAR(cuda, cpu, 1e-4);
     CHECK(cuda == run("CUDA"));
+}
+
+// fuse_maps (a pass the CPU does not run: its fuse_loops fuses more): elementwise nests over
+// the same loops become one, so a GELU's chain of nests and AdamW's updates of the moments and
+// of each parameter run as fewer kernels, with the same bits as unfused, and the CPU's values.
+TEST(cuda_fuse_maps_joins_elementwise_nests) {
+    NEED_GPU();
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    // the values after two steps, and the largest program's nests and fused nests
+    auto run = [&](const char* device, const char* passes, size_t* nests, size_t* fused) {
+        EnvGuard dev("TG_DEVICE", device), chosen("TG_PASSES", passes);
+        programs.clear();
+        Tensor x = Tensor::from_vector(th::randf(64 * 300, 71), {64, 300});
+        Tensor a = Tensor::from_vector(th::randf(300, 72), {300}).requires_grad();
+        Tensor b = Tensor::from_vector(th::randf(300, 73), {300}).requires_grad();
+        Tensor c = Tensor::from_vector(th::randf(20 * 300, 74), {20, 300}).requires_grad();
+        tg::optim::AdamW opt({a, b, c}, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+        for (int s = 0; s < 2; s++) {
+            opt.zero_grad();
+            ((x * a + b).gelu(true) * c.sum(0)).mean().backward();
+            opt.step();
+        }
+        std::vector<float> out;
+        for (const Tensor& t : {a, b, c})
+            for (float v : values(t)) out.push_back(v);
+        *nests = *fused = 0;
+        for (const tg::detail::Program& p : programs) {
+            if (p.blocks.size() <= *nests) continue;
+            *nests = p.blocks.size();
+            *fused = 0;
+            for (const auto& block : p.blocks)
+                *fused += block.title.find(" + K") != std::string::npos;
+        }
+        return out;
+    };
+    size_t nests = 0, fused = 0, apart_nests = 0, apart_fused = 0, cpu_nests = 0;
+    std::vector<float> cpu = run("CPU", "all", &cpu_nests, &fused);
+    std::vector<float> cuda = run("CUDA", "all", &nests, &fused);
+    std::vector<float> apart = run("CUDA", "simplify,substitute_temps,dead_stores,first_write,"
+                                           "order_nests,parallel_loops,plan_memory",
+                                   &apart_nests, &apart_fused);
+    tg::detail::program_observer() = saved;
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == apart);
+    CHECK(fused >= 3);   // the GELU's, the moments', the parameters' updates
+    CHECK_EQ(apart_fused, size_t(0));
+    CHECK(nests + 6 <= apart_nests);
 }
 
 // TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
