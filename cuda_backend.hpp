@@ -550,6 +550,7 @@ struct ProductPlan {
     int sum = -1;                     // the accumulator the epilogue reads
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
     int tile = 64;
+    int step = CUDA_TILE_TERMS;   // terms staged in shared memory at a time
     int64_t splits = 1, split_terms = 0;   // ranges of terms, each of split_terms (the last less)
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
@@ -627,12 +628,15 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
         plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
                     : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
                                                                : 64;
+    // compiled for two blocks a multiprocessor (TG_CUDA_PRODUCT_BLOCKS=2), the 128 x 128
+    // tile stages 8 terms at a time: then its kernel fits in 128 registers without spilling
+    if (plan.tile == 128 && env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8) >= 2) plan.step = 8;
     plan.split_terms = plan.terms;
     if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
         int64_t want = (2 * GPU_MULTIPROCESSORS + plan.tiles() - 1) / plan.tiles();
         int64_t splits = std::min(want, plan.terms / SPLIT_TERMS_EACH);
         int64_t each = (plan.terms + splits - 1) / splits;
-        plan.split_terms = (each + CUDA_TILE_TERMS - 1) / CUDA_TILE_TERMS * CUDA_TILE_TERMS;
+        plan.split_terms = (each + plan.step - 1) / plan.step * plan.step;
         plan.splits = (plan.terms + plan.split_terms - 1) / plan.split_terms;
     }
     return plan.outer * plan.rows * plan.cols * plan.terms >=
@@ -1111,7 +1115,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     ProductPlan plan;
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
-    const int T = plan.tile, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
+    const int T = plan.tile, KT = plan.step, R = T / 16;   // 16 x 16 threads, R x R each
     long long M = plan.rows, N = plan.cols, K = plan.terms;
     long long outputs = plan.outer * M * N;
     // the outer loops' variables from t, the flat number of their iteration
@@ -1391,7 +1395,7 @@ std::string render_cuda(const Program& p) {
         KernelPlan plan = plan_kernel(p, k, b);
         out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         // TG_CUDA_PRODUCT_BLOCKS=2: a product's kernel compiled for two blocks per
-        // multiprocessor (at most 128 registers a thread: the 128 x 128 tile's then spill)
+        // multiprocessor (at most 128 registers a thread; see plan_product)
         std::string bounds = strf("%d", CUDA_BLOCK_THREADS);
         int product_blocks = env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8);
         if (plan.product && product_blocks > 1) bounds += strf(", %d", product_blocks);

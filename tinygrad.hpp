@@ -160,7 +160,8 @@
    TG_CUDA_TILE  CUDA: 32, 64 or 128, the side of a product's tile of outputs (default: by
                  the product's size)
    TG_CUDA_PRODUCT_BLOCKS  CUDA: the blocks per multiprocessor a product's kernel is compiled
-                 for (default 1; 2 caps a thread's registers at 128)
+                 for (default 1; 2 caps a thread's registers at 128, and 128 x 128 tiles
+                 then stage 8 terms at a time)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
                  libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,fuse_maps,

@@ -438,6 +438,9 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                       std::string::npos);
                 if (tg::cuda::nvrtc_available() && !stand_in())
                     CHECK(tg::detail::nvrtc_compile(bounded, 90, p.name + ".cu").size() > 0);
+                EnvGuard big("TG_CUDA_TILE", "128");   // then 8 terms at a time
+                CHECK(tg::detail::render_cuda(p).find("float xs[2][8][132], ys[2][8][132];") !=
+                      std::string::npos);
             }
             by_term += cu.find("int64_t l = f") == std::string::npos;
             unbounded += cu.find("const float *xp;") != std::string::npos &&
@@ -461,6 +464,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
     }
     EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");   // compiled for two blocks a multiprocessor
+    CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
+    EnvGuard big("TG_CUDA_TILE", "128");   // 8 terms at a time
     CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
 }
 
