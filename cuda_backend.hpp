@@ -427,11 +427,14 @@ static bool stores(const std::vector<Stmt>& body) {
 // multiprocessor), each of at most WARP_MAX_ROW_WORK iterations (a GPT's layer norm, softmax
 // and loss), they run a warp per row instead, 8 rows a block, combined by shuffles alone
 // (tg_warp_reduce): a block of 256 threads would leave most of them idle on a row of 64 and
-// wait at its barriers.
+// wait at its barriers. Rows shorter than COOPERATIVE_MIN_ROW_WORK, down to a warp's width
+// (the softmax of a short context, a small vocabulary's loss), run a warp per row however
+// many: a thread per row would read them a row apart, on few multiprocessors.
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
 static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18, COOPERATIVE_MIN_ROW_WORK = 128;
 static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
+static const int64_t WARP_MIN_ROW_WORK = 32;
 
 // A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
 // or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
@@ -786,11 +789,12 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     std::unordered_map<int, DType> accs;
     int64_t work = loop_work(*plan.body, b.extents);
     bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
-    bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= COOPERATIVE_MIN_ROW_WORK &&
+    bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= WARP_MIN_ROW_WORK &&
                 walks_rows(b, plan);
+    bool short_rows = rows && work < COOPERATIVE_MIN_ROW_WORK;
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
-    plan.warp = plan.cooperative && rows && plan.items > WARP_MIN_ROWS &&
-                work <= WARP_MAX_ROW_WORK;
+    plan.warp = plan.cooperative && rows && work <= WARP_MAX_ROW_WORK &&
+                (plan.items > WARP_MIN_ROWS || short_rows);
     return plan;
 }
 

@@ -204,11 +204,11 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
 // with a block reduction; each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks
 // along is a warp with a warp's reduction (a block where they are fewer than 8 per
-// multiprocessor: 500), but not each of many columns, whose threads read side by side; an
-// optimizer's update is a grid over the elements (its values before the loop go into it where
-// fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
-// summing its rows in order after a kernel that zeroes the output, and one of many rows sums
-// ranges of them into copies first.
+// multiprocessor: 500; a warp again where they are short: 500 of 40), but not each of many
+// columns, whose threads read side by side; an optimizer's update is a grid over the elements
+// (its values before the loop go into it where fuse_maps runs); a scatter (an index_select's
+// gradient) is a grid over its columns, each summing its rows in order after a kernel that
+// zeroes the output, and one of many rows sums ranges of them into copies first.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
@@ -224,6 +224,9 @@ TEST(cuda_plans_nests_for_the_gpu) {
     size_t fewer_rows_from = programs.size();
     Tensor r500 = Tensor::randn({500, 130}, 12).realize();
     (r500 - r500.mean(-1, true)).realize();
+    size_t short_rows_from = programs.size();
+    Tensor r40 = Tensor::randn({500, 40}, 13).realize();
+    r40.sum(-1).realize();
     size_t columns_from = programs.size();
     c.sum(0).realize();
     size_t columns_to = programs.size();
@@ -243,7 +246,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
-    bool scatter_split = false, short_columns = false, fewer_rows = false;
+    bool scatter_split = false, short_columns = false, fewer_rows = false, short_rows = false;
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -269,8 +272,10 @@ TEST(cuda_plans_nests_for_the_gpu) {
             if (n >= rows_from && n < fewer_rows_from && plan.items == 5000)
                 rows = rows || (plan.cooperative && plan.warp && plan.blocks() == 625 &&
                                 cu.find("tg_warp_reduce<0>(acc") != std::string::npos);
-            if (n >= fewer_rows_from && n < columns_from && plan.items == 500)
+            if (n >= fewer_rows_from && n < short_rows_from && plan.items == 500)
                 fewer_rows = fewer_rows || (plan.cooperative && !plan.warp);
+            if (n >= short_rows_from && n < columns_from && plan.items == 500)
+                short_rows = short_rows || plan.warp;
             // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, then
             // a thread per column adding its ranges; 3000 x 300 is too little to split
             if (n >= columns_from && n < columns_to && plan.outputs == 5000)
@@ -284,6 +289,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     }
     CHECK(rows);
     CHECK(fewer_rows);
+    CHECK(short_rows);
     CHECK(columns);
     CHECK(short_columns);
     CHECK(scatter_split);
@@ -352,7 +358,7 @@ TEST(cuda_ops_and_gradients_match_the_cpu) {
 // Long reductions over few items run a block of threads per item (plan_kernel's cooperative
 // nests): sums and maxima by rows, over everything, over two axes, in a product with a long
 // inner axis, in softmax's forward and backward, over many rows (a layer norm's, a warp per
-// row), and in integers.
+// row), over short rows (a softmax of 40: a warp per row), and in integers.
 TEST(cuda_block_reductions_match_the_cpu) {
     NEED_GPU();
     auto run = [](const char* device) {
@@ -365,12 +371,14 @@ TEST(cuda_block_reductions_match_the_cpu) {
         Tensor r = Tensor::from_vector(th::randf(5000 * 130, 26), {5000, 130}).requires_grad();
         Tensor centred = r - r.mean(-1, true);
         Tensor normed = centred / (centred.pow(2).mean(-1, true) + 1e-5f).sqrt();
-        Tensor loss = (x.softmax(-1) * x).sum() + (normed * normed.softmax(-1)).sum();
+        Tensor q = Tensor::from_vector(th::randf(300 * 40, 27), {300, 40}).requires_grad();
+        Tensor loss = (x.softmax(-1) * x).sum() + (normed * normed.softmax(-1)).sum() +
+                      (q.softmax(-1) * q).sum();
         loss.backward();
         std::vector<float> out;
         for (const Tensor& t : {x.sum(1), x.max(1).values, x.min(1).values, x.sum(),
                                 y.sum(std::vector<int>{1, 2}), a.matmul(b), loss, x.grad(),
-                                r.grad(),
+                                r.grad(), q.grad(),
                                 i.sum().cast(tg::DType::FLOAT32),
                                 i.max().cast(tg::DType::FLOAT32)})
             for (float v : values(t)) out.push_back(v);
