@@ -1384,6 +1384,43 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
                       acc.c_str());
 }
 
+// A cooperative item whose body is one sum tree and its epilogue (a sum whose axes are no
+// powers of 16: the lowering's tree of loops and partial sums, each level a loop that every
+// thread would run, with a reduction at each leaf) runs as a loop per segment of terms split
+// over the group's threads, then one reduction: each term is added once, in a fixed order.
+// False, with nothing written, where the body is not such a sum.
+static bool cooperative_sum(const Program& p, size_t k, const Block& b, const KernelPlan& plan,
+                            const CooperativeGroup& g, int& next_tmp, std::string& out) {
+    std::vector<Stmt> trees, epilogue;
+    std::vector<ExprP> terms;
+    int64_t count = 0;
+    if (!trees_and_epilogue(*plan.body, b.extents, trees, epilogue, terms, count, true))
+        return false;
+    int sum = single_sum(trees, epilogue);
+    if (sum < 0) return false;
+    std::vector<SumSegment> segments;
+    std::vector<const Stmt*> loops;
+    sum_segments(trees, b, loops, segments);
+    const int l_id = int(b.extents.size());   // a variable of no loop: l
+    out += strf("    float acc%d = 0.0f;\n", sum);
+    for (const SumSegment& seg : segments) {
+        out += strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
+                    l_id, (long long)seg.terms, l_id, g.size);
+        Stmt update{SK::ACC_UPDATE, sum, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
+        update.val = term_by_iteration(seg, b, ex_var(l_id));
+        if (!update.val) {
+            out += segment_vars(seg, b, strf("i%d", l_id), "        ");
+            update.val = seg.term;
+        }
+        c_stmts({update}, b.extents, {}, 2, next_tmp, out);
+        out += "    }\n";
+    }
+    out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
+    std::unordered_map<int, Op> accs;
+    cooperative_stmts(p, k, b, epilogue, accs, g, 1, next_tmp, out);
+    return true;
+}
+
 std::string render_cuda(const Program& p) {
     std::string out;
     for (const Launch& launch : launches_of(p)) {
@@ -1456,8 +1493,9 @@ std::string render_cuda(const Program& p) {
         if (plan.column_sum) {
             out += render_column_sum(b, plan, launch.stage, next_tmp);
         } else if (plan.cooperative) {
-            cooperative_stmts(p, k, b, *plan.body, accs, plan.warp ? WARP_GROUP : BLOCK_GROUP, 1,
-                              next_tmp, out);
+            const CooperativeGroup& group = plan.warp ? WARP_GROUP : BLOCK_GROUP;
+            if (!cooperative_sum(p, k, b, plan, group, next_tmp, out))
+                cooperative_stmts(p, k, b, *plan.body, accs, group, 1, next_tmp, out);
         } else if (plan.serial) {
             int id = plan.serial->id;
             long long rows = (long long)b.extents[size_t(id)], each = plan.rows_each;

@@ -5303,13 +5303,14 @@ static bool is_term(const Stmt& st) {
     return st.kind == SK::ACC_UPDATE ? st.val->kind != EK::ACC : st.val->kind != EK::CONST;
 }
 // body is a forest of sum trees: loops, float accumulators set to +0, acc += acc and terms
-// (returned in terms); count is how many terms one pass over body adds
+// (returned in terms; with bounds checks only where checks); count is how many terms one
+// pass over body adds
 static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
-                      std::vector<ExprP>& terms, int64_t& count) {
+                      std::vector<ExprP>& terms, int64_t& count, bool checks = false) {
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
             int64_t inner = 0;
-            if (!sum_trees(st.body, extents, terms, inner)) return false;
+            if (!sum_trees(st.body, extents, terms, inner, checks)) return false;
             count += inner * extents[size_t(st.id)];
             continue;
         }
@@ -5318,7 +5319,8 @@ static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>&
             return false;
         const ExprP& v = st.val;
         if (is_term(st)) {
-            if (v->dtype != DType::FLOAT32 || expr_has(v, EK::ACC) || expr_has(v, EK::CHECK))
+            if (v->dtype != DType::FLOAT32 || expr_has(v, EK::ACC) ||
+                (!checks && expr_has(v, EK::CHECK)))
                 return false;
             terms.push_back(v);
             count++;
@@ -5330,11 +5332,12 @@ static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>&
     return true;
 }
 // A loop body as sum trees and the epilogue after them (see ProductMatch): the trees are sums
-// of float32 terms (terms: each pass's count), and the epilogue stores each buffer once,
-// reading it only where it stores it; the terms read no buffer the epilogue stores.
+// of float32 terms (terms: each pass's count; bounds-checked where checks), and the epilogue
+// stores each buffer once, reading it only where it stores it; the terms read no buffer the
+// epilogue stores.
 static bool trees_and_epilogue(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
                                std::vector<Stmt>& trees, std::vector<Stmt>& epilogue,
-                               std::vector<ExprP>& terms, int64_t& count) {
+                               std::vector<ExprP>& terms, int64_t& count, bool checks = false) {
     // An epilogue statement moves after the trees that follow it: no accumulator it reads is
     // set after it (the terms read no accumulator and no buffer it writes, checked below).
     // Locals (an accumulator set once from loads, as substitute_temps leaves an optimizer's
@@ -5358,7 +5361,7 @@ static bool trees_and_epilogue(const std::vector<Stmt>& body, const std::vector<
             if (read_before.count(acc)) return false;
         trees.push_back(st);
     }
-    if (!sum_trees(trees, extents, terms, count) || terms.empty()) return false;
+    if (!sum_trees(trees, extents, terms, count, checks) || terms.empty()) return false;
     std::map<int, ExprP> stored;   // buffer → the index its store writes
     for (const Stmt& st : epilogue) {
         bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;

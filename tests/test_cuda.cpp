@@ -202,13 +202,14 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 }
 
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
-// with a block reduction; each of many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks
-// along is a warp with a warp's reduction (a block where they are fewer than 8 per
-// multiprocessor: 500; a warp again where they are short: 500 of 40), but not each of many
-// columns, whose threads read side by side; an optimizer's update is a grid over the elements
-// (its values before the loop go into it where fuse_maps runs); a scatter (an index_select's
-// gradient) is a grid over its columns, each summing its rows in order after a kernel that
-// zeroes the output, and one of many rows sums ranges of them into copies first.
+// with one block reduction (its tree's segments each a loop split over the threads); each of
+// many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks along is a warp with a warp's
+// reduction (a block where they are fewer than 8 per multiprocessor: 500; a warp again where
+// they are short: 500 of 40), but not each of many columns, whose threads read side by side; an
+// optimizer's update is a grid over the elements (its values before the loop go into it where
+// fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
+// summing its rows in order after a kernel that zeroes the output, and one of many rows sums
+// ranges of them into copies first.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
@@ -217,6 +218,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     auto saved = tg::detail::program_observer();
     tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
     Tensor a = Tensor::randn({4, 3000}, 5).realize();
+    size_t sum_at = programs.size();
     (a * a).sum().realize();
     Tensor r = Tensor::randn({5000, 130}, 7).realize(), c = Tensor::randn({300, 5000}, 8).realize();
     size_t rows_from = programs.size();
@@ -252,6 +254,8 @@ TEST(cuda_plans_nests_for_the_gpu) {
         std::string cu = tg::detail::render_cuda(p);
         reduced = reduced || (cu.find("tg_block_reduce<0>(acc") != std::string::npos &&
                               cu.find("int64_t t = blockIdx.x;") != std::string::npos);
+        // 4 x 3000 terms, no power of 16: a loop per segment of the tree, one reduction
+        if (n == sum_at) CHECK_EQ(th::count_of(cu, "tg_block_reduce<0>(acc"), 1);
         auto launches = tg::detail::launches_of(p);
         for (const auto& l : launches) {
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
