@@ -22,17 +22,18 @@
    one grid of threads; what is inside them runs in each thread in the loop IR's order. A nest
    with few grid items and long reductions, or whose items each walk rows of their own (a layer
    norm's, a softmax's), gives each item a block of threads that split the loops and combine
-   their partial results in a fixed tree; a nest without grid loops runs as one kernel per
-   statement; a scatter runs a thread per column (with many rows, a thread per range of rows and
-   column, into copies added after); a sum of each of few columns over many rows (a bias's
-   gradient) runs a thread per range of rows and column, the ranges added after; a matrix
-   product runs a block per tile of outputs through shared memory. Every order is fixed by the
-   shapes, so results are the same on every run. From its second run a program is one CUDA graph
-   of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed). Bounds
-   checks write the failing site into a small device buffer, which is read back after the
-   program; a nest that writes in place starts by looking at it, so a failed check still
-   prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a kernel
-   after its nest and stops the program there.
+   their partial results in a fixed tree (a warp, where such rows are many or short; a sum's
+   whole tree of partial sums as one loop per segment and one reduction); a nest without grid
+   loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
+   thread per range of rows and column, into copies added after); a sum of each of few columns
+   over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
+   added after; a matrix product runs a block per tile of outputs through shared memory. Every
+   order is fixed by the shapes, so results are the same on every run. From its second run a
+   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each
+   kernel timed). Bounds checks write the failing site into a small device buffer, which is read
+   back after the program; a nest that writes in place starts by looking at it, so a failed
+   check still prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs
+   as a kernel after its nest and stops the program there.
 
    Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
    under a key of source, architecture, NVRTC's version and options, and in memory per
