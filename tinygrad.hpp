@@ -5940,11 +5940,21 @@ static void pass_fuse_loops(Program& p) {
 // keeps each dependence), where the loops inside fuse too, so the fused nest is again one
 // grid of the same items. A value it stores and reads back then stays in a register
 // (pass_substitute_temps) and one kernel does what several did. Values a map computes before
-// its loop go into the loop first: each GPU thread computes them anyway.
+// a loop go into the loop first: each GPU thread computes them anyway.
 static void pass_fuse_maps(Program& p) {
-    for (Block& b : p.blocks) {   // values before the loop (Adam's bias corrections) go in it
+    // values before a loop, at any level (Adam's bias corrections, a layer norm's reciprocal
+    // per row), go into it
+    for (Block& b : p.blocks) {
         Block sunk = b;
-        if (b.body.size() > 1 && sink_invariants(sunk) && same_maps(sunk, sunk)) b = sunk;
+        bool any = false;
+        for (std::vector<Stmt>* body = &sunk.body;; body = &(*body)[0].body) {
+            Block level;
+            level.body = std::move(*body);
+            any = (level.body.size() > 1 && sink_invariants(level)) || any;
+            *body = std::move(level.body);
+            if (body->size() != 1 || (*body)[0].kind != SK::LOOP) break;
+        }
+        if (any && same_maps(sunk, sunk)) b = std::move(sunk);
     }
     FuseSweeps sweeps(p.blocks, false);
     sweeps.maps_only = true;
