@@ -702,33 +702,38 @@ static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
 // column adding its range in order into scratch, the threads of a warp reading side by side;
 // a second kernel adds each column's ranges in order and runs the epilogue. Only for
 // COLUMN_MIN_WORK terms in all or more: smaller sums would gain less than a launch costs.
-struct ColumnSumPlan {
+// A body that is one sum tree and its epilogue (trees_and_epilogue; its terms bounds-checked
+// only where checks), the accumulator they add into and the tree's segments.
+struct SumTree {
     std::vector<Stmt> trees, epilogue;
     std::vector<SumSegment> segments;
     int sum = -1;
-    int64_t terms = 0;   // each column's
+    int64_t terms = 0;   // each item's
 };
-static const int64_t COLUMN_ROWS_EACH = 64, COLUMN_MIN_WORK = int64_t(1) << 20;
-static bool plan_column_sum(const Block& b, const KernelPlan& plan, ColumnSumPlan& cs) {
+static bool match_sum(const std::vector<Stmt>& body, const Block& b, bool checks, SumTree& s) {
     std::vector<ExprP> terms;
-    if (plan.grid.empty() ||
-        !trees_and_epilogue(*plan.body, b.extents, cs.trees, cs.epilogue, terms, cs.terms))
+    if (!trees_and_epilogue(body, b.extents, s.trees, s.epilogue, terms, s.terms, checks))
         return false;
-    cs.sum = single_sum(cs.trees, cs.epilogue);
+    s.sum = single_sum(s.trees, s.epilogue);
+    std::vector<const Stmt*> loops;
+    sum_segments(s.trees, b, loops, s.segments);
+    return s.sum >= 0;
+}
+static const int64_t COLUMN_ROWS_EACH = 64, COLUMN_MIN_WORK = int64_t(1) << 20;
+static bool plan_column_sum(const Block& b, const KernelPlan& plan, SumTree& cs) {
+    if (plan.grid.empty() || !match_sum(*plan.body, b, false, cs)) return false;
     int column = plan.grid.back()->id;
     bool along = false, apart = false;
     ExprSet seen;
-    for (const ExprP& t : terms)
-        each_part(t, seen, [&](const ExprP& part) {
+    for (const SumSegment& seg : cs.segments)
+        each_part(seg.term, seen, [&](const ExprP& part) {
             if (part->kind != EK::LOAD || !uses_var(part->src[0], column)) return;
             (steps_by_one(part->src[0], column) ? along : apart) = true;
         });
-    std::vector<const Stmt*> loops;
-    sum_segments(cs.trees, b, loops, cs.segments);
-    return cs.sum >= 0 && along && !apart;
+    return along && !apart;
 }
 static void split_columns(const Block& b, KernelPlan& plan) {
-    ColumnSumPlan cs;
+    SumTree cs;
     if (!plan_column_sum(b, plan, cs) || plan.items * cs.terms < COLUMN_MIN_WORK) return;
     int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
     int64_t splits =
@@ -1340,14 +1345,28 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     return out;
 }
 
-// The body of a column sum's kernels (see ColumnSumPlan), after the column's variables and
+// The body of a loop over a segment's terms (l: variable l_id): acc += its term, its loads
+// read at base + c·l where they can, else its loops' variables from l; then the loop's end.
+static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
+                     std::string& out) {
+    Stmt update{SK::ACC_UPDATE, acc, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
+    update.val = term_by_iteration(seg, b, ex_var(l_id));
+    if (!update.val) {
+        out += segment_vars(seg, b, strf("i%d", l_id), "        ");
+        update.val = seg.term;
+    }
+    c_stmts({update}, b.extents, {}, 2, next_tmp, out);
+    out += "    }\n";
+}
+
+// The body of a column sum's kernels (see plan_column_sum), after the column's variables and
 // `item`, its number: stage 1 adds the rows of range `split` into tg_part, segment by
 // segment, each as a loop over the number l of its iteration (the loads read at base + c·l
 // where they can, else the segment's variables from l); stage 2 adds the column's ranges in
 // order, then runs the epilogue.
 static std::string render_column_sum(const Block& b, const KernelPlan& plan, int stage,
                                      int& next_tmp) {
-    ColumnSumPlan cs;
+    SumTree cs;
     if (!plan_column_sum(b, plan, cs)) fail("render: a nest planned as a column sum is not one");
     std::string acc = strf("acc%d", cs.sum), out;
     if (stage == 2) {
@@ -1371,14 +1390,7 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
         if (start) hi += strf(" - %lldLL", start);
         out += strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
                     hi.c_str(), l_id);
-        Stmt update{SK::ACC_UPDATE, cs.sum, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
-        update.val = term_by_iteration(seg, b, ex_var(l_id));
-        if (!update.val) {
-            out += segment_vars(seg, b, strf("i%d", l_id), "        ");
-            update.val = seg.term;
-        }
-        c_stmts({update}, b.extents, {}, 2, next_tmp, out);
-        out += "    }\n";
+        add_term(seg, b, cs.sum, l_id, next_tmp, out);
         start = end;
     }
     return out + strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
@@ -1392,33 +1404,18 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
 // False, with nothing written, where the body is not such a sum.
 static bool cooperative_sum(const Program& p, size_t k, const Block& b, const KernelPlan& plan,
                             const CooperativeGroup& g, int& next_tmp, std::string& out) {
-    std::vector<Stmt> trees, epilogue;
-    std::vector<ExprP> terms;
-    int64_t count = 0;
-    if (!trees_and_epilogue(*plan.body, b.extents, trees, epilogue, terms, count, true))
-        return false;
-    int sum = single_sum(trees, epilogue);
-    if (sum < 0) return false;
-    std::vector<SumSegment> segments;
-    std::vector<const Stmt*> loops;
-    sum_segments(trees, b, loops, segments);
-    const int l_id = int(b.extents.size());   // a variable of no loop: l
+    SumTree tree;
+    if (!match_sum(*plan.body, b, true, tree)) return false;
+    const int sum = tree.sum, l_id = int(b.extents.size());   // a variable of no loop: l
     out += strf("    float acc%d = 0.0f;\n", sum);
-    for (const SumSegment& seg : segments) {
+    for (const SumSegment& seg : tree.segments) {
         out += strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
                     l_id, (long long)seg.terms, l_id, g.size);
-        Stmt update{SK::ACC_UPDATE, sum, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
-        update.val = term_by_iteration(seg, b, ex_var(l_id));
-        if (!update.val) {
-            out += segment_vars(seg, b, strf("i%d", l_id), "        ");
-            update.val = seg.term;
-        }
-        c_stmts({update}, b.extents, {}, 2, next_tmp, out);
-        out += "    }\n";
+        add_term(seg, b, sum, l_id, next_tmp, out);
     }
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
     std::unordered_map<int, Op> accs;
-    cooperative_stmts(p, k, b, epilogue, accs, g, 1, next_tmp, out);
+    cooperative_stmts(p, k, b, tree.epilogue, accs, g, 1, next_tmp, out);
     return true;
 }
 
