@@ -27,7 +27,8 @@
    loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
    thread per range of rows and column, into copies added after); a sum of each of few columns
    over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
-   added after; a matrix product runs a block per tile of outputs through shared memory. Every
+   added after; a matrix product runs a block per tile of outputs through shared memory (on
+   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Every
    order is fixed by the shapes, so results are the same on every run. From its second run a
    program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each
    kernel timed). Bounds checks write the failing site into a small device buffer, which is read
@@ -555,6 +556,7 @@ struct ProductPlan {
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
     int tile = 64;
     int step = CUDA_TILE_TERMS;   // terms staged in shared memory at a time
+    bool tf32 = false;            // on tensor cores (TG_CUDA_TF32=1)
     int64_t splits = 1, split_terms = 0;   // ranges of terms, each of split_terms (the last less)
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
@@ -635,6 +637,7 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     // compiled for two blocks a multiprocessor (TG_CUDA_PRODUCT_BLOCKS=2), the 128 x 128
     // tile stages 8 terms at a time: then its kernel fits in 128 registers without spilling
     if (plan.tile == 128 && env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8) >= 2) plan.step = 8;
+    plan.tf32 = env_int("TG_CUDA_TF32", 0, 0, 1) == 1;
     plan.split_terms = plan.terms;
     if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
         int64_t want = (2 * GPU_MULTIPROCESSORS + plan.tiles() - 1) / plan.tiles();
@@ -981,6 +984,47 @@ static std::string cuda_prelude(const std::string& body) {
     if (blocks || warps) out += combine;
     if (blocks) out += block_reduce;
     if (warps) out += warp_reduce;
+    // TF32 (a sign, 8 exponent and 10 fraction bits in a float's place): rounded to nearest,
+    // ties away from zero, as cvt.rna does; the tensor cores' multiply-add of a 16 x 8 tile over
+    // 8 terms (mma.m16n8k8, float32 sums; lane 4g + q holds a = x[g][q], x[g + 8][q],
+    // x[g][q + 4], x[g + 8][q + 4], b = y[q][g], y[q + 4][g], and d = rows g and g + 8,
+    // columns 2q and 2q + 1). Before sm_80 (and on the CPU stand-in) the same sums from the
+    // lanes' values by shuffles, the terms in order.
+    const char* tf32 =
+        "static __device__ __forceinline__ float tg_tf32(float v) {\n"
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+        "    uint32_t r;\n"
+        "    asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(r) : \"f\"(v));\n"
+        "    return __uint_as_float(r);\n"
+        "#else\n"
+        "    uint32_t u = __float_as_uint(v);\n"
+        "    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;\n"
+        "    return __uint_as_float(u);\n"
+        "#endif\n"
+        "}\n"
+        "static __device__ __forceinline__ void tg_mma_tf32(float &d0, float &d1, float &d2,\n"
+        "                                                   float &d3, const float *a,\n"
+        "                                                   const float *b) {\n"
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+        "    asm(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, \"\n"
+        "        \"{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n"
+        "        : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3)\n"
+        "        : \"r\"(__float_as_uint(a[0])), \"r\"(__float_as_uint(a[1])),\n"
+        "          \"r\"(__float_as_uint(a[2])), \"r\"(__float_as_uint(a[3])),\n"
+        "          \"r\"(__float_as_uint(b[0])), \"r\"(__float_as_uint(b[1])));\n"
+        "#else\n"
+        "    const int g = threadIdx.x % 32 / 4, q = threadIdx.x % 4;\n"
+        "    for (int k = 0; k < 8; k++) {\n"
+        "        const float x0 = __shfl_sync(0xffffffffu, a[k / 4 * 2], 4 * g + k % 4);\n"
+        "        const float x8 = __shfl_sync(0xffffffffu, a[k / 4 * 2 + 1], 4 * g + k % 4);\n"
+        "        const float y0 = __shfl_sync(0xffffffffu, b[k / 4], 8 * q + k % 4);\n"
+        "        const float y1 = __shfl_sync(0xffffffffu, b[k / 4], 8 * q + 4 + k % 4);\n"
+        "        d0 = fmaf(x0, y0, d0);\n        d1 = fmaf(x0, y1, d1);\n"
+        "        d2 = fmaf(x8, y0, d2);\n        d3 = fmaf(x8, y1, d3);\n"
+        "    }\n"
+        "#endif\n"
+        "}\n";
+    if (body.find("tg_mma_tf32(") != std::string::npos) out += tf32;
     // the first failed check wins; the others leave err alone
     const char* check =
         "static __device__ __forceinline__ int64_t tg_check(int64_t i, int64_t n, int site,\n"
@@ -1126,6 +1170,10 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
     const int T = plan.tile, KT = plan.step, R = T / 16;   // 16 x 16 threads, R x R each
+    // a row of staged terms: 4 floats more than the tile keep vector loads aligned and spread a
+    // warp's reads over the banks; 8 more spread a tensor core operand's (lane 4g + q reads row
+    // q, column g: bank 8q + g)
+    const int P = T + (plan.tf32 ? 8 : 4);
     long long M = plan.rows, N = plan.cols, K = plan.terms;
     long long outputs = plan.outer * M * N;
     // the outer loops' variables from t, the flat number of their iteration
@@ -1153,7 +1201,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
     // two buffers of each operand's terms: one read while the next terms are stored in the other
     std::string out = strf("    __shared__ __align__(16) float xs[2][%d][%d], ys[2][%d][%d];\n",
-                           KT, T + 4, KT, T + 4);
+                           KT, P, KT, P);
     out += "    int64_t t = blockIdx.x;\n";
     std::string k_begin = "0LL", k_end = strf("%lldLL", K);
     if (stage == 1) {
@@ -1172,11 +1220,20 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     out += "    const int64_t outer = t;\n    (void)outer;\n";
     out += outer_vars("    ");
     // a thread's rows are V·ty + 16·V·j + q (q < V, j < R / V), its columns the same with tx:
-    // V consecutive values, read from shared memory in one vector load
-    const int V = std::min(R, 4);
+    // V consecutive values, read from shared memory in one vector load. On tensor cores, the 8
+    // warps take 2 x 4 parts of the tile, each F x F tiles of 16 rows by 8 columns (F = T / 32),
+    // that PTX's mma.m16n8k8 computes: lane 4g + q holds rows g and g + 8, columns 2q and 2q + 1
+    // of each; sum[2i + h][2j + w] is its row g + 8h and column 2q + w of tile (i, j).
+    const int V = std::min(R, 4), F = T / 32;
     const std::string vec = strf("float%d", V);
-    out += strf("    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n"
-                "    float sum[%d][%d];\n"
+    if (plan.tf32)
+        out += strf("    const int warp = threadIdx.x / 32, g = threadIdx.x %% 32 / 4, "
+                    "q = threadIdx.x %% 4;\n"
+                    "    const int wr = warp / 4 * %d, wc = warp %% 4 * %d;\n",
+                    T / 2, T / 4);
+    else
+        out += "    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;\n";
+    out += strf("    float sum[%d][%d];\n"
                 "    for (int a = 0; a < %d; a++)\n"
                 "        for (int c = 0; c < %d; c++) sum[a][c] = 0.0f;\n",
                 R, R, R, R);
@@ -1291,8 +1348,10 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         for (int x = 1; x >= 0; x--) {
             code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
             code += element(x, pad + "    ");
-            code += pad + strf("    %s[%s][kk][o] = %s[l];\n", x ? "xs" : "ys", buffer,
-                               x ? "xn" : "yn") + pad + "}\n";
+            // on tensor cores, rounded to TF32 once here rather than at each read
+            code += pad + strf(plan.tf32 ? "    %s[%s][kk][o] = tg_tf32(%s[l]);\n"
+                                         : "    %s[%s][kk][o] = %s[l];\n",
+                               x ? "xs" : "ys", buffer, x ? "xn" : "yn") + pad + "}\n";
         }
         return code;
     };
@@ -1303,33 +1362,58 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
                 "        const bool more = k0 + %d < %s;\n        if (more) {\n",
                 k_begin.c_str(), k_end.c_str(), KT, KT, k_end.c_str());
     out += fetch("k0 + " + std::to_string(KT), "            ") + "        }\n";
-    // unrolled, so that the shared reads are one base register and offsets
-    out += strf("        const float (*xb)[%d] = xs[buffer], (*yb)[%d] = ys[buffer];\n"
-                "#pragma unroll\n        for (int kk = 0; kk < %d; kk++) {\n",
-                T + 4, T + 4, KT);
-    out += strf("            float xv[%d], yv[%d];\n", R, R);
-    for (int x = 1; x >= 0; x--) {
-        const char* w = x ? "xv" : "yv";
-        out += strf("#pragma unroll\n            for (int j = 0; j < %d; j++) {\n", R / V);
-        out += strf("                const %s v = *(const %s *)&%s[kk][%d * %s + %d * j];\n",
-                    vec.c_str(), vec.c_str(), x ? "xb" : "yb", V, x ? "ty" : "tx", 16 * V);
-        for (int q = 0; q < V; q++)
-            out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
-        out += "            }\n";
+    // the terms' loop unrolled, so that the shared reads are one base register and offsets
+    out += strf("        const float (*xb)[%d] = xs[buffer], (*yb)[%d] = ys[buffer];\n", P, P);
+    if (plan.tf32) {   // 8 terms at a time: each warp's F x F tiles, from F of each operand
+        out += strf("#pragma unroll\n        for (int kk = 0; kk < %d; kk += 8) {\n"
+                    "            float xf[%d][4], yf[%d][2];\n"
+                    "#pragma unroll\n            for (int i = 0; i < %d; i++) {\n"
+                    "                const int r = wr + 16 * i + g;\n"
+                    "                xf[i][0] = xb[kk + q][r];\n"
+                    "                xf[i][1] = xb[kk + q][r + 8];\n"
+                    "                xf[i][2] = xb[kk + q + 4][r];\n"
+                    "                xf[i][3] = xb[kk + q + 4][r + 8];\n"
+                    "            }\n"
+                    "#pragma unroll\n            for (int j = 0; j < %d; j++) {\n"
+                    "                const int c = wc + 8 * j + g;\n"
+                    "                yf[j][0] = yb[kk + q][c];\n"
+                    "                yf[j][1] = yb[kk + q + 4][c];\n"
+                    "            }\n"
+                    "#pragma unroll\n            for (int i = 0; i < %d; i++)\n"
+                    "#pragma unroll\n                for (int j = 0; j < %d; j++)\n"
+                    "                    tg_mma_tf32(sum[2 * i][2 * j], sum[2 * i][2 * j + 1], "
+                    "sum[2 * i + 1][2 * j],\n"
+                    "                                sum[2 * i + 1][2 * j + 1], xf[i], yf[j]);\n"
+                    "        }\n",
+                    KT, F, F, F, F, F, F);
+    } else {
+        out += strf("#pragma unroll\n        for (int kk = 0; kk < %d; kk++) {\n", KT);
+        out += strf("            float xv[%d], yv[%d];\n", R, R);
+        for (int x = 1; x >= 0; x--) {
+            const char* w = x ? "xv" : "yv";
+            out += strf("#pragma unroll\n            for (int j = 0; j < %d; j++) {\n", R / V);
+            out += strf("                const %s v = *(const %s *)&%s[kk][%d * %s + %d * j];\n",
+                        vec.c_str(), vec.c_str(), x ? "xb" : "yb", V, x ? "ty" : "tx", 16 * V);
+            for (int q = 0; q < V; q++)
+                out += strf("                %s[%d * j + %d] = v.%c;\n", w, V, q, "xyzw"[q]);
+            out += "            }\n";
+        }
+        out += strf("#pragma unroll\n            for (int a = 0; a < %d; a++)\n"
+                    "#pragma unroll\n                for (int c = 0; c < %d; c++)\n"
+                    "                    sum[a][c] = fmaf(xv[a], yv[c], sum[a][c]);\n"
+                    "        }\n", R, R);
     }
-    out += strf("#pragma unroll\n            for (int a = 0; a < %d; a++)\n"
-                "#pragma unroll\n                for (int c = 0; c < %d; c++)\n"
-                "                    sum[a][c] = fmaf(xv[a], yv[c], sum[a][c]);\n"
-                "        }\n", R, R);
     // the other buffer was last read before the barrier that ended the previous terms
     out += "        if (more) {\n" + put("buffer ^ 1", "            ") +
            "        }\n        __syncthreads();\n    }\n";
     auto place = [&](const char* axis, const char* index) {   // a thread's row or column
         return strf("%d * %s + %d * (%s / %d) + %s %% %d", V, axis, 16 * V, index, V, index, V);
     };
+    std::string row = plan.tf32 ? "wr + 16 * (a / 2) + 8 * (a % 2) + g" : place("ty", "a");
+    std::string col = plan.tf32 ? "wc + 8 * (c / 2) + 2 * q + c % 2" : place("tx", "c");
     out += strf("    for (int a = 0; a < %d; a++)\n        for (int c = 0; c < %d; c++) {\n", R, R);
-    out += strf("            const int64_t i%d = r0 + %s, i%d = c0 + %s;\n", m.rows,
-                place("ty", "a").c_str(), m.cols, place("tx", "c").c_str());
+    out += strf("            const int64_t i%d = r0 + %s, i%d = c0 + %s;\n", m.rows, row.c_str(),
+                m.cols, col.c_str());
     if (M % T || N % T)
         out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
                     m.cols, N);
@@ -1745,7 +1829,7 @@ public:
     std::string source(const Program& p) override { return render_cuda(p); }
     std::string settings() const override {
         return env_str("TG_NVRTC_FLAGS", "") + '|' + env_str("TG_CUDA_TILE", "") + '|' +
-               env_str("TG_CUDA_PRODUCT_BLOCKS", "");
+               env_str("TG_CUDA_PRODUCT_BLOCKS", "") + '|' + env_str("TG_CUDA_TF32", "");
     }
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop

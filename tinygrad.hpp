@@ -162,6 +162,8 @@
    TG_CUDA_PRODUCT_BLOCKS  CUDA: the blocks per multiprocessor a product's kernel is compiled
                  for (default 1; 2 caps a thread's registers at 128, and 128 x 128 tiles
                  then stage 8 terms at a time)
+   TG_CUDA_TF32  CUDA: 1 runs float32 products (matmuls) on tensor cores, their operands
+                 rounded to TF32 (10 fraction bits), as PyTorch's allow_tf32 (default 0: off)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
                  libcuda.so.1, libnvrtc.so; make test names tests/cuda_on_cpu.cpp's)
    TG_PASSES     loop passes to run, comma-separated (simplify,fuse_loops,fuse_maps,

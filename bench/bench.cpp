@@ -282,8 +282,9 @@ static void w3dp() {
 
 // W4: C = A·B for n×n float32 A and B from randn, realized (the eager path, as a user writes
 // it); 3 warm-up products, 7 blocks of 10; GFLOP/s at the median and the largest error of C's
-// first 16 rows against a float64 product.
-static void w4(int64_t n) {
+// first 16 rows against a float64 product. On CUDA, also with TG_CUDA_TF32=1 (tensor cores,
+// as PyTorch's allow_tf32), labelled W4 tf32.
+static void w4(int64_t n, const char* label = "W4 matmul") {
     tg::manual_seed(1337);
     Tensor A = Tensor::randn({n, n}).realize(), B = Tensor::randn({n, n}).realize();
     Tensor C;
@@ -299,8 +300,8 @@ static void w4(int64_t n) {
             worst = std::max(worst, std::fabs(double(c[size_t(i * n + j)]) - want));
         }
     double gflop = 2.0 * n * n * n / 1e9;
-    std::printf("W4 matmul  %9.1f GFLOP/s median %7.1f GFLOP/s best  threads %d  max error %.2e"
-                "  n %lld\n", gflop / (t.median_us * 1e-6), gflop / (t.min_us * 1e-6),
+    std::printf("%s  %9.1f GFLOP/s median %7.1f GFLOP/s best  threads %d  max error %.2e"
+                "  n %lld\n", label, gflop / (t.median_us * 1e-6), gflop / (t.min_us * 1e-6),
                 tg::threads(), worst, (long long)n);
     (void)program;
 }
@@ -378,7 +379,12 @@ int main() {
     if (enabled("w3")) w3();
     if (enabled("w3dp") && !cuda) w3dp();
     if (enabled("w4")) w4(1024);
-    if (enabled("w4") && cuda) w4(4096);
+    if (enabled("w4") && cuda) {
+        w4(4096);
+        setenv("TG_CUDA_TF32", "1", 1);
+        w4(4096, "W4 tf32");
+        unsetenv("TG_CUDA_TF32");
+    }
     if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);
     if (enabled("w6")) w6();
     if (std::getenv("TG_BENCH") && enabled("w7")) gpt("W7 gpt", 256, 256, 512, 8, 6, 32, 5);

@@ -103,6 +103,8 @@ static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long 
     return old;
 }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 template <int... I> struct tg_cpu_indices {};
 template <int N, int... I> struct tg_cpu_count : tg_cpu_count<N - 1, N - 1, I...> {};
 template <int... I> struct tg_cpu_count<0, I...> { typedef tg_cpu_indices<I...> type; };

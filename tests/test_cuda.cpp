@@ -484,6 +484,105 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
 }
 
+// TG_CUDA_TF32=1: products on tensor cores (mma.m16n8k8), their operands rounded to TF32 (to
+// nearest, ties away from zero): each output is the float32 sum of the rounded operands'
+// products (exact in float32), here against that sum in float64, in every tile size, with
+// partial tiles and steps, a batch, operands read across, and terms split in ranges. Off (the
+// default), the products keep float32's bits.
+static float to_tf32(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u = (u + 0x1000u) & 0xffffe000u;   // finite values only here
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+TEST(cuda_tf32_products_round_their_operands_on_tensor_cores) {
+    struct Case {
+        int64_t batch, m, k, n;
+        bool across;   // (yᵀ·xᵀ)ᵀ: the product's operands read across their rows
+    };
+    const Case cases[] = {{1, 100, 60, 70, false}, {1, 100, 60, 70, true},
+                          {3, 40, 37, 20, false}, {1, 20, 1100, 30, false},
+                          {1, 128, 32, 64, false}};
+    auto run = [&](const Case& c, uint64_t seed) {
+        Tensor x = Tensor::from_vector(th::randf(size_t(c.batch * c.m * c.k), seed),
+                                       {c.batch, c.m, c.k});
+        Tensor y = Tensor::from_vector(th::randf(size_t(c.batch * c.k * c.n), seed + 1),
+                                       {c.batch, c.k, c.n});
+        Tensor z = c.across ? y.transpose(1, 2).matmul(x.transpose(1, 2)).transpose(1, 2)
+                            : x.matmul(y);
+        return values(z.contiguous());
+    };
+    auto want = [&](const Case& c, uint64_t seed) {
+        std::vector<float> x = th::randf(size_t(c.batch * c.m * c.k), seed),
+                           y = th::randf(size_t(c.batch * c.k * c.n), seed + 1), z;
+        for (int64_t b = 0; b < c.batch; b++)
+            for (int64_t i = 0; i < c.m; i++)
+                for (int64_t j = 0; j < c.n; j++) {
+                    double sum = 0;
+                    for (int64_t k = 0; k < c.k; k++)
+                        sum += double(to_tf32(x[size_t((b * c.m + i) * c.k + k)])) *
+                               to_tf32(y[size_t((b * c.k + k) * c.n + j)]);
+                    z.push_back(float(sum));
+                }
+        return z;
+    };
+    // the kernels as rendered for CUDA, whatever the device of this run
+    std::vector<tg::detail::Program> programs;
+    {
+        auto saved = tg::detail::program_observer();
+        tg::detail::program_observer() = [&](const tg::detail::Program& p) {
+            programs.push_back(p);
+        };
+        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
+                                     "first_write,order_nests,parallel_loops,plan_memory");
+        run(cases[0], 1);
+        tg::detail::program_observer() = saved;
+    }
+    int products = 0;
+    for (const tg::detail::Program& p : programs) {
+        std::string plain = tg::detail::render_cuda(p);
+        EnvGuard tf32("TG_CUDA_TF32", "1");
+        std::string cu = tg::detail::render_cuda(p);
+        if (cu == plain) continue;
+        products++;
+        CHECK(plain.find("tg_mma_tf32") == std::string::npos);
+        CHECK(cu.find("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") != std::string::npos);
+        CHECK(cu.find("float xs[2][16][40], ys[2][16][40];") != std::string::npos);
+        CHECK(cu.find("= tg_tf32(xn[l]);") != std::string::npos);
+        if (tg::cuda::nvrtc_available() && !stand_in()) {   // tensor cores, and shuffles before
+            CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
+            CHECK(tg::detail::nvrtc_compile(cu, 75, p.name + ".cu").size() > 0);
+        }
+    }
+    CHECK_EQ(products, 1);
+    std::string why;
+    if (!gpu(&why)) SKIP("no GPU for the values: " + why);
+    EnvGuard dev("TG_DEVICE", "CUDA");
+    {   // 1 + 3·2^-12 is 1 + 2^-10 in TF32: 256 terms of it make 256.25, not 256.1875
+        Tensor x = Tensor::from_vector(std::vector<float>(64 * 256, 1.0f + 3.0f / 4096), {64, 256});
+        Tensor y = Tensor::from_vector(std::vector<float>(256 * 32, 1.0f), {256, 32});
+        CHECK_EQ(values(x.matmul(y))[0], 256.1875f);
+        EnvGuard tf32("TG_CUDA_TF32", "1");
+        CHECK_EQ(values(x.matmul(y))[0], 256.25f);
+    }
+    EnvGuard tf32("TG_CUDA_TF32", "1");
+    uint64_t seed = 50;
+    for (const Case& c : cases) {
+        std::vector<float> z = run(c, seed);
+        CHECK_ALL_NEAR(z, want(c, seed), 1e-4);
+        CHECK(z == run(c, seed));
+        for (const char* tile : {"64", "128"}) {   // partial tiles and whole ones
+            if (&c != &cases[0] && &c != &cases[4]) break;
+            EnvGuard t("TG_CUDA_TILE", tile);
+            CHECK_ALL_NEAR(run(c, seed), want(c, seed), 1e-4);
+        }
+        seed += 2;
+    }
+    EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2"), big("TG_CUDA_TILE", "128");   // 8 terms a step
+    CHECK_ALL_NEAR(run(cases[0], 7), want(cases[0], 7), 1e-4);
+}
+
 // A scatter of many rows (an embedding's gradient: 3000 tokens of a vocabulary of 50) adds its
 // rows in ranges, each into a copy of the gradient, then the copies in order: the values of
 // the CPU's, the same bits on every run, in graphs too, and a bad index is still an error.
