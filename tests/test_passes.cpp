@@ -51,6 +51,22 @@ TEST(passes_unknown_name_is_an_error) {
                  "fuse_loops");
 }
 
+// fuse_maps (the GPU's: only maps whose every loop fuses): a value a map computes before an
+// inner loop (a layer norm's reciprocal per row) goes into that loop, so the normalize and the
+// scale after it become one nest.
+TEST(fuse_maps_sinks_values_before_inner_loops) {
+    Tensor x = data({4, 16, 300}), w = data({300}, 1), b = data({300}, 2);
+    Tensor deviation = data({4, 16, 1}, 3) + 2.0f;
+    Tensor normalized = x * deviation.reciprocal();
+    std::vector<Tensor> ts = {normalized, normalized * w + b};
+    std::string apart = optimized(ts, "simplify");
+    CHECK_EQ(nests(apart), 2);
+    CHECK(apart.find("      acc0 = recip(") != std::string::npos);   // before the row's loop
+    std::string ir = optimized(ts, "simplify,fuse_maps");
+    CHECK_EQ(nests(ir), 1);
+    CHECK(ir.find("RECIP MUL + K") != std::string::npos);
+}
+
 // Two nests over the same rows become one; the loops inside fuse too, so a value stored and
 // read back at the same index is read from a local.
 TEST(fuse_loops_merges_nests_with_equal_extents) {
