@@ -429,12 +429,13 @@ static bool stores(const std::vector<Stmt>& body) {
 // multiprocessor), each of at most WARP_MAX_ROW_WORK iterations (a GPT's layer norm, softmax
 // and loss), they run a warp per row instead, 8 rows a block, combined by shuffles alone
 // (tg_warp_reduce): a block of 256 threads would leave most of them idle on a row of 64 and
-// wait at its barriers. Rows shorter than COOPERATIVE_MIN_ROW_WORK, down to a warp's width
-// (the softmax of a short context, a small vocabulary's loss), run a warp per row however
-// many: a thread per row would read them a row apart, on few multiprocessors.
+// wait at its barriers. Rows whose every loop is shorter than a block (some of its threads
+// would have no iteration), down to a warp's width (the softmax of a short context, a small
+// vocabulary's loss, a narrow model's layer norm), run a warp per row however many: a thread
+// per row would read them a row apart, on few multiprocessors.
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
-static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18, COOPERATIVE_MIN_ROW_WORK = 128;
+static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18;
 static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
 static const int64_t WARP_MIN_ROW_WORK = 32;
 
@@ -800,7 +801,10 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
     bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= WARP_MIN_ROW_WORK &&
                 walks_rows(b, plan);
-    bool short_rows = rows && work < COOPERATIVE_MIN_ROW_WORK;
+    int64_t widest = 0;   // the most iterations of a loop of the item
+    for (const Stmt& st : *plan.body)
+        if (st.kind == SK::LOOP) widest = std::max(widest, b.extents[size_t(st.id)]);
+    bool short_rows = rows && widest < CUDA_BLOCK_THREADS;
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
     plan.warp = plan.cooperative && rows && work <= WARP_MAX_ROW_WORK &&
                 (plan.items > WARP_MIN_ROWS || short_rows);

@@ -204,8 +204,9 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
 // with one block reduction (its tree's segments each a loop split over the threads); each of
 // many rows (5000 > COOPERATIVE_MAX_ITEMS) that an item walks along is a warp with a warp's
-// reduction (a block where they are fewer than 8 per multiprocessor: 500; a warp again where
-// they are short: 500 of 40), but not each of many columns, whose threads read side by side; an
+// reduction (a block where they are fewer than 8 per multiprocessor: 500 of 300; a warp again
+// where each loop of a row is shorter than a block: 500 of 130, 500 of 40), but not each of
+// many columns, whose threads read side by side; an
 // optimizer's update is a grid over the elements (its values before the loop go into it where
 // fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
 // summing its rows in order after a kernel that zeroes the output, and one of many rows sums
@@ -224,9 +225,11 @@ TEST(cuda_plans_nests_for_the_gpu) {
     size_t rows_from = programs.size();
     (r - r.mean(-1, true)).realize();
     size_t fewer_rows_from = programs.size();
-    Tensor r500 = Tensor::randn({500, 130}, 12).realize();
+    Tensor r500 = Tensor::randn({500, 300}, 12).realize();
     (r500 - r500.mean(-1, true)).realize();
     size_t short_rows_from = programs.size();
+    Tensor r130 = Tensor::randn({500, 130}, 14).realize();
+    (r130 - r130.mean(-1, true)).realize();
     Tensor r40 = Tensor::randn({500, 40}, 13).realize();
     r40.sum(-1).realize();
     size_t columns_from = programs.size();
@@ -248,7 +251,8 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
-    bool scatter_split = false, short_columns = false, fewer_rows = false, short_rows = false;
+    bool scatter_split = false, short_columns = false, fewer_rows = false;
+    int short_rows = 0;   // 500 of 130 and 500 of 40
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -279,7 +283,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
             if (n >= fewer_rows_from && n < short_rows_from && plan.items == 500)
                 fewer_rows = fewer_rows || (plan.cooperative && !plan.warp);
             if (n >= short_rows_from && n < columns_from && plan.items == 500)
-                short_rows = short_rows || plan.warp;
+                short_rows += plan.warp;
             // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, then
             // a thread per column adding its ranges; 3000 x 300 is too little to split
             if (n >= columns_from && n < columns_to && plan.outputs == 5000)
@@ -293,7 +297,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     }
     CHECK(rows);
     CHECK(fewer_rows);
-    CHECK(short_rows);
+    CHECK_EQ(short_rows, 2);
     CHECK(columns);
     CHECK(short_columns);
     CHECK(scatter_split);
