@@ -1347,19 +1347,29 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         }
         return code;
     };
+    // Element l of an operand lies at a fixed distance from element 0 in the buffer (kk grows
+    // by 256/T, or o by 256/KT): xat and yat, element 0's place, are computed once.
+    std::string places;
+    int place_each[2];
+    for (int x = 1; x >= 0; x--) {
+        bool along = x ? x_by_rows : y_by_cols;
+        place_each[x] = along ? CUDA_BLOCK_THREADS / T * P : CUDA_BLOCK_THREADS / KT;
+        places += strf(along ? "    const int %s = threadIdx.x / %d * %d + threadIdx.x %% %d;\n"
+                             : "    const int %s = threadIdx.x %% %d * %d + threadIdx.x / %d;\n",
+                       x ? "xat" : "yat", along ? T : KT, P, along ? T : KT);
+    }
     auto put = [&](const char* buffer, const std::string& pad) {
         std::string code;
         for (int x = 1; x >= 0; x--) {
-            code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
-            code += element(x, pad + "    ");
             // on tensor cores, rounded to TF32 once here rather than at each read
-            code += pad + strf(plan.tf32 ? "    %s[%s][kk][o] = tg_tf32(%s[l]);\n"
-                                         : "    %s[%s][kk][o] = %s[l];\n",
-                               x ? "xs" : "ys", buffer, x ? "xn" : "yn") + pad + "}\n";
+            std::string v = strf(plan.tf32 ? "tg_tf32(%s[l])" : "%s[l]", x ? "xn" : "yn");
+            code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++)\n", L) +
+                    pad + strf("    (&%s[%s][0][0])[%s + %d * l] = %s;\n", x ? "xs" : "ys",
+                               buffer, x ? "xat" : "yat", place_each[x], v.c_str());
         }
         return code;
     };
-    out += pointers + strf("    float xn[%d], yn[%d];\n", L, L);
+    out += pointers + places + strf("    float xn[%d], yn[%d];\n", L, L);
     out += fetch(k_begin, "    ") + put("0", "    ") + "    __syncthreads();\n";
     out += strf("    int buffer = 0;\n"
                 "    for (int64_t k0 = %s; k0 < %s; k0 += %d, buffer ^= 1) {\n"
