@@ -161,7 +161,7 @@
                  the product's size)
    TG_CUDA_PRODUCT_BLOCKS  CUDA: the blocks per multiprocessor a product's kernel is compiled
                  for (default 1; 2 caps a thread's registers at 128, and 128 x 128 tiles
-                 then stage 8 terms at a time)
+                 then stage 8 terms at a time, not 16: a variant to time)
    TG_CUDA_TF32  CUDA: 1 runs float32 products (matmuls) on tensor cores, their operands
                  rounded to TF32 (10 fraction bits), as PyTorch's allow_tf32 (default 0: off)
    TG_CUDA_LIBRARY, TG_NVRTC_LIBRARY  CUDA: the driver's and NVRTC's library files (default
