@@ -544,9 +544,10 @@ struct SumSegment {
 // tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or 32 where
 // 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are
 // still fewer than the multiprocessors and the sums long (a weight's gradient: few outputs, a term
-// per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, a block per tile and
-// range writing its partial sums to a scratch buffer; a second kernel adds each output's ranges in
-// order, then runs the epilogue. The terms are numbered in the order of the trees (segments: a term
+// per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a
+// multiprocessor of tiles and ranges, each writing its partial sums to a scratch buffer; a second
+// kernel adds each output's ranges in order, then runs the epilogue. A sum of LONG_SUM_TERMS or
+// more that would take 32 x 32 tiles keeps 128 x 128 or 64 x 64 ones and splits instead. The terms are numbered in the order of the trees (segments: a term
 // and the loops around it), and each output adds them in that order into one sum, as cuBLAS does
 // (the trees' own grouping is not kept: a fixed order still, so the bits are the same on every
 // run). Bounds are tested only where a tile or a step of terms can pass the end.
@@ -562,7 +563,7 @@ struct ProductPlan {
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
 };
-static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256;
+static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256, LONG_SUM_TERMS = 4096;
 static void sum_segments(const std::vector<Stmt>& body, const Block& b,
                          std::vector<const Stmt*>& loops, std::vector<SumSegment>& out) {
     for (const Stmt& st : body) {
@@ -631,10 +632,17 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
     plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
-    if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128)
+    if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128) {
         plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
                     : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
                                                                : 64;
+        // a long sum keeps a larger tile whose ranges of terms fill two blocks a
+        // multiprocessor, rather than 32 x 32 tiles (4 multiply-adds a thread per 2 values read)
+        for (int t : {128, 64})
+            if (plan.tile == 32 && plan.terms >= LONG_SUM_TERMS &&
+                plan.tiles(t) * (plan.terms / SPLIT_TERMS_EACH) >= 2 * GPU_MULTIPROCESSORS)
+                plan.tile = t;
+    }
     // compiled for two blocks a multiprocessor (TG_CUDA_PRODUCT_BLOCKS=2), the 128 x 128
     // tile stages 8 terms at a time: a variant to time (ptxas 13.0 fits the 16-term kernel in
     // 127 registers unasked, so two blocks fit either way)
@@ -642,7 +650,7 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     plan.tf32 = env_int("TG_CUDA_TF32", 0, 0, 1) == 1;
     plan.split_terms = plan.terms;
     if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
-        int64_t want = (2 * GPU_MULTIPROCESSORS + plan.tiles() - 1) / plan.tiles();
+        int64_t want = 2 * GPU_MULTIPROCESSORS / plan.tiles();   // at most two a multiprocessor
         int64_t splits = std::min(want, plan.terms / SPLIT_TERMS_EACH);
         int64_t each = (plan.terms + splits - 1) / splits;
         plan.split_terms = (each + plan.step - 1) / plan.step * plan.step;

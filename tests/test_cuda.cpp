@@ -210,7 +210,8 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // optimizer's update is a grid over the elements (its values before the loop go into it where
 // fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
 // summing its rows in order after a kernel that zeroes the output, and one of many rows sums
-// ranges of them into copies first.
+// ranges of them into copies first; a product of few outputs and a long sum keeps 64 x 64
+// tiles and splits its terms.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
@@ -238,6 +239,14 @@ TEST(cuda_plans_nests_for_the_gpu) {
     Tensor few = Tensor::randn({300, 3000}, 11).realize();
     few.sum(0).realize();
     size_t few_columns_to = programs.size();
+    size_t long_sum_from = programs.size();
+    {   // computed on the CPU, whatever this run's device: only its plan matters
+        EnvGuard cpu("TG_DEVICE", "CPU");
+        Tensor x = Tensor::from_vector(std::vector<float>(384 * 4096, 0.5f), {384, 4096});
+        Tensor y = Tensor::from_vector(std::vector<float>(4096 * 256, 0.25f), {4096, 256});
+        x.matmul(y).realize();
+    }
+    size_t long_sum_to = programs.size();
     Tensor table = Tensor::randn({16, 8}, 9).requires_grad();
     Tensor many = Tensor::from_vector(th::randi(3000, 10, 0, 15));
     table.index_select(0, many).sum().backward();
@@ -251,7 +260,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     w.realize();
     tg::detail::program_observer() = saved;
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
-    bool scatter_split = false, short_columns = false, fewer_rows = false;
+    bool scatter_split = false, short_columns = false, fewer_rows = false, long_sum = false;
     int short_rows = 0;   // 500 of 130 and 500 of 40
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
@@ -291,6 +300,10 @@ TEST(cuda_plans_nests_for_the_gpu) {
                                       plan.rows_each == 75 && plan.items == 4 * 5000 &&
                                       l.stage == (l.name.find("_terms") != std::string::npos
                                                       ? 1 : 2));
+            // 384 x 256 outputs of 4096 terms: 24 tiles of 64 x 64 (not 96 of 32 x 32), each
+            // in 11 ranges of 384 terms (the last 256), 264 blocks: two a multiprocessor
+            if (n >= long_sum_from && n < long_sum_to && plan.product && l.stage == 1)
+                long_sum = plan.splits == 11 && plan.items == 24 * 11;
             if (n >= columns_to && n < few_columns_to && plan.items == 3000)
                 short_columns = !plan.cooperative && !plan.column_sum && l.stage == 0;
         }
@@ -298,6 +311,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     CHECK(rows);
     CHECK(fewer_rows);
     CHECK_EQ(short_rows, 2);
+    CHECK(long_sum);
     CHECK(columns);
     CHECK(short_columns);
     CHECK(scatter_split);
