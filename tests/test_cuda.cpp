@@ -240,11 +240,17 @@ TEST(cuda_plans_nests_for_the_gpu) {
     few.sum(0).realize();
     size_t few_columns_to = programs.size();
     size_t long_sum_from = programs.size();
-    {   // computed on the CPU, whatever this run's device: only its plan matters
-        EnvGuard cpu("TG_DEVICE", "CPU");
-        Tensor x = Tensor::from_vector(std::vector<float>(384 * 4096, 0.5f), {384, 4096});
-        Tensor y = Tensor::from_vector(std::vector<float>(4096 * 256, 0.25f), {4096, 256});
-        x.matmul(y).realize();
+    {   // computed on the CPU, whatever this run's device: only its plan matters. A fresh
+        // cache: a program found in the cache (make test's run on the CPU) is not observed
+        char tmpl[] = "/tmp/tg-cuda-plans-XXXXXX";
+        std::string dir = mkdtemp(tmpl);
+        {
+            EnvGuard cpu("TG_DEVICE", "CPU"), cache("TG_CACHE_DIR", dir.c_str());
+            Tensor x = Tensor::from_vector(std::vector<float>(384 * 4096, 0.5f), {384, 4096});
+            Tensor y = Tensor::from_vector(std::vector<float>(4096 * 256, 0.25f), {4096, 256});
+            x.matmul(y).realize();
+        }
+        CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
     }
     size_t long_sum_to = programs.size();
     Tensor table = Tensor::randn({16, 8}, 9).requires_grad();
