@@ -28,13 +28,13 @@
    thread per range of rows and column, into copies added after); a sum of each of few columns
    over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
    added after; a matrix product runs a block per tile of outputs through shared memory (on
-   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Every
-   order is fixed by the shapes, so results are the same on every run. From its second run a
-   program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each
-   kernel timed). Bounds checks write the failing site into a small device buffer, which is read
-   back after the program; a nest that writes in place starts by looking at it, so a failed
-   check still prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs
-   as a kernel after its nest and stops the program there.
+   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Every order is fixed by
+   the shapes, so results are the same on every run. From its second run a program is one CUDA
+   graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed).
+   Bounds checks write the failing site into a small device buffer, which is read back after
+   the program; a nest that writes in place starts by looking at it, so a failed check still
+   prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
+   kernel after its nest and stops the program there.
 
    Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
    under a key of source, architecture, NVRTC's version and options, and in memory per
@@ -547,10 +547,11 @@ struct SumSegment {
 // per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a
 // multiprocessor of tiles and ranges, each writing its partial sums to a scratch buffer; a second
 // kernel adds each output's ranges in order, then runs the epilogue. A sum of LONG_SUM_TERMS or
-// more that would take 32 x 32 tiles keeps 128 x 128 or 64 x 64 ones and splits instead. The terms are numbered in the order of the trees (segments: a term
-// and the loops around it), and each output adds them in that order into one sum, as cuBLAS does
-// (the trees' own grouping is not kept: a fixed order still, so the bits are the same on every
-// run). Bounds are tested only where a tile or a step of terms can pass the end.
+// more that would take 32 x 32 tiles keeps 128 x 128 or 64 x 64 ones and splits instead. The
+// terms are numbered in the order of the trees (segments: a term and the loops around it), and
+// each output adds them in that order into one sum, as cuBLAS does (the trees' own grouping is
+// not kept: a fixed order still, so the bits are the same on every run). Bounds are tested only
+// where a tile or a step of terms can pass the end.
 struct ProductPlan {
     ProductMatch match;
     std::vector<SumSegment> segments;
@@ -1363,9 +1364,9 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     for (int x = 1; x >= 0; x--) {
         bool along = x ? x_by_rows : y_by_cols;
         place_each[x] = along ? CUDA_BLOCK_THREADS / T * P : CUDA_BLOCK_THREADS / KT;
-        places += strf(along ? "    const int %s = threadIdx.x / %d * %d + threadIdx.x %% %d;\n"
-                             : "    const int %s = threadIdx.x %% %d * %d + threadIdx.x / %d;\n",
-                       x ? "xat" : "yat", along ? T : KT, P, along ? T : KT);
+        places += strf("    int %s;\n    {\n        const int l = 0;\n", x ? "xat" : "yat") +
+                  element(x, "        ") +
+                  strf("        %s = kk * %d + o;\n    }\n", x ? "xat" : "yat", P);
     }
     auto put = [&](const char* buffer, const std::string& pad) {
         std::string code;

@@ -378,12 +378,16 @@ int main() {
     if (enabled("w2")) w2();
     if (enabled("w3")) w3();
     if (enabled("w3dp") && !cuda) w3dp();
-    if (enabled("w4")) w4(1024);
-    if (enabled("w4") && cuda) {
-        w4(4096);
+    if (enabled("w4")) {   // float32, whatever TG_CUDA_TF32 says, then (on CUDA) TF32
+        const char* set = std::getenv("TG_CUDA_TF32");
+        std::string tf32 = set ? set : "";
+        setenv("TG_CUDA_TF32", "0", 1);
+        w4(1024);
+        if (cuda) w4(4096);
         setenv("TG_CUDA_TF32", "1", 1);
-        w4(4096, "W4 tf32");
-        unsetenv("TG_CUDA_TF32");
+        if (cuda) w4(4096, "W4 tf32");
+        if (set) setenv("TG_CUDA_TF32", tf32.c_str(), 1);
+        else unsetenv("TG_CUDA_TF32");
     }
     if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);
     if (enabled("w6")) w6();
