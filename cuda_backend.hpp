@@ -17,7 +17,8 @@
 
    How a program runs on the GPU. Each loop nest of the program (a Block of the loop IR, after
    the CPU's passes less its fusion into row loops, but with elementwise nests over the same
-   loops joined: fuse_maps) becomes a kernel. Its outer loops, as long as each iteration writes
+   loops joined, and nests over the same rows where a group of threads runs each row:
+   fuse_maps) becomes a kernel. Its outer loops, as long as each iteration writes
    its own part of every buffer it writes (the test the CPU's parallel_loops pass uses), become
    one grid of threads; what is inside them runs in each thread in the loop IR's order. A nest
    with few grid items and long reductions, or whose items each walk rows of their own (a layer
@@ -402,18 +403,6 @@ static bool iterations_disjoint(const Program& p, size_t k, const Block& b, cons
     return true;
 }
 
-static void acc_updates(const std::vector<Stmt>& body, std::unordered_set<int>& out) {
-    for (const Stmt& st : body) {
-        if (st.kind == SK::ACC_UPDATE) out.insert(st.id);
-        acc_updates(st.body, out);
-    }
-}
-static bool stores(const std::vector<Stmt>& body) {
-    for (const Stmt& st : body)
-        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD || stores(st.body)) return true;
-    return false;
-}
-
 // How a nest runs. Its outer loops, while each is the whole body of the one before (after
 // accumulators that are set and never updated: values every thread computes) and its
 // iterations are disjoint, are the grid: one item each. An item is one thread, which runs the
@@ -422,9 +411,10 @@ static bool stores(const std::vector<Stmt>& body) {
 // fixed way (thread l takes iterations l, l + 256, ...) and combine their partial results in
 // a fixed tree (tg_block_reduce), so the result is the same on every run. A nest whose items
 // each walk rows of their own (their accesses move by one element along a loop inside the
-// item, none along the innermost grid loop: a layer norm's or a softmax's rows) runs so with
-// up to COOPERATIVE_MAX_ROWS items: a thread per item would leave most of the GPU idle and
-// read memory with the threads of a warp a row apart, where a block reads each row in step.
+// item, none along the innermost grid loop: a layer norm's or a softmax's rows: walks_rows, in
+// tinygrad.hpp's [PASSES], whose fuse_maps joins the nests of such rows) runs so with up to
+// ROWS_MAX items: a thread per item would leave most of the GPU idle and read memory with the
+// threads of a warp a row apart, where a block reads each row in step.
 // Where there are more such rows than one wave of blocks (8 blocks of 256 threads fill a
 // multiprocessor), each of at most WARP_MAX_ROW_WORK iterations (a GPT's layer norm, softmax
 // and loss), they run a warp per row instead, 8 rows a block, combined by shuffles alone
@@ -435,72 +425,7 @@ static bool stores(const std::vector<Stmt>& body) {
 // per row would read them a row apart, on few multiprocessors.
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
-static const int64_t COOPERATIVE_MAX_ROWS = 1 << 18;
 static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
-static const int64_t WARP_MIN_ROW_WORK = 32;
-
-// A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
-// or is x = identity; a chain of the same shape into x; acc op= x. On the GPU its iterations,
-// all levels together, are split over the threads (and combined in tg_block_reduce's order).
-static bool reduction_chain(const Stmt& loop, int acc, Op op, std::vector<const Stmt*>& loops,
-                            ExprP& value) {
-    if (loop.kind != SK::LOOP) return false;
-    loops.push_back(&loop);
-    const std::vector<Stmt>& b = loop.body;
-    if (b.size() == 1 && b[0].kind == SK::ACC_UPDATE && b[0].id == acc && b[0].op == op) {
-        value = b[0].val;
-        return true;
-    }
-    bool identity = b.size() == 3 && b[0].kind == SK::ACC_INIT && b[0].op == op &&
-                    (op == Op::REDUCE_SUM ? is_const(b[0].val, 0)
-                                          : b[0].val->kind == EK::CONST &&
-                                                std::isinf(b[0].val->num) && b[0].val->num < 0);
-    return identity && b[2].kind == SK::ACC_UPDATE && b[2].id == acc && b[2].op == op &&
-           b[2].val->kind == EK::ACC && b[2].val->id == b[0].id &&
-           reduction_chain(b[1], b[0].id, op, loops, value);
-}
-// The accumulator a chain reduces into (-1: the loop is not one).
-static int chain_acc(const Stmt& loop, std::vector<const Stmt*>& loops, ExprP& value) {
-    std::unordered_set<int> updated;
-    acc_updates(loop.body, updated);
-    for (int acc : updated)
-        for (Op op : {Op::REDUCE_SUM, Op::REDUCE_MAX}) {
-            loops.clear();
-            if (reduction_chain(loop, acc, op, loops, value)) return acc;
-        }
-    return -1;
-}
-
-// A body runs cooperatively when each statement is an accumulator's initialisation or update,
-// a check, a store, a reduction chain into an accumulator of 32 or 64 bits, a loop that
-// stores and updates no accumulator outside it, or a loop (run by every thread) whose body
-// runs cooperatively. Arrays of the nest rule it out (each thread would have its own).
-static bool cooperative_body(const std::vector<Stmt>& body, std::unordered_map<int, DType>& accs) {
-    for (const Stmt& st : body) {
-        if (st.kind == SK::ACC_INIT) accs[st.id] = st.dtype;
-        if (st.kind != SK::LOOP) continue;
-        std::vector<const Stmt*> loops;
-        ExprP value;
-        int acc = chain_acc(st, loops, value);
-        if (acc >= 0) {
-            auto declared = accs.find(acc);
-            if (declared == accs.end() || declared->second == DType::BOOL ||
-                declared->second == DType::INDEX)
-                return false;
-            continue;
-        }
-        std::unordered_set<int> updated;
-        acc_updates(st.body, updated);
-        bool outer = false;
-        for (int a : updated) outer = outer || accs.count(a);
-        if (!outer) {
-            if (!stores(st.body)) return false;   // nothing it does would be kept
-            continue;
-        }
-        if (!cooperative_body(st.body, accs)) return false;
-    }
-    return true;
-}
 
 // Whether the iterations of loop m, directly inside loop l, touch disjoint parts of every
 // buffer written over all iterations of l as well: the part of m's iteration is its chunk
@@ -661,25 +586,6 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
            env_int("TG_TILE_MIN_WORK", TILE_MIN_WORK, 0, INT32_MAX);
 }
 
-// Whether the items of plan walk rows of their own (see COOPERATIVE_MAX_ROWS): of the accesses
-// that move with a loop of the item, none moves by one element along the innermost grid loop,
-// and some move so along a loop of the item. (An item's own value, read once, does not count.)
-static bool walks_rows(const Block& b, const KernelPlan& plan) {
-    if (plan.grid.empty()) return false;
-    std::unordered_set<int> grid;
-    for (const Stmt* l : plan.grid) grid.insert(l->id);
-    bool along_item = false;
-    for (const Access& a : block_accesses(b).accesses) {
-        bool in_item = false;   // read or written at each step of a loop of the item
-        for (int v : a.loops) in_item = in_item || (!grid.count(v) && uses_var(a.idx, v));
-        if (!in_item) continue;
-        if (steps_by_one(a.idx, plan.grid.back()->id)) return false;
-        for (int v : a.loops)
-            along_item = along_item || (!grid.count(v) && steps_by_one(a.idx, v));
-    }
-    return along_item;
-}
-
 // A scatter (plan.serial) of few columns and many rows runs a thread per column, each adding
 // its rows in order: a chain of read-add-writes that waits on memory at every row. Where its
 // body only adds float32 values into one buffer that it does not read, the rows are split into
@@ -809,11 +715,21 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     std::unordered_map<int, DType> accs;
     int64_t work = loop_work(*plan.body, b.extents);
     bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
-    bool rows = plan.items <= COOPERATIVE_MAX_ROWS && work >= WARP_MIN_ROW_WORK &&
-                walks_rows(b, plan);
-    int64_t widest = 0;   // the most iterations of a loop of the item
-    for (const Stmt& st : *plan.body)
-        if (st.kind == SK::LOOP) widest = std::max(widest, b.extents[size_t(st.id)]);
+    std::vector<int> grid;
+    for (const Stmt* l : plan.grid) grid.push_back(l->id);
+    bool rows = plan.items <= ROWS_MAX && work >= ROW_MIN_WORK && walks_rows(b, grid);
+    int64_t widest = 0;   // the most iterations a group splits in a loop of the item
+    for (const Stmt& st : *plan.body) {
+        if (st.kind != SK::LOOP) continue;
+        std::vector<const Stmt*> chain;   // a reduction's: all its levels' iterations
+        ExprP value;
+        int64_t n = 1;
+        if (chain_acc(st, chain, value) >= 0)
+            for (const Stmt* l : chain) n *= b.extents[size_t(l->id)];
+        else
+            n = b.extents[size_t(st.id)];
+        widest = std::max(widest, n);
+    }
     bool short_rows = rows && widest < CUDA_BLOCK_THREADS;
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
     plan.warp = plan.cooperative && rows && work <= WARP_MAX_ROW_WORK &&
@@ -863,6 +779,56 @@ std::vector<Launch> launches_of(const Program& p) {
     return out;
 }
 
+static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
+                     std::string& out, int depth);
+// A sum tree among an item's statements from body[s] (an accumulator started at 0, the loops
+// of its segments and the partial sums added into it: the accurate-sum lowering's sum of a
+// length that is no power of 16, in a nest of rows that fuse_maps joined): the end of the
+// tree's statements and its segments; 0 where there is none, or where a statement after it
+// reads an accumulator of the tree other than the sum. The group adds all its segments into
+// one partial sum each and reduces once, as a nest of that sum alone does (cooperative_sum).
+static size_t sum_tree_at(const std::vector<Stmt>& body, size_t s, const Block& b,
+                          std::vector<SumSegment>& segments) {
+    const Stmt& start = body[s];
+    if (start.kind != SK::ACC_INIT || start.op != Op::REDUCE_SUM ||
+        start.dtype != DType::FLOAT32 || !is_const(start.val, 0))
+        return 0;
+    size_t end = s + 1;
+    while (end < body.size() && (body[end].kind == SK::LOOP || body[end].kind == SK::ACC_INIT ||
+                                 body[end].kind == SK::ACC_UPDATE))
+        end++;
+    for (; end > s + 1; end--) {
+        std::vector<Stmt> tree(body.begin() + std::ptrdiff_t(s), body.begin() + std::ptrdiff_t(end));
+        std::vector<Stmt> after(body.begin() + std::ptrdiff_t(end), body.end());
+        std::vector<ExprP> terms;
+        int64_t count = 0;
+        std::unordered_set<int> set, read, values;   // values: read by the tree, set before it
+        accs_set(tree, set);
+        accs_read(after, read);
+        accs_read(tree, values);
+        for (int acc : set) values.erase(acc);
+        bool leaks = false;
+        for (int acc : set) leaks = leaks || (acc != start.id && read.count(acc));
+        if (leaks || !sum_trees(tree, b.extents, terms, count, true, values)) continue;
+        Stmt reads_sum{SK::STORE, 0, Op::REDUCE_SUM, DType::FLOAT32, nullptr,
+                       ex_acc(start.id, DType::FLOAT32), {}};
+        if (single_sum(tree, {reads_sum}) != start.id) continue;
+        segments.clear();
+        std::vector<const Stmt*> loops;
+        for (size_t i = s; i < end; i++) {   // as sum_segments, over body[s, end)
+            if (body[i].kind != SK::LOOP) {
+                if (is_term(body[i])) return 0;   // a term outside the loops: not such a tree
+                continue;
+            }
+            loops.push_back(&body[i]);
+            sum_segments(body[i].body, b, loops, segments);
+            loops.pop_back();
+        }
+        return end;
+    }
+    return 0;
+}
+
 // Who runs a cooperative item: a block (its threads numbered by threadIdx.x), or a warp (by
 // lane), with the reduction and barrier of their size.
 struct CooperativeGroup {
@@ -883,7 +849,23 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
     const std::map<int, std::string> no_arrays;
     std::string pad(size_t(depth) * 4, ' ');
     std::unordered_set<int> zero;   // accumulators that hold 0 since their initialisation
-    for (const Stmt& st : body) {
+    for (size_t s = 0; s < body.size(); s++) {
+        const Stmt& st = body[s];
+        std::vector<SumSegment> segments;
+        size_t tree_end = sum_tree_at(body, s, b, segments);
+        if (tree_end && segments.size() > 1) {   // (one segment: the chain below, the same)
+            c_stmts({st}, b.extents, no_arrays, depth, next_tmp, out);
+            accs[st.id] = Op::REDUCE_SUM;
+            const int l_id = int(b.extents.size());   // a variable of no loop: l
+            for (const SumSegment& seg : segments) {
+                out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
+                            l_id, g.thread, l_id, (long long)seg.terms, l_id, g.size);
+                add_term(seg, b, st.id, l_id, next_tmp, out, depth);
+            }
+            out += strf("%sacc%d = %s<0>(acc%d);\n", pad.c_str(), st.id, g.reduce, st.id);
+            s = tree_end - 1;
+            continue;
+        }
         if (st.kind != SK::LOOP) {
             std::string part;
             bool store = st.kind == SK::STORE || st.kind == SK::STORE_ADD;
@@ -938,8 +920,13 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             for (int a : updated) zero.erase(a);
             continue;
         }
-        std::string loop;   // stores only: split when its iterations write apart
-        if (iterations_disjoint(p, k, b, st, -1))
+        // stores only: split when its iterations write apart (what the item does before and
+        // after the loop is apart from it: each ends at a barrier or a reduction)
+        Block just_the_loop;
+        just_the_loop.body = {st};
+        just_the_loop.extents = b.extents;
+        std::string loop;
+        if (iterations_disjoint(p, k, just_the_loop, st, -1))
             loop = strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
                         st.id, g.thread, st.id, n, st.id, g.size);
         else
@@ -1456,15 +1443,15 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
 // The body of a loop over a segment's terms (l: variable l_id): acc += its term, its loads
 // read at base + c·l where they can, else its loops' variables from l; then the loop's end.
 static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
-                     std::string& out) {
+                     std::string& out, int depth) {
     Stmt update{SK::ACC_UPDATE, acc, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
     update.val = term_by_iteration(seg, b, ex_var(l_id));
     if (!update.val) {
-        out += segment_vars(seg, b, strf("i%d", l_id), "        ");
+        out += segment_vars(seg, b, strf("i%d", l_id), std::string(size_t(depth + 1) * 4, ' '));
         update.val = seg.term;
     }
-    c_stmts({update}, b.extents, {}, 2, next_tmp, out);
-    out += "    }\n";
+    c_stmts({update}, b.extents, {}, depth + 1, next_tmp, out);
+    out += std::string(size_t(depth) * 4, ' ') + "}\n";
 }
 
 // The body of a column sum's kernels (see plan_column_sum), after the column's variables and
@@ -1498,7 +1485,7 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
         if (start) hi += strf(" - %lldLL", start);
         out += strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
                     hi.c_str(), l_id);
-        add_term(seg, b, cs.sum, l_id, next_tmp, out);
+        add_term(seg, b, cs.sum, l_id, next_tmp, out, 1);
         start = end;
     }
     return out + strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
@@ -1519,7 +1506,7 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
     for (const SumSegment& seg : tree.segments) {
         out += strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
                     l_id, (long long)seg.terms, l_id, g.size);
-        add_term(seg, b, sum, l_id, next_tmp, out);
+        add_term(seg, b, sum, l_id, next_tmp, out, 1);
     }
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
     std::unordered_map<int, Op> accs;
@@ -1859,7 +1846,8 @@ public:
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop
     // (local_temps) suit a CPU core's cache; on the GPU they leave a few threads with long
     // serial loops (W3's step: 256 threads where unfused nests give 262,144). fuse_maps joins
-    // only elementwise nests whose every loop fuses, so the grid stays whole. The CPU's
+    // elementwise nests whose every loop fuses, so the grid stays whole, and nests over the
+    // same rows only where many rows each run on a warp or a block. The CPU's
     // tiles of vector sums (tile_products) are plan_kernel's business here, and a select costs
     // a GPU thread less than the loops that split_at_edges makes.
     bool runs_pass(const std::string& pass) const override {

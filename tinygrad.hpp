@@ -4818,7 +4818,9 @@ TG_COLD_END
 //   fuse_loops        adjacent nests over the same extent become one, stepping over a nest in
 //                     between (merge left or right, seed 004); the loops inside fuse too
 //   fuse_maps         for a device without fuse_loops (CUDA): elementwise nests over the same
-//                     loops become one, only where every level fuses (one grid still)
+//                     loops become one, only where every level fuses (one grid still); then
+//                     nests over the same rows (a layer norm's, a softmax's), where the GPU runs
+//                     each row of the result on a group of threads
 //   substitute_temps  a value stored and read back at the same index in one nest is read from
 //                     a local
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
@@ -5305,14 +5307,15 @@ static bool is_term(const Stmt& st) {
     return st.kind == SK::ACC_UPDATE ? st.val->kind != EK::ACC : st.val->kind != EK::CONST;
 }
 // body is a forest of sum trees: loops, float accumulators set to +0, acc += acc and terms
-// (returned in terms; with bounds checks only where checks); count is how many terms one
-// pass over body adds
+// (returned in terms; with bounds checks only where checks; reading no accumulator but
+// `values`, set before the trees); count is how many terms one pass over body adds
 static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
-                      std::vector<ExprP>& terms, int64_t& count, bool checks = false) {
+                      std::vector<ExprP>& terms, int64_t& count, bool checks = false,
+                      const std::unordered_set<int>& values = {}) {
     for (const Stmt& st : body) {
         if (st.kind == SK::LOOP) {
             int64_t inner = 0;
-            if (!sum_trees(st.body, extents, terms, inner, checks)) return false;
+            if (!sum_trees(st.body, extents, terms, inner, checks, values)) return false;
             count += inner * extents[size_t(st.id)];
             continue;
         }
@@ -5321,7 +5324,12 @@ static bool sum_trees(const std::vector<Stmt>& body, const std::vector<int64_t>&
             return false;
         const ExprP& v = st.val;
         if (is_term(st)) {
-            if (v->dtype != DType::FLOAT32 || expr_has(v, EK::ACC) ||
+            bool reads_accs = false;
+            ExprSet seen;
+            each_part(v, seen, [&](const ExprP& part) {
+                reads_accs = reads_accs || (part->kind == EK::ACC && !values.count(part->id));
+            });
+            if (v->dtype != DType::FLOAT32 || reads_accs ||
                 (!checks && expr_has(v, EK::CHECK)))
                 return false;
             terms.push_back(v);
@@ -5935,14 +5943,190 @@ static void pass_fuse_loops(Program& p) {
     sweeps.sweep(true);
 }
 
-// -- pass_fuse_maps: elementwise nests over the same loops become one nest
+// -- rows: analyses of nests whose items each walk a row (a layer norm's, a softmax's), shared
+// with cuda_backend.hpp, which runs such an item by a group of threads (a warp or a block)
+static void acc_updates(const std::vector<Stmt>& body, std::unordered_set<int>& out) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_UPDATE) out.insert(st.id);
+        acc_updates(st.body, out);
+    }
+}
+static bool has_stores(const std::vector<Stmt>& body) {
+    for (const Stmt& st : body)
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD || has_stores(st.body)) return true;
+    return false;
+}
+// A reduction loop as the accurate-sum lowering writes it: a loop whose body is acc op= value,
+// or is x = identity; a chain of the same shape into x; acc op= x. A group of threads splits
+// its iterations, all levels together, and combines their partial results in a fixed tree.
+static bool reduction_chain(const Stmt& loop, int acc, Op op, std::vector<const Stmt*>& loops,
+                            ExprP& value) {
+    if (loop.kind != SK::LOOP) return false;
+    loops.push_back(&loop);
+    const std::vector<Stmt>& b = loop.body;
+    if (b.size() == 1 && b[0].kind == SK::ACC_UPDATE && b[0].id == acc && b[0].op == op) {
+        value = b[0].val;
+        return true;
+    }
+    bool identity = b.size() == 3 && b[0].kind == SK::ACC_INIT && b[0].op == op &&
+                    (op == Op::REDUCE_SUM ? is_const(b[0].val, 0)
+                                          : b[0].val->kind == EK::CONST &&
+                                                std::isinf(b[0].val->num) && b[0].val->num < 0);
+    return identity && b[2].kind == SK::ACC_UPDATE && b[2].id == acc && b[2].op == op &&
+           b[2].val->kind == EK::ACC && b[2].val->id == b[0].id &&
+           reduction_chain(b[1], b[0].id, op, loops, value);
+}
+// The accumulator a chain reduces into (-1: the loop is not one).
+static int chain_acc(const Stmt& loop, std::vector<const Stmt*>& loops, ExprP& value) {
+    std::unordered_set<int> updated;
+    acc_updates(loop.body, updated);
+    for (int acc : updated)
+        for (Op op : {Op::REDUCE_SUM, Op::REDUCE_MAX}) {
+            loops.clear();
+            if (reduction_chain(loop, acc, op, loops, value)) return acc;
+        }
+    return -1;
+}
+// A body that a group of threads can run together (cooperatively): each statement is an
+// accumulator's initialisation or update, a check, a store, a reduction chain into an
+// accumulator of 32 or 64 bits, a loop that stores and updates no accumulator outside it, or
+// a loop (run by every thread) whose body runs cooperatively. (Arrays of the nest rule it out:
+// each thread would have its own; the caller knows.)
+static bool cooperative_body(const std::vector<Stmt>& body, std::unordered_map<int, DType>& accs) {
+    for (const Stmt& st : body) {
+        if (st.kind == SK::ACC_INIT) accs[st.id] = st.dtype;
+        if (st.kind != SK::LOOP) continue;
+        std::vector<const Stmt*> loops;
+        ExprP value;
+        int acc = chain_acc(st, loops, value);
+        if (acc >= 0) {
+            auto declared = accs.find(acc);
+            if (declared == accs.end() || declared->second == DType::BOOL ||
+                declared->second == DType::INDEX)
+                return false;
+            continue;
+        }
+        std::unordered_set<int> updated;
+        acc_updates(st.body, updated);
+        bool outer = false;
+        for (int a : updated) outer = outer || accs.count(a);
+        if (!outer) {
+            if (!has_stores(st.body)) return false;   // nothing it does would be kept
+            continue;
+        }
+        if (!cooperative_body(st.body, accs)) return false;
+    }
+    return true;
+}
+// Whether the items of nest b's grid loops (variables, outermost first) walk rows of their
+// own: of the accesses that move with a loop of the item, none moves by one element along the
+// innermost grid loop, and some move so along a loop of the item. (An item's own value, read
+// once, does not count.) Up to ROWS_MAX items, each of ROW_MIN_WORK steps or more, the GPU runs
+// such items by a group of threads: a thread per item would leave most of it idle and read
+// memory with the threads of a warp a row apart, where a group reads each row in step.
+static const int64_t ROWS_MAX = 1 << 18, ROW_MIN_WORK = 32;
+static bool walks_rows(const Block& b, const std::vector<int>& grid_loops) {
+    if (grid_loops.empty()) return false;
+    std::unordered_set<int> grid(grid_loops.begin(), grid_loops.end());
+    bool along_item = false;
+    for (const Access& a : block_accesses(b).accesses) {
+        bool in_item = false;   // read or written at each step of a loop of the item
+        for (int v : a.loops) in_item = in_item || (!grid.count(v) && uses_var(a.idx, v));
+        if (!in_item) continue;
+        if (steps_by_one(a.idx, grid_loops.back())) return false;
+        for (int v : a.loops)
+            along_item = along_item || (!grid.count(v) && steps_by_one(a.idx, v));
+    }
+    return along_item;
+}
+// A nest's rows: its outer loops while each is the whole body of the one before.
+static std::vector<Stmt*> row_loops(Block& b) {
+    std::vector<Stmt*> loops;
+    for (std::vector<Stmt>* body = &b.body; body->size() == 1 && (*body)[0].kind == SK::LOOP;
+         body = &(*body)[0].body)
+        loops.push_back(&(*body)[0]);
+    return loops;
+}
+// Nest b joins nest a over the rows they share, the outer loops of the same extents as far as
+// the shallower one's rows go: each row of a runs b's statements of that row after its own (a
+// deeper nest's other loops become loops of the row). Only where each row of the result writes
+// its own part of every buffer written and touches no other row's part of it (each access in
+// chunks of its own at every level of the rows: `chunked`), so that no row of one reads or
+// writes what a row of the other writes, and the rows can run at once. False, with a
+// unchanged, otherwise.
+static std::vector<int64_t> row_extents(const Block& b) {
+    std::vector<int64_t> extents;
+    for (const std::vector<Stmt>* body = &b.body;
+         body->size() == 1 && (*body)[0].kind == SK::LOOP; body = &(*body)[0].body)
+        extents.push_back(b.extents[size_t((*body)[0].id)]);
+    return extents;
+}
+static bool fuse_rows(Block& a, const Block& b) {
+    if (a.finite_site >= 0 || b.finite_site >= 0) return false;
+    std::vector<int64_t> ea = row_extents(a), eb = row_extents(b);
+    size_t depth = std::min(ea.size(), eb.size());
+    if (depth == 0 || !std::equal(ea.begin(), ea.begin() + std::ptrdiff_t(depth), eb.begin()))
+        return false;
+    Block fused = a, moved = b;
+    std::vector<Stmt*> la = row_loops(fused), lb = row_loops(moved);
+    std::vector<int> var_of(b.extents.size(), -1);
+    for (size_t d = 0; d < depth; d++) var_of[size_t(lb[d]->id)] = la[d]->id;
+    for (size_t v = 0; v < var_of.size(); v++)
+        if (var_of[v] < 0) {
+            var_of[v] = int(fused.extents.size());
+            fused.extents.push_back(b.extents[v]);
+        }
+    std::vector<Stmt> row = std::move(lb[depth - 1]->body);
+    renumber_after(row, var_of, fused);
+    for (Stmt& st : row) la[depth - 1]->body.push_back(std::move(st));
+    BlockAccesses uses = block_accesses(fused);
+    for (size_t d = 0; d < depth; d++) {
+        std::map<int, Chunk> chunks;   // buffer → its accesses' chunk
+        for (const Access& acc : uses.accesses)
+            if (uses.writes(acc.buffer) &&
+                !chunked(acc.idx, *la[d], fused.extents, chunks[acc.buffer]))
+                return false;
+    }
+    take_title(fused, b);
+    a = std::move(fused);
+    return true;
+}
+// Whether nest b (rows that write apart: fuse_rows) is rows that the GPU runs well as one
+// kernel, a group of threads per row: ROW_FUSE_MIN_ROWS to ROWS_MAX rows, each walking its
+// own, whose statements a group can run together and that reduce (rows that only store are
+// maps); no product.
+static const int64_t ROW_FUSE_MIN_ROWS = 512;   // fewer would leave a GPU idle in the maps
+static bool runs_as_rows(const Block& b) {
+    std::vector<int> grid;
+    int64_t items = 1;
+    const std::vector<Stmt>* body = &b.body;
+    for (; body->size() == 1 && (*body)[0].kind == SK::LOOP; body = &(*body)[0].body) {
+        grid.push_back((*body)[0].id);
+        items *= b.extents[size_t((*body)[0].id)];
+    }
+    bool reduces = false;
+    for (const Stmt& st : *body) {
+        std::vector<const Stmt*> loops;
+        ExprP value;
+        reduces = reduces || (st.kind == SK::LOOP && chain_acc(st, loops, value) >= 0);
+    }
+    std::unordered_map<int, DType> accs;
+    ProductMatch product;
+    return reduces && items >= ROW_FUSE_MIN_ROWS && items <= ROWS_MAX &&
+           body->size() <= FUSED_MAX_STMTS && loop_work(*body, b.extents) >= ROW_MIN_WORK &&
+           cooperative_body(*body, accs) && walks_rows(b, grid) && !match_product(b, product);
+}
+
+// -- pass_fuse_maps: elementwise nests over the same loops become one nest; so do rows
 // For a device that does not fuse into row loops (the GPU: a thread per row would run each
 // row's loops alone): a map (one nest of loops around stores and checks alone) joins a map
 // over loops of the same extents, as pass_fuse_loops joins them (steps over nests in between,
 // keeps each dependence), where the loops inside fuse too, so the fused nest is again one
 // grid of the same items. A value it stores and reads back then stays in a register
 // (pass_substitute_temps) and one kernel does what several did. Values a map computes before
-// a loop go into the loop first: each GPU thread computes them anyway.
+// a loop go into the loop first: each GPU thread computes them anyway. Then nests over the
+// same rows join (fuse_rows) where the GPU runs the result a row to a group of threads
+// (runs_as_rows): a layer norm's forward or backward, a softmax's, a loss's, one kernel each.
 static void pass_fuse_maps(Program& p) {
     // values before a loop, at any level (Adam's bias corrections, a layer norm's reciprocal
     // per row), go into it
@@ -5961,6 +6145,44 @@ static void pass_fuse_maps(Program& p) {
     FuseSweeps sweeps(p.blocks, false);
     sweeps.maps_only = true;
     sweeps.sweep(false);
+    // then nests over the same rows, where the fused nest runs as rows (runs_as_rows): a layer
+    // norm's statistics and normalization, a softmax's maximum, exponentials and sum, and
+    // their gradients, each one kernel of a group of threads per row
+    std::vector<Block>& bs = p.blocks;
+    std::vector<bool> products;   // a product's rows stay a product, which the GPU tiles
+    for (const Block& b : bs) {
+        ProductMatch m;
+        products.push_back(match_product(b, m));
+    }
+    for (size_t i = 0; i < bs.size(); i++) {
+        for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
+            if (products[i] || products[j]) continue;
+            Block fused = bs[i];
+            if (!fuse_rows(fused, bs[j]) || !runs_as_rows(fused)) continue;
+            BlockAccesses ui = block_accesses(bs[i]), uj = block_accesses(bs[j]);
+            // a failed bounds check stops the program before in-place writes: keep them apart
+            if ((ui.checks || uj.checks) && fused.writes_in_place) continue;
+            bool left = true, right = true;   // j moves to i, or i to j, past those between
+            for (size_t k = i + 1; k < j; k++) {
+                BlockAccesses uk = block_accesses(bs[k]);
+                left = left && blocks_independent(bs[k], uk, bs[j], uj);
+                right = right && blocks_independent(bs[i], ui, bs[k], uk);
+            }
+            if (!left && !right) continue;
+            if (left) {
+                bs[i] = std::move(fused);
+                bs.erase(bs.begin() + std::ptrdiff_t(j));
+                products.erase(products.begin() + std::ptrdiff_t(j));
+            } else {
+                bs[j] = std::move(fused);
+                bs.erase(bs.begin() + std::ptrdiff_t(i));
+                products.erase(products.begin() + std::ptrdiff_t(i));
+                i--;   // bs[i] is now the next unvisited nest
+                break;
+            }
+            j = i;   // look again from the fused nest
+        }
+    }
 }
 
 // -- pass_substitute_temps: a value stored and read back at the same index in one nest

@@ -708,6 +708,57 @@ TEST(cuda_fuse_maps_joins_elementwise_nests) {
     CHECK(nests + 6 <= apart_nests);
 }
 
+// fuse_maps also joins nests over the same rows, where the result runs as rows (a warp or a
+// block per row): a layer norm's forward and backward, a softmax's, a loss's, each one kernel.
+// The values of the CPU's and the bits of the nests apart, with rows of 96 (a warp each) and
+// of 700 (a block each), and where a row reads another row's sum (flipped: not joined).
+TEST(cuda_fuse_maps_joins_rows) {
+    NEED_GPU();
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    // the values, and the kernels of the largest program and how many of them run as rows
+    auto run = [&](const char* device, const char* passes, size_t* kernels, size_t* rows) {
+        EnvGuard dev("TG_DEVICE", device), chosen("TG_PASSES", passes);
+        programs.clear();
+        std::vector<float> out;
+        for (int64_t width : {96, 700}) {
+            int64_t n = width == 96 ? 1024 : 600;
+            Tensor x = Tensor::from_vector(th::randf(size_t(n * width), 81), {n, width})
+                           .requires_grad();
+            tg::nn::LayerNorm norm(width);
+            Tensor y = norm(x);
+            Tensor classes = Tensor::from_vector(th::randi(size_t(n), 82, 0, int(width) - 1));
+            Tensor loss = tg::nn::cross_entropy(y, classes) + (y.softmax(-1) * y).sum() +
+                          (x - x.sum(-1, true).flip(0)).square().sum(-1).mean();
+            loss.backward();
+            for (const Tensor& t : {loss, x.grad(), norm.weight.grad(), norm.bias.grad()})
+                for (float v : values(t)) out.push_back(v);
+        }
+        *kernels = *rows = 0;
+        for (const tg::detail::Program& p : programs) {
+            auto launches = tg::detail::launches_of(p);
+            if (launches.size() <= *kernels) continue;
+            *kernels = launches.size();
+            *rows = 0;
+            for (const auto& l : launches)
+                *rows += tg::detail::plan_kernel(p, l.block, l.part).cooperative;
+        }
+        return out;
+    };
+    size_t kernels = 0, rows = 0, apart_kernels = 0, apart_rows = 0, cpu_kernels = 0;
+    std::vector<float> cpu = run("CPU", "all", &cpu_kernels, &rows);
+    std::vector<float> cuda = run("CUDA", "all", &kernels, &rows);
+    std::vector<float> apart = run("CUDA", "simplify,substitute_temps,dead_stores,first_write,"
+                                           "order_nests,parallel_loops,plan_memory",
+                                   &apart_kernels, &apart_rows);
+    tg::detail::program_observer() = saved;
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == apart);
+    CHECK(rows >= 2);
+    CHECK(2 * kernels <= apart_kernels);   // here 6 against 21
+}
+
 // TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
 // summed in a table by program and kernel, beside the title of the nest it computes.
 TEST(cuda_profile_times_each_kernel) {

@@ -67,6 +67,40 @@ TEST(fuse_maps_sinks_values_before_inner_loops) {
     CHECK(ir.find("RECIP MUL + K") != std::string::npos);
 }
 
+// fuse_maps joins nests over the same rows where the GPU runs the result as rows (a warp or
+// a block per row): a layer norm's statistics and normalization, a softmax's maximum,
+// exponentials and sum, are each one nest. Not where a row would read another row's result
+// (the sums flipped), nor into a product's nest (the GPU tiles it), nor with few rows.
+TEST(fuse_maps_joins_nests_over_the_same_rows) {
+    Tensor x = data({16, 64, 128}), w = data({128}, 1), b = data({128}, 2);
+    // the statistics are outputs too (a backward reads them), so they are nests of their own
+    Tensor mean = x.mean(-1, true), centred = x - mean;
+    Tensor rstd = (centred.square().mean(-1, true) + 1e-5f).rsqrt();
+    std::vector<Tensor> layer_norm = {centred * rstd * w + b, mean, rstd};
+    CHECK_EQ(nests(optimized(layer_norm, "simplify")), 3);
+    std::string ir = optimized(layer_norm, "simplify,fuse_maps");
+    CHECK_EQ(nests(ir), 1);
+    CHECK_EQ(th::count_of(ir, "for i1 < 64:"), 1);
+    std::vector<Tensor> softmax = {x.max(-1, true), x.softmax(-1)};
+    CHECK(nests(optimized(softmax, "simplify")) >= 2);
+    CHECK_EQ(nests(optimized(softmax, "simplify,fuse_maps")), 1);
+
+    Tensor sums = x.sum(-1, true);
+    auto spread = [&](const Tensor& s) { return (x - s).square().sum(-1); };
+    CHECK_EQ(nests(optimized({sums, spread(sums)}, "simplify,fuse_maps")), 1);
+    CHECK_EQ(nests(optimized({sums, spread(sums.flip(0))}, "simplify")), 2);
+    CHECK_EQ(nests(optimized({sums, spread(sums.flip(0))}, "simplify,fuse_maps")), 2);
+    Tensor product = x.matmul(data({128, 128}, 3));
+    std::string after_product = optimized({product - product.mean(-1, true)},
+                                          "simplify,fuse_maps");
+    CHECK_EQ(nests(after_product), 2);
+    CHECK(after_product.find("[16,64,1,128]: MUL REDUCE_SUM ") != std::string::npos);
+    Tensor few = data({4, 64, 128});   // 256 rows
+    std::vector<Tensor> few_softmax = {few.max(-1, true), few.softmax(-1)};
+    CHECK_EQ(nests(optimized(few_softmax, "simplify,fuse_maps")),
+             nests(optimized(few_softmax, "simplify")));
+}
+
 // Two nests over the same rows become one; the loops inside fuse too, so a value stored and
 // read back at the same index is read from a local.
 TEST(fuse_loops_merges_nests_with_equal_extents) {
