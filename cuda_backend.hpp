@@ -29,7 +29,9 @@
    thread per range of rows and column, into copies added after); a sum of each of few columns
    over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
    added after; a matrix product runs a block per tile of outputs through shared memory (on
-   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Every order is fixed by
+   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Consecutive kernels (not
+   products' or split ones) that touch apart what the others write run side by side as one
+   kernel, each on its own range of blocks (an optimizer's updates). Every order is fixed by
    the shapes, so results are the same on every run. From its second run a program is one CUDA
    graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed).
    Bounds checks write the failing site into a small device buffer, which is read back after
@@ -165,6 +167,10 @@ struct Launch {
     int stage = 0;
 };
 std::vector<Launch> launches_of(const Program& program);
+// The kernels of those launches: each runs one launch, or several side by side, each on a range
+// of its blocks (indices into launches, in order; see [CUDA RENDER]).
+std::vector<std::vector<size_t>> kernels_of(const Program& program,
+                                            const std::vector<Launch>& launches);
 // NVRTC: CUDA C to a CUBIN for sm_<arch> (e.g. 90); a compile error is a tg::Error with
 // NVRTC's log. name: the file name that line information and messages use.
 std::string nvrtc_compile(const std::string& source, int arch, const std::string& name = "tg.cu",
@@ -1166,7 +1172,8 @@ static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t
 // thread per output, the ranges added in order) and the epilogue. Threads load the tiles'
 // terms so that neighbours read neighbouring addresses where an operand lies along the rows
 // (x) or columns (y); a term past the range, or a row or column past the end, is 0.
-static std::string render_product(const Block& b, int stage, int& next_tmp) {
+static std::string render_product(const Block& b, int stage, const char* block,
+                                  int& next_tmp) {
     ProductPlan plan;
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
@@ -1189,9 +1196,9 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
         return code;
     };
     if (stage == 2) {
-        std::string out = strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
+        std::string out = strf("    int64_t t = (int64_t)%s * %d + threadIdx.x;\n"
                                "    if (t >= %lldLL) return;\n    const int64_t at = t;\n",
-                               CUDA_BLOCK_THREADS, outputs);
+                               block, CUDA_BLOCK_THREADS, outputs);
         out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.cols, N, N);
         out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.rows, M, M);
         out += outer_vars("    ");
@@ -1203,7 +1210,7 @@ static std::string render_product(const Block& b, int stage, int& next_tmp) {
     // two buffers of each operand's terms: one read while the next terms are stored in the other
     std::string out = strf("    __shared__ __align__(16) float xs[2][%d][%d], ys[2][%d][%d];\n",
                            KT, P, KT, P);
-    out += "    int64_t t = blockIdx.x;\n";
+    out += strf("    int64_t t = %s;\n", block);
     std::string k_begin = "0LL", k_end = strf("%lldLL", K);
     if (stage == 1) {
         long long each = plan.split_terms;
@@ -1514,104 +1521,221 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
     return true;
 }
 
+// Launches side by side: consecutive launches (threads, warps or blocks per item, tiles of a
+// product; no split, no scan after them) that touch apart what the others write (no buffer,
+// and no bytes of the temporaries' arena) run as one kernel, each on a range of its blocks: an
+// optimizer's updates of every parameter, the sums of a layer norm's weight and bias
+// gradients, the products of attention's gradients, a kernel where they were one each. Each
+// block runs one launch's part, so the barriers of a block are reached by all its threads. Not
+// with an in-place write beside a bounds check, which must stop it first. Products only while
+// their blocks together are at most a wave (8 a multiprocessor: more gain nothing from
+// company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every block of the
+// kernel holds all of it).
+static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
+static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
+static bool runs_beside(const Program& p, const Launch& l) {
+    KernelPlan plan = plan_kernel(p, l.block, l.part);
+    NestBuffers buffers = nest_buffers(p, l.block, l.part);
+    return l.stage == 0 && !plan.serial && !plan.column_sum && plan.splits == 1 &&
+           l.part.finite_site < 0 && buffers.arrays.empty();
+}
+// A product's shared memory and blocks (0, 0: not a product)
+static std::pair<int64_t, int64_t> product_room(const Program& p, const Launch& l) {
+    ProductPlan plan;
+    if (!plan_kernel(p, l.block, l.part).product || !plan_product(l.part, plan)) return {0, 0};
+    int64_t row = plan.tile + (plan.tf32 ? 8 : 4);   // as render_product pads them
+    return {2 * 2 * plan.step * row * int64_t(sizeof(float)), plan.tiles() * plan.splits};
+}
+std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<Launch>& ls) {
+    auto bytes = [&](int buffer) {   // its range in the arena, or none (-1, -1)
+        const ProgramBuffer& pb = p.buffers[size_t(buffer)];
+        if (pb.role != ProgramBuffer::TEMP || pb.offset < 0) return std::make_pair(-1LL, -1LL);
+        long long at = (long long)pb.offset;
+        return std::make_pair(at, at + (long long)temp_bytes(pb));
+    };
+    auto touch = [&](const BlockAccesses& writer, const BlockAccesses& other) {
+        for (const Access& w : writer.accesses) {
+            if (!w.write) continue;
+            auto wb = bytes(w.buffer);
+            for (const Access& a : other.accesses) {
+                auto ab = bytes(a.buffer);
+                if (a.buffer == w.buffer || (wb.first >= 0 && ab.first >= 0 &&
+                                             wb.first < ab.second && ab.first < wb.second))
+                    return true;
+            }
+        }
+        return false;
+    };
+    std::vector<std::vector<size_t>> kernels;
+    std::vector<BlockAccesses> uses;   // of the last kernel's launches, where they run beside
+    bool checks = false, in_place = false;   // of the last kernel's launches
+    int64_t shared = 0, product_blocks = 0;   // of its products
+    for (size_t i = 0; i < ls.size(); i++) {
+        BlockAccesses u = block_accesses(ls[i].part);
+        bool beside = runs_beside(p, ls[i]), writes_in_place = ls[i].part.writes_in_place;
+        auto [own_shared, own_blocks] = product_room(p, ls[i]);
+        bool joins = beside && !uses.empty() && uses.size() < SIDE_BY_SIDE_MAX &&
+                     !((checks || u.checks) && (in_place || writes_in_place));
+        if (own_blocks)
+            joins = joins && shared + own_shared <= SIDE_BY_SIDE_SHARED &&
+                    product_blocks + own_blocks <= 8 * GPU_MULTIPROCESSORS;
+        for (size_t j = 0; joins && j < uses.size(); j++)
+            joins = !touch(uses[j], u) && !touch(u, uses[j]);
+        if (!joins) {
+            kernels.push_back({});
+            uses.clear();
+            checks = in_place = false;
+            shared = product_blocks = 0;
+        }
+        kernels.back().push_back(i);
+        if (beside) uses.push_back(u);
+        checks = checks || u.checks;
+        in_place = in_place || writes_in_place;
+        shared += own_shared;
+        product_blocks += own_blocks;
+    }
+    return kernels;
+}
+// A kernel's parameters: the buffers its launches read or write (written by any: not const).
+static std::map<int, bool> kernel_buffers(const Program& p, const std::vector<Launch>& ls,
+                                          const std::vector<size_t>& kernel) {
+    std::map<int, bool> writes;
+    for (size_t i : kernel)
+        for (auto [buffer, w] : nest_buffers(p, ls[i].block, ls[i].part).params)
+            writes[buffer] = writes[buffer] || w;
+    return writes;
+}
+
+// The body of one launch's kernel, its blocks numbered by `block` (blockIdx.x, or less the
+// blocks of the launches before it in a kernel of several).
+static std::string render_launch(const Program& p, const Launch& launch, const char* block) {
+    std::string out;
+    size_t k = launch.block;
+    const Block& b = launch.part;
+    NestBuffers buffers = nest_buffers(p, k, b);
+    std::map<int, std::string>& arrays = buffers.arrays;
+    KernelPlan plan = plan_kernel(p, k, b);
+    if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
+        out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
+               "    __syncthreads();\n    if (failed) return;\n";
+    int next_tmp = 0;
+    if (plan.product) return out + render_product(b, launch.stage, block, next_tmp);
+    if (launch.stage == 2 && !plan.column_sum) {   // a split scatter's totals, by element
+        out += strf("    const int64_t e = (int64_t)%s * %d + threadIdx.x;\n"
+                    "    if (e >= %lldLL) return;\n",
+                    block, CUDA_BLOCK_THREADS, (long long)plan.outputs);
+        out += sum_of_ranges("sum", plan.splits, plan.outputs, "e");
+        return out + strf("    buf%d[e] += sum;\n", plan.scatter_buffer);
+    }
+    if (plan.warp)
+        out += strf("    int64_t t = (int64_t)%s * %d + threadIdx.x / 32;\n"
+                    "    if (t >= %lldLL) return;   // the warp's item\n"
+                    "    const int lane = threadIdx.x %% 32;\n",
+                    block, CUDA_BLOCK_THREADS / 32, (long long)plan.items);
+    else if (plan.cooperative)
+        out += strf("    int64_t t = %s;\n", block);
+    else
+        out += strf("    int64_t t = (int64_t)%s * %d + threadIdx.x;\n"
+                    "    if (t >= %lldLL) return;\n",
+                    block, CUDA_BLOCK_THREADS,
+                    (long long)(launch.stage == 2 ? plan.outputs : plan.items));
+    if (launch.stage == 1) {   // a split scatter's or column sum's range of rows
+        long long columns = (long long)(plan.items / plan.splits);
+        out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
+                    columns);
+    }
+    if (plan.column_sum) out += "    const int64_t item = t;\n";
+    if (plan.grid.empty()) out += "    (void)t;\n";
+    for (size_t l = plan.grid.size(); l-- > 0;) {
+        int id = plan.grid[l]->id;
+        if (l == 0) out += strf("    int64_t i%d = t;\n", id);
+        else {
+            long long n = (long long)b.extents[size_t(id)];
+            out += strf("    int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", id, n, n);
+        }
+    }
+    if (arrays.count(-1)) out += "    " + arrays[-1];
+    for (const Stmt* v : plan.values) c_stmts({*v}, b.extents, arrays, 1, next_tmp, out);
+    int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
+    if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
+    std::unordered_map<int, Op> accs;
+    if (plan.column_sum) {
+        out += render_column_sum(b, plan, launch.stage, next_tmp);
+    } else if (plan.cooperative) {
+        const CooperativeGroup& group = plan.warp ? WARP_GROUP : BLOCK_GROUP;
+        if (!cooperative_sum(p, k, b, plan, group, next_tmp, out))
+            cooperative_stmts(p, k, b, *plan.body, accs, group, 1, next_tmp, out);
+    } else if (plan.serial) {
+        int id = plan.serial->id;
+        long long rows = (long long)b.extents[size_t(id)], each = plan.rows_each;
+        std::string body;
+        c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, body);
+        if (launch.stage == 1) {   // its rows of the range, into the range's copy
+            out += strf("    float *tg_range = tg_part + split * %lldLL;\n"
+                        "    const int64_t first = split * %lldLL;\n"
+                        "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : "
+                        "%lldLL;\n",
+                        (long long)plan.outputs, each, each, rows, each, rows);
+            out += strf("    for (int64_t i%d = first; i%d < last; i%d++) {\n", id, id, id);
+            std::string from = strf("buf%d[", plan.scatter_buffer);
+            for (size_t at; (at = body.find(from)) != std::string::npos;)
+                body.replace(at, from.size(), "tg_range[");
+        } else {
+            out += strf("    for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", id, id, rows, id);
+        }
+        out += body + "    }\n";
+    } else {
+        c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
+    }
+    return out;
+}
+
 std::string render_cuda(const Program& p) {
     std::string out;
-    for (const Launch& launch : launches_of(p)) {
-        size_t k = launch.block;
-        const Block& b = launch.part;
-        NestBuffers buffers = nest_buffers(p, k, b);
-        std::map<int, std::string>& arrays = buffers.arrays;
+    std::vector<Launch> launches = launches_of(p);
+    for (const std::vector<size_t>& kernel : kernels_of(p, launches)) {
+        const Launch& first = launches[kernel[0]];
         std::string params;
-        for (auto [i, writes] : buffers.params)
+        for (auto [i, writes] : kernel_buffers(p, launches, kernel))
             params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
                            c_type(p.buffers[size_t(i)].dtype), i);
-        if (launch.stage) params += "float *__restrict__ tg_part, ";
-        KernelPlan plan = plan_kernel(p, k, b);
-        out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
+        if (first.stage) params += "float *__restrict__ tg_part, ";
+        bool products = false;
+        for (size_t i : kernel) {
+            const Launch& l = launches[i];
+            products = products || plan_kernel(p, l.block, l.part).product;
+            const std::string& origin = l.part.origin;
+            out += "\n/* " + l.part.title + (origin.empty() ? "" : "\n   from " + origin) + " */";
+        }
         // TG_CUDA_PRODUCT_BLOCKS=2: a product's kernel compiled for two blocks per
         // multiprocessor (at most 128 registers a thread; see plan_product)
         std::string bounds = strf("%d", CUDA_BLOCK_THREADS);
         int product_blocks = env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8);
-        if (plan.product && product_blocks > 1) bounds += strf(", %d", product_blocks);
-        out += strf("extern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
-                    bounds.c_str(), launch.name.c_str(), params.c_str());
-        if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
-            out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
-                   "    __syncthreads();\n    if (failed) return;\n";
-        int next_tmp = 0;
-        if (plan.product) {
-            out += render_product(b, launch.stage, next_tmp) + "}\n";
+        if (products && product_blocks > 1) bounds += strf(", %d", product_blocks);
+        out += strf("\nextern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
+                    bounds.c_str(), first.name.c_str(), params.c_str());
+        if (kernel.size() == 1) {
+            out += render_launch(p, first, "blockIdx.x") + "}\n";
             continue;
         }
-        if (launch.stage == 2 && !plan.column_sum) {   // a split scatter's totals, by element
-            out += strf("    const int64_t e = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-                        "    if (e >= %lldLL) return;\n",
-                        CUDA_BLOCK_THREADS, (long long)plan.outputs);
-            out += sum_of_ranges("sum", plan.splits, plan.outputs, "e");
-            out += strf("    buf%d[e] += sum;\n}\n", plan.scatter_buffer);
-            continue;
-        }
-        if (plan.warp)
-            out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x / 32;\n"
-                        "    if (t >= %lldLL) return;   // the warp's item\n"
-                        "    const int lane = threadIdx.x %% 32;\n",
-                        CUDA_BLOCK_THREADS / 32, (long long)plan.items);
-        else if (plan.cooperative)
-            out += "    int64_t t = blockIdx.x;\n";
-        else
-            out += strf("    int64_t t = (int64_t)blockIdx.x * %d + threadIdx.x;\n"
-                        "    if (t >= %lldLL) return;\n",
-                        CUDA_BLOCK_THREADS,
-                        (long long)(launch.stage == 2 ? plan.outputs : plan.items));
-        if (launch.stage == 1) {   // a split scatter's or column sum's range of rows
-            long long columns = (long long)(plan.items / plan.splits);
-            out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
-                        columns);
-        }
-        if (plan.column_sum) out += "    const int64_t item = t;\n";
-        if (plan.grid.empty()) out += "    (void)t;\n";
-        for (size_t l = plan.grid.size(); l-- > 0;) {
-            int id = plan.grid[l]->id;
-            if (l == 0) out += strf("    int64_t i%d = t;\n", id);
-            else {
-                long long n = (long long)b.extents[size_t(id)];
-                out += strf("    int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", id, n, n);
+        int64_t blocks = 0;   // those of the launches before
+        for (size_t n = 0; n < kernel.size(); n++) {
+            const Launch& l = launches[kernel[n]];
+            int64_t own = plan_kernel(p, l.block, l.part).blocks();
+            std::string block = blocks ? strf("(blockIdx.x - %lldu)", (long long)blocks)
+                                       : std::string("blockIdx.x");
+            out += strf("%sif (blockIdx.x < %lldu) {   // %s\n", n ? " else " : "    ",
+                        (long long)(blocks + own), l.name.c_str());
+            std::string body = render_launch(p, l, block.c_str());
+            for (size_t at = 0; at < body.size();) {   // indented by one more level
+                size_t eol = std::min(body.find('\n', at), body.size() - 1);
+                out += "    " + body.substr(at, eol - at + 1);
+                at = eol + 1;
             }
+            out += "    }";
+            blocks += own;
         }
-        if (arrays.count(-1)) out += "    " + arrays[-1];
-        for (const Stmt* v : plan.values) c_stmts({*v}, b.extents, arrays, 1, next_tmp, out);
-        int around = plan.grid.empty() ? -1 : plan.grid.back()->id;
-        if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
-        std::unordered_map<int, Op> accs;
-        if (plan.column_sum) {
-            out += render_column_sum(b, plan, launch.stage, next_tmp);
-        } else if (plan.cooperative) {
-            const CooperativeGroup& group = plan.warp ? WARP_GROUP : BLOCK_GROUP;
-            if (!cooperative_sum(p, k, b, plan, group, next_tmp, out))
-                cooperative_stmts(p, k, b, *plan.body, accs, group, 1, next_tmp, out);
-        } else if (plan.serial) {
-            int id = plan.serial->id;
-            long long rows = (long long)b.extents[size_t(id)], each = plan.rows_each;
-            std::string body;
-            c_stmts(*plan.body, b.extents, arrays, 2, next_tmp, body);
-            if (launch.stage == 1) {   // its rows of the range, into the range's copy
-                out += strf("    float *tg_range = tg_part + split * %lldLL;\n"
-                            "    const int64_t first = split * %lldLL;\n"
-                            "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : "
-                            "%lldLL;\n",
-                            (long long)plan.outputs, each, each, rows, each, rows);
-                out += strf("    for (int64_t i%d = first; i%d < last; i%d++) {\n", id, id, id);
-                std::string from = strf("buf%d[", plan.scatter_buffer);
-                for (size_t at; (at = body.find(from)) != std::string::npos;)
-                    body.replace(at, from.size(), "tg_range[");
-            } else {
-                out += strf("    for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n", id, id, rows, id);
-            }
-            out += body + "    }\n";
-        } else {
-            c_stmts(*plan.body, b.extents, arrays, 1, next_tmp, out);
-        }
-        out += "}\n";
+        out += "\n}\n";
     }
     // TG_CHECK's scan: the element reported is one that is not finite (not always the first)
     bool scans = false;
@@ -2101,15 +2225,23 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     auto exe = std::make_shared<CudaProgram>(*this);
     const CudaDriver& d = driver();
     check(d.cuModuleLoadData(&exe->module, cubin.data()), "cuModuleLoadData");
-    for (const Launch& launch : launches_of(p)) {
+    std::vector<Launch> launches = launches_of(p);
+    for (const std::vector<size_t>& launched : kernels_of(p, launches)) {
+        const Launch& launch = launches[launched[0]];
         size_t k = launch.block;
         const Block& b = launch.part;
         CudaKernel kernel;
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
               "cuModuleGetFunction");
-        for (auto [i, writes] : nest_buffers(p, k, b).params) kernel.buffers.push_back(i);
+        for (auto [i, writes] : kernel_buffers(p, launches, launched)) kernel.buffers.push_back(i);
         KernelPlan plan = plan_kernel(p, k, b);
-        kernel.blocks = plan.blocks();
+        kernel.blocks = 0;
+        kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
+        for (size_t i : launched) {
+            const Launch& l = launches[i];
+            kernel.blocks += plan_kernel(p, l.block, l.part).blocks();
+            kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
+        }
         if (launch.stage == 1) {
             kernel.scratch = alloc(size_t(plan.splits * plan.outputs) * sizeof(float));
             kernel.owns_scratch = true;
@@ -2119,7 +2251,6 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
             kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
             kernel.blocks = (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
         }
-        kernel.name = artifact_stem(p) + "/" + launch.name + ": " + b.title;
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;
         kernel.finite_count = b.finite_count;

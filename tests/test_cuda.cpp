@@ -462,8 +462,13 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
     int unbounded = 0;   // whole tiles and steps: no bounds tested, operands read by pointer
     int split = 0;                   // a product of long sums split in ranges of terms
-    for (const tg::detail::Program& p : programs)
-        for (const auto& l : tg::detail::launches_of(p)) {
+    for (const tg::detail::Program& p : programs) {
+        std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
+        std::vector<std::string> kernel_of(launches.size());   // launches side by side: the first's
+        for (const auto& kernel : tg::detail::kernels_of(p, launches))
+            for (size_t i : kernel) kernel_of[i] = launches[kernel[0]].name;
+        for (size_t n = 0; n < launches.size(); n++) {
+            const tg::detail::Launch& l = launches[n];
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
             if (!plan.product || l.stage == 2) continue;
             products++;
@@ -473,7 +478,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             {
                 EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");
                 std::string bounded = tg::detail::render_cuda(p);
-                CHECK(bounded.find("__launch_bounds__(256, 2) " + l.name + "(") !=
+                CHECK(bounded.find("__launch_bounds__(256, 2) " + kernel_of[n] + "(") !=
                       std::string::npos);
                 if (tg::cuda::nvrtc_available() && !stand_in())
                     CHECK(tg::detail::nvrtc_compile(bounded, 90, p.name + ".cu").size() > 0);
@@ -488,6 +493,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
+    }
     // the 5 products, the Linear's forward, its input's and weight's gradients
     CHECK_EQ(products, 8);
     CHECK_EQ(unbounded, 1);   // 2 x 64 x 64 outputs of 96 terms
@@ -757,6 +763,78 @@ TEST(cuda_fuse_maps_joins_rows) {
     CHECK(cuda == apart);
     CHECK(rows >= 2);
     CHECK(2 * kernels <= apart_kernels);   // here 6 against 21
+}
+
+// Launches that touch apart what the others write run side by side in one kernel, each on a
+// range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
+// sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), and two products'
+// tiles, with the values of the CPU's and the same bits on every run. (A bounds check beside an in-place write keeps
+// them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
+TEST(cuda_launches_run_side_by_side_in_one_kernel) {
+    NEED_GPU();
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    auto run = [&](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        std::vector<Tensor> params;
+        int salt = 90;
+        for (tg::Shape s : std::vector<tg::Shape>{{300}, {20, 300}, {7}, {64, 5}, {1000}}) {
+            int64_t n = 1;
+            for (int64_t d : s) n *= d;
+            params.push_back(Tensor::from_vector(th::randf(size_t(n), salt++), s).requires_grad());
+        }
+        tg::optim::AdamW opt(params, 1e-2, 0.9, 0.999, 1e-8, 0.01);
+        for (int step = 0; step < 2; step++) {
+            opt.zero_grad();
+            Tensor loss = Tensor::from_vector(std::vector<float>{0.0f});
+            for (const Tensor& p : params) loss = loss + (p * p * 0.5f).sum();
+            loss.backward();
+            opt.step();
+        }
+        Tensor few = Tensor::from_vector(th::randf(3 * 1000, 95), {3, 1000});
+        Tensor many = Tensor::from_vector(th::randf(2000 * 100, 96), {2000, 100});
+        Tensor a = Tensor::from_vector(th::randf(64 * 96, 97), {64, 96});
+        Tensor b = Tensor::from_vector(th::randf(96 * 80, 98), {96, 80});
+        std::vector<Tensor> sums = {few.sum(1), many.sum(1), a.matmul(b), b.t().matmul(a.t())};
+        tg::realize(sums);
+        std::vector<float> out;
+        for (const Tensor& p : params)
+            for (float v : values(p)) out.push_back(v);
+        for (const Tensor& s : sums)
+            for (float v : values(s)) out.push_back(v);
+        return out;
+    };
+    std::vector<float> cpu = run("CPU");
+    programs.clear();
+    std::vector<float> cuda = run("CUDA");
+    size_t most = 0;       // the most updates side by side in a kernel
+    bool groups = false;   // a block per row beside a warp per row
+    bool products = false;   // two products' tiles
+    for (const tg::detail::Program& p : programs) {
+        std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
+        for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
+            bool updates = true, block = false, warp = false;
+            int tiled = 0;
+            for (size_t i : kernel) {
+                const tg::detail::Launch& l = launches[i];
+                updates = updates && l.part.title.find("update") != std::string::npos;
+                tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
+                block = block || (plan.cooperative && !plan.warp && plan.items == 3);
+                warp = warp || (plan.warp && plan.items == 2000);
+                tiled += plan.product;
+            }
+            if (updates) most = std::max(most, kernel.size());
+            groups = groups || (block && warp);
+            products = products || tiled == 2;
+        }
+    }
+    tg::detail::program_observer() = saved;
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == run("CUDA"));
+    CHECK_EQ(most, size_t(5));
+    CHECK(groups);
+    CHECK(products);
 }
 
 // TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
