@@ -1522,22 +1522,29 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
 }
 
 // Launches side by side: consecutive launches (threads, warps or blocks per item, tiles of a
-// product; no split, no scan after them) that touch apart what the others write (no buffer,
-// and no bytes of the temporaries' arena) run as one kernel, each on a range of its blocks: an
-// optimizer's updates of every parameter, the sums of a layer norm's weight and bias
-// gradients, the products of attention's gradients, a kernel where they were one each. Each
-// block runs one launch's part, so the barriers of a block are reached by all its threads. Not
-// with an in-place write beside a bounds check, which must stop it first. Products only while
-// their blocks together are at most a wave (8 a multiprocessor: more gain nothing from
-// company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every block of the
-// kernel holds all of it).
+// product; of a split's two kernels only the second, and first in its kernel, whose scratch
+// is then the kernel's; no scan after them) that touch apart what the others write (no
+// buffer, and no bytes of the temporaries' arena) run as one kernel, each on a range of its
+// blocks: an optimizer's updates of every parameter, the sums of a layer norm's weight and
+// bias gradients, the products of attention's gradients, a kernel where they were one each.
+// Each block runs one launch's part, so the barriers of a block are reached by all its
+// threads. Not with an in-place write beside a bounds check, which must stop it first.
+// Products only while their blocks together are at most a wave (8 a multiprocessor: more gain
+// nothing from company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every
+// block of the kernel holds all of it).
 static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
 static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
 static bool runs_beside(const Program& p, const Launch& l) {
     KernelPlan plan = plan_kernel(p, l.block, l.part);
     NestBuffers buffers = nest_buffers(p, l.block, l.part);
-    return l.stage == 0 && !plan.serial && !plan.column_sum && plan.splits == 1 &&
-           l.part.finite_site < 0 && buffers.arrays.empty();
+    bool whole = l.stage == 0 && !plan.serial && !plan.column_sum && plan.splits == 1;
+    return (whole || l.stage == 2) && l.part.finite_site < 0 && buffers.arrays.empty();
+}
+// Its blocks: a split's second kernel has a thread per output.
+static int64_t launch_blocks(const Program& p, const Launch& l) {
+    KernelPlan plan = plan_kernel(p, l.block, l.part);
+    if (l.stage == 2) return (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
+    return plan.blocks();
 }
 // A product's shared memory and blocks (0, 0: not a product)
 static std::pair<int64_t, int64_t> product_room(const Program& p, const Launch& l) {
@@ -1574,7 +1581,8 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
         BlockAccesses u = block_accesses(ls[i].part);
         bool beside = runs_beside(p, ls[i]), writes_in_place = ls[i].part.writes_in_place;
         auto [own_shared, own_blocks] = product_room(p, ls[i]);
-        bool joins = beside && !uses.empty() && uses.size() < SIDE_BY_SIDE_MAX &&
+        bool joins = beside && ls[i].stage == 0 && !uses.empty() &&
+                     uses.size() < SIDE_BY_SIDE_MAX &&
                      !((checks || u.checks) && (in_place || writes_in_place));
         if (own_blocks)
             joins = joins && shared + own_shared <= SIDE_BY_SIDE_SHARED &&
@@ -1721,7 +1729,7 @@ std::string render_cuda(const Program& p) {
         int64_t blocks = 0;   // those of the launches before
         for (size_t n = 0; n < kernel.size(); n++) {
             const Launch& l = launches[kernel[n]];
-            int64_t own = plan_kernel(p, l.block, l.part).blocks();
+            int64_t own = launch_blocks(p, l);
             std::string block = blocks ? strf("(blockIdx.x - %lldu)", (long long)blocks)
                                        : std::string("blockIdx.x");
             out += strf("%sif (blockIdx.x < %lldu) {   // %s\n", n ? " else " : "    ",
@@ -2239,7 +2247,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
         for (size_t i : launched) {
             const Launch& l = launches[i];
-            kernel.blocks += plan_kernel(p, l.block, l.part).blocks();
+            kernel.blocks += launch_blocks(p, l);
             kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
         }
         if (launch.stage == 1) {
@@ -2249,7 +2257,6 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
                 kernel.zero_bytes = size_t(plan.splits * plan.outputs) * sizeof(float);
         } else if (launch.stage == 2) {
             kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
-            kernel.blocks = (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
         }
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;

@@ -767,8 +767,9 @@ TEST(cuda_fuse_maps_joins_rows) {
 
 // Launches that touch apart what the others write run side by side in one kernel, each on a
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
-// sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), and two products'
-// tiles, with the values of the CPU's and the same bits on every run. (A bounds check beside an in-place write keeps
+// sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
+// tiles, and a split column sum's second kernel with a launch after it, with the values of
+// the CPU's and the same bits on every run. (A bounds check beside an in-place write keeps
 // them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
@@ -796,7 +797,9 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
         Tensor many = Tensor::from_vector(th::randf(2000 * 100, 96), {2000, 100});
         Tensor a = Tensor::from_vector(th::randf(64 * 96, 97), {64, 96});
         Tensor b = Tensor::from_vector(th::randf(96 * 80, 98), {96, 80});
-        std::vector<Tensor> sums = {few.sum(1), many.sum(1), a.matmul(b), b.t().matmul(a.t())};
+        Tensor columns = Tensor::from_vector(th::randf(300 * 5000, 99), {300, 5000});
+        std::vector<Tensor> sums = {few.sum(1),         many.sum(1), a.matmul(b),
+                                    b.t().matmul(a.t()), columns.sum(0), a.exp()};
         tg::realize(sums);
         std::vector<float> out;
         for (const Tensor& p : params)
@@ -811,6 +814,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     size_t most = 0;       // the most updates side by side in a kernel
     bool groups = false;   // a block per row beside a warp per row
     bool products = false;   // two products' tiles
+    bool split = false;      // a split sum's second kernel, first, and a launch after it
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
@@ -827,6 +831,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
             if (updates) most = std::max(most, kernel.size());
             groups = groups || (block && warp);
             products = products || tiled == 2;
+            split = split || (launches[kernel[0]].stage == 2 && kernel.size() > 1);
         }
     }
     tg::detail::program_observer() = saved;
@@ -835,6 +840,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     CHECK_EQ(most, size_t(5));
     CHECK(groups);
     CHECK(products);
+    CHECK(split);
 }
 
 // TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
