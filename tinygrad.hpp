@@ -647,7 +647,7 @@ struct Stages {
     std::string graph;          // the primitive ops, one per line, with shapes and dtypes
     std::string schedule;       // the kernels and the buffers they store
     std::string loop_ir;        // before the passes
-    std::string optimized_ir;   // after the passes
+    std::string optimized_ir;   // after the passes (the CPU's, or those TG_PASSES names)
     std::string c_source;       // what the CPU device compiles
 };
 Stages inspect(const std::vector<Tensor>& tensors);   // builds, runs nothing
@@ -9526,7 +9526,10 @@ Stages inspect(const std::vector<Tensor>& tensors) {
     st.graph = graph_listing(nodes);
     st.schedule = sched_listing(sched);
     st.loop_ir = program_listing(prog);
-    run_passes(prog);
+    // as the CPU runs them; passes that TG_PASSES names run whichever device they suit, so that
+    // one pass's work can be seen (fuse_maps, the GPU's)
+    bool named = env_str("TG_PASSES", "all") != "all";
+    run_passes(prog, named ? nullptr : &device("CPU"));
     st.optimized_ir = program_listing(prog);
     st.c_source = render_c(prog);
     return st;
