@@ -1534,8 +1534,7 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
 // block of the kernel holds all of it).
 static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
 static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
-static bool runs_beside(const Program& p, const Launch& l) {
-    KernelPlan plan = plan_kernel(p, l.block, l.part);
+static bool runs_beside(const Program& p, const Launch& l, const KernelPlan& plan) {
     NestBuffers buffers = nest_buffers(p, l.block, l.part);
     bool whole = l.stage == 0 && !plan.serial && !plan.column_sum && plan.splits == 1;
     return (whole || l.stage == 2) && l.part.finite_site < 0 && buffers.arrays.empty();
@@ -1546,10 +1545,11 @@ static int64_t launch_blocks(const Program& p, const Launch& l) {
     if (l.stage == 2) return (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     return plan.blocks();
 }
-// A product's shared memory and blocks (0, 0: not a product)
-static std::pair<int64_t, int64_t> product_room(const Program& p, const Launch& l) {
+// A product's tiles: their shared memory and blocks (0, 0: none; a split's second kernel has
+// a thread per output)
+static std::pair<int64_t, int64_t> product_room(const Launch& l, const KernelPlan& kernel) {
     ProductPlan plan;
-    if (!plan_kernel(p, l.block, l.part).product || !plan_product(l.part, plan)) return {0, 0};
+    if (!kernel.product || l.stage == 2 || !plan_product(l.part, plan)) return {0, 0};
     int64_t row = plan.tile + (plan.tf32 ? 8 : 4);   // as render_product pads them
     return {2 * 2 * plan.step * row * int64_t(sizeof(float)), plan.tiles() * plan.splits};
 }
@@ -1579,8 +1579,9 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
     int64_t shared = 0, product_blocks = 0;   // of its products
     for (size_t i = 0; i < ls.size(); i++) {
         BlockAccesses u = block_accesses(ls[i].part);
-        bool beside = runs_beside(p, ls[i]), writes_in_place = ls[i].part.writes_in_place;
-        auto [own_shared, own_blocks] = product_room(p, ls[i]);
+        KernelPlan plan = plan_kernel(p, ls[i].block, ls[i].part);
+        bool beside = runs_beside(p, ls[i], plan), writes_in_place = ls[i].part.writes_in_place;
+        auto [own_shared, own_blocks] = product_room(ls[i], plan);
         bool joins = beside && ls[i].stage == 0 && !uses.empty() &&
                      uses.size() < SIDE_BY_SIDE_MAX &&
                      !((checks || u.checks) && (in_place || writes_in_place));
