@@ -26,14 +26,16 @@
    their partial results in a fixed tree (a warp, where such rows are many or short; a sum's
    whole tree of partial sums as one loop per segment and one reduction); a nest without grid
    loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
-   thread per range of rows and column, into copies added after); a sum of each of few columns
-   over many rows (a bias's gradient) runs a thread per range of rows and column, the ranges
-   added after; a matrix product runs a block per tile of outputs through shared memory (on
-   tensor cores, its operands rounded to TF32, where TG_CUDA_TF32=1). Consecutive kernels (not
-   products' or split ones) that touch apart what the others write run side by side as one
-   kernel, each on its own range of blocks (an optimizer's updates). Every order is fixed by
-   the shapes, so results are the same on every run. From its second run a program is one CUDA
-   graph of its kernels (TG_CUDA_GRAPHS=0: not; TG_CUDA_PROFILE=1: not, each kernel timed).
+   thread per range of rows and column, into copies added by a second kernel); a sum of each of
+   few columns over many rows (a bias's gradient) runs a thread per range of rows and column; a
+   matrix product runs a block per tile of outputs through shared memory (on tensor cores, its
+   operands rounded to TF32, where TG_CUDA_TF32=1), and where its tiles are few and its sums
+   long, a block per tile and range of terms; of a split sum's ranges, the last of each output
+   to finish adds them in order. Consecutive kernels that touch apart what the others write run
+   side by side as one kernel, each on its own range of blocks (an optimizer's updates, a
+   product's gradients). Every order is fixed by the shapes, so results are the same on every
+   run. From its second run a program is one CUDA graph of its kernels (TG_CUDA_GRAPHS=0: not;
+   TG_CUDA_PROFILE=1: not, each kernel timed).
    Bounds checks write the failing site into a small device buffer, which is read back after
    the program; a nest that writes in place starts by looking at it, so a failed check still
    prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
@@ -162,8 +164,9 @@ struct Launch {
     size_t block;
     Block part;
     std::string name;
-    // a product whose sums are split: 1, its kernel of partial sums (into a scratch buffer of
-    // splits x outputs floats); 2, the kernel that adds them and runs the epilogue
+    // split sums: 1, the partial sums of each range (into a scratch buffer of splits x outputs
+    // floats; a product's or column sum's last range of each tile or column to finish adds
+    // them and runs the epilogue); 2, a split scatter's second kernel, which adds them
     int stage = 0;
 };
 std::vector<Launch> launches_of(const Program& program);
@@ -476,13 +479,14 @@ struct SumSegment {
 // 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are
 // still fewer than the multiprocessors and the sums long (a weight's gradient: few outputs, a term
 // per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a
-// multiprocessor of tiles and ranges, each writing its partial sums to a scratch buffer; a second
-// kernel adds each output's ranges in order, then runs the epilogue. A sum of LONG_SUM_TERMS or
-// more that would take 32 x 32 tiles keeps 128 x 128 or 64 x 64 ones and splits instead. The
-// terms are numbered in the order of the trees (segments: a term and the loops around it), and
-// each output adds them in that order into one sum, as cuBLAS does (the trees' own grouping is
-// not kept: a fixed order still, so the bits are the same on every run). Bounds are tested only
-// where a tile or a step of terms can pass the end.
+// multiprocessor of tiles and ranges, each writing its partial sums to a scratch buffer; the
+// range of each tile that finishes last adds each output's ranges in order, then runs the
+// epilogue (last_range_goes_on). A sum of LONG_SUM_TERMS or more that would take 32 x 32 tiles
+// keeps 128 x 128 or 64 x 64 ones and splits instead. The terms are numbered in the order of
+// the trees (segments: a term and the loops around it), and each output adds them in that
+// order into one sum, as cuBLAS does (the trees' own grouping is not kept: a fixed order
+// still, so the bits are the same on every run). Bounds are tested only where a tile or a step
+// of terms can pass the end.
 struct ProductPlan {
     ProductMatch match;
     std::vector<SumSegment> segments;
@@ -626,8 +630,9 @@ static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
 // column reads the next element for the next column, the rows (the terms, numbered in the
 // trees' order) are split into ranges of at least COLUMN_ROWS_EACH, a thread per range and
 // column adding its range in order into scratch, the threads of a warp reading side by side;
-// a second kernel adds each column's ranges in order and runs the epilogue. Only for
-// COLUMN_MIN_WORK terms in all or more: smaller sums would gain less than a launch costs.
+// the range of each column that finishes last adds its ranges in order and runs the epilogue
+// (last_range_goes_on). Only for COLUMN_MIN_WORK terms in all or more: smaller sums would gain
+// less than a launch costs.
 // A body that is one sum tree and its epilogue (trees_and_epilogue; its terms bounds-checked
 // only where checks), the accumulator they add into and the tree's segments.
 struct SumTree {
@@ -743,10 +748,15 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     return plan;
 }
 
-// A split product's or scatter's two kernels: the partial sums into scratch, then their totals
-// (and the scan of TG_CHECK, if any, after the second).
+// A split nest's launches: a product's or column sum's one, whose ranges add their totals;
+// a scatter's two, the partial sums into scratch, then their totals (and the scan of
+// TG_CHECK, if any, after the second).
 static void push_split(std::vector<Launch>& out, size_t k, const Block& b,
-                       const std::string& name) {
+                       const std::string& name, const KernelPlan& plan) {
+    if (!plan.serial) {
+        out.push_back({k, b, name, 1});
+        return;
+    }
     Block first = b;
     first.finite_site = -1;
     out.push_back({k, first, name + "_terms", 1});
@@ -763,7 +773,7 @@ std::vector<Launch> launches_of(const Program& p) {
         const Block& b = p.blocks[k];
         KernelPlan plan = plan_kernel(p, k, b);
         if (plan.splits > 1) {
-            push_split(out, k, b, strf("k%zu", k));
+            push_split(out, k, b, strf("k%zu", k), plan);
             continue;
         }
         bool split = b.body.size() > 1 && plan.grid.empty();
@@ -778,7 +788,8 @@ std::vector<Launch> launches_of(const Program& p) {
             part.body = {b.body[i]};
             if (i + 1 < b.body.size()) part.finite_site = -1;   // the scan follows the last
             std::string name = strf("k%zu_%zu", k, i);
-            if (plan_kernel(p, k, part).splits > 1) push_split(out, k, part, name);
+            KernelPlan part_plan = plan_kernel(p, k, part);
+            if (part_plan.splits > 1) push_split(out, k, part, name, part_plan);
             else out.push_back({k, part, name});
         }
     }
@@ -1158,18 +1169,50 @@ static std::string segment_vars(const SumSegment& seg, const Block& b, const std
     return code + pad + "(void)l;\n";
 }
 
-// A split product's or scatter's second kernel: `acc`, the partial sums of element `at` over the
-// ranges, added in the ranges' order from the scratch buffer (ranges x outputs floats).
+// The totals of split sums: `acc`, the partial sums of element `at` over the ranges, added in
+// the ranges' order from the scratch buffer (ranges x outputs floats), read from L2 (another
+// multiprocessor wrote them in this kernel: L1 is not kept coherent); `acc` declared here
+// unless `declared`.
 static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t outputs,
-                                 const char* at) {
-    return strf("    float %s = 0.0f;\n"
-                "    for (int64_t s = 0; s < %lldLL; s++) %s += tg_part[s * %lldLL + %s];\n",
-                acc.c_str(), (long long)ranges, acc.c_str(), (long long)outputs, at);
+                                 const char* at, const std::string& pad = "    ",
+                                 bool declared = false) {
+    return strf("%s%s%s = 0.0f;\n%sfor (int64_t s = 0; s < %lldLL; s++) "
+                "%s += __ldcg(&tg_part[s * %lldLL + %s]);\n",
+                pad.c_str(), declared ? "" : "float ", acc.c_str(), pad.c_str(),
+                (long long)ranges, acc.c_str(), (long long)outputs, at);
 }
 
-// The body of a product's kernel (see ProductPlan): stage 0 the whole product, 1 the partial
-// sums of a split one (a block per tile and range of terms, into tg_part), 2 their totals (a
-// thread per output, the ranges added in order) and the epilogue. Threads load the tiles'
+// The end of a range of a split product (a block per range of a tile: by_block) or column sum
+// (a thread per range of a column), its partial sums written: only the range of its tile or
+// column `group` that finishes last goes on, to add the group's ranges. It counts arrivals in
+// a counter per group, after the partial sums in scratch: zeroed when allocated, and set back
+// to 0 by the last, for the next run. Which range comes last varies; the order of the sum
+// does not (sum_of_ranges), so neither do its bits. The fence before the count makes this
+// range's sums visible to whichever adds them; the one after orders that range's reads. Every
+// range arrives: a split sum tests no bounds (match_product and match_sum take no checks),
+// nor does a launch beside a nest that writes in place, so where such a nest stops at the
+// start for an earlier failed check, all its blocks stop.
+static std::string last_range_goes_on(int64_t ranges, int64_t outputs, const char* group,
+                                      bool by_block) {
+    std::string arrived = strf("(unsigned *)(tg_part + %lldLL) + %s",
+                               (long long)(ranges * outputs), group);
+    if (!by_block)
+        return strf("    __threadfence();\n"
+                    "    {\n        unsigned *arrived = %s;\n"
+                    "        if (atomicAdd(arrived, 1u) != %lldu) return;\n"
+                    "        *arrived = 0u;\n    }\n    __threadfence();\n",
+                    arrived.c_str(), (long long)(ranges - 1));
+    return strf("    __threadfence();\n    __syncthreads();\n    __shared__ bool last;\n"
+                "    if (threadIdx.x == 0) {\n        unsigned *arrived = %s;\n"
+                "        last = atomicAdd(arrived, 1u) == %lldu;\n"
+                "        if (last) *arrived = 0u;\n    }\n"
+                "    __syncthreads();\n    if (!last) return;\n    __threadfence();\n",
+                arrived.c_str(), (long long)(ranges - 1));
+}
+
+// The body of a product's kernel (see ProductPlan): stage 0 the whole product, 1 a split one (a
+// block per tile and range of terms, its partial sums into tg_part; the tile's last range to
+// finish adds each output's ranges in order and runs the epilogue). Threads load the tiles'
 // terms so that neighbours read neighbouring addresses where an operand lies along the rows
 // (x) or columns (y); a term past the range, or a row or column past the end, is 0.
 static std::string render_product(const Block& b, int stage, const char* block,
@@ -1195,17 +1238,6 @@ static std::string render_product(const Block& b, int stage, const char* block,
         }
         return code;
     };
-    if (stage == 2) {
-        std::string out = strf("    int64_t t = (int64_t)%s * %d + threadIdx.x;\n"
-                               "    if (t >= %lldLL) return;\n    const int64_t at = t;\n",
-                               block, CUDA_BLOCK_THREADS, outputs);
-        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.cols, N, N);
-        out += strf("    const int64_t i%d = t %% %lldLL;\n    t /= %lldLL;\n", m.rows, M, M);
-        out += outer_vars("    ");
-        out += sum_of_ranges(strf("acc%d", plan.sum), plan.splits, outputs, "at");
-        c_stmts(m.epilogue, b.extents, {}, 1, next_tmp, out);
-        return out;
-    }
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
     // two buffers of each operand's terms: one read while the next terms are stored in the other
     std::string out = strf("    __shared__ __align__(16) float xs[2][%d][%d], ys[2][%d][%d];\n",
@@ -1215,7 +1247,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
     if (stage == 1) {
         long long each = plan.split_terms;
         out += strf("    const int64_t split = t %% %lldLL, k_begin = split * %lldLL;\n"
-                    "    t /= %lldLL;\n"
+                    "    t /= %lldLL;\n    const int64_t tile = t;\n"
                     "    const int64_t k_end = k_begin + %lldLL < %lldLL ? k_begin + %lldLL : "
                     "%lldLL;\n",
                     (long long)plan.splits, each, (long long)plan.splits, each, K, each, K);
@@ -1435,11 +1467,22 @@ static std::string render_product(const Block& b, int stage, const char* block,
     if (M % T || N % T)
         out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
                     m.cols, N);
-    if (stage == 1) {
+    if (stage == 1) {   // the partial sums; the last range's threads, a row at a time
         out += strf("            tg_part[split * %lldLL + (outer * %lldLL + i%d) * %lldLL + i%d] = "
                     "sum[a][c];\n        }\n",
                     outputs, M, m.rows, N, m.cols);
-        return out;
+        out += last_range_goes_on(plan.splits, outputs, "tile", true);
+        out += strf("    for (int o = threadIdx.x; o < %d; o += %d) {\n"
+                    "        const int64_t i%d = r0 + o / %d, i%d = c0 + o %% %d;\n",
+                    T * T, CUDA_BLOCK_THREADS, m.rows, T, m.cols, T);
+        if (M % T || N % T)
+            out += strf("        if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
+                        m.cols, N);
+        out += strf("        const int64_t at = (outer * %lldLL + i%d) * %lldLL + i%d;\n", M,
+                    m.rows, N, m.cols);
+        out += sum_of_ranges(strf("acc%d", plan.sum), plan.splits, outputs, "at", "        ");
+        c_stmts(m.epilogue, b.extents, {}, 2, next_tmp, out);
+        return out + "    }\n";
     }
     out += strf("            float acc%d = sum[a][c];\n", plan.sum);
     c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);
@@ -1461,21 +1504,15 @@ static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, i
     out += std::string(size_t(depth) * 4, ' ') + "}\n";
 }
 
-// The body of a column sum's kernels (see plan_column_sum), after the column's variables and
-// `item`, its number: stage 1 adds the rows of range `split` into tg_part, segment by
-// segment, each as a loop over the number l of its iteration (the loads read at base + c·l
-// where they can, else the segment's variables from l); stage 2 adds the column's ranges in
+// The body of a column sum's kernel (see plan_column_sum), after the column's variables and
+// `item`, its number: it adds the rows of range `split` into tg_part, segment by segment, each
+// as a loop over the number l of its iteration (the loads read at base + c·l where they can,
+// else the segment's variables from l); the column's last range to finish adds its ranges in
 // order, then runs the epilogue.
-static std::string render_column_sum(const Block& b, const KernelPlan& plan, int stage,
-                                     int& next_tmp) {
+static std::string render_column_sum(const Block& b, const KernelPlan& plan, int& next_tmp) {
     SumTree cs;
     if (!plan_column_sum(b, plan, cs)) fail("render: a nest planned as a column sum is not one");
     std::string acc = strf("acc%d", cs.sum), out;
-    if (stage == 2) {
-        out += sum_of_ranges(acc, plan.splits, plan.outputs, "item");
-        c_stmts(cs.epilogue, b.extents, {}, 1, next_tmp, out);
-        return out;
-    }
     long long each = (long long)plan.rows_each, terms = (long long)cs.terms;
     out += strf("    const int64_t first = split * %lldLL;\n"
                 "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : %lldLL;\n"
@@ -1495,8 +1532,12 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
         add_term(seg, b, cs.sum, l_id, next_tmp, out, 1);
         start = end;
     }
-    return out + strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
-                      acc.c_str());
+    out += strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
+                acc.c_str());
+    out += last_range_goes_on(plan.splits, plan.outputs, "item", false);
+    out += sum_of_ranges(acc, plan.splits, plan.outputs, "item", "    ", true);
+    c_stmts(cs.epilogue, b.extents, {}, 1, next_tmp, out);
+    return out;
 }
 
 // A cooperative item whose body is one sum tree and its epilogue (a sum whose axes are no
@@ -1522,34 +1563,34 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
 }
 
 // Launches side by side: consecutive launches (threads, warps or blocks per item, tiles of a
-// product; of a split's two kernels only the second, and first in its kernel, whose scratch
-// is then the kernel's; no scan after them) that touch apart what the others write (no
-// buffer, and no bytes of the temporaries' arena) run as one kernel, each on a range of its
-// blocks: an optimizer's updates of every parameter, the sums of a layer norm's weight and
-// bias gradients, the products of attention's gradients, a kernel where they were one each.
-// Each block runs one launch's part, so the barriers of a block are reached by all its
-// threads. Not with an in-place write beside a bounds check, which must stop it first.
-// Products only while their blocks together are at most a wave (8 a multiprocessor: more gain
-// nothing from company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every
-// block of the kernel holds all of it).
+// product; of a split's launches only the last, which adds the ranges, and first in its
+// kernel, whose scratch is then the kernel's; no scan after them) that touch apart what the
+// others write (no buffer, and no bytes of the temporaries' arena) run as one kernel, each on
+// a range of its blocks: an optimizer's updates of every parameter, the sums of a layer
+// norm's weight and bias gradients, the products of attention's gradients, a kernel where
+// they were one each. Each block runs one launch's part, so the barriers of a block are
+// reached by all its threads. Not with an in-place write beside a bounds check, which must
+// stop it first. Products only while their blocks together are at most a wave (8 a
+// multiprocessor: more gain nothing from company) and their shared memory adds up to at most
+// SIDE_BY_SIDE_SHARED (every block of the kernel holds all of it).
 static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
 static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
 static bool runs_beside(const Program& p, const Launch& l, const KernelPlan& plan) {
     NestBuffers buffers = nest_buffers(p, l.block, l.part);
-    bool whole = l.stage == 0 && !plan.serial && !plan.column_sum && plan.splits == 1;
-    return (whole || l.stage == 2) && l.part.finite_site < 0 && buffers.arrays.empty();
+    bool whole = l.stage == 0 && !plan.serial && plan.splits == 1;
+    bool totals = l.stage == 2 || (l.stage == 1 && !plan.serial);   // a split's last launch
+    return (whole || totals) && l.part.finite_site < 0 && buffers.arrays.empty();
 }
-// Its blocks: a split's second kernel has a thread per output.
+// Its blocks: a split scatter's second kernel has a thread per output.
 static int64_t launch_blocks(const Program& p, const Launch& l) {
     KernelPlan plan = plan_kernel(p, l.block, l.part);
     if (l.stage == 2) return (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     return plan.blocks();
 }
-// A product's tiles: their shared memory and blocks (0, 0: none; a split's second kernel has
-// a thread per output)
+// A product's tiles: their shared memory and blocks (0, 0: none)
 static std::pair<int64_t, int64_t> product_room(const Launch& l, const KernelPlan& kernel) {
     ProductPlan plan;
-    if (!kernel.product || l.stage == 2 || !plan_product(l.part, plan)) return {0, 0};
+    if (!kernel.product || !plan_product(l.part, plan)) return {0, 0};
     int64_t row = plan.tile + (plan.tf32 ? 8 : 4);   // as render_product pads them
     return {2 * 2 * plan.step * row * int64_t(sizeof(float)), plan.tiles() * plan.splits};
 }
@@ -1629,7 +1670,7 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
                "    __syncthreads();\n    if (failed) return;\n";
     int next_tmp = 0;
     if (plan.product) return out + render_product(b, launch.stage, block, next_tmp);
-    if (launch.stage == 2 && !plan.column_sum) {   // a split scatter's totals, by element
+    if (launch.stage == 2) {   // a split scatter's totals, by element
         out += strf("    const int64_t e = (int64_t)%s * %d + threadIdx.x;\n"
                     "    if (e >= %lldLL) return;\n",
                     block, CUDA_BLOCK_THREADS, (long long)plan.outputs);
@@ -1646,8 +1687,7 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
     else
         out += strf("    int64_t t = (int64_t)%s * %d + threadIdx.x;\n"
                     "    if (t >= %lldLL) return;\n",
-                    block, CUDA_BLOCK_THREADS,
-                    (long long)(launch.stage == 2 ? plan.outputs : plan.items));
+                    block, CUDA_BLOCK_THREADS, (long long)plan.items);
     if (launch.stage == 1) {   // a split scatter's or column sum's range of rows
         long long columns = (long long)(plan.items / plan.splits);
         out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
@@ -1669,7 +1709,7 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
     if (around >= 0 && arrays.count(around)) out += "    " + arrays[around];
     std::unordered_map<int, Op> accs;
     if (plan.column_sum) {
-        out += render_column_sum(b, plan, launch.stage, next_tmp);
+        out += render_column_sum(b, plan, next_tmp);
     } else if (plan.cooperative) {
         const CooperativeGroup& group = plan.warp ? WARP_GROUP : BLOCK_GROUP;
         if (!cooperative_sum(p, k, b, plan, group, next_tmp, out))
@@ -1827,7 +1867,7 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
 struct CudaKernel {
     CUhandle fn = nullptr;
     std::vector<int> buffers;   // its arguments before err (and scratch)
-    void* scratch = nullptr;    // a split product's partial sums (its first kernel owns them)
+    void* scratch = nullptr;    // a split sum's partial sums (its first kernel owns them)
     bool owns_scratch = false;
     size_t zero_bytes = 0;      // a split scatter's: zeroed before each run
     std::string name;           // TG_CUDA_PROFILE's: program-hash/kernel: the nest's title
@@ -2251,11 +2291,17 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
             kernel.blocks += launch_blocks(p, l);
             kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
         }
-        if (launch.stage == 1) {
-            kernel.scratch = alloc(size_t(plan.splits * plan.outputs) * sizeof(float));
+        if (launch.stage == 1) {   // partial sums, then a product's or column sum's counters
+            size_t sums = size_t(plan.splits * plan.outputs) * sizeof(float);
+            size_t counters = plan.serial ? 0 : size_t(plan.items / plan.splits) * 4;
+            kernel.scratch = alloc(sums + counters);
             kernel.owns_scratch = true;
-            if (plan.scatter_buffer >= 0)
-                kernel.zero_bytes = size_t(plan.splits * plan.outputs) * sizeof(float);
+            if (plan.serial)
+                kernel.zero_bytes = sums;
+            else
+                check(d.cuMemsetD8Async(CUdeviceptr(kernel.scratch) + sums, 0, counters,
+                                        stream()),
+                      "cuMemsetD8Async");
         } else if (launch.stage == 2) {
             kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
         }

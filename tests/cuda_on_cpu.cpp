@@ -6,7 +6,9 @@
 // NVRTC's compile becomes the system C++ compiler's ($TG_CUDA_ON_CPU_CXX, default c++): the
 // generated CUDA C, after a prelude that gives its dialect a meaning on the CPU, built as a
 // shared library, which is the "CUBIN" (an ELF file too, whose size its header gives). A
-// launch runs the grid's blocks one after another. A kernel that never synchronizes runs its
+// launch runs the grid's blocks one after another, from the first to the last or, at every
+// other launch of a kernel, from the last to the first (no kernel may count on an order of its
+// blocks). A kernel that never synchronizes runs its
 // threads as calls, one after another; the others run each thread of a block as a fiber,
 // switched at __syncthreads and at warp shuffles, which wait as the GPU's do: for the block's
 // (or the warp's) threads that have not returned. Between two barriers the threads of an even
@@ -102,6 +104,13 @@ static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long 
     if (old == expected) *p = desired;
     return old;
 }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+static inline void __threadfence() {}
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -310,6 +319,7 @@ struct Function {
     KernelEntry entry;
     bool synchronizes;
     std::vector<unsigned> param_sizes;
+    unsigned launches = 0;
 };
 // A kernel launch as a graph keeps it: its arguments' values copied.
 struct Launch {
@@ -456,8 +466,9 @@ int cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsign
     run.api.sync_warp = sync_warp;
     run.api.block_dim = {bx, 1, 1};
     run.api.grid_dim = {gx, 1, 1};
+    bool backwards = f->launches++ % 2;
     for (unsigned b = 0; b < gx; b++) {
-        run.api.block = {b, 0, 0};
+        run.api.block = {backwards ? gx - 1 - b : b, 0, 0};
         run_block(bx, f->synchronizes);
     }
     return CUDA_SUCCESS;

@@ -299,13 +299,13 @@ TEST(cuda_plans_nests_for_the_gpu) {
                 fewer_rows = fewer_rows || (plan.cooperative && !plan.warp);
             if (n >= short_rows_from && n < columns_from && plan.items == 500)
                 short_rows += plan.warp;
-            // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, then
-            // a thread per column adding its ranges; 3000 x 300 is too little to split
+            // 5000 columns of 300 rows: 4 ranges of 75, a thread per range and column, one
+            // launch (each column's last range adds them); 3000 x 300 is too little to split
             if (n >= columns_from && n < columns_to && plan.outputs == 5000)
                 columns = columns || (plan.column_sum && plan.splits == 4 &&
                                       plan.rows_each == 75 && plan.items == 4 * 5000 &&
-                                      l.stage == (l.name.find("_terms") != std::string::npos
-                                                      ? 1 : 2));
+                                      l.stage == 1 && launches.size() == 1 &&
+                                      cu.find("atomicAdd(arrived, 1u) != 3u") != std::string::npos);
             // 384 x 256 outputs of 4096 terms: 24 tiles of 64 x 64 (not 96 of 32 x 32), each
             // in 11 ranges of 384 terms (the last 256), 264 blocks: two a multiprocessor
             if (n >= long_sum_from && n < long_sum_to && plan.product && l.stage == 1)
@@ -470,9 +470,9 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         for (size_t n = 0; n < launches.size(); n++) {
             const tg::detail::Launch& l = launches[n];
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
-            if (!plan.product || l.stage == 2) continue;
+            if (!plan.product) continue;
             products++;
-            split += plan.splits > 1 && l.stage == 1 && l.name.find("_terms") != std::string::npos;
+            split += plan.splits > 1 && l.stage == 1 && launches.size() == 1;
             std::string cu = tg::detail::render_cuda(p);
             CHECK(cu.find("float xs[2][16][36], ys[2][16][36];") != std::string::npos);
             {
@@ -641,10 +641,11 @@ TEST(cuda_scatters_of_many_rows_match_the_cpu) {
 }
 
 // Sums of few columns over many rows (a bias's gradient, a layer norm's weight gradient: a
-// product by a value per row) add ranges of rows, a thread per range and column, then each
-// column's ranges in order: 5003 rows (no power of two: several segments of terms), a mean,
-// rows read across two axes out of order (their loop variables from each row's number): the
-// values of the CPU's, the same bits on every run, in graphs too.
+// product by a value per row) add ranges of rows, a thread per range and column; the last
+// range of each column to finish adds its ranges in order: 5003 rows (no power of two:
+// several segments of terms), a mean, rows read across two axes out of order (their loop
+// variables from each row's number): the values of the CPU's, the same bits on every run, in
+// graphs too.
 TEST(cuda_column_sums_of_many_rows_match_the_cpu) {
     NEED_GPU();
     auto run = [](const char* device) {
@@ -661,6 +662,52 @@ TEST(cuda_column_sums_of_many_rows_match_the_cpu) {
         return out;
     };
     std::vector<float> cpu = run("CPU"), cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, cpu, 1e-4);
+    CHECK(cuda == run("CUDA"));
+}
+
+// A split product's or column sum's ranges run as one kernel: the last range of each tile or
+// column to finish adds them, in their order, and runs the epilogue. The same program runs 3
+// times on new values (its graph from the second run), each time with the CPU's values, so
+// each run found its counters of arrivals back at 0; the bits are those of another 3 runs
+// whose blocks ran in the other order (the stand-in runs a kernel's blocks backwards at every
+// other launch), so they do not depend on which range finishes last. Partial tiles (20 x 30
+// outputs of 3000 terms in 11 ranges); 5000 columns of 300 rows in 4 ranges.
+TEST(cuda_split_sums_add_their_ranges_in_one_kernel) {
+    NEED_GPU();
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        std::vector<float> out;
+        for (int s = 0; s < 3; s++) {
+            Tensor e = Tensor::from_vector(th::randf(20 * 3000, 35 + s), {20, 3000});
+            Tensor f = Tensor::from_vector(th::randf(3000 * 30, 40 + s), {3000, 30});
+            Tensor c = Tensor::from_vector(th::randf(300 * 5000, 45 + s), {300, 5000});
+            for (const Tensor& t : {(e.matmul(f) + 1).relu(), c.sum(0)})
+                for (float v : values(t)) out.push_back(v);
+        }
+        return out;
+    };
+    std::vector<float> cpu = run("CPU");
+    programs.clear();
+    std::vector<float> cuda = run("CUDA");
+    tg::detail::program_observer() = saved;
+    int product = 0, column_sum = 0;   // programs of one launch whose ranges add the totals
+    for (const tg::detail::Program& p : programs) {
+        std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
+        tg::detail::KernelPlan plan =
+            tg::detail::plan_kernel(p, launches[0].block, launches[0].part);
+        if (launches.size() != 1 || launches[0].stage != 1) continue;
+        std::string cu = tg::detail::render_cuda(p);
+        product += plan.product && plan.splits == 11 &&
+                   cu.find("last = atomicAdd(arrived, 1u) == 10u;") != std::string::npos;
+        column_sum += plan.column_sum && plan.splits == 4 &&
+                      cu.find("if (atomicAdd(arrived, 1u) != 3u) return;") != std::string::npos;
+    }
+    CHECK(product >= 1);
+    CHECK(column_sum >= 1);
     CHECK_ALL_NEAR(cuda, cpu, 1e-4);
     CHECK(cuda == run("CUDA"));
 }
@@ -768,9 +815,9 @@ TEST(cuda_fuse_maps_joins_rows) {
 // Launches that touch apart what the others write run side by side in one kernel, each on a
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
-// tiles, and a split column sum's second kernel with a launch after it, with the values of
-// the CPU's and the same bits on every run. (A bounds check beside an in-place write keeps
-// them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
+// tiles, and a split column sum (its last ranges add the totals) with a launch after it, with
+// the values of the CPU's and the same bits on every run. (A bounds check beside an in-place
+// write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
     std::vector<tg::detail::Program> programs;
@@ -814,7 +861,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     size_t most = 0;       // the most updates side by side in a kernel
     bool groups = false;   // a block per row beside a warp per row
     bool products = false;   // two products' tiles
-    bool split = false;      // a split sum's second kernel, first, and a launch after it
+    bool split = false;      // a split sum, first, and a launch after it
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
@@ -831,7 +878,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
             if (updates) most = std::max(most, kernel.size());
             groups = groups || (block && warp);
             products = products || tiled == 2;
-            split = split || (launches[kernel[0]].stage == 2 && kernel.size() > 1);
+            split = split || (launches[kernel[0]].stage == 1 && kernel.size() > 1);
         }
     }
     tg::detail::program_observer() = saved;
