@@ -1172,11 +1172,12 @@ static std::string segment_vars(const SumSegment& seg, const Block& b, const std
 // The totals of split sums: `acc`, the partial sums of element `at` over the ranges, added in
 // the ranges' order from the scratch buffer (ranges x outputs floats), read from L2 (another
 // multiprocessor wrote them in this kernel: L1 is not kept coherent); `acc` declared here
-// unless `declared`.
+// unless `declared`. Unrolled, so that the loads are in flight together (the adds wait in
+// order).
 static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t outputs,
                                  const char* at, const std::string& pad = "    ",
                                  bool declared = false) {
-    return strf("%s%s%s = 0.0f;\n%sfor (int64_t s = 0; s < %lldLL; s++) "
+    return strf("%s%s%s = 0.0f;\n#pragma unroll 16\n%sfor (int64_t s = 0; s < %lldLL; s++) "
                 "%s += __ldcg(&tg_part[s * %lldLL + %s]);\n",
                 pad.c_str(), declared ? "" : "float ", acc.c_str(), pad.c_str(),
                 (long long)ranges, acc.c_str(), (long long)outputs, at);
@@ -1467,22 +1468,41 @@ static std::string render_product(const Block& b, int stage, const char* block,
     if (M % T || N % T)
         out += strf("            if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
                     m.cols, N);
-    if (stage == 1) {   // the partial sums; the last range's threads, a row at a time
+    // The partial sums; then the last range's threads add the tile's outputs, each thread 4 at
+    // once, so that their loads are in flight together (a thread adds T·T/256 outputs: 64, of
+    // 16 ranges each, in W7's weight gradients of 512 x 512), each output's ranges in order.
+    if (stage == 1) {
         out += strf("            tg_part[split * %lldLL + (outer * %lldLL + i%d) * %lldLL + i%d] = "
                     "sum[a][c];\n        }\n",
                     outputs, M, m.rows, N, m.cols);
         out += last_range_goes_on(plan.splits, outputs, "tile", true);
-        out += strf("    for (int o = threadIdx.x; o < %d; o += %d) {\n"
-                    "        const int64_t i%d = r0 + o / %d, i%d = c0 + o %% %d;\n",
-                    T * T, CUDA_BLOCK_THREADS, m.rows, T, m.cols, T);
-        if (M % T || N % T)
-            out += strf("        if (i%d >= %lldLL || i%d >= %lldLL) continue;\n", m.rows, M,
-                        m.cols, N);
-        out += strf("        const int64_t at = (outer * %lldLL + i%d) * %lldLL + i%d;\n", M,
-                    m.rows, N, m.cols);
-        out += sum_of_ranges(strf("acc%d", plan.sum), plan.splits, outputs, "at", "        ");
-        c_stmts(m.epilogue, b.extents, {}, 2, next_tmp, out);
-        return out + "    }\n";
+        const int U = 4, TH = CUDA_BLOCK_THREADS;   // T·T is a multiple of U·TH
+        auto output = [&](const char* pad) {   // output o0 + TH·u's row and column
+            return strf("%sconst int o = o0 + %d * u;\n"
+                        "%sconst int64_t i%d = r0 + o / %d, i%d = c0 + o %% %d;\n",
+                        pad, TH, pad, m.rows, T, m.cols, T);
+        };
+        std::string inside = M % T || N % T ? strf("i%d < %lldLL && i%d < %lldLL", m.rows, M,
+                                                   m.cols, N)
+                                            : "";
+        out += strf("    for (int o0 = threadIdx.x; o0 < %d; o0 += %d) {\n"
+                    "        float total[%d];\n        int64_t at[%d];\n"
+                    "#pragma unroll\n        for (int u = 0; u < %d; u++) {\n",
+                    T * T, U * TH, U, U, U);
+        out += output("            ") + "            total[u] = 0.0f;\n";
+        std::string at = strf("(outer * %lldLL + i%d) * %lldLL + i%d", M, m.rows, N, m.cols);
+        if (!inside.empty()) at = inside + " ? " + at + " : 0";   // outside: read, not used
+        out += "            at[u] = " + at + ";\n        }\n";
+        out += strf("#pragma unroll 16\n        for (int64_t s = 0; s < %lldLL; s++)\n"
+                    "#pragma unroll\n            for (int u = 0; u < %d; u++) "
+                    "total[u] += __ldcg(&tg_part[s * %lldLL + at[u]]);\n",
+                    (long long)plan.splits, U, outputs);
+        out += strf("#pragma unroll\n        for (int u = 0; u < %d; u++) {\n", U);
+        out += output("            ");
+        if (!inside.empty()) out += "            if (!(" + inside + ")) continue;\n";
+        out += strf("            float acc%d = total[u];\n", plan.sum);
+        c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);
+        return out + "        }\n    }\n";
     }
     out += strf("            float acc%d = sum[a][c];\n", plan.sum);
     c_stmts(m.epilogue, b.extents, {}, 3, next_tmp, out);

@@ -672,7 +672,8 @@ TEST(cuda_column_sums_of_many_rows_match_the_cpu) {
 // each run found its counters of arrivals back at 0; the bits are those of another 3 runs
 // whose blocks ran in the other order (the stand-in runs a kernel's blocks backwards at every
 // other launch), so they do not depend on which range finishes last. Partial tiles (20 x 30
-// outputs of 3000 terms in 11 ranges); 5000 columns of 300 rows in 4 ranges.
+// outputs of 3000 terms in 11 ranges), whole ones (64 x 64 of 4096 terms: 4 tiles of 32 x 32
+// in 16 ranges); 5000 columns of 300 rows in 4 ranges.
 TEST(cuda_split_sums_add_their_ranges_in_one_kernel) {
     NEED_GPU();
     std::vector<tg::detail::Program> programs;
@@ -685,7 +686,9 @@ TEST(cuda_split_sums_add_their_ranges_in_one_kernel) {
             Tensor e = Tensor::from_vector(th::randf(20 * 3000, 35 + s), {20, 3000});
             Tensor f = Tensor::from_vector(th::randf(3000 * 30, 40 + s), {3000, 30});
             Tensor c = Tensor::from_vector(th::randf(300 * 5000, 45 + s), {300, 5000});
-            for (const Tensor& t : {(e.matmul(f) + 1).relu(), c.sum(0)})
+            Tensor g = Tensor::from_vector(th::randf(64 * 4096, 50 + s), {64, 4096});
+            Tensor h = Tensor::from_vector(th::randf(4096 * 64, 55 + s), {4096, 64});
+            for (const Tensor& t : {(e.matmul(f) + 1).relu(), c.sum(0), g.matmul(h)})
                 for (float v : values(t)) out.push_back(v);
         }
         return out;
@@ -694,19 +697,24 @@ TEST(cuda_split_sums_add_their_ranges_in_one_kernel) {
     programs.clear();
     std::vector<float> cuda = run("CUDA");
     tg::detail::program_observer() = saved;
-    int product = 0, column_sum = 0;   // programs of one launch whose ranges add the totals
+    // programs of one launch whose ranges add the totals
+    int partial_tiles = 0, whole_tiles = 0, column_sum = 0;
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         tg::detail::KernelPlan plan =
             tg::detail::plan_kernel(p, launches[0].block, launches[0].part);
         if (launches.size() != 1 || launches[0].stage != 1) continue;
         std::string cu = tg::detail::render_cuda(p);
-        product += plan.product && plan.splits == 11 &&
-                   cu.find("last = atomicAdd(arrived, 1u) == 10u;") != std::string::npos;
+        bool tested = cu.find(" ? (outer") != std::string::npos;   // an output past the end
+        partial_tiles += plan.product && plan.splits == 11 && tested &&
+                         cu.find("last = atomicAdd(arrived, 1u) == 10u;") != std::string::npos;
+        whole_tiles += plan.product && plan.splits == 16 && !tested &&
+                       cu.find("last = atomicAdd(arrived, 1u) == 15u;") != std::string::npos;
         column_sum += plan.column_sum && plan.splits == 4 &&
                       cu.find("if (atomicAdd(arrived, 1u) != 3u) return;") != std::string::npos;
     }
-    CHECK(product >= 1);
+    CHECK(partial_tiles >= 1);
+    CHECK(whole_tiles >= 1);
     CHECK(column_sum >= 1);
     CHECK_ALL_NEAR(cuda, cpu, 1e-4);
     CHECK(cuda == run("CUDA"));
