@@ -4818,9 +4818,10 @@ TG_COLD_END
 //   fuse_loops        adjacent nests over the same extent become one, stepping over a nest in
 //                     between (merge left or right, seed 004); the loops inside fuse too
 //   fuse_maps         for a device without fuse_loops (CUDA): elementwise nests over the same
-//                     loops become one, only where every level fuses (one grid still); then
-//                     nests over the same rows (a layer norm's, a softmax's), where the GPU runs
-//                     each row of the result on a group of threads
+//                     loops become one, only where every level fuses (one grid still), and a
+//                     map over a product's outputs joins its epilogue; then nests over the same
+//                     rows (a layer norm's, a softmax's), where the GPU runs each row of the
+//                     result on a group of threads
 //   substitute_temps  a value stored and read back at the same index in one nest is read from
 //                     a local
 //   dead_stores       temporaries nobody reads are not stored; accumulators, locals and
@@ -5849,7 +5850,8 @@ struct FuseSweeps {
     struct Pair { bool epilogue, fusable; };
     std::vector<Block>& bs;
     bool tiling;
-    bool maps_only = false;   // pass_fuse_maps: only maps into maps over the same loops
+    // pass_fuse_maps: only maps into maps over the same loops, or into a product's epilogue
+    bool maps_only = false;
     std::vector<Facts> facts;
     uint64_t versions = 0;
     std::map<std::tuple<uint64_t, uint64_t, bool>, Pair> pairs;   // by versions, one_after_other
@@ -5887,7 +5889,8 @@ struct FuseSweeps {
     void sweep(bool loops_too) {
         for (size_t i = 0; i < bs.size(); i++) {
             for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-                if (maps_only && !same_maps(bs[i], bs[j])) continue;
+                bool into_product = maps_only && tiled(i) && same_maps(bs[j], bs[j]);
+                if (maps_only && !into_product && !same_maps(bs[i], bs[j])) continue;
                 bool sunk = !maps_only && sinks(j);
                 const Block& bj = sunk ? facts[j].sunk : bs[j];
                 bool i_tiled = tiled(i), j_tiled = sunk ? facts[j].sunk_tiled == 1 : tiled(j);
@@ -5898,10 +5901,12 @@ struct FuseSweeps {
                 if (known == pairs.end()) {
                     bool checks = uses(i).checks || uses(j).checks;   // sinking keeps them
                     Pair pair;
-                    pair.epilogue = tiling && i_tiled && epilogue_fusable(bs[i], bj, checks);
-                    pair.fusable = pair.epilogue || blocks_fusable(bs[i], bj, tiling,
-                                                                   one_after_other, i_tiled,
-                                                                   j_tiled, checks);
+                    pair.epilogue =
+                        (tiling || into_product) && i_tiled && epilogue_fusable(bs[i], bj, checks);
+                    pair.fusable = pair.epilogue ||
+                                   (!into_product && blocks_fusable(bs[i], bj, tiling,
+                                                                    one_after_other, i_tiled,
+                                                                    j_tiled, checks));
                     known = pairs.emplace(key, pair).first;
                 }
                 if (!known->second.fusable) continue;
@@ -5912,7 +5917,7 @@ struct FuseSweeps {
                     right = right && blocks_independent(bs[i], uses(i), bs[k], uses(k));
                 }
                 if (!left && !right) continue;
-                if (maps_only) {   // only where the loops inside fuse too
+                if (maps_only && !epilogue) {   // only where the loops inside fuse too
                     Block trial = bs[i], other = bs[j];
                     fuse_into(trial, other, one_after_other);
                     if (!same_maps(trial, trial)) continue;
@@ -6122,8 +6127,10 @@ static bool runs_as_rows(const Block& b) {
 // row's loops alone): a map (one nest of loops around stores and checks alone) joins a map
 // over loops of the same extents, as pass_fuse_loops joins them (steps over nests in between,
 // keeps each dependence), where the loops inside fuse too, so the fused nest is again one
-// grid of the same items. A value it stores and reads back then stays in a register
-// (pass_substitute_temps) and one kernel does what several did. Values a map computes before
+// grid of the same items. A map over a product's outputs joins the product's epilogue, as
+// pass_fuse_loops joins it where the CPU tiles (a GELU after a Linear, its gradient after the
+// product that gives the GELU's output gradient). A value it stores and reads back then stays
+// in a register (pass_substitute_temps) and one kernel does what several did. Values a map computes before
 // a loop go into the loop first: each GPU thread computes them anyway. Then nests over the
 // same rows join (fuse_rows) where the GPU runs the result a row to a group of threads
 // (runs_as_rows): a layer norm's forward or backward, a softmax's, a loss's, one kernel each.

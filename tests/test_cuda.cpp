@@ -724,6 +724,45 @@ TEST(cuda_split_sums_add_their_ranges_in_one_kernel) {
 static const char* const PASSES_APART =
     "simplify,substitute_temps,dead_stores,first_write,order_nests,parallel_loops,plan_memory";
 
+// fuse_maps also joins a map over a product's outputs to the product, as its epilogue: two
+// Linear layers with a GELU between, whose forward GELU and whose backward GELU (after the
+// product that gives its output's gradient) each run in a product's kernel; the CPU's values,
+// the same bits as the nests apart.
+TEST(cuda_fuse_maps_joins_maps_into_a_products_epilogue) {
+    NEED_GPU();
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    // the gradients, and the products whose nest has a map joined
+    auto run = [&](const char* device, const char* passes, int* joined) {
+        EnvGuard dev("TG_DEVICE", device), chosen("TG_PASSES", passes);
+        programs.clear();
+        tg::manual_seed(8);
+        tg::nn::Linear first(96, 80), second(80, 40);
+        Tensor x = Tensor::from_vector(th::randf(64 * 96, 81), {64, 96});
+        Tensor y = second(first(x).gelu(true));
+        (y * y).mean().backward();
+        std::vector<float> out;
+        for (const Tensor& t : {first.weight.grad(), first.bias.grad(), second.weight.grad()})
+            for (float v : values(t)) out.push_back(v);
+        *joined = 0;
+        for (const tg::detail::Program& p : programs)
+            for (const auto& l : tg::detail::launches_of(p))
+                *joined += tg::detail::plan_kernel(p, l.block, l.part).product &&
+                           l.part.title.find("REDUCE_SUM + K") != std::string::npos;
+        return out;
+    };
+    int joined = 0, apart_joined = 0, cpu_joined = 0;
+    std::vector<float> cpu = run("CPU", "all", &cpu_joined);
+    std::vector<float> cuda = run("CUDA", "all", &joined);
+    std::vector<float> apart = run("CUDA", PASSES_APART, &apart_joined);
+    tg::detail::program_observer() = saved;
+    CHECK_ALL_NEAR(cuda, cpu, 1e-5);
+    CHECK(cuda == apart);
+    CHECK(joined >= 2);
+    CHECK_EQ(apart_joined, 0);
+}
+
 // fuse_maps (a pass the CPU does not run: its fuse_loops fuses more): elementwise nests over
 // the same loops become one, so a GELU's chain of nests and AdamW's updates of the moments and
 // of each parameter run as fewer kernels, with the same bits as unfused, and the CPU's values.
