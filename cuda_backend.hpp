@@ -1583,16 +1583,16 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
 }
 
 // Launches side by side: consecutive launches (threads, warps or blocks per item, tiles of a
-// product; of a split's launches only the last, which adds the ranges, and first in its
-// kernel, whose scratch is then the kernel's; no scan after them) that touch apart what the
-// others write (no buffer, and no bytes of the temporaries' arena) run as one kernel, each on
-// a range of its blocks: an optimizer's updates of every parameter, the sums of a layer
-// norm's weight and bias gradients, the products of attention's gradients, a kernel where
-// they were one each. Each block runs one launch's part, so the barriers of a block are
-// reached by all its threads. Not with an in-place write beside a bounds check, which must
-// stop it first. Products only while their blocks together are at most a wave (8 a
-// multiprocessor: more gain nothing from company) and their shared memory adds up to at most
-// SIDE_BY_SIDE_SHARED (every block of the kernel holds all of it).
+// product; of a split's launches only the last, which adds the ranges, each with a scratch
+// parameter of its own; no scan after them) that touch apart what the others write (no
+// buffer, and no bytes of the temporaries' arena) run as one kernel, each on a range of its
+// blocks: an optimizer's updates of every parameter, the sums of a layer norm's weight and
+// bias gradients, the products of attention's gradients, a kernel where they were one each.
+// Each block runs one launch's part, so the barriers of a block are reached by all its
+// threads. Not with an in-place write beside a bounds check, which must stop it first.
+// Products only while their blocks together are at most a wave (8 a multiprocessor: more gain
+// nothing from company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every
+// block of the kernel holds all of it).
 static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
 static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
 static bool runs_beside(const Program& p, const Launch& l, const KernelPlan& plan) {
@@ -1643,7 +1643,7 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
         KernelPlan plan = plan_kernel(p, ls[i].block, ls[i].part);
         bool beside = runs_beside(p, ls[i], plan), writes_in_place = ls[i].part.writes_in_place;
         auto [own_shared, own_blocks] = product_room(ls[i], plan);
-        bool joins = beside && ls[i].stage == 0 && !uses.empty() &&
+        bool joins = beside && !uses.empty() &&
                      uses.size() < SIDE_BY_SIDE_MAX &&
                      !((checks || u.checks) && (in_place || writes_in_place));
         if (own_blocks)
@@ -1768,7 +1768,10 @@ std::string render_cuda(const Program& p) {
         for (auto [i, writes] : kernel_buffers(p, launches, kernel))
             params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
                            c_type(p.buffers[size_t(i)].dtype), i);
-        if (first.stage) params += "float *__restrict__ tg_part, ";
+        for (size_t n = 0; n < kernel.size(); n++)   // each split launch's scratch
+            if (launches[kernel[n]].stage)
+                params += kernel.size() == 1 ? std::string("float *__restrict__ tg_part, ")
+                                             : strf("float *__restrict__ tg_part%zu, ", n);
         bool products = false;
         for (size_t i : kernel) {
             const Launch& l = launches[i];
@@ -1795,6 +1798,8 @@ std::string render_cuda(const Program& p) {
                                        : std::string("blockIdx.x");
             out += strf("%sif (blockIdx.x < %lldu) {   // %s\n", n ? " else " : "    ",
                         (long long)(blocks + own), l.name.c_str());
+            if (l.stage)   // its scratch, by the name its body uses
+                out += strf("        float *__restrict__ const tg_part = tg_part%zu;\n", n);
             std::string body = render_launch(p, l, block.c_str());
             for (size_t at = 0; at < body.size();) {   // indented by one more level
                 size_t eol = std::min(body.find('\n', at), body.size() - 1);
@@ -1886,10 +1891,11 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
 // ---- [CUDA DEVICE] context, stream, memory, programs ---------------------------------------
 struct CudaKernel {
     CUhandle fn = nullptr;
-    std::vector<int> buffers;   // its arguments before err (and scratch)
-    void* scratch = nullptr;    // a split sum's partial sums (its first kernel owns them)
-    bool owns_scratch = false;
-    size_t zero_bytes = 0;      // a split scatter's: zeroed before each run
+    std::vector<int> buffers;   // its arguments before the scratch and err
+    // each split launch's partial sums, in the order of its launches (a split scatter's
+    // second kernel reads its first's), and those this kernel allocated
+    std::vector<void*> scratch, owned;
+    size_t zero_bytes = 0;   // a split scatter's (alone in its kernel): zeroed before each run
     std::string name;           // TG_CUDA_PROFILE's: program-hash/kernel: the nest's title
     int64_t blocks = 1;
     int finite_site = -1, finite_buffer = -1;
@@ -2154,14 +2160,14 @@ struct CudaProgram : Executable {
         if (graph_exec) dev.driver().cuGraphExecDestroy(graph_exec);
         if (graph) dev.driver().cuGraphDestroy(graph);
         for (const CudaKernel& k : kernels)
-            if (k.owns_scratch) dev.free(k.scratch);
+            for (void* s : k.owned) dev.free(s);
         dev.free(err_buffer);
     }
 
     std::vector<void*> args_of(const CudaKernel& k, void* const* buffers) {
         std::vector<void*> args;
         for (int b : k.buffers) args.push_back(buffers[b]);
-        if (k.scratch) args.push_back(k.scratch);
+        for (void* s : k.scratch) args.push_back(s);
         args.push_back(err_buffer);
         return args;
     }
@@ -2230,7 +2236,8 @@ struct CudaProgram : Executable {
                   "cuMemsetD8Async");
         for (const CudaKernel& k : kernels) {
             if (!k.zero_bytes) continue;
-            dev.check(d.cuMemsetD8Async(CUdeviceptr(k.scratch), 0, k.zero_bytes, dev.stream()),
+            dev.check(d.cuMemsetD8Async(CUdeviceptr(k.scratch[0]), 0, k.zero_bytes,
+                                        dev.stream()),
                       "cuMemsetD8Async");
         }
         bool profile = env_int("TG_CUDA_PROFILE", 0, 0, 1), again = runs++ > 0;
@@ -2295,15 +2302,14 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     const CudaDriver& d = driver();
     check(d.cuModuleLoadData(&exe->module, cubin.data()), "cuModuleLoadData");
     std::vector<Launch> launches = launches_of(p);
+    std::map<size_t, void*> scratch_of;   // a split launch's, by its number
     for (const std::vector<size_t>& launched : kernels_of(p, launches)) {
         const Launch& launch = launches[launched[0]];
-        size_t k = launch.block;
         const Block& b = launch.part;
         CudaKernel kernel;
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
               "cuModuleGetFunction");
         for (auto [i, writes] : kernel_buffers(p, launches, launched)) kernel.buffers.push_back(i);
-        KernelPlan plan = plan_kernel(p, k, b);
         kernel.blocks = 0;
         kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
         for (size_t i : launched) {
@@ -2311,19 +2317,26 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
             kernel.blocks += launch_blocks(p, l);
             kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
         }
-        if (launch.stage == 1) {   // partial sums, then a product's or column sum's counters
-            size_t sums = size_t(plan.splits * plan.outputs) * sizeof(float);
-            size_t counters = plan.serial ? 0 : size_t(plan.items / plan.splits) * 4;
-            kernel.scratch = alloc(sums + counters);
-            kernel.owns_scratch = true;
-            if (plan.serial)
+        for (size_t i : launched) {
+            const Launch& l = launches[i];
+            if (l.stage == 2) {   // a split scatter's totals: its first kernel's scratch
+                kernel.scratch.push_back(scratch_of.at(i - 1));
+                continue;
+            }
+            if (l.stage != 1) continue;
+            // partial sums, then a product's or column sum's counters of arrivals
+            KernelPlan split = plan_kernel(p, l.block, l.part);
+            size_t sums = size_t(split.splits * split.outputs) * sizeof(float);
+            size_t counters = split.serial ? 0 : size_t(split.items / split.splits) * 4;
+            void* scratch = alloc(sums + counters);
+            kernel.scratch.push_back(scratch);
+            kernel.owned.push_back(scratch);
+            scratch_of[i] = scratch;
+            if (split.serial)
                 kernel.zero_bytes = sums;
             else
-                check(d.cuMemsetD8Async(CUdeviceptr(kernel.scratch) + sums, 0, counters,
-                                        stream()),
+                check(d.cuMemsetD8Async(CUdeviceptr(scratch) + sums, 0, counters, stream()),
                       "cuMemsetD8Async");
-        } else if (launch.stage == 2) {
-            kernel.scratch = exe->kernels.back().scratch;   // its first kernel's
         }
         kernel.finite_site = b.finite_site;
         kernel.finite_buffer = b.finite_buffer;

@@ -862,8 +862,9 @@ TEST(cuda_fuse_maps_joins_rows) {
 // Launches that touch apart what the others write run side by side in one kernel, each on a
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
-// tiles, and a split column sum (its last ranges add the totals) with a launch after it, with
-// the values of the CPU's and the same bits on every run. (A bounds check beside an in-place
+// tiles, and two split column sums (their last ranges add the totals, each with a scratch of
+// its own) with a launch after them, with the values of the CPU's and the same bits on every
+// run. (A bounds check beside an in-place
 // write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
@@ -892,8 +893,10 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
         Tensor a = Tensor::from_vector(th::randf(64 * 96, 97), {64, 96});
         Tensor b = Tensor::from_vector(th::randf(96 * 80, 98), {96, 80});
         Tensor columns = Tensor::from_vector(th::randf(300 * 5000, 99), {300, 5000});
-        std::vector<Tensor> sums = {few.sum(1),         many.sum(1), a.matmul(b),
-                                    b.t().matmul(a.t()), columns.sum(0), a.exp()};
+        Tensor more = Tensor::from_vector(th::randf(400 * 4000, 100), {400, 4000});
+        std::vector<Tensor> sums = {few.sum(1),          many.sum(1),    a.matmul(b),
+                                    b.t().matmul(a.t()), columns.sum(0), more.sum(0),
+                                    a.exp()};
         tg::realize(sums);
         std::vector<float> out;
         for (const Tensor& p : params)
@@ -908,12 +911,12 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     size_t most = 0;       // the most updates side by side in a kernel
     bool groups = false;   // a block per row beside a warp per row
     bool products = false;   // two products' tiles
-    bool split = false;      // a split sum, first, and a launch after it
+    bool split = false;      // two split sums and a launch after them
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
             bool updates = true, block = false, warp = false;
-            int tiled = 0;
+            int tiled = 0, splits = 0;
             for (size_t i : kernel) {
                 const tg::detail::Launch& l = launches[i];
                 updates = updates && l.part.title.find("update") != std::string::npos;
@@ -921,11 +924,12 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
                 block = block || (plan.cooperative && !plan.warp && plan.items == 3);
                 warp = warp || (plan.warp && plan.items == 2000);
                 tiled += plan.product;
+                splits += l.stage == 1;
             }
             if (updates) most = std::max(most, kernel.size());
             groups = groups || (block && warp);
             products = products || tiled == 2;
-            split = split || (launches[kernel[0]].stage == 1 && kernel.size() > 1);
+            split = split || (splits == 2 && kernel.size() > 2);
         }
     }
     tg::detail::program_observer() = saved;
