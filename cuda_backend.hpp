@@ -171,9 +171,12 @@ struct Launch {
 };
 std::vector<Launch> launches_of(const Program& program);
 // The kernels of those launches: each runs one launch, or several side by side, each on a range
-// of its blocks (indices into launches, in order; see [CUDA RENDER]).
+// of its blocks, or several of one thread each in order, in one thread (in_sequence) (indices
+// into launches, in order; see [CUDA RENDER]).
 std::vector<std::vector<size_t>> kernels_of(const Program& program,
                                             const std::vector<Launch>& launches);
+bool in_sequence(const Program& program, const std::vector<Launch>& launches,
+                 const std::vector<size_t>& kernel);
 // NVRTC: CUDA C to a CUBIN for sm_<arch> (e.g. 90); a compile error is a tg::Error with
 // NVRTC's log. name: the file name that line information and messages use.
 std::string nvrtc_compile(const std::string& source, int arch, const std::string& name = "tg.cu",
@@ -1601,6 +1604,19 @@ static bool runs_beside(const Program& p, const Launch& l, const KernelPlan& pla
     bool totals = l.stage == 2 || (l.stage == 1 && !plan.serial);   // a split's last launch
     return (whole || totals) && l.part.finite_site < 0 && buffers.arrays.empty();
 }
+// A launch of one thread (a nest of scalars: an optimizer's step count, its bias corrections).
+// Such launches in a row run one after the other in the one thread of a kernel (in_sequence),
+// whatever they touch: their order is kept.
+static bool one_thread(const Launch& l, const KernelPlan& plan) {
+    return l.stage == 0 && plan.items == 1 && plan.grid.empty() && !plan.cooperative &&
+           !plan.product && !plan.serial && l.part.finite_site < 0;
+}
+bool in_sequence(const Program& p, const std::vector<Launch>& ls,
+                 const std::vector<size_t>& kernel) {
+    for (size_t i : kernel)
+        if (!one_thread(ls[i], plan_kernel(p, ls[i].block, ls[i].part))) return false;
+    return kernel.size() > 1;
+}
 // Its blocks: a split scatter's second kernel has a thread per output.
 static int64_t launch_blocks(const Program& p, const Launch& l) {
     KernelPlan plan = plan_kernel(p, l.block, l.part);
@@ -1637,6 +1653,7 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
     std::vector<std::vector<size_t>> kernels;
     std::vector<BlockAccesses> uses;   // of the last kernel's launches, where they run beside
     bool checks = false, in_place = false;   // of the last kernel's launches
+    bool one_threads = false;                 // its launches, all of one thread
     int64_t shared = 0, product_blocks = 0;   // of its products
     for (size_t i = 0; i < ls.size(); i++) {
         BlockAccesses u = block_accesses(ls[i].part);
@@ -1651,12 +1668,19 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
                     product_blocks + own_blocks <= 8 * GPU_MULTIPROCESSORS;
         for (size_t j = 0; joins && j < uses.size(); j++)
             joins = !touch(uses[j], u) && !touch(u, uses[j]);
+        bool single = one_thread(ls[i], plan);
+        if (one_threads && kernels.back().size() > 1) joins = false;   // in sequence: apart no more
+        if (one_threads && single && kernels.back().size() < SIDE_BY_SIDE_MAX &&
+            !((checks || u.checks) && (in_place || writes_in_place)))
+            joins = true;   // after them, in their thread
         if (!joins) {
             kernels.push_back({});
             uses.clear();
             checks = in_place = false;
+            one_threads = true;
             shared = product_blocks = 0;
         }
+        one_threads = one_threads && single;
         kernels.back().push_back(i);
         if (beside) uses.push_back(u);
         checks = checks || u.checks;
@@ -1685,9 +1709,13 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
     NestBuffers buffers = nest_buffers(p, k, b);
     std::map<int, std::string>& arrays = buffers.arrays;
     KernelPlan plan = plan_kernel(p, k, b);
-    if (b.writes_in_place && !p.checks.empty())   // one decision for the whole block
-        out += "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
-               "    __syncthreads();\n    if (failed) return;\n";
+    // one decision for the whole block; a launch of one thread decides alone (in sequence
+    // after others, the rest of its block has returned: no barrier)
+    if (b.writes_in_place && !p.checks.empty())
+        out += one_thread(launch, plan)
+                   ? "    if (err[0] != 0) return;\n"
+                   : "    __shared__ int failed;\n    if (threadIdx.x == 0) failed = err[0] != 0;\n"
+                     "    __syncthreads();\n    if (failed) return;\n";
     int next_tmp = 0;
     if (plan.product) return out + render_product(b, launch.stage, block, next_tmp);
     if (launch.stage == 2) {   // a split scatter's totals, by element
@@ -1790,6 +1818,22 @@ std::string render_cuda(const Program& p) {
             out += render_launch(p, first, "blockIdx.x") + "}\n";
             continue;
         }
+        auto indented = [&](const std::string& body) {   // by one more level
+            for (size_t at = 0; at < body.size();) {
+                size_t eol = std::min(body.find('\n', at), body.size() - 1);
+                out += "    " + body.substr(at, eol - at + 1);
+                at = eol + 1;
+            }
+        };
+        if (in_sequence(p, launches, kernel)) {   // one block: thread 0 runs them in order
+            for (size_t i : kernel) {
+                out += strf("    {   // %s\n", launches[i].name.c_str());
+                indented(render_launch(p, launches[i], "0"));
+                out += "    }\n";
+            }
+            out += "}\n";
+            continue;
+        }
         int64_t blocks = 0;   // those of the launches before
         for (size_t n = 0; n < kernel.size(); n++) {
             const Launch& l = launches[kernel[n]];
@@ -1800,12 +1844,7 @@ std::string render_cuda(const Program& p) {
                         (long long)(blocks + own), l.name.c_str());
             if (l.stage)   // its scratch, by the name its body uses
                 out += strf("        float *__restrict__ const tg_part = tg_part%zu;\n", n);
-            std::string body = render_launch(p, l, block.c_str());
-            for (size_t at = 0; at < body.size();) {   // indented by one more level
-                size_t eol = std::min(body.find('\n', at), body.size() - 1);
-                out += "    " + body.substr(at, eol - at + 1);
-                at = eol + 1;
-            }
+            indented(render_launch(p, l, block.c_str()));
             out += "    }";
             blocks += own;
         }
@@ -2317,6 +2356,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
             kernel.blocks += launch_blocks(p, l);
             kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
         }
+        if (in_sequence(p, launches, launched)) kernel.blocks = 1;
         for (size_t i : launched) {
             const Launch& l = launches[i];
             if (l.stage == 2) {   // a split scatter's totals: its first kernel's scratch

@@ -863,8 +863,9 @@ TEST(cuda_fuse_maps_joins_rows) {
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
 // tiles, and two split column sums (their last ranges add the totals, each with a scratch of
-// its own) with a launch after them, with the values of the CPU's and the same bits on every
-// run. (A bounds check beside an in-place
+// its own) with a launch after them; AdamW's scalar nests, each of one thread, that read one
+// another, run one after the other in one thread of one kernel; with the values of the CPU's
+// and the same bits on every run. (A bounds check beside an in-place
 // write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
@@ -912,6 +913,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     bool groups = false;   // a block per row beside a warp per row
     bool products = false;   // two products' tiles
     bool split = false;      // two split sums and a launch after them
+    bool sequence = false;   // AdamW's scalars (a bias correction after the step count)
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
@@ -930,6 +932,10 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
             groups = groups || (block && warp);
             products = products || tiled == 2;
             split = split || (splits == 2 && kernel.size() > 2);
+            sequence = sequence ||
+                       (kernel.size() >= 2 && tg::detail::in_sequence(p, launches, kernel) &&
+                        tg::detail::render_cuda(p).find("    {   // " + launches[kernel[0]].name) !=
+                            std::string::npos);
         }
     }
     tg::detail::program_observer() = saved;
@@ -939,6 +945,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     CHECK(groups);
     CHECK(products);
     CHECK(split);
+    CHECK(sequence);
 }
 
 // TG_CUDA_PROFILE=1: programs run kernel by kernel (no graphs), and each kernel's GPU time is
@@ -1002,6 +1009,12 @@ TEST(cuda_failed_check_is_an_error_and_skips_in_place_writes) {
     CHECK_THROWS(step(bad), "gather", "got 9");
     CHECK_ALL_NEAR(values(w), (std::vector<float>{10, 10, 10, 10}), 0);
     CHECK(tg::stats().graph_runs >= graphs + 2);
+    // a nest of one thread that writes in place (a scalar) decides alone, without a barrier
+    Tensor total = Tensor::from_vector(std::vector<float>{1}).reshape({}).contiguous().realize();
+    auto add = [&](const Tensor& idx) { total.assign(total + w.gather(0, idx).sum()).realize(); };
+    add(good);
+    CHECK_THROWS(add(bad), "gather", "got 9");
+    CHECK_ALL_NEAR(values(total), (std::vector<float>{41}), 0);
     EnvGuard check("TG_CHECK", "1");
     CHECK_THROWS((w.log() - 2 * w.log()).sqrt().realize(), "NaN");
 }
