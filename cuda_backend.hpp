@@ -1623,6 +1623,14 @@ static int64_t launch_blocks(const Program& p, const Launch& l) {
     if (l.stage == 2) return (plan.outputs + CUDA_BLOCK_THREADS - 1) / CUDA_BLOCK_THREADS;
     return plan.blocks();
 }
+// A kernel's blocks: its launches' side by side, or one where they run in sequence.
+static int64_t kernel_blocks(const Program& p, const std::vector<Launch>& ls,
+                             const std::vector<size_t>& kernel) {
+    if (in_sequence(p, ls, kernel)) return 1;
+    int64_t blocks = 0;
+    for (size_t i : kernel) blocks += launch_blocks(p, ls[i]);
+    return blocks;
+}
 // A product's tiles: their shared memory and blocks (0, 0: none)
 static std::pair<int64_t, int64_t> product_room(const Launch& l, const KernelPlan& kernel) {
     ProductPlan plan;
@@ -2349,14 +2357,10 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
               "cuModuleGetFunction");
         for (auto [i, writes] : kernel_buffers(p, launches, launched)) kernel.buffers.push_back(i);
-        kernel.blocks = 0;
+        kernel.blocks = kernel_blocks(p, launches, launched);
         kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
-        for (size_t i : launched) {
-            const Launch& l = launches[i];
-            kernel.blocks += launch_blocks(p, l);
-            kernel.name += (i == launched[0] ? "" : " + ") + l.part.title;
-        }
-        if (in_sequence(p, launches, launched)) kernel.blocks = 1;
+        for (size_t i : launched)
+            kernel.name += (i == launched[0] ? "" : " + ") + launches[i].part.title;
         for (size_t i : launched) {
             const Launch& l = launches[i];
             if (l.stage == 2) {   // a split scatter's totals: its first kernel's scratch

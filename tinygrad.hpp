@@ -5889,11 +5889,12 @@ struct FuseSweeps {
     void sweep(bool loops_too) {
         for (size_t i = 0; i < bs.size(); i++) {
             for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
-                bool into_product = maps_only && tiled(i) && same_maps(bs[j], bs[j]);
+                bool i_tiled = tiled(i);
+                bool into_product = maps_only && i_tiled && same_maps(bs[j], bs[j]);
                 if (maps_only && !into_product && !same_maps(bs[i], bs[j])) continue;
                 bool sunk = !maps_only && sinks(j);
                 const Block& bj = sunk ? facts[j].sunk : bs[j];
-                bool i_tiled = tiled(i), j_tiled = sunk ? facts[j].sunk_tiled == 1 : tiled(j);
+                bool j_tiled = sunk ? facts[j].sunk_tiled == 1 : tiled(j);
                 bool one_after_other =
                     joins_one_after_other(bs[i], bj, loops_too, i_tiled, j_tiled);
                 auto key = std::make_tuple(facts[i].version, facts[j].version, one_after_other);
