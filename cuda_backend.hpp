@@ -1264,7 +1264,10 @@ static std::string render_product(const Block& b, int stage, const char* block,
     out += "    const int64_t outer = t;\n    (void)outer;\n";
     out += outer_vars("    ");
     // a thread's rows are V·ty + 16·V·j + q (q < V, j < R / V), its columns the same with tx:
-    // V consecutive values, read from shared memory in one vector load. On tensor cores, the 8
+    // V consecutive values, read from shared memory in one vector load. A warp is 4 values of
+    // ty by 8 of tx: its vector loads of a term read 4 vectors of x and 8 of y, at most 128
+    // bytes each, one pass of shared memory (2 by 16 took two passes for y, where a 64 x 64
+    // tile's 16 multiply-adds a term leave shared memory little time). On tensor cores, the 8
     // warps take 2 x 4 parts of the tile, each F x F tiles of 16 rows by 8 columns (F = T / 32),
     // that PTX's mma.m16n8k8 computes: lane 4g + q holds rows g and g + 8, columns 2q and 2q + 1
     // of each; sum[2i + h][2j + w] is its row g + 8h and column 2q + w of tile (i, j).
@@ -1276,7 +1279,8 @@ static std::string render_product(const Block& b, int stage, const char* block,
                     "    const int wr = warp / 4 * %d, wc = warp %% 4 * %d;\n",
                     T / 2, T / 4);
     else
-        out += "    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;\n";
+        out += "    const int tx = threadIdx.x / 32 % 2 * 8 + threadIdx.x % 8,\n"
+               "              ty = threadIdx.x / 64 * 4 + threadIdx.x % 32 / 8;\n";
     out += strf("    float sum[%d][%d];\n"
                 "    for (int a = 0; a < %d; a++)\n"
                 "        for (int c = 0; c < %d; c++) sum[a][c] = 0.0f;\n",
