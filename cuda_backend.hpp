@@ -477,19 +477,21 @@ struct SumSegment {
 // 16 threads T/16 x T/16 of them each in registers, from CUDA_TILE_TERMS terms at a time of x and y
 // staged in shared memory, in two buffers: the loads of the next terms are in flight while the
 // products of these run, so one barrier per step suffices. A thread's rows (and columns) come in
-// runs of 4 (2 for T = 32), read with one vector load. T is 64, or 128 where there are still 4 such
-// tiles per multiprocessor (twice the multiply-adds per value read from shared memory), or 32 where
-// 64 would leave multiprocessors idle; TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are
-// still fewer than the multiprocessors and the sums long (a weight's gradient: few outputs, a term
-// per token), the terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a
-// multiprocessor of tiles and ranges, each writing its partial sums to a scratch buffer; the
-// range of each tile that finishes last adds each output's ranges in order, then runs the
-// epilogue (last_range_goes_on). A sum of LONG_SUM_TERMS or more that would take 32 x 32 tiles
-// keeps 128 x 128 or 64 x 64 ones and splits instead. The terms are numbered in the order of
-// the trees (segments: a term and the loops around it), and each output adds them in that
-// order into one sum, as cuBLAS does (the trees' own grouping is not kept: a fixed order
-// still, so the bits are the same on every run). Bounds are tested only where a tile or a step
-// of terms can pass the end.
+// runs of 4 (2 for T = 32), read with one vector load. T is 64; or 128 (twice the multiply-adds
+// per value read from shared memory, two blocks a multiprocessor) where its tiles are more than
+// the multiprocessors and the busiest multiprocessor computes no more outputs than with 64 (an
+// 8192 x 512 product: two tiles of 128 on each, or eight of 64); or 32 where 64 would leave
+// multiprocessors idle. TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are fewer than the
+// multiprocessors and the sums long (a weight's gradient: few outputs, a term per token), the
+// terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a multiprocessor
+// of tiles and ranges, each writing its partial sums to a scratch buffer; the range of each
+// tile that finishes last adds each output's ranges in order, then runs the epilogue
+// (last_range_goes_on). A sum of LONG_SUM_TERMS or more takes tiles of 128 x 128 (or 64 x 64
+// rather than 32 x 32) split so, where they are fewer than the multiprocessors. The terms are
+// numbered in the order of the trees (segments: a term and the loops around it), and each
+// output adds them in that order into one sum, as cuBLAS does (the trees' own grouping is not
+// kept: a fixed order still, so the bits are the same on every run). Bounds are tested only
+// where a tile or a step of terms can pass the end.
 struct ProductPlan {
     ProductMatch match;
     std::vector<SumSegment> segments;
@@ -572,13 +574,19 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
     plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
     if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128) {
-        plan.tile = plan.tiles(128) >= 4 * GPU_MULTIPROCESSORS ? 128
-                    : plan.tiles(64) < GPU_MULTIPROCESSORS     ? 32
-                                                               : 64;
-        // a long sum keeps a larger tile whose ranges of terms fill two blocks a
-        // multiprocessor, rather than 32 x 32 tiles (4 multiply-adds a thread per 2 values read)
+        auto busiest = [&](int t) {   // outputs of the multiprocessor with the most tiles
+            return (plan.tiles(t) + GPU_MULTIPROCESSORS - 1) / GPU_MULTIPROCESSORS * t * t;
+        };
+        plan.tile = plan.tiles(128) > GPU_MULTIPROCESSORS && busiest(128) <= busiest(64) ? 128
+                    : plan.tiles(64) < GPU_MULTIPROCESSORS                               ? 32
+                                                                                         : 64;
+        // a long sum takes a larger tile, fewer than the multiprocessors, whose ranges of terms
+        // fill two blocks a multiprocessor: rather than 32 x 32 tiles (4 multiply-adds a thread
+        // per 2 values read), or 64 x 64 ones (a 512 x 2048 weight gradient of 8192 tokens: 256
+        // tiles, or 64 of 128 in 4 ranges, as many multiply-adds on the busiest)
         for (int t : {128, 64})
-            if (plan.tile == 32 && plan.terms >= LONG_SUM_TERMS &&
+            if (plan.tile < t && plan.tiles(t) < GPU_MULTIPROCESSORS &&
+                plan.terms >= LONG_SUM_TERMS &&
                 plan.tiles(t) * (plan.terms / SPLIT_TERMS_EACH) >= 2 * GPU_MULTIPROCESSORS)
                 plan.tile = t;
     }

@@ -6,6 +6,7 @@
 // tests with TG_DEVICE=CUDA).
 #include "harness.hpp"
 #include "../cuda_backend.hpp"
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,26 @@ using tg::Tensor;
 using th::EnvGuard;
 
 namespace {
+// A device whose programs are planned as the CUDA device plans them (its passes), and not run:
+// the plans of products too large to compute on the CPU or the stand-in in a test.
+struct PlanOnly : tg::detail::Device {
+    struct Nothing : tg::detail::Executable {
+        void run(void* const*, int64_t*) override {}
+    };
+    const char* name() const override { return "CUDA_PLAN"; }
+    void* alloc(size_t bytes) override { return std::calloc(bytes ? bytes : 1, 1); }
+    void free(void* ptr) override { std::free(ptr); }
+    void copy_in(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+    void copy_out(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+    bool host_memory() const override { return true; }
+    std::shared_ptr<tg::detail::Executable> prepare(const tg::detail::Program&) override {
+        return std::make_shared<Nothing>();
+    }
+    bool runs_pass(const std::string& pass) const override {
+        return tg::detail::device("CUDA").runs_pass(pass);
+    }
+};
+
 
 // Every program of this run, rendered for CUDA as it is prepared for its own device.
 struct Rendered {
@@ -211,7 +232,9 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
 // fuse_maps runs); a scatter (an index_select's gradient) is a grid over its columns, each
 // summing its rows in order after a kernel that zeroes the output, and one of many rows sums
 // ranges of them into copies first; a product of few outputs and a long sum keeps 64 x 64
-// tiles and splits its terms.
+// tiles and splits its terms, or 128 x 128 ones where 64 x 64 would not need splitting; a
+// product takes 128 x 128 tiles where the busiest multiprocessor computes no more outputs than
+// in 64 x 64 ones.
 TEST(cuda_plans_nests_for_the_gpu) {
     // the passes CudaDevice runs (runs_pass), on whichever device this run uses
     EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
@@ -240,6 +263,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
     few.sum(0).realize();
     size_t few_columns_to = programs.size();
     size_t long_sum_from = programs.size();
+    std::vector<size_t> tiles_from;   // the products whose tiles say the tile rule
     {   // computed on the CPU, whatever this run's device: only its plan matters. A fresh
         // cache: a program found in the cache (make test's run on the CPU) is not observed
         char tmpl[] = "/tmp/tg-cuda-plans-XXXXXX";
@@ -249,6 +273,23 @@ TEST(cuda_plans_nests_for_the_gpu) {
             Tensor x = Tensor::from_vector(std::vector<float>(384 * 4096, 0.5f), {384, 4096});
             Tensor y = Tensor::from_vector(std::vector<float>(4096 * 256, 0.25f), {4096, 256});
             x.matmul(y).realize();
+        }
+        {   // planned only: larger products, whose loops the CPU would run untiled here
+            static PlanOnly plan_only;
+            tg::detail::register_device("CUDA_PLAN", &plan_only);
+            EnvGuard plan("TG_DEVICE", "CUDA_PLAN"), cache("TG_CACHE_DIR", dir.c_str());
+            // 768 x 768 outputs of 4096 terms: 36 tiles of 128 x 128 in 7 ranges of 592
+            // terms, rather than 144 of 64 x 64 whole
+            // 2048 x 2048 outputs: 256 tiles of 128 x 128, two on most multiprocessors, as
+            // many outputs as eight of 64 x 64; 1792 x 2048: 224 of 128 (two, 32768 outputs)
+            // against 896 of 64 (seven, 28672): 64
+            for (auto [rows, terms, cols] : {std::array<int64_t, 3>{768, 4096, 768},
+                                             {2048, 16, 2048}, {1792, 16, 2048}}) {
+                tiles_from.push_back(programs.size());
+                Tensor x = Tensor::randn({rows, terms}).realize();
+                Tensor y = Tensor::randn({terms, cols}).realize();
+                x.matmul(y).realize();
+            }
         }
         CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
     }
@@ -268,6 +309,8 @@ TEST(cuda_plans_nests_for_the_gpu) {
     bool reduced = false, adam = false, scatter = false, rows = false, columns = false;
     bool scatter_split = false, short_columns = false, fewer_rows = false, long_sum = false;
     int short_rows = 0;   // 500 of 130 and 500 of 40
+    int64_t tiles_2048 = 0, tiles_1792 = 0;
+    bool long_sum_128 = false;
     for (size_t n = 0; n < programs.size(); n++) {
         const tg::detail::Program& p = programs[n];
         std::string cu = tg::detail::render_cuda(p);
@@ -308,8 +351,12 @@ TEST(cuda_plans_nests_for_the_gpu) {
                                       cu.find("atomicAdd(arrived, 1u) != 3u") != std::string::npos);
             // 384 x 256 outputs of 4096 terms: 24 tiles of 64 x 64 (not 96 of 32 x 32), each
             // in 11 ranges of 384 terms (the last 256), 264 blocks: two a multiprocessor
-            if (n >= long_sum_from && n < long_sum_to && plan.product && l.stage == 1)
+            if (n >= long_sum_from && n < tiles_from[0] && plan.product && l.stage == 1)
                 long_sum = plan.splits == 11 && plan.items == 24 * 11;
+            if (n >= tiles_from[0] && n < tiles_from[1] && plan.product && l.stage == 1)
+                long_sum_128 = plan.splits == 7 && plan.items == 36 * 7;
+            if (n >= tiles_from[1] && n < tiles_from[2] && plan.product) tiles_2048 = plan.items;
+            if (n >= tiles_from[2] && n < long_sum_to && plan.product) tiles_1792 = plan.items;
             if (n >= columns_to && n < few_columns_to && plan.items == 3000)
                 short_columns = !plan.cooperative && !plan.column_sum && l.stage == 0;
         }
@@ -318,6 +365,9 @@ TEST(cuda_plans_nests_for_the_gpu) {
     CHECK(fewer_rows);
     CHECK_EQ(short_rows, 2);
     CHECK(long_sum);
+    CHECK(long_sum_128);
+    CHECK_EQ(tiles_2048, 256);
+    CHECK_EQ(tiles_1792, 896);
     CHECK(columns);
     CHECK(short_columns);
     CHECK(scatter_split);
