@@ -504,6 +504,13 @@ struct ProductPlan {
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
     int64_t tiles() const { return tiles(tile); }
 };
+// A row of staged terms: 4 floats more than the tile keep vector loads aligned and spread a
+// warp's reads over the banks; 8 more spread a tensor core operand's (lane 4g + q reads row q,
+// column g: bank 8q + g). Two buffers of each operand's rows of staged terms.
+static int staged_row(const ProductPlan& plan) { return plan.tile + (plan.tf32 ? 8 : 4); }
+static int64_t staged_floats(const ProductPlan& plan) {
+    return 2 * 2 * int64_t(plan.step) * staged_row(plan);
+}
 static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256, LONG_SUM_TERMS = 4096;
 static void sum_segments(const std::vector<Stmt>& body, const Block& b,
                          std::vector<const Stmt*>& loops, std::vector<SumSegment>& out) {
@@ -1233,10 +1240,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
     const int T = plan.tile, KT = plan.step, R = T / 16;   // 16 x 16 threads, R x R each
-    // a row of staged terms: 4 floats more than the tile keep vector loads aligned and spread a
-    // warp's reads over the banks; 8 more spread a tensor core operand's (lane 4g + q reads row
-    // q, column g: bank 8q + g)
-    const int P = T + (plan.tf32 ? 8 : 4);
+    const int P = staged_row(plan);
     long long M = plan.rows, N = plan.cols, K = plan.terms;
     long long outputs = plan.outer * M * N;
     // the outer loops' variables from t, the flat number of their iteration
@@ -1251,9 +1255,11 @@ static std::string render_product(const Block& b, int stage, const char* block,
         return code;
     };
     long long row_tiles = (M + T - 1) / T, col_tiles = (N + T - 1) / T;
-    // two buffers of each operand's terms: one read while the next terms are stored in the other
-    std::string out = strf("    __shared__ __align__(16) float xs[2][%d][%d], ys[2][%d][%d];\n",
-                           KT, P, KT, P);
+    // two buffers of each operand's terms: one read while the next terms are stored in the
+    // other, in the kernel's tg_tiles (staged_floats(plan) floats)
+    std::string out = strf("    float (*const xs)[%d][%d] = (float (*)[%d][%d])tg_tiles;\n"
+                           "    float (*const ys)[%d][%d] = (float (*)[%d][%d])(tg_tiles + %d);\n",
+                           KT, P, KT, P, KT, P, KT, P, 2 * KT * P);
     out += strf("    int64_t t = %s;\n", block);
     std::string k_begin = "0LL", k_end = strf("%lldLL", K);
     if (stage == 1) {
@@ -1606,10 +1612,9 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
 // Each block runs one launch's part, so the barriers of a block are reached by all its
 // threads. Not with an in-place write beside a bounds check, which must stop it first.
 // Products only while their blocks together are at most a wave (8 a multiprocessor: more gain
-// nothing from company) and their shared memory adds up to at most SIDE_BY_SIDE_SHARED (every
-// block of the kernel holds all of it).
+// nothing from company); their staged terms share the kernel's one array (tg_tiles), as large
+// as the largest's, since a block runs one of them.
 static const size_t SIDE_BY_SIDE_MAX = 64;   // launches in one kernel (its parameters grow)
-static const int64_t SIDE_BY_SIDE_SHARED = 48 << 10;   // static shared memory of a kernel
 static bool runs_beside(const Program& p, const Launch& l, const KernelPlan& plan) {
     NestBuffers buffers = nest_buffers(p, l.block, l.part);
     bool whole = l.stage == 0 && !plan.serial && plan.splits == 1;
@@ -1643,12 +1648,16 @@ static int64_t kernel_blocks(const Program& p, const std::vector<Launch>& ls,
     for (size_t i : kernel) blocks += launch_blocks(p, ls[i]);
     return blocks;
 }
-// A product's tiles: their shared memory and blocks (0, 0: none)
-static std::pair<int64_t, int64_t> product_room(const Launch& l, const KernelPlan& kernel) {
-    ProductPlan plan;
-    if (!kernel.product || !plan_product(l.part, plan)) return {0, 0};
-    int64_t row = plan.tile + (plan.tf32 ? 8 : 4);   // as render_product pads them
-    return {2 * 2 * plan.step * row * int64_t(sizeof(float)), plan.tiles() * plan.splits};
+// The floats of tg_tiles that a kernel's products stage their terms in (0: no product)
+static int64_t tiles_shared(const Program& p, const std::vector<Launch>& ls,
+                            const std::vector<size_t>& kernel) {
+    int64_t floats = 0;
+    for (size_t i : kernel) {
+        ProductPlan plan;
+        if (plan_kernel(p, ls[i].block, ls[i].part).product && plan_product(ls[i].part, plan))
+            floats = std::max(floats, staged_floats(plan));
+    }
+    return floats;
 }
 std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<Launch>& ls) {
     auto bytes = [&](int buffer) {   // its range in the arena, or none (-1, -1)
@@ -1674,18 +1683,17 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
     std::vector<BlockAccesses> uses;   // of the last kernel's launches, where they run beside
     bool checks = false, in_place = false;   // of the last kernel's launches
     bool one_threads = false;                 // its launches, all of one thread
-    int64_t shared = 0, product_blocks = 0;   // of its products
+    int64_t product_blocks = 0;               // of its products
     for (size_t i = 0; i < ls.size(); i++) {
         BlockAccesses u = block_accesses(ls[i].part);
         KernelPlan plan = plan_kernel(p, ls[i].block, ls[i].part);
         bool beside = runs_beside(p, ls[i], plan), writes_in_place = ls[i].part.writes_in_place;
-        auto [own_shared, own_blocks] = product_room(ls[i], plan);
+        int64_t own_blocks = plan.product ? launch_blocks(p, ls[i]) : 0;
         bool joins = beside && !uses.empty() &&
                      uses.size() < SIDE_BY_SIDE_MAX &&
                      !((checks || u.checks) && (in_place || writes_in_place));
         if (own_blocks)
-            joins = joins && shared + own_shared <= SIDE_BY_SIDE_SHARED &&
-                    product_blocks + own_blocks <= 8 * GPU_MULTIPROCESSORS;
+            joins = joins && product_blocks + own_blocks <= 8 * GPU_MULTIPROCESSORS;
         for (size_t j = 0; joins && j < uses.size(); j++)
             joins = !touch(uses[j], u) && !touch(u, uses[j]);
         bool single = one_thread(ls[i], plan);
@@ -1698,14 +1706,13 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
             uses.clear();
             checks = in_place = false;
             one_threads = true;
-            shared = product_blocks = 0;
+            product_blocks = 0;
         }
         one_threads = one_threads && single;
         kernels.back().push_back(i);
         if (beside) uses.push_back(u);
         checks = checks || u.checks;
         in_place = in_place || writes_in_place;
-        shared += own_shared;
         product_blocks += own_blocks;
     }
     return kernels;
@@ -1834,6 +1841,8 @@ std::string render_cuda(const Program& p) {
         if (products && product_blocks > 1) bounds += strf(", %d", product_blocks);
         out += strf("\nextern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
                     bounds.c_str(), first.name.c_str(), params.c_str());
+        if (int64_t floats = tiles_shared(p, launches, kernel))
+            out += strf("    __shared__ __align__(16) float tg_tiles[%lld];\n", (long long)floats);
         if (kernel.size() == 1) {
             out += render_launch(p, first, "blockIdx.x") + "}\n";
             continue;

@@ -524,7 +524,9 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             products++;
             split += plan.splits > 1 && l.stage == 1 && launches.size() == 1;
             std::string cu = tg::detail::render_cuda(p);
-            CHECK(cu.find("float xs[2][16][36], ys[2][16][36];") != std::string::npos);
+            // two buffers of x's and y's 16 terms, 32 + 4 floats a row, in the kernel's array
+            CHECK(cu.find("float tg_tiles[2304];") != std::string::npos);
+            CHECK(cu.find("(float (*)[16][36])(tg_tiles + 1152);") != std::string::npos);
             {
                 EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");
                 std::string bounded = tg::detail::render_cuda(p);
@@ -533,7 +535,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                 if (tg::cuda::nvrtc_available() && !stand_in())
                     CHECK(tg::detail::nvrtc_compile(bounded, 90, p.name + ".cu").size() > 0);
                 EnvGuard big("TG_CUDA_TILE", "128");   // then 8 terms at a time
-                CHECK(tg::detail::render_cuda(p).find("float xs[2][8][132], ys[2][8][132];") !=
+                CHECK(tg::detail::render_cuda(p).find("(float (*)[8][132])tg_tiles;") !=
                       std::string::npos);
             }
             by_term += cu.find("int64_t l = f") == std::string::npos;
@@ -628,7 +630,7 @@ TEST(cuda_tf32_products_round_their_operands_on_tensor_cores) {
         products++;
         CHECK(plain.find("tg_mma_tf32") == std::string::npos);
         CHECK(cu.find("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") != std::string::npos);
-        CHECK(cu.find("float xs[2][16][40], ys[2][16][40];") != std::string::npos);
+        CHECK(cu.find("(float (*)[16][40])tg_tiles;") != std::string::npos);
         CHECK(cu.find("= tg_tf32(xn[l]);") != std::string::npos);
         if (tg::cuda::nvrtc_available() && !stand_in()) {   // tensor cores, and shuffles before
             CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
@@ -912,7 +914,7 @@ TEST(cuda_fuse_maps_joins_rows) {
 // Launches that touch apart what the others write run side by side in one kernel, each on a
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
-// tiles, and two split column sums (their last ranges add the totals, each with a scratch of
+// tiles (staging their terms in one array), and two split column sums (their last ranges add the totals, each with a scratch of
 // its own) with a launch after them; AdamW's scalar nests, each of one thread, that read one
 // another, run one after the other in one thread of one kernel; with the values of the CPU's
 // and the same bits on every run. (A bounds check beside an in-place
@@ -980,7 +982,9 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
             }
             if (updates) most = std::max(most, kernel.size());
             groups = groups || (block && warp);
-            products = products || tiled == 2;
+            // their staged terms in one array of the kernel
+            products = products || (tiled == 2 && th::count_of(tg::detail::render_cuda(p),
+                                                               "float tg_tiles[") == 1);
             split = split || (splits == 2 && kernel.size() > 2);
             sequence = sequence ||
                        (kernel.size() >= 2 && tg::detail::in_sequence(p, launches, kernel) &&
