@@ -1483,7 +1483,10 @@ static std::string render_product(const Block& b, int stage, const char* block,
     };
     std::string row = plan.tf32 ? "wr + 16 * (a / 2) + 8 * (a % 2) + g" : place("ty", "a");
     std::string col = plan.tf32 ? "wc + 8 * (c / 2) + 2 * q + c % 2" : place("tx", "c");
-    out += strf("    for (int a = 0; a < %d; a++)\n        for (int c = 0; c < %d; c++) {\n", R, R);
+    // unrolled, so that sum stays in registers: a loop that indexes it puts it in local memory
+    // (a GELU's epilogue, which NVRTC would not unroll unasked)
+    out += strf("#pragma unroll\n    for (int a = 0; a < %d; a++)\n"
+                "#pragma unroll\n        for (int c = 0; c < %d; c++) {\n", R, R);
     out += strf("            const int64_t i%d = r0 + %s, i%d = c0 + %s;\n", m.rows, row.c_str(),
                 m.cols, col.c_str());
     if (M % T || N % T)

@@ -527,6 +527,23 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             // two buffers of x's and y's 16 terms, 32 + 4 floats a row, in the kernel's array
             CHECK(cu.find("float tg_tiles[2304];") != std::string::npos);
             CHECK(cu.find("(float (*)[16][36])(tg_tiles + 1152);") != std::string::npos);
+            // the epilogue unrolled: sum indexed by constants stays in registers (the lines
+            // without their indents: a kernel of launches side by side indents them further)
+            std::string flat;
+            for (size_t at = 0; at < cu.size();) {
+                size_t eol = std::min(cu.find('\n', at), cu.size() - 1);
+                size_t first = std::min(cu.find_first_not_of(' ', at), eol);
+                flat += cu.substr(first, eol - first + 1);
+                at = eol + 1;
+            }
+            bool unrolled = false;
+            for (int r : {2, 4, 8})
+                unrolled = unrolled ||
+                           flat.find("#pragma unroll\nfor (int a = 0; a < " + std::to_string(r) +
+                                     "; a++)\n#pragma unroll\nfor (int c = 0; c < " +
+                                     std::to_string(r) + "; c++) {\nconst int64_t i") !=
+                               std::string::npos;
+            CHECK(unrolled);
             {
                 EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");
                 std::string bounded = tg::detail::render_cuda(p);
@@ -914,11 +931,11 @@ TEST(cuda_fuse_maps_joins_rows) {
 // Launches that touch apart what the others write run side by side in one kernel, each on a
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
-// tiles (staging their terms in one array), and two split column sums (their last ranges add the totals, each with a scratch of
-// its own) with a launch after them; AdamW's scalar nests, each of one thread, that read one
-// another, run one after the other in one thread of one kernel; with the values of the CPU's
-// and the same bits on every run. (A bounds check beside an in-place
-// write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
+// tiles (staging their terms in one array), and two split column sums (their last ranges add
+// the totals, each with a scratch of its own) with a launch after them; AdamW's scalar nests,
+// each of one thread, that read one another, run one after the other in one thread of one
+// kernel; with the values of the CPU's and the same bits on every run. (A bounds check beside
+// an in-place write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
     std::vector<tg::detail::Program> programs;
