@@ -1376,12 +1376,54 @@ static std::string render_product(const Block& b, int stage, const char* block,
                     cx.declare_shared({load}, "        ") +
                     strf("        %s = &%s;\n    }\n", p, cx.str(load).c_str());
     }
+    // An operand of one float load whose index moves by a·i with its row or column i (and by
+    // anything with the term: a head's slice of a row, a permuted layout), where a thread's
+    // elements share their term (read across: kk = e % KT) and no bound is tested, is read
+    // through a pointer to its first element that each step computes: the others lie a·256/KT
+    // further each, so that one index a step is computed, not L.
+    ExprP step_load[2];
+    long long step_each[2] = {0, 0};
+    for (int x = 1; x >= 0; x--) {
+        int var = x ? m.rows : m.cols;
+        bool along = x ? x_by_rows : y_by_cols;
+        if (by_pointer[x] || along || !whole_steps || (x ? M : N) % T ||
+            plan.segments.size() != 1)
+            continue;
+        ExprP load = x ? first.x : first.y;
+        if (load->kind != EK::LOAD || load->dtype != DType::FLOAT32) continue;
+        Linear lin;
+        lin.add(1, load->src[0]);
+        long long a = 0;
+        bool linear = true;
+        for (auto& [coef, term] : lin.terms) {
+            if (term->kind == EK::VAR && term->id == var) a = coef;
+            else linear = linear && !uses_var(term, var);
+        }
+        if (!linear) continue;
+        step_load[x] = load;
+        step_each[x] = a * (CUDA_BLOCK_THREADS / KT);
+    }
     auto fetch = [&](const std::string& k0, const std::string& pad) {
         std::string code;
         for (int x = 1; x >= 0; x--) {   // x's terms, then y's
             int var = x ? m.rows : m.cols;
             long long n = x ? M : N;
             const char* p = x ? "xp" : "yp";
+            if (step_load[x]) {
+                CExprs cx{{}, next_tmp};
+                code += pad + "{\n" + pad + "    const float *p;\n" + pad + "    {\n" + pad +
+                        "        const int l = 0;\n" + element(x, pad + "        ") + pad +
+                        strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
+                             x ? "r0" : "c0", k0.c_str()) +
+                        pad + "        {\n" + segment_vars(first, b, "f", pad + "            ") +
+                        cx.declare_shared({step_load[x]}, pad + "            ") + pad +
+                        strf("            p = &%s;\n", cx.str(step_load[x]).c_str()) + pad +
+                        "        }\n" + pad + "    }\n" + pad + "    #pragma unroll\n" + pad +
+                        strf("    for (int l = 0; l < %d; l++) %s[l] = p[l * %lldLL];\n", L,
+                             x ? "xn" : "yn", step_each[x]) +
+                        pad + "}\n";
+                continue;
+            }
             code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
             if (by_pointer[x]) {
                 code += pad + strf("    %s[l] = %s[l * %lldLL];\n", x ? "xn" : "yn", p,

@@ -473,9 +473,10 @@ TEST(cuda_block_reductions_match_the_cpu) {
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
 // products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
 // partial tiles or none (then no bounds are tested, and loads read by pointer), a batch,
-// operands read across their rows (x.t(), a Linear's weight), an epilogue (bias and GELU) and
-// a Linear's gradients; the same bits on every run. The plan is checked on every machine, the
-// values where a GPU (or the stand-in) is.
+// operands read across their rows (x.t(), a Linear's weight), an operand whose rows are heads
+// apart (attention's output before its projection: a pointer each step), an epilogue (bias and
+// GELU) and a Linear's gradients; the same bits on every run. The plan is checked on every
+// machine, the values where a GPU (or the stand-in) is.
 TEST(cuda_products_run_in_tiles_through_shared_memory) {
     std::vector<tg::detail::Program> programs;
     auto saved = tg::detail::program_observer();
@@ -490,6 +491,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         Tensor f = Tensor::from_vector(th::randf(3000 * 30, 36), {3000, 30});
         Tensor g = Tensor::from_vector(th::randf(2 * 64 * 96, 37), {2, 64, 96});
         Tensor k = Tensor::from_vector(th::randf(2 * 96 * 64, 38), {2, 96, 64});
+        Tensor heads = Tensor::from_vector(th::randf(2 * 4 * 32 * 16, 39), {2, 4, 32, 16});
+        Tensor wh = Tensor::from_vector(th::randf(64 * 32, 40), {64, 32});
         tg::manual_seed(4);
         tg::nn::Linear lin(300, 90);
         Tensor h = lin(a).gelu(true);
@@ -498,7 +501,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         std::vector<float> out;
         for (const Tensor& t : {a.matmul(b), c.matmul(d), b.t().matmul(a.t()), h, loss,
                                 lin.weight.grad(), lin.bias.grad(), (e.matmul(f) + 1).relu(),
-                                g.matmul(k)})
+                                g.matmul(k),
+                                heads.transpose(1, 2).reshape({2, 32, 64}).matmul(wh)})
             for (float v : values(t)) out.push_back(v);
         return out;
     };
@@ -512,6 +516,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
     int unbounded = 0;   // whole tiles and steps: no bounds tested, operands read by pointer
     int split = 0;                   // a product of long sums split in ranges of terms
+    int by_step = 0;   // x a head's slice of each row: one index a step, the rest by offsets
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         std::vector<std::string> kernel_of(launches.size());   // launches side by side: the first's
@@ -559,12 +564,14 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             unbounded += cu.find("const float *xp;") != std::string::npos &&
                          cu.find("const float *yp;") != std::string::npos &&
                          cu.find("if (i") == std::string::npos;
+            by_step += cu.find("xn[l] = p[l * 256LL];") != std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
     }
-    // the 5 products, the Linear's forward, its input's and weight's gradients
-    CHECK_EQ(products, 8);
+    // the 6 products, the Linear's forward, its input's and weight's gradients
+    CHECK_EQ(products, 9);
+    CHECK_EQ(by_step, 1);   // 2 x 32 x 32 outputs of 4 heads of 16 terms: rows 16 floats apart
     CHECK_EQ(unbounded, 1);   // 2 x 64 x 64 outputs of 96 terms
     CHECK(by_term >= 3);
     CHECK_EQ(split, 1);   // 20 x 30 outputs of 3000 terms: 11 ranges of 288 (the last 120)
