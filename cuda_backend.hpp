@@ -1351,18 +1351,8 @@ static std::string render_product(const Block& b, int stage, const char* block,
         int var = x ? m.rows : m.cols;
         ExprP load = load_by_term(b, plan, x, f_var);
         if (!load || load->dtype != DType::FLOAT32 || !whole_steps || (x ? M : N) % T) continue;
-        Linear lin;
-        lin.add(1, load->src[0]);
-        long long a = 0, c = 0;
-        bool linear = true;
-        for (auto& [coef, term] : lin.terms) {
-            bool is_var = term->kind == EK::VAR && term->id == var;
-            bool is_f = term->kind == EK::VAR && term->id == f_id;
-            if (is_var) a = coef;
-            if (is_f) c = coef;
-            linear = linear && (is_var || is_f || (!uses_var(term, var) && !uses_var(term, f_id)));
-        }
-        if (!linear) continue;
+        int64_t a, c;
+        if (!step_along(load->src[0], var, a) || !step_along(load->src[0], f_id, c)) continue;
         bool along = x ? x_by_rows : y_by_cols;
         pointer_each[x] = along ? c * (CUDA_BLOCK_THREADS / T) : a * (CUDA_BLOCK_THREADS / KT);
         pointer_step[x] = c * KT;
@@ -1390,16 +1380,10 @@ static std::string render_product(const Block& b, int stage, const char* block,
             plan.segments.size() != 1)
             continue;
         ExprP load = x ? first.x : first.y;
-        if (load->kind != EK::LOAD || load->dtype != DType::FLOAT32) continue;
-        Linear lin;
-        lin.add(1, load->src[0]);
-        long long a = 0;
-        bool linear = true;
-        for (auto& [coef, term] : lin.terms) {
-            if (term->kind == EK::VAR && term->id == var) a = coef;
-            else linear = linear && !uses_var(term, var);
-        }
-        if (!linear) continue;
+        int64_t a;
+        if (load->kind != EK::LOAD || load->dtype != DType::FLOAT32 ||
+            !step_along(load->src[0], var, a))
+            continue;
         step_load[x] = load;
         step_each[x] = a * (CUDA_BLOCK_THREADS / KT);
     }
@@ -1733,18 +1717,17 @@ std::vector<std::vector<size_t>> kernels_of(const Program& p, const std::vector<
         BlockAccesses u = block_accesses(ls[i].part);
         KernelPlan plan = plan_kernel(p, ls[i].block, ls[i].part);
         bool beside = runs_beside(p, ls[i], plan), writes_in_place = ls[i].part.writes_in_place;
-        int64_t own_blocks = plan.product ? launch_blocks(p, ls[i]) : 0;
-        bool joins = beside && !uses.empty() &&
-                     uses.size() < SIDE_BY_SIDE_MAX &&
-                     !((checks || u.checks) && (in_place || writes_in_place));
+        int64_t own_blocks = plan.product ? plan.blocks() : 0;
+        // a bounds check and an in-place write apart: the check must stop the write first
+        bool kept_apart = (checks || u.checks) && (in_place || writes_in_place);
+        bool joins = beside && !uses.empty() && uses.size() < SIDE_BY_SIDE_MAX && !kept_apart;
         if (own_blocks)
             joins = joins && product_blocks + own_blocks <= 8 * GPU_MULTIPROCESSORS;
         for (size_t j = 0; joins && j < uses.size(); j++)
             joins = !touch(uses[j], u) && !touch(u, uses[j]);
         bool single = one_thread(ls[i], plan);
         if (one_threads && kernels.back().size() > 1) joins = false;   // in sequence: apart no more
-        if (one_threads && single && kernels.back().size() < SIDE_BY_SIDE_MAX &&
-            !((checks || u.checks) && (in_place || writes_in_place)))
+        if (one_threads && single && kernels.back().size() < SIDE_BY_SIDE_MAX && !kept_apart)
             joins = true;   // after them, in their thread
         if (!joins) {
             kernels.push_back({});

@@ -5247,17 +5247,22 @@ static bool uses_var(const ExprP& e, int var) {
     vars_used(e, vars);
     return vars.count(var) > 0;
 }
-// Whether an index moves by exactly one element when var does, wherever var is.
-static bool steps_by_one(const ExprP& idx, int var) {
+// Whether var appears in an index only as step·var (step 0: not at all), and its step.
+static bool step_along(const ExprP& idx, int var, int64_t& step) {
     Linear lin;
     lin.add(1, idx);
-    bool one = false;
+    step = 0;
     for (auto& [coef, term] : lin.terms) {
         bool is_var = term->kind == EK::VAR && term->id == var;
         if (!is_var && uses_var(term, var)) return false;
-        one = one || (is_var && coef == 1);
+        if (is_var) step = coef;
     }
-    return one;
+    return true;
+}
+// Whether an index moves by exactly one element when var does, wherever var is.
+static bool steps_by_one(const ExprP& idx, int var) {
+    int64_t step;
+    return step_along(idx, var, step) && step == 1;
 }
 // Whether some load in e moves by one element when var does (e is read along var).
 static bool read_along(const ExprP& e, int var) {
