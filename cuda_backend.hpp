@@ -79,7 +79,8 @@ std::string gpu_name(const std::string& device = "CUDA");
 // With TG_CUDA_PROFILE=1, programs run kernel by kernel (no graphs), each kernel timed on the
 // GPU between two events; this is the table of the kernels that took the most time so far
 // (program, as TG_DEBUG=2 names its files, kernel, the nest it computes, calls, total and
-// mean time), which is also printed to stderr at exit. Empty when nothing was profiled.
+// mean time), which is also printed to stderr at exit (then every kernel's). Empty when nothing
+// was profiled.
 std::string profile_report(size_t top = 25);
 
 // A point in a CUDA device's work (seed 002's events): made, it stands for everything queued
@@ -1229,6 +1230,97 @@ static std::string last_range_goes_on(int64_t ranges, int64_t outputs, const cha
                 arrived.c_str(), (long long)(ranges - 1));
 }
 
+// Whether idx moves one element with var and lies on a multiple of V wherever var does.
+static bool vector_index(const ExprP& idx, int var, int V) {
+    Linear lin;
+    lin.add(1, idx);
+    if (lin.constant % V) return false;
+    bool moves = false;
+    for (auto& [coef, term] : lin.terms) {
+        if (term->kind == EK::VAR && term->id == var) moves = coef == 1;
+        else if (coef % V || uses_var(term, var)) return false;
+    }
+    return moves;
+}
+
+// The stores of a product's epilogue that a thread makes for V consecutive columns at once
+// (a group, its first column a multiple of V), as one vector store after the group: float
+// stores that move one element with the column and start on a multiple of V, of a buffer the
+// epilogue stores nowhere else and does not read. A warp's vector store writes whole 128-byte
+// lines of 4 rows, where each of V scalar stores wrote one float in 16 bytes of them (W7's
+// Linear with its GELU stores 5 outputs of 8192 x 2048). Loads stay scalar: a vector load
+// held for its group took W7's projections past 128 registers, and the scalar loads of a
+// group's columns read lines that L1 holds.
+static std::vector<bool> vector_stores(const std::vector<Stmt>& epilogue, int col, int V) {
+    std::map<int, int> stores;   // by buffer
+    std::set<int> read;
+    ExprSet seen;
+    for (const Stmt& st : epilogue) {
+        if (st.kind == SK::LOOP) return {};
+        if (st.kind == SK::STORE || st.kind == SK::STORE_ADD) stores[st.id]++;
+        for (const ExprP& e : {st.idx, st.val})
+            if (e)
+                each_part(e, seen, [&](const ExprP& part) {
+                    if (part->kind == EK::LOAD) read.insert(part->id);
+                });
+    }
+    std::vector<bool> vectors;
+    for (const Stmt& st : epilogue)
+        vectors.push_back(st.kind == SK::STORE && st.val->dtype == DType::FLOAT32 &&
+                          stores[st.id] == 1 && !read.count(st.id) &&
+                          vector_index(st.idx, col, V));
+    return vectors;
+}
+
+// A whole product's epilogue with vector stores (vector_stores) for each row a and column
+// group v of a thread: the epilogue for each of the group's V columns q, the values of vector
+// stores kept in registers, then those stores.
+static std::string vector_epilogue(const Block& b, const ProductPlan& plan,
+                                   const std::vector<bool>& vectors, const std::string& row,
+                                   int& next_tmp) {
+    const ProductMatch& m = plan.match;
+    const int T = plan.tile, R = T / 16, V = std::min(R, 4);
+    const std::string group = strf("i%dg", m.cols), pad(12, ' ');
+    std::string out = strf("#pragma unroll\n    for (int a = 0; a < %d; a++)\n"
+                           "#pragma unroll\n        for (int v = 0; v < %d; v++) {\n", R, R / V);
+    out += strf("%sconst int64_t i%d = r0 + %s, %s = c0 + %d * tx + %d * v;\n", pad.c_str(),
+                m.rows, row.c_str(), group.c_str(), V, 16 * V);
+    if (plan.rows % T || plan.cols % T)
+        out += strf("%sif (i%d >= %lldLL || %s >= %lldLL) continue;\n", pad.c_str(), m.rows,
+                    (long long)plan.rows, group.c_str(), (long long)plan.cols);
+    for (size_t s = 0; s < vectors.size(); s++)
+        if (vectors[s]) out += strf("%sfloat s%zu[%d];\n", pad.c_str(), s, V);
+    out += strf("#pragma unroll\n%sfor (int q = 0; q < %d; q++) {\n", pad.c_str(), V);
+    out += strf("%s    const int64_t i%d = %s + q;\n", pad.c_str(), m.cols, group.c_str());
+    out += strf("%s    float acc%d = sum[a][%d * v + q];\n", pad.c_str(), plan.sum, V);
+    for (size_t s = 0; s < vectors.size(); s++) {
+        const Stmt& st = m.epilogue[s];
+        if (!vectors[s]) {
+            c_stmts({st}, b.extents, {}, 4, next_tmp, out);
+            continue;
+        }
+        CExprs cx{{}, next_tmp};
+        out += cx.declare_shared({st.val}, pad + "    ");
+        out += strf("%s    s%zu[q] = %s;\n", pad.c_str(), s, cx.str(st.val).c_str());
+    }
+    out += pad + "}\n";
+    for (size_t s = 0; s < vectors.size(); s++) {
+        if (!vectors[s]) continue;
+        const ExprP& idx = m.epilogue[s].idx;
+        CExprs cx{{}, next_tmp};   // the index with the column written as the group's first
+        ExprSet seen;
+        each_part(idx, seen, [&](const ExprP& part) {
+            if (part->kind == EK::VAR && part->id == m.cols) cx.names[part.get()] = group;
+        });
+        out += cx.declare_shared({idx}, pad);
+        std::string values;
+        for (int q = 0; q < V; q++) values += strf("%ss%zu[%d]", q ? ", " : "", s, q);
+        out += strf("%s*(float%d *)&buf%d[%s] = make_float%d(%s);\n", pad.c_str(), V,
+                    m.epilogue[s].id, cx.str(idx).c_str(), V, values.c_str());
+    }
+    return out + "        }\n";
+}
+
 // The body of a product's kernel (see ProductPlan): stage 0 the whole product, 1 a split one (a
 // block per tile and range of terms, its partial sums into tg_part; the tile's last range to
 // finish adds each output's ranges in order and runs the epilogue). Threads load the tiles'
@@ -1509,6 +1601,14 @@ static std::string render_product(const Block& b, int stage, const char* block,
     };
     std::string row = plan.tf32 ? "wr + 16 * (a / 2) + 8 * (a % 2) + g" : place("ty", "a");
     std::string col = plan.tf32 ? "wc + 8 * (c / 2) + 2 * q + c % 2" : place("tx", "c");
+    // Every buffer a kernel writes starts 16-byte aligned: cuMemAlloc aligns to 256 bytes, the
+    // arena's temporaries lie at multiples of 64, and an assignment to a view (graph_shrink's
+    // rows, at any offset) writes a copy of it (Tensor::assign).
+    if (!plan.tf32 && stage != 1 && N % V == 0) {
+        std::vector<bool> vectors = vector_stores(m.epilogue, m.cols, V);
+        if (std::find(vectors.begin(), vectors.end(), true) != vectors.end())
+            return out + vector_epilogue(b, plan, vectors, row, next_tmp);
+    }
     // unrolled, so that sum stays in registers: a loop that indexes it puts it in local memory
     // (a GELU's epilogue, which NVRTC would not unroll unasked)
     out += strf("#pragma unroll\n    for (int a = 0; a < %d; a++)\n"
@@ -2382,7 +2482,7 @@ struct CudaProgram : Executable {
         marks.clear();
         static bool printed_at_exit = (std::atexit([] {
             if (env_int("TG_CUDA_PROFILE", 0, 0, 1))
-                std::fputs(tg::cuda::profile_report().c_str(), stderr);
+                std::fputs(tg::cuda::profile_report(SIZE_MAX).c_str(), stderr);
         }), true);
         (void)printed_at_exit;
     }

@@ -18,6 +18,8 @@
 // memcpy; streams, events and graphs keep their order by running everything at once, in call
 // order. It reports TG_CUDA_ON_CPU_GPUS GPUs (default 2, so that copies between GPUs run),
 // each of compute capability 9.0.
+// A load or store through a pointer that its type's alignment does not hold (a float4 not
+// on 16 bytes) traps, where the GPU stops with a misaligned address.
 // Not modelled: timing, memory spaces (a wrong pointer reads host memory), warp divergence
 // within a shuffle, and the GPU's math functions' last bits (the CPU's libm is used).
 #include <algorithm>
@@ -65,8 +67,10 @@ void *memcpy(void *, const void *, __SIZE_TYPE__);
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
+struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct tg_cpu_dim3 { unsigned x, y, z; };
 struct tg_cpu_api {
     tg_cpu_dim3 thread, block, block_dim, grid_dim;
@@ -642,6 +646,7 @@ int nvrtcCompileProgram(void* program, int count, const char* const* options) {
     if (f) std::fclose(f);
     const char* cxx = std::getenv("TG_CUDA_ON_CPU_CXX");
     std::string command = std::string(cxx ? cxx : "c++") + " -std=c++17 -O0 -w -fPIC -shared " +
+                          "-fsanitize=alignment -fsanitize-undefined-trap-on-error " +
                           (debug ? "-g " : "") + "-o " + so + " " + cpp + " -lm 2>" + log;
     ok = ok && std::system(command.c_str()) == 0;
     std::string library;

@@ -541,13 +541,20 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                 flat += cu.substr(first, eol - first + 1);
                 at = eol + 1;
             }
+            // (a thread's columns one by one, or in groups of V, each column of a group too)
             bool unrolled = false;
-            for (int r : {2, 4, 8})
+            for (int r : {2, 4, 8}) {
+                std::string rows = "#pragma unroll\nfor (int a = 0; a < " + std::to_string(r) +
+                                   "; a++)\n#pragma unroll\n";
                 unrolled = unrolled ||
-                           flat.find("#pragma unroll\nfor (int a = 0; a < " + std::to_string(r) +
-                                     "; a++)\n#pragma unroll\nfor (int c = 0; c < " +
-                                     std::to_string(r) + "; c++) {\nconst int64_t i") !=
-                               std::string::npos;
+                           flat.find(rows + "for (int c = 0; c < " + std::to_string(r) +
+                                     "; c++) {\nconst int64_t i") != std::string::npos ||
+                           (flat.find(rows + "for (int v = 0; v < " +
+                                      std::to_string(r / std::min(r, 4)) +
+                                      "; v++) {\nconst int64_t i") != std::string::npos &&
+                            flat.find("#pragma unroll\nfor (int q = 0; q < ") !=
+                                std::string::npos);
+            }
             CHECK(unrolled);
             {
                 EnvGuard two("TG_CUDA_PRODUCT_BLOCKS", "2");
@@ -588,6 +595,50 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
     EnvGuard big("TG_CUDA_TILE", "128");   // 8 terms at a time
     CHECK_ALL_NEAR(run("CUDA"), cpu, 1e-5);
+}
+
+// A product's epilogue stores a thread's V consecutive columns at once where it can (see
+// vector_stores): a store that moves one float with the column and starts on a multiple of V
+// is one vector store; not for a column count that V does not divide. The buffers it writes
+// start aligned, outputs and temporaries, and an assignment to a view one float into its
+// tensor (on the CPU stand-in a misaligned vector traps, as the GPU stops). Values: the CPU's.
+TEST(cuda_product_epilogues_store_vectors) {
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor x = Tensor::from_vector(th::randf(70 * 48, 41), {70, 48});
+        Tensor w = Tensor::from_vector(th::randf(48 * 40, 42), {48, 40});
+        Tensor c = Tensor::from_vector(th::randf(70 * 40, 43), {70, 40});
+        Tensor odd = Tensor::from_vector(th::randf(48 * 33, 44), {48, 33});
+        Tensor flat = Tensor::from_vector(th::randf(70 * 40 + 1, 45), {70 * 40 + 1});
+        Tensor view = flat.slice(0, 1, 70 * 40 + 1).reshape({70, 40});
+        Tensor assigned = view.assign(x.matmul(w) + c).realize();
+        std::vector<float> out;
+        for (const Tensor& t : {(x.matmul(w) + c).relu(), x.matmul(odd) + 1,
+                                (x.matmul(w).relu() * c).sum(0), assigned, view, flat})
+            for (float v : values(t)) out.push_back(v);
+        return out;
+    };
+    {   // the passes CudaDevice runs (runs_pass), on whichever device this run uses
+        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
+                                     "first_write,order_nests,parallel_loops,plan_memory");
+        run(tg::detail::default_device().name());
+    }
+    tg::detail::program_observer() = saved;
+    int products = 0, vectors = 0;
+    for (const tg::detail::Program& p : programs)
+        for (const tg::detail::Launch& l : tg::detail::launches_of(p)) {
+            if (!tg::detail::plan_kernel(p, l.block, l.part).product) continue;
+            products++;
+            vectors += tg::detail::render_cuda(p).find(" = make_float2(s") != std::string::npos;
+        }
+    CHECK_EQ(products, 4);
+    CHECK_EQ(vectors, 3);   // 70 x 40 outputs, 2 of a thread's columns at once; not 70 x 33
+    std::string why;
+    if (!gpu(&why)) SKIP("no GPU for the values: " + why);
+    CHECK_ALL_NEAR(run("CUDA"), run("CPU"), 1e-5);
 }
 
 // TG_CUDA_TF32=1: products on tensor cores (mma.m16n8k8), their operands rounded to TF32 (to
