@@ -1155,13 +1155,15 @@ static ExprP load_by_term(const Block& b, const ProductPlan& plan, bool x, const
     return ex_load(e0->id, e0->dtype, plus_multiple(base, c, f_var));
 }
 
-// A segment's term with each load read at base + c·l (l_var: the number of the segment's
-// iteration) in place of its loops' variables; null where it reads them otherwise.
-static ExprP term_by_iteration(const SumSegment& seg, const Block& b, const ExprP& l_var) {
+// e, an expression of a segment's term, with each load read at base + c·l (l_var: the number
+// of the segment's iteration; c by load) in place of its loops' variables; null where it reads
+// them otherwise.
+static ExprP by_iteration_of(const ExprP& e0, const SumSegment& seg, const Block& b,
+                             const ExprP& l_var) {
     bool fits = true;
     Rewritten done;
     ExprP out = substitute(
-        seg.term,
+        e0,
         [&](const ExprP& e) -> ExprP {
             if (e->kind == EK::VAR)
                 for (const Stmt* l : seg.loops) fits = fits && l->id != e->id;
@@ -1174,6 +1176,19 @@ static ExprP term_by_iteration(const SumSegment& seg, const Block& b, const Expr
         },
         done);
     return fits ? out : nullptr;
+}
+static ExprP term_by_iteration(const SumSegment& seg, const Block& b, const ExprP& l_var) {
+    return by_iteration_of(seg.term, seg, b, l_var);
+}
+
+// An operand with its loads read at base + c·f, f the term's number: one load that every
+// segment reads so (load_by_term), or, in a sum of one segment, an expression whose loads each
+// read so (c by load: a head's slice of a row plus its bias). Null where not.
+static ExprP operand_by_term(const Block& b, const ProductPlan& plan, bool x, const ExprP& f_var) {
+    if (ExprP load = load_by_term(b, plan, x, f_var)) return load;
+    if (plan.segments.size() != 1) return nullptr;
+    const SumSegment& seg = plan.segments[0];
+    return by_iteration_of(x ? seg.x : seg.y, seg, b, f_var);
 }
 
 // The variables of a segment's loops, declared from `number` (its iteration's number).
@@ -1396,9 +1411,10 @@ static std::string render_product(const Block& b, int stage, const char* block,
     ExprP f_var = ex_var(f_id);
     auto operand = [&](bool x, const std::string& to, const std::string& pad) {
         std::string code;
-        if (ExprP load = load_by_term(b, plan, x, f_var)) {
+        if (ExprP e = operand_by_term(b, plan, x, f_var)) {
             CExprs cx{{{f_var.get(), "f"}}, next_tmp};
-            return pad + to + " = " + cx.str(load) + ";\n";
+            code += cx.declare_shared({e}, pad);
+            return code + pad + to + " = " + cx.str(e) + ";\n";
         }
         int64_t first = 0;
         for (size_t s = 0; s < plan.segments.size(); s++) {
@@ -1432,31 +1448,54 @@ static std::string render_product(const Block& b, int stage, const char* block,
     };
     // every step of KT terms lies inside the sum (or the range: split_terms is a multiple of KT)
     const bool whole_steps = K % KT == 0;
-    // An operand that is one float load at a·i + c·f + base (i its row or column), with no
-    // bounds to test, is read through a pointer to the thread's first element: element l lies
-    // a fixed distance further (e grows by 256: kk by 256/T, or o by 256/KT), and each step
-    // moves it c·KT on, so that no index is computed in the loop.
-    bool by_pointer[2] = {false, false};
-    long long pointer_step[2] = {0, 0}, pointer_each[2] = {0, 0};
+    // An operand whose loads are float loads at a·i + c·f + base each (i its row or column: one
+    // load, or a head's slice of a row plus its bias), with no bounds to test, is read through
+    // a pointer per load to the thread's first element: element l lies a fixed distance further
+    // (e grows by 256: kk by 256/T, or o by 256/KT), and each step moves it c·KT on, so that no
+    // index is computed in the loop. by_pointer[x]: the operand with load k read as
+    // xpk[l * each] (or ypk), for the fetch.
+    struct PointerLoad {
+        ExprP load;
+        long long each, step;
+    };
+    std::vector<PointerLoad> pointer_loads[2];
+    std::string by_pointer[2];
     std::string pointers;
     for (int x = 1; x >= 0; x--) {
         int var = x ? m.rows : m.cols;
-        ExprP load = load_by_term(b, plan, x, f_var);
-        if (!load || load->dtype != DType::FLOAT32 || !whole_steps || (x ? M : N) % T) continue;
-        int64_t a, c;
-        if (!step_along(load->src[0], var, a) || !step_along(load->src[0], f_id, c)) continue;
-        bool along = x ? x_by_rows : y_by_cols;
-        pointer_each[x] = along ? c * (CUDA_BLOCK_THREADS / T) : a * (CUDA_BLOCK_THREADS / KT);
-        pointer_step[x] = c * KT;
-        by_pointer[x] = true;
-        CExprs cx{{{f_var.get(), "f"}}, next_tmp};
-        const char* p = x ? "xp" : "yp";
-        pointers += strf("    const float *%s;\n    {\n        const int l = 0;\n", p) +
-                    element(x, "        ") +
-                    strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
-                         x ? "r0" : "c0", k_begin.c_str()) +
-                    cx.declare_shared({load}, "        ") +
-                    strf("        %s = &%s;\n    }\n", p, cx.str(load).c_str());
+        ExprP e = operand_by_term(b, plan, x, f_var);
+        if (!e || e->dtype != DType::FLOAT32 || !whole_steps || (x ? M : N) % T) continue;
+        bool along = x ? x_by_rows : y_by_cols, fits = true;
+        std::vector<PointerLoad> loads;
+        Rewritten done;   // the operand with its loads as constants: it reads i and f no other way
+        ExprP rest = substitute(
+            e,
+            [&](const ExprP& part) -> ExprP {
+                if (part->kind != EK::LOAD) return nullptr;
+                int64_t a, c;
+                fits = fits && part->dtype == DType::FLOAT32 &&
+                       step_along(part->src[0], var, a) && step_along(part->src[0], f_id, c);
+                if (fits)
+                    loads.push_back({part, along ? c * (CUDA_BLOCK_THREADS / T)
+                                                 : a * (CUDA_BLOCK_THREADS / KT), c * KT});
+                return ex_const(0, part->dtype);
+            },
+            done);
+        if (!fits || uses_var(rest, var) || uses_var(rest, f_id)) continue;
+        CExprs named{{}, next_tmp};
+        for (size_t k = 0; k < loads.size(); k++) {
+            std::string p = strf("%s%zu", x ? "xp" : "yp", k);
+            CExprs cx{{{f_var.get(), "f"}}, next_tmp};
+            pointers += strf("    const float *%s;\n    {\n        const int l = 0;\n", p.c_str()) +
+                        element(x, "        ") +
+                        strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
+                             x ? "r0" : "c0", k_begin.c_str()) +
+                        cx.declare_shared({loads[k].load}, "        ") +
+                        strf("        %s = &%s;\n    }\n", p.c_str(), cx.str(loads[k].load).c_str());
+            named.names[loads[k].load.get()] = strf("%s[l * %lldLL]", p.c_str(), loads[k].each);
+        }
+        by_pointer[x] = named.str(e);
+        pointer_loads[x] = loads;
     }
     // An operand of one float load whose index moves by a·i with its row or column i (and by
     // anything with the term: a head's slice of a row, a permuted layout), where a thread's
@@ -1468,7 +1507,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
     for (int x = 1; x >= 0; x--) {
         int var = x ? m.rows : m.cols;
         bool along = x ? x_by_rows : y_by_cols;
-        if (by_pointer[x] || along || !whole_steps || (x ? M : N) % T ||
+        if (!by_pointer[x].empty() || along || !whole_steps || (x ? M : N) % T ||
             plan.segments.size() != 1)
             continue;
         ExprP load = x ? first.x : first.y;
@@ -1501,10 +1540,11 @@ static std::string render_product(const Block& b, int stage, const char* block,
                 continue;
             }
             code += pad + "#pragma unroll\n" + pad + strf("for (int l = 0; l < %d; l++) {\n", L);
-            if (by_pointer[x]) {
-                code += pad + strf("    %s[l] = %s[l * %lldLL];\n", x ? "xn" : "yn", p,
-                                   pointer_each[x]) +
-                        pad + "}\n" + pad + strf("%s += %lldLL;\n", p, pointer_step[x]);
+            if (!by_pointer[x].empty()) {
+                code += pad + strf("    %s[l] = %s;\n", x ? "xn" : "yn", by_pointer[x].c_str()) +
+                        pad + "}\n";
+                for (size_t k = 0; k < pointer_loads[x].size(); k++)
+                    code += pad + strf("%s%zu += %lldLL;\n", p, k, pointer_loads[x][k].step);
                 continue;
             }
             code += element(x, pad + "    ");

@@ -493,6 +493,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         Tensor k = Tensor::from_vector(th::randf(2 * 96 * 64, 38), {2, 96, 64});
         Tensor heads = Tensor::from_vector(th::randf(2 * 4 * 32 * 16, 39), {2, 4, 32, 16});
         Tensor wh = Tensor::from_vector(th::randf(64 * 32, 40), {64, 32});
+        Tensor gb = Tensor::from_vector(th::randf(96, 41), {96});
         tg::manual_seed(4);
         tg::nn::Linear lin(300, 90);
         Tensor h = lin(a).gelu(true);
@@ -501,7 +502,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         std::vector<float> out;
         for (const Tensor& t : {a.matmul(b), c.matmul(d), b.t().matmul(a.t()), h, loss,
                                 lin.weight.grad(), lin.bias.grad(), (e.matmul(f) + 1).relu(),
-                                g.matmul(k),
+                                g.matmul(k), (g + gb).matmul(k),
                                 heads.transpose(1, 2).reshape({2, 32, 64}).matmul(wh)})
             for (float v : values(t)) out.push_back(v);
         return out;
@@ -517,6 +518,7 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     int unbounded = 0;   // whole tiles and steps: no bounds tested, operands read by pointer
     int split = 0;                   // a product of long sums split in ranges of terms
     int by_step = 0;   // x a head's slice of each row: one index a step, the rest by offsets
+    int two_pointers = 0;   // x a load plus a bias: a pointer for each
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         std::vector<std::string> kernel_of(launches.size());   // launches side by side: the first's
@@ -568,18 +570,21 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                       std::string::npos);
             }
             by_term += cu.find("int64_t l = f") == std::string::npos;
-            unbounded += cu.find("const float *xp;") != std::string::npos &&
-                         cu.find("const float *yp;") != std::string::npos &&
+            unbounded += cu.find("const float *xp0;") != std::string::npos &&
+                         cu.find("const float *yp0;") != std::string::npos &&
                          cu.find("if (i") == std::string::npos;
+            two_pointers += cu.find("xn[l] = (xp0[l * 1536LL] + xp1[l * 0LL]);") !=
+                            std::string::npos;
             by_step += cu.find("xn[l] = p[l * 256LL];") != std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
     }
-    // the 6 products, the Linear's forward, its input's and weight's gradients
-    CHECK_EQ(products, 9);
+    // the 7 products, the Linear's forward, its input's and weight's gradients
+    CHECK_EQ(products, 10);
     CHECK_EQ(by_step, 1);   // 2 x 32 x 32 outputs of 4 heads of 16 terms: rows 16 floats apart
-    CHECK_EQ(unbounded, 1);   // 2 x 64 x 64 outputs of 96 terms
+    CHECK_EQ(unbounded, 2);   // 2 x 64 x 64 outputs of 96 terms
+    CHECK_EQ(two_pointers, 1);   // the same with a bias added to x: its step 0 across the rows
     CHECK(by_term >= 3);
     CHECK_EQ(split, 1);   // 20 x 30 outputs of 3000 terms: 11 ranges of 288 (the last 120)
     std::string why;
