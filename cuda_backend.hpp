@@ -1491,32 +1491,40 @@ static std::string render_product(const Block& b, int stage, const char* block,
                         strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
                              x ? "r0" : "c0", k_begin.c_str()) +
                         cx.declare_shared({loads[k].load}, "        ") +
-                        strf("        %s = &%s;\n    }\n", p.c_str(), cx.str(loads[k].load).c_str());
+                        strf("        %s = &%s;\n    }\n", p.c_str(),
+                             cx.str(loads[k].load).c_str());
             named.names[loads[k].load.get()] = strf("%s[l * %lldLL]", p.c_str(), loads[k].each);
         }
         by_pointer[x] = named.str(e);
         pointer_loads[x] = loads;
     }
-    // An operand of one float load whose index moves by a·i with its row or column i (and by
-    // anything with the term: a head's slice of a row, a permuted layout), where a thread's
-    // elements share their term (read across: kk = e % KT) and no bound is tested, is read
-    // through a pointer to its first element that each step computes: the others lie a·256/KT
-    // further each, so that one index a step is computed, not L.
+    // An operand of one float load, with no bound to test, whose thread's elements lie a fixed
+    // distance apart however the index moves with the term (a head's slice of a row, a
+    // permuted layout), is read through a pointer to its first element that each step
+    // computes, so that one index a step is computed, not L. Read across (kk = e % KT: the
+    // elements share their term), the index must move by a·i with the row or column i: they
+    // lie a·256/KT apart. Read along (o = e % T: they share their row or column, their terms
+    // 256/T apart), it must move by a·j with the innermost loop j of the sum, whose length is
+    // a multiple of KT (so a step's terms differ in j alone): they lie a·256/T apart (the
+    // attention output's layout in its projection's weight gradient).
     ExprP step_load[2];
     long long step_each[2] = {0, 0};
     for (int x = 1; x >= 0; x--) {
         int var = x ? m.rows : m.cols;
         bool along = x ? x_by_rows : y_by_cols;
-        if (!by_pointer[x].empty() || along || !whole_steps || (x ? M : N) % T ||
+        if (!by_pointer[x].empty() || !whole_steps || (x ? M : N) % T ||
             plan.segments.size() != 1)
             continue;
         ExprP load = x ? first.x : first.y;
+        if (load->kind != EK::LOAD || load->dtype != DType::FLOAT32) continue;
         int64_t a;
-        if (load->kind != EK::LOAD || load->dtype != DType::FLOAT32 ||
-            !step_along(load->src[0], var, a))
-            continue;
+        if (!along && step_along(load->src[0], var, a))
+            step_each[x] = a * (CUDA_BLOCK_THREADS / KT);
+        else if (along && inner >= 0 && b.extents[size_t(inner)] % KT == 0 &&
+                 step_along(load->src[0], inner, a))
+            step_each[x] = a * (CUDA_BLOCK_THREADS / T);
+        else continue;
         step_load[x] = load;
-        step_each[x] = a * (CUDA_BLOCK_THREADS / KT);
     }
     auto fetch = [&](const std::string& k0, const std::string& pad) {
         std::string code;

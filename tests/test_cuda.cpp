@@ -494,6 +494,10 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         Tensor heads = Tensor::from_vector(th::randf(2 * 4 * 32 * 16, 39), {2, 4, 32, 16});
         Tensor wh = Tensor::from_vector(th::randf(64 * 32, 40), {64, 32});
         Tensor gb = Tensor::from_vector(th::randf(96, 41), {96});
+        Tensor wl = Tensor::from_vector(th::randf(20 * 64, 42), {20, 64});
+        Tensor gl = Tensor::from_vector(th::randf(2 * 32 * 20, 43), {2, 32, 20});
+        wl.requires_grad();   // its gradient: the heads' layout read along its 64 columns
+        (heads.transpose(1, 2).reshape({2, 32, 64}).matmul(wl.t()) * gl).sum().backward();
         tg::manual_seed(4);
         tg::nn::Linear lin(300, 90);
         Tensor h = lin(a).gelu(true);
@@ -503,7 +507,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
         for (const Tensor& t : {a.matmul(b), c.matmul(d), b.t().matmul(a.t()), h, loss,
                                 lin.weight.grad(), lin.bias.grad(), (e.matmul(f) + 1).relu(),
                                 g.matmul(k), (g + gb).matmul(k),
-                                heads.transpose(1, 2).reshape({2, 32, 64}).matmul(wh)})
+                                heads.transpose(1, 2).reshape({2, 32, 64}).matmul(wh),
+                                wl.grad()})
             for (float v : values(t)) out.push_back(v);
         return out;
     };
@@ -519,11 +524,20 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     int split = 0;                   // a product of long sums split in ranges of terms
     int by_step = 0;   // x a head's slice of each row: one index a step, the rest by offsets
     int two_pointers = 0;   // x a load plus a bias: a pointer for each
+    int by_step_along = 0;   // y heads' slices read along their columns (head and offset)
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         std::vector<std::string> kernel_of(launches.size());   // launches side by side: the first's
         for (const auto& kernel : tg::detail::kernels_of(p, launches))
             for (size_t i : kernel) kernel_of[i] = launches[kernel[0]].name;
+        std::string whole = tg::detail::render_cuda(p);   // kernel by kernel
+        for (size_t at = whole.find("__global__"); at != std::string::npos;) {
+            size_t next = whole.find("__global__", at + 1);
+            std::string kernel = whole.substr(at, next == std::string::npos ? next : next - at);
+            by_step += kernel.find("xn[l] = p[l * 256LL];") != std::string::npos;
+            by_step_along += kernel.find("yn[l] = p[l * 128LL];") != std::string::npos;
+            at = next;
+        }
         for (size_t n = 0; n < launches.size(); n++) {
             const tg::detail::Launch& l = launches[n];
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
@@ -575,14 +589,16 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                          cu.find("if (i") == std::string::npos;
             two_pointers += cu.find("xn[l] = (xp0[l * 1536LL] + xp1[l * 0LL]);") !=
                             std::string::npos;
-            by_step += cu.find("xn[l] = p[l * 256LL];") != std::string::npos;
             if (tg::cuda::nvrtc_available() && !stand_in())   // NVRTC for sm_90 takes it
                 CHECK(tg::detail::nvrtc_compile(cu, 90, p.name + ".cu").size() > 0);
         }
     }
-    // the 7 products, the Linear's forward, its input's and weight's gradients
-    CHECK_EQ(products, 10);
-    CHECK_EQ(by_step, 1);   // 2 x 32 x 32 outputs of 4 heads of 16 terms: rows 16 floats apart
+    // the 7 products, the Linear's forward, its input's and weight's gradients, the heads'
+    // product with wl and its gradient
+    CHECK_EQ(products, 12);
+    CHECK_EQ(by_step, 2);   // the heads' products with wh and wl (4 heads of 16 terms): rows 16
+                            // floats apart
+    CHECK_EQ(by_step_along, 1);   // wl's gradient, 20 x 64 of 2 x 32 terms 16 floats apart
     CHECK_EQ(unbounded, 2);   // 2 x 64 x 64 outputs of 96 terms
     CHECK_EQ(two_pointers, 1);   // the same with a bias added to x: its step 0 across the rows
     CHECK(by_term >= 3);
