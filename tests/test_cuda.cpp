@@ -470,6 +470,19 @@ TEST(cuda_block_reductions_match_the_cpu) {
     CHECK(cuda == run("CUDA"));
 }
 
+// The programs that run() makes with the passes the CUDA device runs (runs_pass), on whichever
+// device this run uses: what a GPU's kernels would be.
+static std::vector<tg::detail::Program> planned_for_cuda(const std::function<void()>& run) {
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
+                                 "first_write,order_nests,parallel_loops,plan_memory");
+    run();
+    tg::detail::program_observer() = saved;
+    return programs;
+}
+
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
 // products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
 // partial tiles or none (then no bounds are tested, and loads read by pointer), a batch,
@@ -478,9 +491,6 @@ TEST(cuda_block_reductions_match_the_cpu) {
 // GELU) and a Linear's gradients; the same bits on every run. The plan is checked on every
 // machine, the values where a GPU (or the stand-in) is.
 TEST(cuda_products_run_in_tiles_through_shared_memory) {
-    std::vector<tg::detail::Program> programs;
-    auto saved = tg::detail::program_observer();
-    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
     auto run = [](const char* device) {
         EnvGuard dev("TG_DEVICE", device);
         Tensor a = Tensor::from_vector(th::randf(100 * 300, 31), {100, 300});
@@ -512,12 +522,8 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
             for (float v : values(t)) out.push_back(v);
         return out;
     };
-    {   // the passes CudaDevice runs (runs_pass), on whichever device this run uses
-        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
-                                     "first_write,order_nests,parallel_loops,plan_memory");
-        run(tg::detail::default_device().name());
-    }
-    tg::detail::program_observer() = saved;
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { run(tg::detail::default_device().name()); });
     std::vector<float> cpu = run("CPU");
     int products = 0, by_term = 0;   // products whose operands are loads at base + c·term
     int unbounded = 0;   // whole tiles and steps: no bounds tested, operands read by pointer
@@ -624,9 +630,6 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
 // start aligned, outputs and temporaries, and an assignment to a view one float into its
 // tensor (on the CPU stand-in a misaligned vector traps, as the GPU stops). Values: the CPU's.
 TEST(cuda_product_epilogues_store_vectors) {
-    std::vector<tg::detail::Program> programs;
-    auto saved = tg::detail::program_observer();
-    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
     auto run = [](const char* device) {
         EnvGuard dev("TG_DEVICE", device);
         Tensor x = Tensor::from_vector(th::randf(70 * 48, 41), {70, 48});
@@ -642,12 +645,8 @@ TEST(cuda_product_epilogues_store_vectors) {
             for (float v : values(t)) out.push_back(v);
         return out;
     };
-    {   // the passes CudaDevice runs (runs_pass), on whichever device this run uses
-        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
-                                     "first_write,order_nests,parallel_loops,plan_memory");
-        run(tg::detail::default_device().name());
-    }
-    tg::detail::program_observer() = saved;
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { run(tg::detail::default_device().name()); });
     int products = 0, vectors = 0;
     for (const tg::detail::Program& p : programs)
         for (const tg::detail::Launch& l : tg::detail::launches_of(p)) {
@@ -705,18 +704,7 @@ TEST(cuda_tf32_products_round_their_operands_on_tensor_cores) {
                 }
         return z;
     };
-    // the kernels as rendered for CUDA, whatever the device of this run
-    std::vector<tg::detail::Program> programs;
-    {
-        auto saved = tg::detail::program_observer();
-        tg::detail::program_observer() = [&](const tg::detail::Program& p) {
-            programs.push_back(p);
-        };
-        EnvGuard passes("TG_PASSES", "simplify,fuse_maps,substitute_temps,dead_stores,"
-                                     "first_write,order_nests,parallel_loops,plan_memory");
-        run(cases[0], 1);
-        tg::detail::program_observer() = saved;
-    }
+    std::vector<tg::detail::Program> programs = planned_for_cuda([&] { run(cases[0], 1); });
     int products = 0;
     for (const tg::detail::Program& p : programs) {
         std::string plain = tg::detail::render_cuda(p);
