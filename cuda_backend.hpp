@@ -1247,15 +1247,13 @@ static std::string last_range_goes_on(int64_t ranges, int64_t outputs, const cha
 
 // Whether idx moves one element with var and lies on a multiple of V wherever var does.
 static bool vector_index(const ExprP& idx, int var, int V) {
+    if (!steps_by_one(idx, var)) return false;
     Linear lin;
     lin.add(1, idx);
-    if (lin.constant % V) return false;
-    bool moves = false;
-    for (auto& [coef, term] : lin.terms) {
-        if (term->kind == EK::VAR && term->id == var) moves = coef == 1;
-        else if (coef % V || uses_var(term, var)) return false;
-    }
-    return moves;
+    bool aligned = lin.constant % V == 0;
+    for (auto& [coef, term] : lin.terms)
+        aligned = aligned && (coef % V == 0 || (term->kind == EK::VAR && term->id == var));
+    return aligned;
 }
 
 // The stores of a product's epilogue that a thread makes for V consecutive columns at once
@@ -1323,10 +1321,7 @@ static std::string vector_epilogue(const Block& b, const ProductPlan& plan,
         if (!vectors[s]) continue;
         const ExprP& idx = m.epilogue[s].idx;
         CExprs cx{{}, next_tmp};   // the index with the column written as the group's first
-        ExprSet seen;
-        each_part(idx, seen, [&](const ExprP& part) {
-            if (part->kind == EK::VAR && part->id == m.cols) cx.names[part.get()] = group;
-        });
+        cx.name_var(idx, m.cols, group);
         out += cx.declare_shared({idx}, pad);
         std::string values;
         for (int q = 0; q < V; q++) values += strf("%ss%zu[%d]", q ? ", " : "", s, q);
@@ -1446,6 +1441,11 @@ static std::string render_product(const Block& b, int stage, const char* block,
                (along ? strf("const int o = e %% %d, kk = e / %d;\n", T, T)
                       : strf("const int o = e / %d, kk = e %% %d;\n", KT, KT));
     };
+    // and its row (or column) and term, the step's terms from k0
+    auto element_at = [&](bool x, const std::string& k0, const std::string& pad) {
+        return element(x, pad) + pad + strf("const int64_t i%d = %s + o, f = %s + kk;\n",
+                                            x ? m.rows : m.cols, x ? "r0" : "c0", k0.c_str());
+    };
     // every step of KT terms lies inside the sum (or the range: split_terms is a multiple of KT)
     const bool whole_steps = K % KT == 0;
     // An operand whose loads are float loads at a·i + c·f + base each (i its row or column: one
@@ -1458,7 +1458,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
         ExprP load;
         long long each, step;
     };
-    std::vector<PointerLoad> pointer_loads[2];
+    std::vector<long long> pointer_steps[2];   // by load
     std::string by_pointer[2];
     std::string pointers;
     for (int x = 1; x >= 0; x--) {
@@ -1487,16 +1487,14 @@ static std::string render_product(const Block& b, int stage, const char* block,
             std::string p = strf("%s%zu", x ? "xp" : "yp", k);
             CExprs cx{{{f_var.get(), "f"}}, next_tmp};
             pointers += strf("    const float *%s;\n    {\n        const int l = 0;\n", p.c_str()) +
-                        element(x, "        ") +
-                        strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
-                             x ? "r0" : "c0", k_begin.c_str()) +
+                        element_at(x, k_begin, "        ") +
                         cx.declare_shared({loads[k].load}, "        ") +
                         strf("        %s = &%s;\n    }\n", p.c_str(),
                              cx.str(loads[k].load).c_str());
             named.names[loads[k].load.get()] = strf("%s[l * %lldLL]", p.c_str(), loads[k].each);
         }
         by_pointer[x] = named.str(e);
-        pointer_loads[x] = loads;
+        for (const PointerLoad& load : loads) pointer_steps[x].push_back(load.step);
     }
     // An operand of one float load, with no bound to test, whose thread's elements lie a fixed
     // distance apart however the index moves with the term (a head's slice of a row, a
@@ -1535,9 +1533,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
             if (step_load[x]) {
                 CExprs cx{{}, next_tmp};
                 code += pad + "{\n" + pad + "    const float *p;\n" + pad + "    {\n" + pad +
-                        "        const int l = 0;\n" + element(x, pad + "        ") + pad +
-                        strf("        const int64_t i%d = %s + o, f = %s + kk;\n", var,
-                             x ? "r0" : "c0", k0.c_str()) +
+                        "        const int l = 0;\n" + element_at(x, k0, pad + "        ") +
                         pad + "        {\n" + segment_vars(first, b, "f", pad + "            ") +
                         cx.declare_shared({step_load[x]}, pad + "            ") + pad +
                         strf("            p = &%s;\n", cx.str(step_load[x]).c_str()) + pad +
@@ -1551,13 +1547,11 @@ static std::string render_product(const Block& b, int stage, const char* block,
             if (!by_pointer[x].empty()) {
                 code += pad + strf("    %s[l] = %s;\n", x ? "xn" : "yn", by_pointer[x].c_str()) +
                         pad + "}\n";
-                for (size_t k = 0; k < pointer_loads[x].size(); k++)
-                    code += pad + strf("%s%zu += %lldLL;\n", p, k, pointer_loads[x][k].step);
+                for (size_t k = 0; k < pointer_steps[x].size(); k++)
+                    code += pad + strf("%s%zu += %lldLL;\n", p, k, pointer_steps[x][k]);
                 continue;
             }
-            code += element(x, pad + "    ");
-            code += pad + strf("    const int64_t i%d = %s + o, f = %s + kk;\n", var,
-                               x ? "r0" : "c0", k0.c_str());
+            code += element_at(x, k0, pad + "    ");
             std::string inside;   // the bounds that a partial tile or step can pass
             if (n % T) inside = strf("i%d < %lldLL", var, n);
             if (!whole_steps) inside += (inside.empty() ? "f < " : " && f < ") + k_end;

@@ -7066,6 +7066,14 @@ struct CExprs {
         return out;
     }
 
+    // variable var, wherever e reads it, written as `as`
+    void name_var(const ExprP& e, int var, const std::string& as) {
+        ExprSet seen;
+        each_part(e, seen, [&](const ExprP& part) {
+            if (part->kind == EK::VAR && part->id == var) names[part.get()] = as;
+        });
+    }
+
     // declarations of the shared parts of exprs, operands before their users
     std::string declare_shared(const std::vector<ExprP>& exprs, const std::string& pad) {
         std::unordered_map<const Expr*, int> uses;
@@ -7165,10 +7173,7 @@ static std::string c_tiled_product(const Block& b) {
     // an operand's C with the rows' or columns' variable written as `as`
     auto operand = [&](const ExprP& e, int var, const std::string& as) {
         CExprs cx{{}, next_tmp};
-        ExprSet seen;
-        each_part(e, seen, [&](const ExprP& part) {
-            if (part->kind == EK::VAR && part->id == var) cx.names[part.get()] = as;
-        });
+        cx.name_var(e, var, as);
         return cx.str(e);
     };
     bool x_direct = true, y_direct = N % W == 0, y_along = true;

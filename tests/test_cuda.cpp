@@ -626,9 +626,10 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
 
 // A product's epilogue stores a thread's V consecutive columns at once where it can (see
 // vector_stores): a store that moves one float with the column and starts on a multiple of V
-// is one vector store; not for a column count that V does not divide. The buffers it writes
-// start aligned, outputs and temporaries, and an assignment to a view one float into its
-// tensor (on the CPU stand-in a misaligned vector traps, as the GPU stops). Values: the CPU's.
+// is one vector store; not for a column count that V does not divide. Values: the CPU's, for
+// outputs, temporaries and an assignment to a view one float into its tensor (which writes a
+// copy of the view, so its stores start aligned too; on the CPU stand-in a misaligned vector
+// traps, as the GPU stops).
 TEST(cuda_product_epilogues_store_vectors) {
     auto run = [](const char* device) {
         EnvGuard dev("TG_DEVICE", device);
