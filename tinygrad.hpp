@@ -3187,20 +3187,22 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
     if (other.ndim() == 1) out = out.squeeze(-1, loc);
     return out;
 }
-// softmax x = e^(x - max x) / Σ e^(x - max x)
+// softmax x = e^(x - max x) / Σ e^(x - max x). The max only keeps e^ in range: the value
+// does not depend on it, so neither does the gradient, and the max is detached (its own
+// gradient, a comparison and a count of ties per row, would add up to zero).
 Tensor Tensor::softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
-    Tensor e = (x - x.max(std::vector<int>{axis}, true, loc)).exp(loc);
+    Tensor e = (x - x.max(std::vector<int>{axis}, true, loc).detach()).exp(loc);
     return e / e.sum(axis, true, loc);
 }
-// log_softmax x = (x - max x) - ln Σ e^(x - max x)
+// log_softmax x = (x - max x) - ln Σ e^(x - max x), the max detached as in softmax
 Tensor Tensor::log_softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "log_softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
-    Tensor shifted = x - x.max(std::vector<int>{axis}, true, loc);
+    Tensor shifted = x - x.max(std::vector<int>{axis}, true, loc).detach();
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
 }
 namespace detail {
