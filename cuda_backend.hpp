@@ -817,6 +817,10 @@ std::vector<Launch> launches_of(const Program& p) {
 
 static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
                      std::string& out, int depth);
+static ExprP by_iteration_of(const ExprP& e0, const SumSegment& seg, const Block& b,
+                             const ExprP& l_var);
+static std::string segment_vars(const SumSegment& seg, const Block& b, const std::string& number,
+                                const std::string& pad);
 // A sum tree among an item's statements from body[s] (an accumulator started at 0, the loops
 // of its segments and the partial sums added into it: the accurate-sum lowering's sum of a
 // length that is no power of 16, in a nest of rows that fuse_maps joined): the end of the
@@ -925,18 +929,19 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             if (op == Op::REDUCE_SUM && !zero.count(acc))   // what it holds: counted once
                 out += strf("%sif (%s != 0) acc%d = 0;\n", pad.c_str(), g.thread, acc);
             zero.erase(acc);
-            out += strf("%sfor (int64_t f = %s; f < %lldLL; f += %d) {\n", pad.c_str(), g.thread,
-                        (long long)n, g.size);
-            for (size_t l = chain.size(); l-- > 0;) {
-                int id = chain[l]->id;
-                long long e = (long long)b.extents[size_t(id)];
-                out += strf("%s    int64_t i%d = f", pad.c_str(), id);
-                for (size_t m = l + 1; m < chain.size(); m++)
-                    out += strf(" / %lldLL", (long long)b.extents[size_t(chain[m]->id)]);
-                out += l == 0 ? ";\n" : strf(" %% %lldLL;\n", e);
-            }
+            // f, variable f_id: its loads read at base + c·f where they can (a row split into
+            // loops of 16 for its sum reads its elements one after another), else the chain's
+            // variables from f
+            const int f_id = int(b.extents.size());   // a variable of no loop
             Stmt update = chain.back()->body[0];   // the innermost acc op= value, into acc
             update.id = acc;
+            SumSegment seg;
+            seg.loops = chain;
+            ExprP by_f = by_iteration_of(update.val, seg, b, ex_var(f_id));
+            out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(), f_id,
+                        g.thread, f_id, (long long)n, f_id, g.size);
+            if (by_f) update.val = by_f;
+            else out += segment_vars(seg, b, strf("i%d", f_id), pad + "    ");
             c_stmts({update}, b.extents, no_arrays, depth + 1, next_tmp, out);
             out += pad + "}\n";
             out += strf("%sacc%d = %s<%d>(acc%d);\n", pad.c_str(), acc, g.reduce,

@@ -483,6 +483,43 @@ static std::vector<tg::detail::Program> planned_for_cuda(const std::function<voi
     return programs;
 }
 
+// A row's sum that lowering splits into loops (512 terms as 2 x 16 x 16, 256 as 16 x 16, in a
+// fixed order), run by a block (a layer norm of 300 rows) or a warp (a softmax of 2000 rows)
+// a row: each thread reads its terms f = thread, thread + size, ... at the row's start + f,
+// not through the loops' variables computed back from f (divisions and remainders by 16 for
+// every term). The same sums in the same order: the values are the CPU's, the same each run.
+TEST(cuda_cooperative_sums_read_their_terms_in_order) {
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        Tensor r = Tensor::from_vector(th::randf(300 * 512, 51), {300, 512});
+        Tensor centred = r - r.mean(-1, true);
+        Tensor normed = centred / (centred.pow(2).mean(-1, true) + 1e-5f).sqrt();
+        Tensor q = Tensor::from_vector(th::randf(2000 * 256, 52), {2000, 256});
+        std::vector<float> out;
+        for (const Tensor& t : {normed, q.softmax(-1)})
+            for (float v : values(t)) out.push_back(v);
+        return out;
+    };
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { run(tg::detail::default_device().name()); });
+    int blocks = 0, warps = 0;
+    for (const tg::detail::Program& p : programs) {
+        CHECK_EQ(th::count_of(tg::detail::render_cuda(p), "% 16LL"), 0);
+        for (const tg::detail::Launch& l : tg::detail::launches_of(p)) {
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
+            warps += plan.warp;
+            blocks += plan.cooperative && !plan.warp;
+        }
+    }
+    CHECK(blocks >= 1);
+    CHECK(warps >= 1);
+    std::string why;
+    if (!gpu(&why)) SKIP("no GPU for the values: " + why);
+    std::vector<float> cuda = run("CUDA");
+    CHECK_ALL_NEAR(cuda, run("CPU"), 1e-5);
+    CHECK(cuda == run("CUDA"));
+}
+
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
 // products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
 // partial tiles or none (then no bounds are tested, and loads read by pointer), a batch,
