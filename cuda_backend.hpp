@@ -815,12 +815,11 @@ std::vector<Launch> launches_of(const Program& p) {
     return out;
 }
 
-static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
-                     std::string& out, int depth);
-static ExprP by_iteration_of(const ExprP& e0, const SumSegment& seg, const Block& b,
-                             const ExprP& l_var);
-static std::string segment_vars(const SumSegment& seg, const Block& b, const std::string& number,
-                                const std::string& pad);
+static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_id,
+                     int& next_tmp, std::string& out, int depth);
+static Stmt sum_update(int acc) {   // acc += a term, float32
+    return {SK::ACC_UPDATE, acc, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
+}
 // A sum tree among an item's statements from body[s] (an accumulator started at 0, the loops
 // of its segments and the partial sums added into it: the accurate-sum lowering's sum of a
 // length that is no power of 16, in a nest of rows that fuse_maps joined): the end of the
@@ -900,7 +899,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             for (const SumSegment& seg : segments) {
                 out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
                             l_id, g.thread, l_id, (long long)seg.terms, l_id, g.size);
-                add_term(seg, b, st.id, l_id, next_tmp, out, depth);
+                add_term(seg, b, sum_update(st.id), l_id, next_tmp, out, depth);
             }
             out += strf("%sacc%d = %s<0>(acc%d);\n", pad.c_str(), st.id, g.reduce, st.id);
             s = tree_end - 1;
@@ -929,21 +928,15 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             if (op == Op::REDUCE_SUM && !zero.count(acc))   // what it holds: counted once
                 out += strf("%sif (%s != 0) acc%d = 0;\n", pad.c_str(), g.thread, acc);
             zero.erase(acc);
-            // f, variable f_id: its loads read at base + c·f where they can (a row split into
-            // loops of 16 for its sum reads its elements one after another), else the chain's
-            // variables from f
-            const int f_id = int(b.extents.size());   // a variable of no loop
+            // the chain as one segment of n terms: a row split into loops of 16 for its sum
+            // reads its elements one after another
+            const int f_id = int(b.extents.size());   // a variable of no loop: f
             Stmt update = chain.back()->body[0];   // the innermost acc op= value, into acc
             update.id = acc;
-            SumSegment seg;
-            seg.loops = chain;
-            ExprP by_f = by_iteration_of(update.val, seg, b, ex_var(f_id));
+            SumSegment seg{chain, update.val, nullptr, nullptr, n};
             out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(), f_id,
                         g.thread, f_id, (long long)n, f_id, g.size);
-            if (by_f) update.val = by_f;
-            else out += segment_vars(seg, b, strf("i%d", f_id), pad + "    ");
-            c_stmts({update}, b.extents, no_arrays, depth + 1, next_tmp, out);
-            out += pad + "}\n";
+            add_term(seg, b, update, f_id, next_tmp, out, depth);
             out += strf("%sacc%d = %s<%d>(acc%d);\n", pad.c_str(), acc, g.reduce,
                         op == Op::REDUCE_MAX ? 1 : 0, acc);
             continue;
@@ -1707,11 +1700,11 @@ static std::string render_product(const Block& b, int stage, const char* block,
     return out;
 }
 
-// The body of a loop over a segment's terms (l: variable l_id): acc += its term, its loads
-// read at base + c·l where they can, else its loops' variables from l; then the loop's end.
-static void add_term(const SumSegment& seg, const Block& b, int acc, int l_id, int& next_tmp,
-                     std::string& out, int depth) {
-    Stmt update{SK::ACC_UPDATE, acc, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
+// The body of a loop over a segment's terms (l: variable l_id): `update` (acc op= the term),
+// the term's loads read at base + c·l where they can, else its loops' variables from l; then
+// the loop's end.
+static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_id,
+                     int& next_tmp, std::string& out, int depth) {
     update.val = term_by_iteration(seg, b, ex_var(l_id));
     if (!update.val) {
         out += segment_vars(seg, b, strf("i%d", l_id), std::string(size_t(depth + 1) * 4, ' '));
@@ -1746,7 +1739,7 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
         if (start) hi += strf(" - %lldLL", start);
         out += strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
                     hi.c_str(), l_id);
-        add_term(seg, b, cs.sum, l_id, next_tmp, out, 1);
+        add_term(seg, b, sum_update(cs.sum), l_id, next_tmp, out, 1);
         start = end;
     }
     out += strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
@@ -1771,7 +1764,7 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
     for (const SumSegment& seg : tree.segments) {
         out += strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
                     l_id, (long long)seg.terms, l_id, g.size);
-        add_term(seg, b, sum, l_id, next_tmp, out, 1);
+        add_term(seg, b, sum_update(sum), l_id, next_tmp, out, 1);
     }
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
     std::unordered_map<int, Op> accs;
