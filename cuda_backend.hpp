@@ -24,7 +24,9 @@
    with few grid items and long reductions, or whose items each walk rows of their own (a layer
    norm's, a softmax's), gives each item a block of threads that split the loops and combine
    their partial results in a fixed tree (a warp, where such rows are many or short; a sum's
-   whole tree of partial sums as one loop per segment and one reduction); a nest without grid
+   whole tree of partial sums as one loop per segment and one reduction; a thread that adds
+   more than 16 float terms carries what each addition lost into the next, a compensated sum,
+   so that the error does not grow with the length); a nest without grid
    loops runs as one kernel per statement; a scatter runs a thread per column (with many rows, a
    thread per range of rows and column, into copies added by a second kernel); a sum of each of
    few columns over many rows (a bias's gradient) runs a thread per range of rows and column; a
@@ -816,7 +818,8 @@ std::vector<Launch> launches_of(const Program& p) {
 }
 
 static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_id,
-                     int& next_tmp, std::string& out, int depth);
+                     const std::string& loop, int64_t each, int& next_tmp, std::string& out,
+                     int depth);
 static Stmt sum_update(int acc) {   // acc += a term, float32
     return {SK::ACC_UPDATE, acc, Op::REDUCE_SUM, DType::FLOAT32, nullptr, nullptr, {}};
 }
@@ -877,6 +880,9 @@ struct CooperativeGroup {
 static const CooperativeGroup BLOCK_GROUP{"threadIdx.x", "tg_block_reduce", "__syncthreads()",
                                           CUDA_BLOCK_THREADS};
 static const CooperativeGroup WARP_GROUP{"lane", "tg_warp_reduce", "__syncwarp()", 32};
+static int64_t terms_each(int64_t terms, const CooperativeGroup& g) {   // a thread's, at most
+    return (terms + g.size - 1) / g.size;
+}
 
 // The body of a cooperative item (see KernelPlan and cooperative_body). Every thread of the
 // group runs every statement at this level with the same values, so the barriers in the
@@ -896,11 +902,12 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             c_stmts({st}, b.extents, no_arrays, depth, next_tmp, out);
             accs[st.id] = Op::REDUCE_SUM;
             const int l_id = int(b.extents.size());   // a variable of no loop: l
-            for (const SumSegment& seg : segments) {
-                out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
-                            l_id, g.thread, l_id, (long long)seg.terms, l_id, g.size);
-                add_term(seg, b, sum_update(st.id), l_id, next_tmp, out, depth);
-            }
+            for (const SumSegment& seg : segments)
+                add_term(seg, b, sum_update(st.id), l_id,
+                         strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n",
+                              pad.c_str(), l_id, g.thread, l_id, (long long)seg.terms, l_id,
+                              g.size),
+                         terms_each(seg.terms, g), next_tmp, out, depth);
             out += strf("%sacc%d = %s<0>(acc%d);\n", pad.c_str(), st.id, g.reduce, st.id);
             s = tree_end - 1;
             continue;
@@ -934,9 +941,10 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             Stmt update = chain.back()->body[0];   // the innermost acc op= value, into acc
             update.id = acc;
             SumSegment seg{chain, update.val, nullptr, nullptr, n};
-            out += strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(), f_id,
-                        g.thread, f_id, (long long)n, f_id, g.size);
-            add_term(seg, b, update, f_id, next_tmp, out, depth);
+            add_term(seg, b, update, f_id,
+                     strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
+                          f_id, g.thread, f_id, (long long)n, f_id, g.size),
+                     terms_each(n, g), next_tmp, out, depth);
             out += strf("%sacc%d = %s<%d>(acc%d);\n", pad.c_str(), acc, g.reduce,
                         op == Op::REDUCE_MAX ? 1 : 0, acc);
             continue;
@@ -1700,18 +1708,38 @@ static std::string render_product(const Block& b, int stage, const char* block,
     return out;
 }
 
-// The body of a loop over a segment's terms (l: variable l_id): `update` (acc op= the term),
-// the term's loads read at base + c·l where they can, else its loops' variables from l; then
-// the loop's end.
+// A loop over a segment's terms (`loop`, its first line; l: variable l_id) that does `update`
+// (acc op= the term) with each, the term's loads read at base + c·l where they can, else its
+// loops' variables from l. A thread that adds more than COMPENSATED_SUM_TERMS float terms
+// (`each`, at most) carries what each addition lost into the next (Kahan's compensated sum),
+// so that its sum's error does not grow with the length, as the CPU's lanes keep it: one
+// block of 256 threads summing 10^7 terms would add 39,063 of them into one float each.
+static const int64_t COMPENSATED_SUM_TERMS = 16;
 static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_id,
-                     int& next_tmp, std::string& out, int depth) {
+                     const std::string& loop, int64_t each, int& next_tmp, std::string& out,
+                     int depth) {
+    const std::string pad(size_t(depth) * 4, ' '), inner = pad + "    ";
+    bool compensated = update.op == Op::REDUCE_SUM && update.dtype == DType::FLOAT32 &&
+                       each > COMPENSATED_SUM_TERMS;
+    if (compensated) out += pad + "{\n" + pad + "float tg_lost = 0.0f;\n";
+    out += loop;
     update.val = term_by_iteration(seg, b, ex_var(l_id));
     if (!update.val) {
-        out += segment_vars(seg, b, strf("i%d", l_id), std::string(size_t(depth + 1) * 4, ' '));
+        out += segment_vars(seg, b, strf("i%d", l_id), inner);
         update.val = seg.term;
     }
-    c_stmts({update}, b.extents, {}, depth + 1, next_tmp, out);
-    out += std::string(size_t(depth) * 4, ' ') + "}\n";
+    if (compensated) {
+        CExprs cx{{}, next_tmp};
+        out += cx.declare_shared({update.val}, inner);
+        out += strf("%sconst float tg_y = %s - tg_lost, tg_t = acc%d + tg_y;\n"
+                    "%stg_lost = (tg_t - acc%d) - tg_y;\n%sacc%d = tg_t;\n",
+                    inner.c_str(), cx.str(update.val).c_str(), update.id, inner.c_str(),
+                    update.id, inner.c_str(), update.id);
+    } else {
+        c_stmts({update}, b.extents, {}, depth + 1, next_tmp, out);
+    }
+    out += pad + "}\n";
+    if (compensated) out += pad + "}\n";
 }
 
 // The body of a column sum's kernel (see plan_column_sum), after the column's variables and
@@ -1737,9 +1765,10 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
                                : "first";
         std::string hi = end < terms ? strf("(last < %lldLL ? last : %lldLL)", end, end) : "last";
         if (start) hi += strf(" - %lldLL", start);
-        out += strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
-                    hi.c_str(), l_id);
-        add_term(seg, b, sum_update(cs.sum), l_id, next_tmp, out, 1);
+        add_term(seg, b, sum_update(cs.sum), l_id,
+                 strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
+                      hi.c_str(), l_id),
+                 0, next_tmp, out, 1);
         start = end;
     }
     out += strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
@@ -1761,11 +1790,11 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
     if (!match_sum(*plan.body, b, true, tree)) return false;
     const int sum = tree.sum, l_id = int(b.extents.size());   // a variable of no loop: l
     out += strf("    float acc%d = 0.0f;\n", sum);
-    for (const SumSegment& seg : tree.segments) {
-        out += strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
-                    l_id, (long long)seg.terms, l_id, g.size);
-        add_term(seg, b, sum_update(sum), l_id, next_tmp, out, 1);
-    }
+    for (const SumSegment& seg : tree.segments)
+        add_term(seg, b, sum_update(sum), l_id,
+                 strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
+                      l_id, (long long)seg.terms, l_id, g.size),
+                 terms_each(seg.terms, g), next_tmp, out, 1);
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
     std::unordered_map<int, Op> accs;
     cooperative_stmts(p, k, b, tree.epilogue, accs, g, 1, next_tmp, out);

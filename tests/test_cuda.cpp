@@ -520,6 +520,37 @@ TEST(cuda_cooperative_sums_read_their_terms_in_order) {
     CHECK(cuda == run("CUDA"));
 }
 
+// A thread that adds many float terms (a block of 256 summing 10^7 of them: 39,063 each)
+// carries what each addition lost into the next, so the sum's error does not grow with the
+// length, as on the CPU (test_reliability's float sums); rows of a layer norm's length do not.
+TEST(cuda_long_float_sums_stay_accurate) {
+    auto run = [](const char* device) {
+        EnvGuard dev("TG_DEVICE", device);
+        std::vector<double> out = {Tensor::full({10000000}, 0.1f).sum().item(),
+                                   Tensor::full({4, 250000}, 0.1f).sum(1).to_vector<double>()[3],
+                                   Tensor::from_vector(th::randf(300007, 5, 0, 1)).sum().item()};
+        Tensor rows = Tensor::from_vector(th::randf(300 * 512, 6), {300, 512});
+        out.push_back(rows.sum(1).to_vector<double>()[7]);
+        return out;
+    };
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { run(tg::detail::default_device().name()); });
+    int compensated = 0;
+    for (const tg::detail::Program& p : programs)
+        compensated += th::count_of(tg::detail::render_cuda(p), "float tg_lost") > 0;
+    CHECK_EQ(compensated, 3);   // not the rows of 512
+    std::string why;
+    if (!gpu(&why)) SKIP("no GPU for the values: " + why);
+    std::vector<double> cuda = run("CUDA"), cpu = run("CPU");
+    CHECK_NEAR(cuda[0], 1e7 * double(0.1f), 1e-6);
+    CHECK_NEAR(cuda[1], 250000 * double(0.1f), 1e-6);
+    double exact = 0;
+    for (float x : th::randf(300007, 5, 0, 1))
+        exact += x;
+    CHECK_NEAR(cuda[2], exact, 1e-6);
+    CHECK_NEAR(cuda[3], cpu[3], 1e-6);
+}
+
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
 // products; these small ones in tiles of 32 x 32, larger ones of 64 or 128): sizes that leave
 // partial tiles or none (then no bounds are tested, and loads read by pointer), a batch,
