@@ -883,6 +883,12 @@ static const CooperativeGroup WARP_GROUP{"lane", "tg_warp_reduce", "__syncwarp()
 static int64_t terms_each(int64_t terms, const CooperativeGroup& g) {   // a thread's, at most
     return (terms + g.size - 1) / g.size;
 }
+// the first line of a loop over `terms` terms (variable i<var>) that the group's threads split
+static std::string group_loop(const std::string& pad, int var, const CooperativeGroup& g,
+                              int64_t terms) {
+    return strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(), var,
+                g.thread, var, (long long)terms, var, g.size);
+}
 
 // The body of a cooperative item (see KernelPlan and cooperative_body). Every thread of the
 // group runs every statement at this level with the same values, so the barriers in the
@@ -903,10 +909,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             accs[st.id] = Op::REDUCE_SUM;
             const int l_id = int(b.extents.size());   // a variable of no loop: l
             for (const SumSegment& seg : segments)
-                add_term(seg, b, sum_update(st.id), l_id,
-                         strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n",
-                              pad.c_str(), l_id, g.thread, l_id, (long long)seg.terms, l_id,
-                              g.size),
+                add_term(seg, b, sum_update(st.id), l_id, group_loop(pad, l_id, g, seg.terms),
                          terms_each(seg.terms, g), next_tmp, out, depth);
             out += strf("%sacc%d = %s<0>(acc%d);\n", pad.c_str(), st.id, g.reduce, st.id);
             s = tree_end - 1;
@@ -941,10 +944,8 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
             Stmt update = chain.back()->body[0];   // the innermost acc op= value, into acc
             update.id = acc;
             SumSegment seg{chain, update.val, nullptr, nullptr, n};
-            add_term(seg, b, update, f_id,
-                     strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
-                          f_id, g.thread, f_id, (long long)n, f_id, g.size),
-                     terms_each(n, g), next_tmp, out, depth);
+            add_term(seg, b, update, f_id, group_loop(pad, f_id, g, n), terms_each(n, g),
+                     next_tmp, out, depth);
             out += strf("%sacc%d = %s<%d>(acc%d);\n", pad.c_str(), acc, g.reduce,
                         op == Op::REDUCE_MAX ? 1 : 0, acc);
             continue;
@@ -969,8 +970,7 @@ static void cooperative_stmts(const Program& p, size_t k, const Block& b,
         just_the_loop.extents = b.extents;
         std::string loop;
         if (iterations_disjoint(p, k, just_the_loop, st, -1))
-            loop = strf("%sfor (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", pad.c_str(),
-                        st.id, g.thread, st.id, n, st.id, g.size);
+            loop = group_loop(pad, st.id, g, n);
         else
             loop = strf("%sif (%s == 0) for (int64_t i%d = 0; i%d < %lldLL; i%d++) {\n",
                         pad.c_str(), g.thread, st.id, st.id, n, st.id);
@@ -1791,9 +1791,7 @@ static bool cooperative_sum(const Program& p, size_t k, const Block& b, const Ke
     const int sum = tree.sum, l_id = int(b.extents.size());   // a variable of no loop: l
     out += strf("    float acc%d = 0.0f;\n", sum);
     for (const SumSegment& seg : tree.segments)
-        add_term(seg, b, sum_update(sum), l_id,
-                 strf("    for (int64_t i%d = %s; i%d < %lldLL; i%d += %d) {\n", l_id, g.thread,
-                      l_id, (long long)seg.terms, l_id, g.size),
+        add_term(seg, b, sum_update(sum), l_id, group_loop("    ", l_id, g, seg.terms),
                  terms_each(seg.terms, g), next_tmp, out, 1);
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
     std::unordered_map<int, Op> accs;
