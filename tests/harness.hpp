@@ -1,6 +1,7 @@
 // The test harness: TEST registers a case, CHECK* record failures without stopping the case,
 // SKIP ends a case as skipped with a reason, TEST_CHILD marks a case that runs only in a child
-// process, TEST_LAST one that runs after all the others (it looks at what they did).
+// process, TEST_LAST one that runs after all the others (it looks at what they did), TEST_ON_CPU
+// one that runs on the CPU whatever TG_DEVICE names.
 // tests/main.cpp runs the cases whose names contain one of its arguments, or whose file is
 // one named (test_ops.cpp), all when there are none, and ends with "N passed, N failed,
 // N skipped".
@@ -102,6 +103,17 @@ inline bool near(double a, double b, double tol) {
 #define TEST(name)                                                                             \
     static void test_##name();                                                                 \
     static th::Register register_##name(#name, test_##name, __FILE__);                        \
+    static void test_##name()
+
+// A case about the CPU device itself (its C compiler, its .so cache, its passes' nests, CPU
+// devices side by side): it runs on the CPU whatever TG_DEVICE the run names.
+#define TEST_ON_CPU(name)                                                                      \
+    static void test_##name();                                                                 \
+    static void on_cpu_##name() {                                                              \
+        th::EnvGuard cpu_("TG_DEVICE", "CPU");                                                 \
+        test_##name();                                                                         \
+    }                                                                                          \
+    static th::Register register_##name(#name, on_cpu_##name, __FILE__);                      \
     static void test_##name()
 
 #define CHECK(cond)                                                                            \

@@ -153,7 +153,7 @@ TEST(data_parallel_splits_rows_first_devices_one_more) {
 
 // 1, 2 and 3 devices give the parameters of one device's jitted step within float rounding;
 // a batch of 20 splits evenly over 2 devices and 7/7/6 over 3.
-TEST(data_parallel_matches_one_device) {
+TEST_ON_CPU(data_parallel_matches_one_device) {
     std::vector<float> losses_one, losses_dp;
     std::vector<float> one = train_mlp({}, 5, 20, &losses_one);
     for (auto devices : {std::vector<std::string>{"CPU"}, {"CPU:0", "CPU:1"},
@@ -167,7 +167,7 @@ TEST(data_parallel_matches_one_device) {
     CHECK(same_bits(train_mlp({"CPU"}, 5, 20), one));
 }
 
-TEST(data_parallel_gives_the_same_bits_every_run_and_thread_count) {
+TEST_ON_CPU(data_parallel_gives_the_same_bits_every_run_and_thread_count) {
     std::vector<float> first = train_mlp({"CPU", "CPU:1", "CPU:2"}, 4, 19);
     CHECK(same_bits(train_mlp({"CPU", "CPU:1", "CPU:2"}, 4, 19), first));
     {
@@ -183,7 +183,7 @@ TEST(data_parallel_gives_the_same_bits_every_run_and_thread_count) {
 // W2's model (the Bengio MLP: embedding, tanh, cross-entropy, SGD) and W3's (784-1024-1024-10
 // ReLU MLP with biases, batches of 256 indices into a dataset), as shared/bench/WORKLOADS.md
 // defines them: 2 devices give one device's parameters on the same global batches.
-TEST(data_parallel_trains_w2_and_w3_like_one_device) {
+TEST_ON_CPU(data_parallel_trains_w2_and_w3_like_one_device) {
     auto w2 = [](const std::vector<std::string>& devices) {
         const int64_t V = 27, T = 3, E = 10, D = 200, B = 32;
         Tensor X = Tensor::from_vector(th::randi(size_t(256 * T), 5, 0, V - 1), {256, T});
@@ -234,7 +234,7 @@ TEST(data_parallel_trains_w2_and_w3_like_one_device) {
 // the update (which adds the second device's gradients to the first's): the second device
 // prepares the same code. Three devices with shards of that size need one more, the merge of
 // devices 0 and 1; the third device compiles nothing.
-TEST(data_parallel_compiles_each_program_once_for_every_device) {
+TEST_ON_CPU(data_parallel_compiles_each_program_once_for_every_device) {
     Task task(60, 7, 3, 21);   // shapes no other test uses: nothing is in the cache yet
     tg::manual_seed(2);
     nn::Linear layer(7, 3);
@@ -258,7 +258,7 @@ TEST(data_parallel_compiles_each_program_once_for_every_device) {
 // A label out of range on the second device's rows fails its bounds check: the step stops
 // before the update, so every parameter and the optimizer's state keep their bits, and the
 // next step runs as if the bad batch had never come.
-TEST(data_parallel_error_on_one_device_updates_nothing) {
+TEST_ON_CPU(data_parallel_error_on_one_device_updates_nothing) {
     auto run = [](bool with_bad_batch, std::vector<float>* at_error) {
         Task task(40, 6, 4, 31);
         tg::manual_seed(8);
@@ -291,7 +291,7 @@ TEST(data_parallel_error_on_one_device_updates_nothing) {
     CHECK(!at_error.empty());
 }
 
-TEST(data_parallel_refuses_what_it_cannot_split_or_merge) {
+TEST_ON_CPU(data_parallel_refuses_what_it_cannot_split_or_merge) {
     Task task(20, 4, 3, 41);
     tg::manual_seed(1);
     nn::Linear layer(4, 3), unused(4, 4);
@@ -334,7 +334,7 @@ TEST(data_parallel_refuses_what_it_cannot_split_or_merge) {
 // all_reduce's function receives the first device's merged gradients before the update: with
 // two "processes" that saw the same batch, summing is doubling, and the weights of 1/2 make
 // the step that of one process.
-TEST(data_parallel_all_reduce_sums_over_processes) {
+TEST_ON_CPU(data_parallel_all_reduce_sums_over_processes) {
     auto run = [](bool two_processes) {
         Task task(24, 5, 3, 51);
         tg::manual_seed(6);
@@ -380,7 +380,7 @@ struct FarDevice : tg::detail::Device {
 };
 }  // namespace
 
-TEST(data_parallel_copies_to_devices_it_cannot_read) {
+TEST_ON_CPU(data_parallel_copies_to_devices_it_cannot_read) {
     tg::detail::register_device_kind("FAR", [](int k) -> tg::detail::Device* {
         return new FarDevice(k);
     });

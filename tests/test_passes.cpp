@@ -456,7 +456,7 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
 
 // The elementwise ops after a product (bias, activation; a weight's update after its
 // gradient) join its nest as the epilogue of each tile: one nest, no temporary.
-TEST(tile_products_take_their_elementwise_consumers_along) {
+TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
     Tensor x = data({64, 96}), w = data({96, 80}, 1), b = data({80}, 2);
     Tensor y = (x.matmul(w) + b).relu();
     {
@@ -777,7 +777,7 @@ TEST(split_at_edges_runs_a_loop_per_part_of_a_concatenation) {
 // inner loop of dependent ones; the values agree with float64 on awkward lengths (1, primes,
 // a block and one, 1023, 1025, empty), along strided and broadcast reads, and are the same
 // bits on 1 and 3 threads. Sums of products and of strided reads keep the blocked order.
-TEST(sum_lanes_sums_a_long_axis_in_sixteen_lanes) {
+TEST_ON_CPU(sum_lanes_sums_a_long_axis_in_sixteen_lanes) {
     Tensor x = data({3, 256});
     std::string lanes = optimized({x.sum(1)}, "simplify,sum_lanes");
     std::string blocked = optimized({x.sum(1)}, "simplify");

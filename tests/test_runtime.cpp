@@ -72,7 +72,7 @@ TEST_CHILD(child_program) {
     if (v != std::vector<float>{16, 48, 80}) std::exit(3);
 }
 
-TEST(cache_second_process_compiles_nothing) {
+TEST_ON_CPU(cache_second_process_compiles_nothing) {
     std::string dir = fresh_dir(), first, second;
     CHECK(run_child(dir, first));
     CHECK(run_child(dir, second));
@@ -95,7 +95,7 @@ TEST(cache_dir_created_private) {
     CHECK(stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
 }
 
-TEST(cache_truncated_entry_is_rebuilt) {
+TEST_ON_CPU(cache_truncated_entry_is_rebuilt) {
     std::string dir = fresh_dir(), out;
     CHECK(run_child(dir, out));
     std::vector<std::string> sos = files_in(dir, ".so");
@@ -108,7 +108,7 @@ TEST(cache_truncated_entry_is_rebuilt) {
     CHECK(out.find("compiles 0") != std::string::npos);
 }
 
-TEST(cache_corrupt_entry_is_rebuilt) {
+TEST_ON_CPU(cache_corrupt_entry_is_rebuilt) {
     std::string dir = fresh_dir(), out;
     CHECK(run_child(dir, out));
     std::vector<std::string> sos = files_in(dir, ".so");
@@ -120,7 +120,7 @@ TEST(cache_corrupt_entry_is_rebuilt) {
     CHECK(out.find("compiles 1") != std::string::npos);
 }
 
-TEST(compile_failure_reports_command_stderr_and_source) {
+TEST_ON_CPU(compile_failure_reports_command_stderr_and_source) {
     EnvGuard flags("TG_CFLAGS", "-fPIC -shared --no-such-flag");
     Tensor t = Tensor::arange(5) * 3;
     CHECK_THROWS(t.realize(), "compile", "--no-such-flag", "source kept at");
@@ -140,7 +140,7 @@ TEST(compile_failure_reports_command_stderr_and_source) {
     CHECK(!t.realized());   // nothing half-done: the tensor is still unrealized
 }
 
-TEST(compile_failure_leaves_tensor_usable) {
+TEST_ON_CPU(compile_failure_leaves_tensor_usable) {
     Tensor t = Tensor::arange(4) * 5;
     {
         EnvGuard flags("TG_CFLAGS", "-fPIC -shared --no-such-flag");
@@ -149,7 +149,7 @@ TEST(compile_failure_leaves_tensor_usable) {
     CHECK_EQ(t.to_vector<int>(), (std::vector<int>{0, 5, 10, 15}));
 }
 
-TEST(missing_compiler_is_named) {
+TEST_ON_CPU(missing_compiler_is_named) {
     EnvGuard cc("TG_CC", "/nonexistent/tg-cc");
     CHECK_THROWS((Tensor::arange(3) + 11).realize(), "compile", "/nonexistent/tg-cc", "not found");
 }
@@ -244,7 +244,7 @@ TEST(freed_large_blocks_serve_the_next_allocation_of_their_size) {
     }
 }
 
-TEST(debug_2_keeps_graph_ir_and_c_side_by_side) {
+TEST_ON_CPU(debug_2_keeps_graph_ir_and_c_side_by_side) {
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
     EnvGuard debug("TG_DEBUG", "2");
@@ -325,7 +325,7 @@ TEST(cache_without_home_uses_the_users_own_directory) {
                 std::remove((f.substr(0, f.size() - 3) + ext).c_str());
 }
 
-TEST(cache_key_includes_the_compilers_identity) {
+TEST_ON_CPU(cache_key_includes_the_compilers_identity) {
     // a compiler named by its file is known by the file: replacing it builds anew
     std::string dir = fresh_dir(), cc = dir + "/cc", version = dir + "/version", out;
     auto write_cc = [&](const std::string& release) {
@@ -354,7 +354,7 @@ TEST(cache_key_includes_the_compilers_identity) {
 
 // The macros the compiler predefines are asked once per cache directory, compiler version and
 // CPU: a second process finds them kept and runs no preprocessor before its first program.
-TEST(cache_keeps_the_compilers_macros) {
+TEST_ON_CPU(cache_keeps_the_compilers_macros) {
     std::string dir = fresh_dir(), cc = dir + "/cc", log = dir + "/macro-runs", out;
     std::ofstream(cc) << "#!/bin/sh\ncase \"$*\" in *-dM*) echo run >> '" << log
                       << "';; esac\nexec cc \"$@\"\n";
@@ -367,7 +367,7 @@ TEST(cache_keeps_the_compilers_macros) {
     remove_tree(dir);
 }
 
-TEST(cache_serves_processes_compiling_at_once) {
+TEST_ON_CPU(cache_serves_processes_compiling_at_once) {
     std::string dir = fresh_dir();
     std::string one = "TG_TEST_CHILD=child_program TG_CACHE_DIR='" + dir + "' '" + self_exe() +
                       "' >/dev/null 2>&1";
@@ -381,7 +381,7 @@ TEST(cache_serves_processes_compiling_at_once) {
     remove_tree(dir);
 }
 
-TEST(cache_refuses_entries_others_can_write) {
+TEST_ON_CPU(cache_refuses_entries_others_can_write) {
     std::string dir = fresh_dir(), out;
     CHECK(run_child(dir, out));
     std::vector<std::string> sos = files_in(dir, ".so");
@@ -487,7 +487,7 @@ TEST(optimizer_steps_after_fork_run_in_the_child) {
 // link (where there are two cores): the first file's functions are hidden and declared in the
 // second, which holds tg_program; the results are those of the one-file program. A compile
 // error in either part names its command and its kept file.
-TEST(large_programs_compile_as_two_files_at_once) {
+TEST_ON_CPU(large_programs_compile_as_two_files_at_once) {
     if (std::thread::hardware_concurrency() < 2) SKIP("one core: programs compile as one file");
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
@@ -580,7 +580,7 @@ tg::Jit exp_sum_step(float scale) {
 }
 }  // namespace
 
-TEST(quick_build_runs_first_and_the_optimized_build_takes_over) {
+TEST_ON_CPU(quick_build_runs_first_and_the_optimized_build_takes_over) {
     if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
@@ -620,7 +620,7 @@ TEST(quick_build_runs_first_and_the_optimized_build_takes_over) {
 
 // A program that runs once is built once; TG_QUICK_RUNS=0 builds every program optimized at
 // once; so does a program of much work (Program::work: here 400^3 multiply-adds).
-TEST(quick_builds_only_where_they_pay) {
+TEST_ON_CPU(quick_builds_only_where_they_pay) {
     if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
@@ -673,7 +673,7 @@ TEST_CHILD(child_leaves_during_an_optimized_build) {
 // lands and no compiler output is left, only the initializers' program and the step's quick
 // build. (It also kills the compilers at once rather than wait for them: that is speed, which
 // this test cannot see, so it is not asserted here.)
-TEST(leaving_during_an_optimized_build_leaves_a_clean_cache) {
+TEST_ON_CPU(leaving_during_an_optimized_build_leaves_a_clean_cache) {
     if (std::getenv("TG_CFLAGS")) SKIP("TG_CFLAGS is set: every program is built with it");
     std::string dir = fresh_dir();
     std::string cmd = "TG_QUICK_RUNS=2 TG_TEST_CHILD=child_leaves_during_an_optimized_build "
@@ -694,7 +694,7 @@ TEST_CHILD(child_leaves_after_a_failed_background_step) {
     opt.step();
 }
 
-TEST(a_background_error_nothing_read_is_said_at_exit) {
+TEST_ON_CPU(a_background_error_nothing_read_is_said_at_exit) {
     std::string dir = fresh_dir(), log = dir + "/child.log";
     std::string cmd = "TG_SYNC=0 TG_BACKGROUND_MIN_WORK=0 "
                       "TG_TEST_CHILD=child_leaves_after_a_failed_background_step "
@@ -744,7 +744,7 @@ TEST_CHILD(child_trains_two_steps_and_indexes) {
     std::printf("lowered %d\n%s\n", lowered, out.c_str());
 }
 
-TEST(a_process_reads_the_programs_an_earlier_one_lowered_from_disk) {
+TEST_ON_CPU(a_process_reads_the_programs_an_earlier_one_lowered_from_disk) {
     std::string dir = fresh_dir(), out = dir + "/child.out";
     auto child = [&](int& lowered) {
         std::string cmd = "TG_TEST_CHILD=child_trains_two_steps_and_indexes TG_CACHE_DIR='" + dir +
@@ -791,7 +791,7 @@ std::vector<float> fresh_model_output(const char* sync, int64_t& background) {
     return out;
 }
 }  // namespace
-TEST(parameter_initializers_compile_in_the_background) {
+TEST_ON_CPU(parameter_initializers_compile_in_the_background) {
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
     int64_t background_first = 0, background_second = 0;

@@ -375,8 +375,7 @@ TEST(activation_gradients_store_only_their_calls) {
 // cross-entropy and their gradient share one row loop, where the gradient of the label's pick
 // is a select (no scatter of its own), and the loss is summed after that loop; the optimizer's
 // step count is counted after the embedding's update.
-TEST(bengio_training_step_is_fourteen_nests_nine_of_them_tiled) {
-    th::EnvGuard cpu("TG_DEVICE", "CPU");   // the CPU's nests, whatever device the run names
+TEST_ON_CPU(bengio_training_step_is_fourteen_nests_nine_of_them_tiled) {
     const int V = 27, T = 3, E = 10, D = 200, B = 32, pool = 64;
     std::vector<int32_t> xs(size_t(pool) * T), ys(pool);
     for (size_t i = 0; i < xs.size(); i++) xs[i] = int32_t(i * 7 % V);
