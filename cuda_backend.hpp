@@ -150,7 +150,9 @@ struct KernelPlan {
     // or a scatter (serial) whose rows are split in `splits` ranges of rows_each, each adding
     // into its own zeroed copy of the `outputs` elements of buffer scatter_buffer; or a sum of
     // each of few columns (column_sum) whose rows (terms) are split in `splits` ranges of
-    // rows_each, a thread per range and column (items: outputs x splits)
+    // rows_each, a thread per range and column (items: outputs x splits); or a cooperative
+    // sum whose terms are split in `splits` ranges of rows_each, a block per range and item
+    // (items: outputs x splits)
     bool product = false, column_sum = false;
     int64_t splits = 1, outputs = 0, rows_each = 0;
     int scatter_buffer = -1;
@@ -168,8 +170,9 @@ struct Launch {
     Block part;
     std::string name;
     // split sums: 1, the partial sums of each range (into a scratch buffer of splits x outputs
-    // floats; a product's or column sum's last range of each tile or column to finish adds
-    // them and runs the epilogue); 2, a split scatter's second kernel, which adds them
+    // floats; a product's, column sum's or block sum's last range of each tile, column or
+    // item to finish adds them and runs the epilogue); 2, a split scatter's second kernel,
+    // which adds them
     int stage = 0;
 };
 std::vector<Launch> launches_of(const Program& program);
@@ -437,7 +440,8 @@ static bool iterations_disjoint(const Program& p, size_t k, const Block& b, cons
 // wait at its barriers. Rows whose every loop is shorter than a block (some of its threads
 // would have no iteration), down to a warp's width (the softmax of a short context, a small
 // vocabulary's loss, a narrow model's layer norm), run a warp per row however many: a thread
-// per row would read them a row apart, on few multiprocessors.
+// per row would read them a row apart, on few multiprocessors. A sum of fewer items than
+// multiprocessors and many terms is split over blocks (split_block_sums).
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
 static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
 static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
@@ -672,6 +676,12 @@ static bool match_sum(const std::vector<Stmt>& body, const Block& b, bool checks
     return s.sum >= 0;
 }
 static const int64_t COLUMN_ROWS_EACH = 64, COLUMN_MIN_WORK = int64_t(1) << 20;
+static void split_ranges(int64_t terms, int64_t splits, int64_t multiple, KernelPlan& plan) {
+    plan.rows_each = ((terms + splits - 1) / splits + multiple - 1) / multiple * multiple;
+    plan.splits = (terms + plan.rows_each - 1) / plan.rows_each;
+    plan.outputs = plan.items;
+    plan.items *= plan.splits;
+}
 static bool plan_column_sum(const Block& b, const KernelPlan& plan, SumTree& cs) {
     if (plan.grid.empty() || !match_sum(*plan.body, b, false, cs)) return false;
     int column = plan.grid.back()->id;
@@ -691,11 +701,24 @@ static void split_columns(const Block& b, KernelPlan& plan) {
     int64_t splits =
         std::min({want, cs.terms / COLUMN_ROWS_EACH, SPLIT_MAX_SCRATCH / plan.items});
     if (splits < 2) return;
-    plan.rows_each = (cs.terms + splits - 1) / splits;
-    plan.splits = (cs.terms + plan.rows_each - 1) / plan.rows_each;
-    plan.outputs = plan.items;
-    plan.items *= plan.splits;
+    split_ranges(cs.terms, splits, 1, plan);
     plan.column_sum = true;
+}
+
+// A cooperative sum of fewer items than multiprocessors (a whole tensor's sum: one item) would
+// leave the rest idle, one block reading all the terms. Its terms (numbered in the trees'
+// order) are split into ranges of at least BLOCK_TERMS_EACH, a multiple of the block's
+// threads, at most two blocks a multiprocessor of items and ranges: a block per range and item
+// adds its range as a whole item's sum does and writes the total to scratch; the item's range
+// that finishes last adds the item's ranges in order (last_range_goes_on) and runs the
+// epilogue. How many ranges depends on the sizes alone, so the bits are the same on every run.
+static const int64_t BLOCK_TERMS_EACH = 8192;
+static void split_block_sums(const Block& b, KernelPlan& plan) {
+    SumTree tree;
+    if (plan.items >= GPU_MULTIPROCESSORS || !match_sum(*plan.body, b, false, tree)) return;
+    int64_t splits = std::min({2 * GPU_MULTIPROCESSORS / plan.items,
+                               tree.terms / BLOCK_TERMS_EACH, SPLIT_MAX_SCRATCH / plan.items});
+    if (splits >= 2) split_ranges(tree.terms, splits, CUDA_BLOCK_THREADS, plan);
 }
 
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
@@ -766,6 +789,7 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
     plan.warp = plan.cooperative && rows && work <= WARP_MAX_ROW_WORK &&
                 (plan.items > WARP_MIN_ROWS || short_rows);
+    if (plan.cooperative && !plan.warp) split_block_sums(b, plan);
     return plan;
 }
 
@@ -1209,6 +1233,17 @@ static std::string segment_vars(const SumSegment& seg, const Block& b, const std
     return code + pad + "(void)l;\n";
 }
 
+// A float sum of more terms than this one after another carries what each addition lost
+// into the next (Kahan's compensated sum: compensated_add, after `float tg_lost = 0.0f;`).
+static const int64_t COMPENSATED_SUM_TERMS = 16;
+static std::string compensated_add(const std::string& acc, const std::string& term,
+                                   const std::string& pad) {
+    return strf("%sconst float tg_y = %s - tg_lost, tg_t = %s + tg_y;\n"
+                "%stg_lost = (tg_t - %s) - tg_y;\n%s%s = tg_t;\n",
+                pad.c_str(), term.c_str(), acc.c_str(), pad.c_str(), acc.c_str(), pad.c_str(),
+                acc.c_str());
+}
+
 // The totals of split sums: `acc`, the partial sums of element `at` over the ranges, added in
 // the ranges' order from the scratch buffer (ranges x outputs floats), read from L2 (another
 // multiprocessor wrote them in this kernel: L1 is not kept coherent); `acc` declared here
@@ -1217,15 +1252,20 @@ static std::string segment_vars(const SumSegment& seg, const Block& b, const std
 static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t outputs,
                                  const char* at, const std::string& pad = "    ",
                                  bool declared = false) {
-    return strf("%s%s%s = 0.0f;\n#pragma unroll 16\n%sfor (int64_t s = 0; s < %lldLL; s++) "
-                "%s += __ldcg(&tg_part[s * %lldLL + %s]);\n",
-                pad.c_str(), declared ? "" : "float ", acc.c_str(), pad.c_str(),
-                (long long)ranges, acc.c_str(), (long long)outputs, at);
+    std::string part = strf("__ldcg(&tg_part[s * %lldLL + %s])", (long long)outputs, at);
+    std::string out = pad + (declared ? "" : "float ") + acc + " = 0.0f;\n";
+    std::string loop = strf("#pragma unroll 16\n%sfor (int64_t s = 0; s < %lldLL; s++)",
+                            pad.c_str(), (long long)ranges);
+    if (ranges <= COMPENSATED_SUM_TERMS)
+        return out + loop + " " + acc + " += " + part + ";\n";
+    return out + pad + "{\n" + pad + "float tg_lost = 0.0f;\n" + loop + " {\n" +
+           compensated_add(acc, part, pad + "    ") + pad + "}\n" + pad + "}\n";
 }
 
-// The end of a range of a split product (a block per range of a tile: by_block) or column sum
-// (a thread per range of a column), its partial sums written: only the range of its tile or
-// column `group` that finishes last goes on, to add the group's ranges. It counts arrivals in
+// The end of a range of a split product or cooperative sum (a block per range of a tile or
+// item: by_block) or column sum (a thread per range of a column), its partial sums written:
+// only the range of its tile, item or column `group` that finishes last goes on, to add the
+// group's ranges. It counts arrivals in
 // a counter per group, after the partial sums in scratch: zeroed when allocated, and set back
 // to 0 by the last, for the next run. Which range comes last varies; the order of the sum
 // does not (sum_of_ranges), so neither do its bits. The fence before the count makes this
@@ -1243,11 +1283,11 @@ static std::string last_range_goes_on(int64_t ranges, int64_t outputs, const cha
                     "        if (atomicAdd(arrived, 1u) != %lldu) return;\n"
                     "        *arrived = 0u;\n    }\n    __threadfence();\n",
                     arrived.c_str(), (long long)(ranges - 1));
-    return strf("    __threadfence();\n    __syncthreads();\n    __shared__ bool last;\n"
+    return strf("    __threadfence();\n    __syncthreads();\n    __shared__ bool arrived_last;\n"
                 "    if (threadIdx.x == 0) {\n        unsigned *arrived = %s;\n"
-                "        last = atomicAdd(arrived, 1u) == %lldu;\n"
-                "        if (last) *arrived = 0u;\n    }\n"
-                "    __syncthreads();\n    if (!last) return;\n    __threadfence();\n",
+                "        arrived_last = atomicAdd(arrived, 1u) == %lldu;\n"
+                "        if (arrived_last) *arrived = 0u;\n    }\n"
+                "    __syncthreads();\n    if (!arrived_last) return;\n    __threadfence();\n",
                 arrived.c_str(), (long long)(ranges - 1));
 }
 
@@ -1714,7 +1754,6 @@ static std::string render_product(const Block& b, int stage, const char* block,
 // (`each`, at most) carries what each addition lost into the next (Kahan's compensated sum),
 // so that its sum's error does not grow with the length, as the CPU's lanes keep it: one
 // block of 256 threads summing 10^7 terms would add 39,063 of them into one float each.
-static const int64_t COMPENSATED_SUM_TERMS = 16;
 static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_id,
                      const std::string& loop, int64_t each, int& next_tmp, std::string& out,
                      int depth) {
@@ -1731,10 +1770,7 @@ static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_i
     if (compensated) {
         CExprs cx{{}, next_tmp};
         out += cx.declare_shared({update.val}, inner);
-        out += strf("%sconst float tg_y = %s - tg_lost, tg_t = acc%d + tg_y;\n"
-                    "%stg_lost = (tg_t - acc%d) - tg_y;\n%sacc%d = tg_t;\n",
-                    inner.c_str(), cx.str(update.val).c_str(), update.id, inner.c_str(),
-                    update.id, inner.c_str(), update.id);
+        out += compensated_add(strf("acc%d", update.id), cx.str(update.val), inner);
     } else {
         c_stmts({update}, b.extents, {}, depth + 1, next_tmp, out);
     }
@@ -1742,35 +1778,48 @@ static void add_term(const SumSegment& seg, const Block& b, Stmt update, int l_i
     if (compensated) out += pad + "}\n";
 }
 
-// The body of a column sum's kernel (see plan_column_sum), after the column's variables and
-// `item`, its number: it adds the rows of range `split` into tg_part, segment by segment, each
-// as a loop over the number l of its iteration (the loads read at base + c·l where they can,
-// else the segment's variables from l); the column's last range to finish adds its ranges in
-// order, then runs the epilogue.
-static std::string render_column_sum(const Block& b, const KernelPlan& plan, int& next_tmp) {
-    SumTree cs;
-    if (!plan_column_sum(b, plan, cs)) fail("render: a nest planned as a column sum is not one");
-    std::string acc = strf("acc%d", cs.sum), out;
-    long long each = (long long)plan.rows_each, terms = (long long)cs.terms;
+// Range `split` of a split sum's terms (plan.rows_each of them; numbered in the trees' order),
+// added into the sum's accumulator, declared here: segment by segment, each as a loop over the
+// number l of its iteration (the loads read at base + c·l where they can, else the segment's
+// variables from l) that `group`'s threads split, or one thread runs (no group); a float of
+// more than COMPENSATED_SUM_TERMS of them a thread (a block's) compensated.
+static void add_range(const SumTree& tree, const Block& b, const KernelPlan& plan,
+                      const CooperativeGroup* group, int& next_tmp, std::string& out) {
+    long long each = (long long)plan.rows_each, terms = (long long)tree.terms;
     out += strf("    const int64_t first = split * %lldLL;\n"
                 "    const int64_t last = first + %lldLL < %lldLL ? first + %lldLL : %lldLL;\n"
-                "    float %s = 0.0f;\n",
-                each, each, terms, each, terms, acc.c_str());
+                "    float acc%d = 0.0f;\n",
+                each, each, terms, each, terms, tree.sum);
     const int l_id = int(b.extents.size());   // a variable of no loop: l
     long long start = 0;
-    for (const SumSegment& seg : cs.segments) {
+    for (const SumSegment& seg : tree.segments) {
         long long end = start + (long long)seg.terms;
         std::string lo = start ? strf("(first > %lldLL ? first : %lldLL) - %lldLL", start,
                                       start, start)
                                : "first";
         std::string hi = end < terms ? strf("(last < %lldLL ? last : %lldLL)", end, end) : "last";
         if (start) hi += strf(" - %lldLL", start);
-        add_term(seg, b, sum_update(cs.sum), l_id,
-                 strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id, lo.c_str(), l_id,
-                      hi.c_str(), l_id),
-                 0, next_tmp, out, 1);
+        std::string loop = strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id,
+                                lo.c_str(), l_id, hi.c_str(), l_id);
+        int64_t own = 0;   // terms a thread adds, at most (0: not compensated)
+        if (group) {
+            loop = strf("    for (int64_t i%d = %s + %s; i%d < %s; i%d += %d) {\n", l_id,
+                        lo.c_str(), group->thread, l_id, hi.c_str(), l_id, group->size);
+            own = terms_each(std::min(seg.terms, plan.rows_each), *group);
+        }
+        add_term(seg, b, sum_update(tree.sum), l_id, loop, own, next_tmp, out, 1);
         start = end;
     }
+}
+
+// The body of a column sum's kernel (see plan_column_sum), after the column's variables and
+// `item`, its number: it adds the rows of range `split` into tg_part; the column's last range
+// to finish adds its ranges in order, then runs the epilogue.
+static std::string render_column_sum(const Block& b, const KernelPlan& plan, int& next_tmp) {
+    SumTree cs;
+    if (!plan_column_sum(b, plan, cs)) fail("render: a nest planned as a column sum is not one");
+    std::string acc = strf("acc%d", cs.sum), out;
+    add_range(cs, b, plan, nullptr, next_tmp, out);
     out += strf("    tg_part[split * %lldLL + item] = %s;\n", (long long)plan.outputs,
                 acc.c_str());
     out += last_range_goes_on(plan.splits, plan.outputs, "item", false);
@@ -1783,17 +1832,30 @@ static std::string render_column_sum(const Block& b, const KernelPlan& plan, int
 // powers of 16: the lowering's tree of loops and partial sums, each level a loop that every
 // thread would run, with a reduction at each leaf) runs as a loop per segment of terms split
 // over the group's threads, then one reduction: each term is added once, in a fixed order.
-// False, with nothing written, where the body is not such a sum.
+// Split (split_block_sums), a block adds range `split` of item `item`'s terms, and the item's
+// last range to finish adds the ranges' totals in order (every thread, so that every thread
+// holds the sum, as after a reduction) before the epilogue. False, with nothing written,
+// where the body is not such a sum.
 static bool cooperative_sum(const Program& p, size_t k, const Block& b, const KernelPlan& plan,
                             const CooperativeGroup& g, int& next_tmp, std::string& out) {
     SumTree tree;
-    if (!match_sum(*plan.body, b, true, tree)) return false;
+    if (!match_sum(*plan.body, b, plan.splits == 1, tree)) return false;
     const int sum = tree.sum, l_id = int(b.extents.size());   // a variable of no loop: l
-    out += strf("    float acc%d = 0.0f;\n", sum);
-    for (const SumSegment& seg : tree.segments)
-        add_term(seg, b, sum_update(sum), l_id, group_loop("    ", l_id, g, seg.terms),
-                 terms_each(seg.terms, g), next_tmp, out, 1);
+    if (plan.splits > 1) {
+        add_range(tree, b, plan, &g, next_tmp, out);
+    } else {
+        out += strf("    float acc%d = 0.0f;\n", sum);
+        for (const SumSegment& seg : tree.segments)
+            add_term(seg, b, sum_update(sum), l_id, group_loop("    ", l_id, g, seg.terms),
+                     terms_each(seg.terms, g), next_tmp, out, 1);
+    }
     out += strf("    acc%d = %s<0>(acc%d);\n", sum, g.reduce, sum);
+    if (plan.splits > 1) {
+        out += strf("    if (%s == 0) tg_part[split * %lldLL + item] = acc%d;\n", g.thread,
+                    (long long)plan.outputs, sum);
+        out += last_range_goes_on(plan.splits, plan.outputs, "item", true);
+        out += sum_of_ranges(strf("acc%d", sum), plan.splits, plan.outputs, "item", "    ", true);
+    }
     std::unordered_map<int, Op> accs;
     cooperative_stmts(p, k, b, tree.epilogue, accs, g, 1, next_tmp, out);
     return true;
@@ -1958,12 +2020,13 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
         out += strf("    int64_t t = (int64_t)%s * %d + threadIdx.x;\n"
                     "    if (t >= %lldLL) return;\n",
                     block, CUDA_BLOCK_THREADS, (long long)plan.items);
-    if (launch.stage == 1) {   // a split scatter's or column sum's range of rows
+    if (launch.stage == 1) {   // a split scatter's, column sum's or block sum's range
         long long columns = (long long)(plan.items / plan.splits);
         out += strf("    const int64_t split = t / %lldLL;\n    t %%= %lldLL;\n", columns,
                     columns);
     }
-    if (plan.column_sum) out += "    const int64_t item = t;\n";
+    if (plan.column_sum || (plan.cooperative && plan.splits > 1))
+        out += "    const int64_t item = t;\n";
     if (plan.grid.empty()) out += "    (void)t;\n";
     for (size_t l = plan.grid.size(); l-- > 0;) {
         int id = plan.grid[l]->id;

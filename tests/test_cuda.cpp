@@ -520,10 +520,13 @@ TEST(cuda_cooperative_sums_read_their_terms_in_order) {
     CHECK(cuda == run("CUDA"));
 }
 
-// A thread that adds many float terms (a block of 256 summing 10^7 of them: 39,063 each)
-// carries what each addition lost into the next, so the sum's error does not grow with the
-// length, as on the CPU (test_reliability's float sums); rows of a layer norm's length do not.
-TEST(cuda_long_float_sums_stay_accurate) {
+// A sum of few items and many terms (a whole tensor's: one item) is split into ranges, a
+// block each, 264 (two a multiprocessor) for 10^7 terms: one block would read them all while
+// the others idle. A thread that adds many float terms, and the last range adding the
+// ranges' totals, carry what each addition lost into the next, so the sum's error does not
+// grow with the length, as on the CPU (test_reliability's float sums); rows of a layer norm's
+// length are neither split nor compensated. The same bits on every run.
+TEST(cuda_long_float_sums_split_over_blocks_and_stay_accurate) {
     auto run = [](const char* device) {
         EnvGuard dev("TG_DEVICE", device);
         std::vector<double> out = {Tensor::full({10000000}, 0.1f).sum().item(),
@@ -531,14 +534,27 @@ TEST(cuda_long_float_sums_stay_accurate) {
                                    Tensor::from_vector(th::randf(300007, 5, 0, 1)).sum().item()};
         Tensor rows = Tensor::from_vector(th::randf(300 * 512, 6), {300, 512});
         out.push_back(rows.sum(1).to_vector<double>()[7]);
+        // read across its rows (a loop's variables from each term's number), with an epilogue;
+        // and a sum of products (its two loads by term)
+        Tensor m = Tensor::from_vector(th::randf(600 * 700, 7), {600, 700});
+        Tensor x = Tensor::from_vector(th::randf(1000000, 8)), y = x * 0.5f + 0.25f;
+        out.push_back(m.t().mean().item());
+        out.push_back((x * y).sum().item());
         return out;
     };
     std::vector<tg::detail::Program> programs =
         planned_for_cuda([&] { run(tg::detail::default_device().name()); });
     int compensated = 0;
-    for (const tg::detail::Program& p : programs)
+    std::vector<int64_t> split_blocks;   // of each split cooperative sum
+    for (const tg::detail::Program& p : programs) {
         compensated += th::count_of(tg::detail::render_cuda(p), "float tg_lost") > 0;
-    CHECK_EQ(compensated, 3);   // not the rows of 512
+        for (const tg::detail::Launch& l : tg::detail::launches_of(p)) {
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
+            if (plan.cooperative && plan.splits > 1) split_blocks.push_back(plan.blocks());
+        }
+    }
+    CHECK_EQ(compensated, 5);   // not the rows of 512
+    CHECK_EQ(split_blocks, (std::vector<int64_t>{264, 4 * 30, 36, 50, 119}));
     std::string why;
     if (!gpu(&why)) SKIP("no GPU for the values: " + why);
     std::vector<double> cuda = run("CUDA"), cpu = run("CPU");
@@ -548,7 +564,9 @@ TEST(cuda_long_float_sums_stay_accurate) {
     for (float x : th::randf(300007, 5, 0, 1))
         exact += x;
     CHECK_NEAR(cuda[2], exact, 1e-6);
-    CHECK_NEAR(cuda[3], cpu[3], 1e-6);
+    for (size_t i : {3, 4, 5})
+        CHECK_NEAR(cuda[i], cpu[i], 1e-6);
+    CHECK(cuda == run("CUDA"));
 }
 
 // Matrix products run a block per tile of outputs through shared memory (plan_kernel's
