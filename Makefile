@@ -3,8 +3,9 @@
 #                 then the CUDA tests on the CPU stand-in for the driver and NVRTC (CUDA_ON_CPU=0:
 #                 not; tests/cuda_on_cpu.cpp)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
-# make test-cuda  with an NVIDIA GPU: the op, gradient, training and CUDA tests on TG_DEVICE=CUDA,
-#                 then CUDA_GRAPHS random graphs (default 300) on CUDA against the interpreter
+# make test-cuda  with an NVIDIA GPU: the op, gradient, training, reliability and CUDA tests on
+#                 TG_DEVICE=CUDA, then CUDA_GRAPHS random graphs (default 300) on CUDA against
+#                 the interpreter
 # make test-cuda-on-cpu  the same on the CPU stand-in for the driver and NVRTC
 # make test-cuda-memcheck compute-sanitizer's memcheck over those tests (with a GPU)
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
@@ -64,7 +65,7 @@ $(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygra
 
 # Tests run from the repository root with a fresh, private compile cache, in as many processes
 # as there are cores (tests/run.sh; TG_TEST_PROCESSES=1 for one).
-CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_cuda.cpp
+CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_reliability.cpp test_cuda.cpp
 CUDA_ON_CPU ?= 1
 STAND_IN    := $(if $(filter 1,$(CUDA_ON_CPU)),$(BUILD)/cuda_on_cpu.so)
 test: $(BUILD)/run_tests $(EXAMPLES) $(EX_DATA) $(PROBES) $(STAND_IN)
