@@ -505,7 +505,6 @@ struct ProductPlan {
     int sum = -1;                     // the accumulator the epilogue reads
     int64_t rows = 1, cols = 1, terms = 0, outer = 1;
     int tile = 64;
-    int step = CUDA_TILE_TERMS;   // terms staged in shared memory at a time
     bool tf32 = false;            // on tensor cores (TG_CUDA_TF32=1)
     int64_t splits = 1, split_terms = 0;   // ranges of terms, each of split_terms (the last less)
     int64_t tiles(int t) const { return outer * ((rows + t - 1) / t) * ((cols + t - 1) / t); }
@@ -516,7 +515,7 @@ struct ProductPlan {
 // column g: bank 8q + g). Two buffers of each operand's rows of staged terms.
 static int staged_row(const ProductPlan& plan) { return plan.tile + (plan.tf32 ? 8 : 4); }
 static int64_t staged_floats(const ProductPlan& plan) {
-    return 2 * 2 * int64_t(plan.step) * staged_row(plan);
+    return 2 * 2 * int64_t(CUDA_TILE_TERMS) * staged_row(plan);
 }
 static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256, LONG_SUM_TERMS = 4096;
 static void sum_segments(const std::vector<Stmt>& body, const Block& b,
@@ -604,17 +603,13 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
                 plan.tiles(t) * (plan.terms / SPLIT_TERMS_EACH) >= 2 * GPU_MULTIPROCESSORS)
                 plan.tile = t;
     }
-    // compiled for two blocks a multiprocessor (TG_CUDA_PRODUCT_BLOCKS=2), the 128 x 128
-    // tile stages 8 terms at a time: a variant to time (ptxas 13.0 fits the 16-term kernel in
-    // 127 registers unasked, so two blocks fit either way)
-    if (plan.tile == 128 && env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8) >= 2) plan.step = 8;
     plan.tf32 = env_int("TG_CUDA_TF32", 0, 0, 1) == 1;
     plan.split_terms = plan.terms;
     if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
         int64_t want = 2 * GPU_MULTIPROCESSORS / plan.tiles();   // at most two a multiprocessor
         int64_t splits = std::min(want, plan.terms / SPLIT_TERMS_EACH);
         int64_t each = (plan.terms + splits - 1) / splits;
-        plan.split_terms = (each + plan.step - 1) / plan.step * plan.step;
+        plan.split_terms = (each + CUDA_TILE_TERMS - 1) / CUDA_TILE_TERMS * CUDA_TILE_TERMS;
         plan.splits = (plan.terms + plan.split_terms - 1) / plan.split_terms;
     }
     return plan.outer * plan.rows * plan.cols * plan.terms >=
@@ -1387,7 +1382,7 @@ static std::string render_product(const Block& b, int stage, const char* block,
     ProductPlan plan;
     if (!plan_product(b, plan)) fail("render: a nest planned as a product is no longer one");
     const ProductMatch& m = plan.match;
-    const int T = plan.tile, KT = plan.step, R = T / 16;   // 16 x 16 threads, R x R each
+    const int T = plan.tile, KT = CUDA_TILE_TERMS, R = T / 16;   // 16 x 16 threads, R x R each
     const int P = staged_row(plan);
     long long M = plan.rows, N = plan.cols, K = plan.terms;
     long long outputs = plan.outer * M * N;
@@ -2085,18 +2080,23 @@ std::string render_cuda(const Program& p) {
             if (launches[kernel[n]].stage)
                 params += kernel.size() == 1 ? std::string("float *__restrict__ tg_part, ")
                                              : strf("float *__restrict__ tg_part%zu, ", n);
-        bool products = false;
+        bool large_tiles = false;   // a product's of 128 x 128
         for (size_t i : kernel) {
             const Launch& l = launches[i];
-            products = products || plan_kernel(p, l.block, l.part).product;
+            ProductPlan product;
+            large_tiles = large_tiles || (plan_kernel(p, l.block, l.part).product &&
+                                          plan_product(l.part, product) && product.tile == 128);
             const std::string& origin = l.part.origin;
             out += "\n/* " + l.part.title + (origin.empty() ? "" : "\n   from " + origin) + " */";
         }
-        // TG_CUDA_PRODUCT_BLOCKS=2: a product's kernel compiled for two blocks per
-        // multiprocessor (at most 128 registers a thread; see plan_product)
+        // TG_CUDA_PRODUCT_BLOCKS=2: a kernel of 128 x 128 tiles compiled for two blocks per
+        // multiprocessor, at most 128 registers a thread. A variant to time: ptxas 13.0 fits
+        // most in 127 registers unasked, but takes 145 for attention's scores, whose operands
+        // add a bias (one block a multiprocessor), and 128 with no spills asked. (Smaller tiles
+        // fit three or four blocks unasked, and asked for two would take more registers.)
         std::string bounds = strf("%d", CUDA_BLOCK_THREADS);
         int product_blocks = env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8);
-        if (products && product_blocks > 1) bounds += strf(", %d", product_blocks);
+        if (large_tiles && product_blocks > 1) bounds += strf(", %d", product_blocks);
         out += strf("\nextern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
                     bounds.c_str(), first.name.c_str(), params.c_str());
         if (int64_t floats = tiles_shared(p, launches, kernel))
