@@ -1260,14 +1260,14 @@ static std::string sum_of_ranges(const std::string& acc, int64_t ranges, int64_t
 // The end of a range of a split product or cooperative sum (a block per range of a tile or
 // item: by_block) or column sum (a thread per range of a column), its partial sums written:
 // only the range of its tile, item or column `group` that finishes last goes on, to add the
-// group's ranges. It counts arrivals in
-// a counter per group, after the partial sums in scratch: zeroed when allocated, and set back
-// to 0 by the last, for the next run. Which range comes last varies; the order of the sum
-// does not (sum_of_ranges), so neither do its bits. The fence before the count makes this
-// range's sums visible to whichever adds them; the one after orders that range's reads. Every
-// range arrives: a split sum tests no bounds (match_product and match_sum take no checks),
-// nor does a launch beside a nest that writes in place, so where such a nest stops at the
-// start for an earlier failed check, all its blocks stop.
+// group's ranges. It counts arrivals in a counter per group, after the partial sums in
+// scratch: zeroed when allocated, and set back to 0 by the last, for the next run. Which range
+// comes last varies; the order of the sum does not (sum_of_ranges), so neither do its bits.
+// The fence before the count makes this range's sums visible to whichever adds them; the one
+// after orders that range's reads. Every range arrives: a split sum tests no bounds
+// (match_product and match_sum take no checks), nor does a launch beside a nest that writes
+// in place, so where such a nest stops at the start for an earlier failed check, all its
+// blocks stop.
 static std::string last_range_goes_on(int64_t ranges, int64_t outputs, const char* group,
                                       bool by_block) {
     std::string arrived = strf("(unsigned *)(tg_part + %lldLL) + %s",
