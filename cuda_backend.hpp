@@ -1794,15 +1794,14 @@ static void add_range(const SumTree& tree, const Block& b, const KernelPlan& pla
                                : "first";
         std::string hi = end < terms ? strf("(last < %lldLL ? last : %lldLL)", end, end) : "last";
         if (start) hi += strf(" - %lldLL", start);
-        std::string loop = strf("    for (int64_t i%d = %s; i%d < %s; i%d++) {\n", l_id,
-                                lo.c_str(), l_id, hi.c_str(), l_id);
-        int64_t own = 0;   // terms a thread adds, at most (0: not compensated)
-        if (group) {
-            loop = strf("    for (int64_t i%d = %s + %s; i%d < %s; i%d += %d) {\n", l_id,
-                        lo.c_str(), group->thread, l_id, hi.c_str(), l_id, group->size);
-            own = terms_each(std::min(seg.terms, plan.rows_each), *group);
-        }
-        add_term(seg, b, sum_update(tree.sum), l_id, loop, own, next_tmp, out, 1);
+        std::string from = group ? lo + " + " + group->thread : lo;
+        std::string step = group ? strf(" += %d", group->size) : "++";
+        // terms a thread adds, at most (0: one thread's column, not compensated)
+        int64_t own = group ? terms_each(std::min(seg.terms, plan.rows_each), *group) : 0;
+        add_term(seg, b, sum_update(tree.sum), l_id,
+                 strf("    for (int64_t i%d = %s; i%d < %s; i%d%s) {\n", l_id, from.c_str(),
+                      l_id, hi.c_str(), l_id, step.c_str()),
+                 own, next_tmp, out, 1);
         start = end;
     }
 }
