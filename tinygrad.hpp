@@ -4291,6 +4291,7 @@ struct Lowering {
     std::map<std::pair<Node*, std::string>, ExprP> computed_at;   // and its local there
     SimplifyMemo index_memo;
     std::vector<Node*>* store_instead;           // values that must get buffers after all
+    int inside_stored = 0;   // lowering a value noted in store_instead
 
     Lowering(Program& p, const Schedule& s, std::unordered_map<Node*, int>& ids,
              std::vector<Node*>* store)
@@ -4489,8 +4490,12 @@ struct Lowering {
         for (int p = 0; p < level; p++) waste = waste || !used.count(open_loops[size_t(p)]);
         bool reduces = op_kind(n->op) == OpKind::REDUCE;
         auto [seen, first] = first_index.emplace(n, where);
-        if (store_instead && (waste || (reduces && !first && seen->second != where)))
-            store_instead->push_back(n);
+        // Only the outermost such value is noted: stored, it takes the ones it reads out of this
+        // kernel (a gradient's sum of terms through a matrix product's broadcast: the sum, not
+        // its five partial sums). One it reads that is still wasteful is noted next round.
+        bool store = store_instead && (waste || (reduces && !first && seen->second != where));
+        if (store && !inside_stored) store_instead->push_back(n);
+        inside_stored += store;
         ExprP value;
         if (size_t(level + 1) == open_loops.size()) {
             value = lower_new(n, idx);
@@ -4510,6 +4515,7 @@ struct Lowering {
             std::vector<Stmt>& dst = before_loop[open_loops[size_t(level + 1)]];
             for (Stmt& st : hoisted) dst.push_back(std::move(st));
         }
+        inside_stored -= store;
         computed_at[{n, where}] = value;
         return value;
     }

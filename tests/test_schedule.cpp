@@ -367,6 +367,25 @@ TEST(activation_gradients_store_only_their_calls) {
     CHECK_EQ(count(x.relu()), 2);      // relu and its gradient, nothing stored between
 }
 
+// Values that a matrix product reads through a broadcast must be computed once per value,
+// which its loops cannot do: lowering asks to store them, and now only the outermost of them,
+// whose own kernel computes the parts. Through a GELU between two products: the GELU (not its
+// tanh's parts) for the second product; the first's input gradient, a sum of five terms (not
+// the terms, nor the gradient product they scale), for its weight's and its input's gradient.
+// Base: 9 tensors of [64, 128], 8 stored for lowering.
+TEST(product_gradient_through_gelu_stores_the_sum_not_its_parts) {
+    Tensor x = data({64, 32}).requires_grad(), w1 = data({32, 128}).requires_grad();
+    Tensor w2 = data({128, 32});
+    Tensor y = (x.matmul(w1) * 0.01f).gelu(true).matmul(w2);
+    std::vector<Tensor> g = tg::gradients((y * y).sum(), {x, w1});
+    std::string sched = tg::inspect({y, g[0], g[1]}).schedule;
+    // on the CPU (calls and selects stay out of a product's epilogue) the sign and e^-2|z|
+    // of the tanh are stored too, for both passes
+    CHECK_EQ(th::count_of(sched, "float32 [64,128]"), 5);
+    // the GELU, y's gradient (read by both its products), and the sum
+    CHECK_EQ(th::count_of(sched, "(not computable once per value inside)"), 3);
+}
+
 // W2 of the benchmarks (Bengio's character MLP: embedding, two tanh layers, cross-entropy,
 // SGD) as one jitted step: 14 nests after the passes, from 29 as lowered. Its 9 matrix
 // products (3 forward, 3 input gradients, 3 weight gradients) are tiled nests of their own,
