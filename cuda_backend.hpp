@@ -2378,6 +2378,10 @@ public:
         return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products" &&
                pass != "sum_lanes" && pass != "split_at_edges";
     }
+    // A GPU thread computes a GELU's tanh for less than it costs to store it and load it
+    // again: W7's MLP stored the tanh, its sign and e^-2|z| (three tensors of 8192 x 2048 a
+    // layer) in the forward product's epilogue, and loaded them in the backward one.
+    bool recomputes_calls() const override { return true; }
 
 private:
     struct Staging {

@@ -1183,6 +1183,10 @@ struct Device {
     // the passes of TG_PASSES that suit it (CUDA: not the CPU's fusion into row loops, but
     // fuse_maps, which only a device without fuse_loops needs)
     virtual bool runs_pass(const std::string& pass) const { return pass != "fuse_maps"; }
+    // whether a value with calls (exp2, a select) that several kernels read may be computed in
+    // each of them rather than stored once (the scheduler's cost model): not on the CPU, where
+    // such calls in a matrix product's epilogue keep GCC from vectorizing the product
+    virtual bool recomputes_calls() const { return false; }
     // run at the start of its queue's thread (CPU:k: the thread pool its programs use there)
     virtual void queue_thread_start() {}
     // the settings (environment variables) its programs depend on beyond the graph, part of
@@ -3781,11 +3785,16 @@ static const int64_t SCHED_MAX_DEPTH = 256;
 // accumulator costs 1 per load. A value read through a broadcast is computed once per element
 // it is broadcast to (a gradient in a matrix product's inner loop): only a few arithmetic ops
 // (a mean: sum·1/n) are recomputed there. A value read by several kernels is recomputed in
-// each only when it is plain arithmetic (see vectorizes_poorly): fused into a matrix
-// product's kernel, a select, an exp2 or a libm call in its epilogue keeps GCC 12 from
-// vectorizing the product (measured on W2: 2x slower), until products get kernels of their
-// own shape.
+// each only when it is plain arithmetic (see vectorizes_poorly) on the CPU: fused into a
+// matrix product's kernel, a select, an exp2 or a libm call in its epilogue keeps GCC 12 from
+// vectorizing the product (measured on W2: 2x slower). A device whose recomputes_calls() says
+// so (CUDA) recomputes calls too.
 static const int64_t RECOMPUTE_LIMIT = 24, BROADCAST_RECOMPUTE_LIMIT = 4;
+// On a device that recomputes calls, a value read by several kernels may cost this much, each
+// op below it counted once (each kernel computes it once): an H200 loads a float in the time
+// of about 28 multiply-adds, and a stored value is stored and loaded again. A GELU's tanh
+// costs about 30 (over 100 counted per path, as `cost` counts).
+static const int64_t KERNELS_RECOMPUTE_LIMIT = 48;
 // Ops that keep GCC 12 from vectorizing a matrix product when its loop computes them too:
 // libm calls, float32 2^x and log2 x (integer bit work), selects and the random hash.
 static bool vectorizes_poorly(Op op) {
@@ -3819,9 +3828,10 @@ static bool gathers_inside(Node* n, const std::unordered_set<Node*>& materialize
 }
 
 // store: values to keep in buffers although the cost model inlines them (lowering could not
-// compute them once per value inside their reader).
+// compute them once per value inside their reader). recompute_calls: the device's
+// recomputes_calls().
 static Schedule sched_build(const std::vector<NodeP>& targets,
-                            const std::unordered_set<Node*>& store = {}) {
+                            const std::unordered_set<Node*>& store, bool recompute_calls) {
     Schedule s;
     std::unordered_set<Node*> is_target;
     for (const NodeP& t : targets)
@@ -3848,23 +3858,47 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
     // recomputed too (an upper bound: shared parts count once per path). Buffers, the values
     // of reductions and sources too costly to recompute (they will be stored) cost a load.
     std::unordered_map<Node*, int64_t> cost;
+    auto loaded = [](const Node* n) {
+        return n->buffer || n->leaf || op_kind(n->op) == OpKind::REDUCE;
+    };
     for (Node* n : order) {
         int64_t c = op_cost(n->op);
         for (auto& src : n->src) c += cost[src.get()] > RECOMPUTE_LIMIT ? 1 : cost[src.get()];
-        bool loaded = n->buffer || n->leaf || op_kind(n->op) == OpKind::REDUCE;
-        cost[n] = loaded ? 1 : std::min(c, RECOMPUTE_LIMIT + 1);
+        cost[n] = loaded(n) ? 1 : std::min(c, RECOMPUTE_LIMIT + 1);
     }
+    // On a device that recomputes calls: what computing each value in a kernel of its own
+    // would cost, each op below it once, down to loads and to the values that cost more than
+    // KERNELS_RECOMPUTE_LIMIT (they will be stored); past the limit, the limit + 1.
+    std::unordered_map<Node*, int64_t> kernel_cost;
+    if (recompute_calls)
+        for (Node* n : order) {
+            int64_t c = 0;
+            std::vector<Node*> pending{n};
+            std::unordered_set<Node*> seen{n};
+            while (!pending.empty() && c <= KERNELS_RECOMPUTE_LIMIT) {
+                Node* m = pending.back();
+                pending.pop_back();
+                bool below = m != n && (loaded(m) || kernel_cost[m] > KERNELS_RECOMPUTE_LIMIT);
+                c += below ? 1 : op_cost(m->op);
+                if (!below)
+                    for (auto& src : m->src)
+                        if (seen.insert(src.get()).second) pending.push_back(src.get());
+            }
+            kernel_cost[n] = loaded(n) ? 1 : std::min(c, KERNELS_RECOMPUTE_LIMIT + 1);
+        }
     // Plain arithmetic: no call in the value's own ops, down to loads and to calls (a call
-    // read by several kernels is stored). Only such values are recomputed in several kernels.
-    // A gather is not plain: recomputed inside a reduction, its bounds check sits in the
-    // reduction's inner loop (W1: 0.1-0.2 us a step slower).
+    // read by several kernels is stored), unless the device recomputes calls (a GELU's tanh
+    // in the backward kernel that reads it, rather than three tensors of it stored and
+    // loaded). Only such values are recomputed in several kernels. A gather is not plain:
+    // recomputed inside a reduction, its bounds check sits in the reduction's inner loop (W1:
+    // 0.1-0.2 us a step slower).
+    auto stops_vectors = [&](Op op) { return !recompute_calls && vectorizes_poorly(op); };
     std::unordered_map<Node*, bool> plain;
     for (Node* n : order) {
-        bool p = !vectorizes_poorly(n->op) && op_kind(n->op) != OpKind::INDEXED;
+        bool p = !stops_vectors(n->op) && op_kind(n->op) != OpKind::INDEXED;
         for (auto& src : n->src) {
             Node* sn = src.get();
-            bool loaded = sn->buffer || sn->leaf || op_kind(sn->op) == OpKind::REDUCE;
-            p = p && (loaded || vectorizes_poorly(sn->op) || plain[sn]);
+            p = p && (loaded(sn) || stops_vectors(sn->op) || plain[sn]);
         }
         plain[n] = p;
     }
@@ -3921,8 +3955,11 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         // cast costs less to compute again than to store and load
         bool cheap = n->op == Op::CMPLT || n->op == Op::CMPEQ || n->op == Op::NEG ||
                      n->op == Op::CAST || (n->dtype == DType::BOOL && is_elementwise(n));
-        bool recompute = k != OpKind::REDUCE && cost[n] <= RECOMPUTE_LIMIT &&
-                         (r.roots.size() == 1 || plain[n]);
+        bool recompute =
+            k != OpKind::REDUCE &&
+            (r.roots.size() == 1 ? cost[n] <= RECOMPUTE_LIMIT
+             : recompute_calls   ? plain[n] && kernel_cost[n] <= KERNELS_RECOMPUTE_LIMIT
+                                 : plain[n] && cost[n] <= RECOMPUTE_LIMIT);
         bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute;
         // a gather read through a broadcast (an embedding read by a matrix product) is
         // stored: inlined, its bounds-checked load of a load keeps the product from tiles
@@ -4683,10 +4720,11 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
 // Schedule and lower, again with the reductions in buffers that lowering could not compute
 // once per value inside their reader (each round stores at least one more, so it ends).
 static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
-                            std::unordered_map<Node*, int>& buffer_ids, bool check_finite) {
+                            std::unordered_map<Node*, int>& buffer_ids, bool check_finite,
+                            bool recompute_calls) {
     std::unordered_set<Node*> store;
     while (true) {
-        sched = sched_build(targets, store);
+        sched = sched_build(targets, store, recompute_calls);
         buffer_ids.clear();
         std::vector<Node*> more;
         Program prog = lower_schedule(sched, buffer_ids, check_finite, &more);
@@ -6170,10 +6208,12 @@ static void pass_fuse_maps(Program& p) {
     // norm's statistics and normalization, a softmax's maximum, exponentials and sum, and
     // their gradients, each one kernel of a group of threads per row
     std::vector<Block>& bs = p.blocks;
-    std::vector<bool> products;   // a product's rows stay a product, which the GPU tiles
+    // A product's rows stay a product, which the GPU tiles: rows by columns, not a sum of
+    // columns (the sum of a softmax's e^(x - max) reads the row's max along the rows).
+    std::vector<bool> products;
     for (const Block& b : bs) {
         ProductMatch m;
-        products.push_back(match_product(b, m));
+        products.push_back(match_product(b, m) && m.rows >= 0 && !m.column_products);
     }
     for (size_t i = 0; i < bs.size(); i++) {
         for (size_t j = i + 1; j < bs.size() && j <= i + FUSE_WINDOW; j++) {
@@ -9037,7 +9077,8 @@ static bool build_program(const std::vector<NodeP>& targets, Device& dev, Progra
     Schedule sched;                                              // 1. kernels and buffers
     auto planned = std::make_shared<Program>();                  // 2. loop IR
     Program& prog = *planned;
-    prog = plan_program(targets, sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1));
+    prog = plan_program(targets, sched, run.buffer_ids, env_int("TG_CHECK", 0, 0, 1),
+                        dev.recomputes_calls());
     run.targets = sched.targets;
     run.owners = std::move(prog.buffer_nodes);   // bound to this graph: the program is shared
     prog.buffer_nodes.clear();
@@ -9547,7 +9588,7 @@ Stages inspect(const std::vector<Tensor>& tensors) {
     for (const Tensor& t : tensors) nodes.push_back(t.node());
     Schedule sched;
     std::unordered_map<Node*, int> buffer_ids;
-    Program prog = plan_program(nodes, sched, buffer_ids, false);
+    Program prog = plan_program(nodes, sched, buffer_ids, false, false);
     Stages st;
     st.graph = graph_listing(nodes);
     st.schedule = sched_listing(sched);

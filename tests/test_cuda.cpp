@@ -39,6 +39,7 @@ struct PlanOnly : tg::detail::Device {
     bool runs_pass(const std::string& pass) const override {
         return tg::detail::device("CUDA").runs_pass(pass);
     }
+    bool recomputes_calls() const override { return tg::detail::device("CUDA").recomputes_calls(); }
 };
 
 
@@ -415,6 +416,43 @@ TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
         std::string why_;                                                                      \
         if (!gpu(&why_)) SKIP("no GPU: " + why_);                                             \
     } while (0)
+
+// A GELU between two products, forward and backward, planned as each device plans it: the
+// GPU computes the tanh again in the backward kernel (about 30 operations an element) rather
+// than store it, its sign and e^-2|z| in the forward product's epilogue and load them there
+// (W7's MLP: three tensors of 8192 x 2048 a layer, each stored and loaded once). The CPU
+// keeps them stored: a call or a select in a product's epilogue keeps GCC from vectorizing it.
+TEST(cuda_recomputes_a_gelu_in_the_kernels_that_read_it) {
+    auto temporaries = [](const char* device) {   // of the GELU's shape, 64 x 128
+        std::vector<tg::detail::Program> programs;
+        auto saved = tg::detail::program_observer();
+        tg::detail::program_observer() = [&](const tg::detail::Program& p) {
+            programs.push_back(p);
+        };
+        char tmpl[] = "/tmp/tg-cuda-gelu-XXXXXX";
+        std::string dir = mkdtemp(tmpl);
+        {
+            static PlanOnly plan_only;
+            tg::detail::register_device("CUDA_PLAN", &plan_only);
+            EnvGuard dev("TG_DEVICE", device), cache("TG_CACHE_DIR", dir.c_str());
+            Tensor x = Tensor::randn({64, 32}, 3).requires_grad();
+            Tensor w1 = Tensor::randn({32, 128}, 4).requires_grad();
+            Tensor w2 = Tensor::randn({128, 32}, 5);
+            Tensor y = (x.matmul(w1) * 0.01f).gelu(true).matmul(w2);
+            std::vector<Tensor> g = tg::gradients((y * y).sum(), {x, w1});
+            tg::realize({y, g[0], g[1]});
+        }
+        tg::detail::program_observer() = saved;
+        CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+        int n = 0;
+        for (const tg::detail::Program& p : programs)
+            for (const auto& b : p.buffers)
+                n += b.role == tg::detail::ProgramBuffer::TEMP && b.numel == 64 * 128;
+        return n;
+    };
+    CHECK_EQ(temporaries("CUDA_PLAN"), 3);   // the product, the GELU, the input's gradient
+    CHECK_EQ(temporaries("CPU"), 6);         // and the tanh, its sign and e^-2|z|
+}
 
 TEST(cuda_ops_and_gradients_match_the_cpu) {
     NEED_GPU();
@@ -1117,6 +1155,18 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
             loss.backward();
             opt.step();
         }
+        {   // two scalars in a row, the second reading the first, as nests of their own
+            // (AdamW's bias corrections were, before a device that recomputes calls computed
+            // them in each update; fuse_maps joins such nests, so it is left out here)
+            EnvGuard passes("TG_PASSES", "simplify,substitute_temps,dead_stores,first_write,"
+                                         "parallel_loops,plan_memory");
+            Tensor count = Tensor::from_vector(std::vector<float>{1.0f, 0.0f}).sum().realize();
+            Tensor scale = Tensor::from_vector(std::vector<float>{0.5f, 0.0f}).sum().realize();
+            Tensor counted = count.assign(count + 1.0f);
+            tg::realize({counted, scale.assign((scale * counted).exp())});
+            params.push_back(count);
+            params.push_back(scale);
+        }
         Tensor few = Tensor::from_vector(th::randf(3 * 1000, 95), {3, 1000});
         Tensor many = Tensor::from_vector(th::randf(2000 * 100, 96), {2000, 100});
         Tensor a = Tensor::from_vector(th::randf(64 * 96, 97), {64, 96});
@@ -1141,7 +1191,7 @@ TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     bool groups = false;   // a block per row beside a warp per row
     bool products = false;   // two products' tiles
     bool split = false;      // two split sums and a launch after them
-    bool sequence = false;   // AdamW's scalars (a bias correction after the step count)
+    bool sequence = false;   // the two scalars in one thread, in order
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
         for (const auto& kernel : tg::detail::kernels_of(p, launches)) {
