@@ -452,6 +452,26 @@ TEST(cuda_recomputes_a_gelu_in_the_kernels_that_read_it) {
     };
     CHECK_EQ(temporaries("CUDA_PLAN"), 3);   // the product, the GELU, the input's gradient
     CHECK_EQ(temporaries("CPU"), 6);         // and the tanh, its sign and e^-2|z|
+    // Softmax's e^(x - max), recomputed by its sum, its outputs and its gradient, leaves them
+    // one kernel of rows: the sum reads each row's max along the rows, yet is no product.
+    std::vector<tg::detail::Program> programs;
+    auto saved = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
+    char tmpl[] = "/tmp/tg-cuda-softmax-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    {
+        EnvGuard dev("TG_DEVICE", "CUDA_PLAN"), cache("TG_CACHE_DIR", dir.c_str());
+        Tensor x = Tensor::randn({512, 256}, 6).requires_grad(), w = Tensor::randn({512, 256}, 7);
+        Tensor y = x.softmax(-1);
+        tg::realize({y, tg::gradients((y * w).sum(), {x})[0]});
+    }
+    tg::detail::program_observer() = saved;
+    CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+    CHECK(!programs.empty());
+    if (!programs.empty()) {
+        const tg::detail::Program& p = programs.back();
+        CHECK_EQ(tg::detail::kernels_of(p, tg::detail::launches_of(p)).size(), size_t(1));
+    }
 }
 
 TEST(cuda_ops_and_gradients_match_the_cpu) {
@@ -1129,9 +1149,9 @@ TEST(cuda_fuse_maps_joins_rows) {
 // range of its blocks: AdamW's updates of parameters of five shapes are one kernel, and so are
 // sums by a block per row (3 of 1000) and by a warp per row (2000 of 100), two products'
 // tiles (staging their terms in one array), and two split column sums (their last ranges add
-// the totals, each with a scratch of its own) with a launch after them; AdamW's scalar nests,
-// each of one thread, that read one another, run one after the other in one thread of one
-// kernel; with the values of the CPU's and the same bits on every run. (A bounds check beside
+// the totals, each with a scratch of its own) with a launch after them; scalar nests, each of
+// one thread, that read one another (fuse_maps left out), run one after the other in one
+// thread of one kernel; with the values of the CPU's and the same bits on every run. (A bounds check beside
 // an in-place write keeps them apart: cuda_failed_check_is_an_error_and_skips_in_place_writes.)
 TEST(cuda_launches_run_side_by_side_in_one_kernel) {
     NEED_GPU();
