@@ -3788,7 +3788,8 @@ static const int64_t SCHED_MAX_DEPTH = 256;
 // each only when it is plain arithmetic (see vectorizes_poorly) on the CPU: fused into a
 // matrix product's kernel, a select, an exp2 or a libm call in its epilogue keeps GCC 12 from
 // vectorizing the product (measured on W2: 2x slower). A device whose recomputes_calls() says
-// so (CUDA) recomputes calls too.
+// so (CUDA) recomputes calls too, where that loads no more than the stored value would (see
+// loads_below).
 static const int64_t RECOMPUTE_LIMIT = 24, BROADCAST_RECOMPUTE_LIMIT = 4;
 // On a device that recomputes calls, a value read by several kernels may cost this much, each
 // op below it counted once (each kernel computes it once): an H200 loads a float in the time
@@ -3827,11 +3828,57 @@ static bool gathers_inside(Node* n, const std::unordered_set<Node*>& materialize
     return false;
 }
 
-// store: values to keep in buffers although the cost model inlines them (lowering could not
-// compute them once per value inside their reader). recompute_calls: the device's
-// recomputes_calls().
+// Whether `target` is computed inside the kernel that computes `from` (at any depth).
+static bool computed_inside(Node* from, const Node* target,
+                            const std::unordered_set<Node*>& materialized) {
+    std::vector<Node*> pending{from};
+    std::unordered_set<Node*> seen{from};
+    while (!pending.empty()) {
+        Node* m = pending.back();
+        pending.pop_back();
+        if (m == target) return true;
+        for (auto& src : m->src)
+            if (!src->buffer && !materialized.count(src.get()) && seen.insert(src.get()).second)
+                pending.push_back(src.get());
+    }
+    return false;
+}
+
+// The loads below a value inside its kernel: buffers, other kernels' values and reductions.
+// Of a value: those at its own index, not what it reads through a broadcast (a row's max).
+// Of a kernel (from its root), leaving out what it reads through `apart`: the loads in the
+// loops that read `apart` (a reduction's terms when it is one of them, not a row's max).
+static std::unordered_set<Node*> loads_below(Node* top,
+                                             const std::unordered_set<Node*>& materialized,
+                                             const Node* apart = nullptr) {
+    std::unordered_set<Node*> loads, seen;
+    std::vector<Node*> pending;
+    for (auto& src : top->src) pending.push_back(src.get());
+    bool own_index = !apart;
+    while (!pending.empty()) {
+        Node* m = pending.back();
+        pending.pop_back();
+        if (m == apart || (own_index && m->op == Op::EXPAND) || !seen.insert(m).second) continue;
+        bool reduces_apart = !own_index && op_kind(m->op) == OpKind::REDUCE && !m->buffer &&
+                             !materialized.count(m) && computed_inside(m, apart, materialized);
+        if (!reduces_apart && (m->buffer || m->leaf || materialized.count(m) ||
+                               op_kind(m->op) == OpKind::REDUCE)) {
+            loads.insert(m);
+            continue;
+        }
+        for (auto& src : m->src) pending.push_back(src.get());
+    }
+    return loads;
+}
+
+// store: values to keep in buffers although the cost model inlines them, each with the
+// reason (lowering could not compute it once per value inside its reader; recomputed in each
+// of its readers, it would load no less). recompute_calls: the device's recomputes_calls().
+// store_next: values the next round should store (see plan_program); when there are any,
+// the schedule returned is not complete.
 static Schedule sched_build(const std::vector<NodeP>& targets,
-                            const std::unordered_set<Node*>& store, bool recompute_calls) {
+                            const std::unordered_map<Node*, const char*>& store,
+                            bool recompute_calls, std::vector<Node*>& store_next) {
     Schedule s;
     std::unordered_set<Node*> is_target;
     for (const NodeP& t : targets)
@@ -3980,7 +4027,7 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
                           : k == OpKind::ASSIGN     ? "assign"
                           : n->op == Op::SCATTER_ADD ? "scatter"
                           : too_deep                ? "expression too deep"
-                          : store.count(n)          ? "not computable once per value inside"
+                          : store.count(n)          ? store.at(n)
                           : nullptr;
         if (!why && k == OpKind::REDUCE && !inner_reduce)
             why = r.indexed  ? "reduction read through an index"
@@ -3994,6 +4041,45 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
             s.materialized.insert(n);
             s.reason[n] = why;
         }
+    }
+    // On a device that recomputes calls, a value with calls computed again in several kernels
+    // must read less there than its load would: each load at its index below it must be one
+    // that each of those kernels makes anyway by another path. A GELU's tanh is computed from
+    // h, which the GELU and its gradient read too (stored, the tanh, its sign and e^-2|z| were
+    // three more loads). A softmax's e^(x - max) would load x where it loaded e and add the
+    // exp2 (a polynomial of about 30 ops): on the H200 that made W7's softmax 67 -> 83 us
+    // forward, 58 -> 87 backward. It is stored, in the next round.
+    if (recompute_calls) {
+        std::unordered_map<Node*, bool> has_call;
+        for (Node* n : order) {
+            bool c = vectorizes_poorly(n->op);
+            for (auto& src : n->src) c = c || (!loaded(src.get()) && has_call[src.get()]);
+            has_call[n] = c;
+        }
+        // the outermost such values: the ones below each are decided again with it stored
+        std::unordered_set<Node*> below_stored;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            Node* n = *it;
+            OpKind k = op_kind(n->op);
+            bool decided = false;
+            for (Node* u : users[n])
+                decided = decided || (!s.materialized.count(u) && below_stored.count(u));
+            if (decided) below_stored.insert(n);
+            if (decided || !has_call[n] || s.materialized.count(n) || n->buffer ||
+                k == OpKind::MOVEMENT || k == OpKind::SOURCE || reach[n].roots.size() < 2)
+                continue;
+            std::unordered_set<Node*> below = loads_below(n, s.materialized);
+            bool reads_less = true;
+            for (Node* root : reach[n].roots) {
+                std::unordered_set<Node*> anyway = loads_below(root, s.materialized, n);
+                for (Node* l : below) reads_less = reads_less && anyway.count(l);
+            }
+            if (!reads_less) {
+                store_next.push_back(n);
+                below_stored.insert(n);
+            }
+        }
+        if (!store_next.empty()) return s;
     }
     // An assignment writes element i after reading element i. A value that reads its target
     // elsewhere (x.assign(x.flip(0))) gets a buffer of its own.
@@ -4717,19 +4803,22 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
     return prog;
 }
 
-// Schedule and lower, again with the reductions in buffers that lowering could not compute
-// once per value inside their reader (each round stores at least one more, so it ends).
+// Schedule and lower, again with the values in buffers that the schedule found would load no
+// less recomputed in their readers, or that lowering could not compute once per value inside
+// their reader (each round stores at least one more, so it ends).
 static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
                             std::unordered_map<Node*, int>& buffer_ids, bool check_finite,
                             bool recompute_calls) {
-    std::unordered_set<Node*> store;
+    std::unordered_map<Node*, const char*> store;
     while (true) {
-        sched = sched_build(targets, store, recompute_calls);
-        buffer_ids.clear();
         std::vector<Node*> more;
+        sched = sched_build(targets, store, recompute_calls, more);
+        for (Node* n : more) store[n] = "recomputed in each reader, it would load no less";
+        if (!more.empty()) continue;
+        buffer_ids.clear();
         Program prog = lower_schedule(sched, buffer_ids, check_finite, &more);
         if (more.empty()) return prog;
-        store.insert(more.begin(), more.end());
+        for (Node* n : more) store[n] = "not computable once per value inside";
     }
 }
 

@@ -452,8 +452,10 @@ TEST(cuda_recomputes_a_gelu_in_the_kernels_that_read_it) {
     };
     CHECK_EQ(temporaries("CUDA_PLAN"), 3);   // the product, the GELU, the input's gradient
     CHECK_EQ(temporaries("CPU"), 6);         // and the tanh, its sign and e^-2|z|
-    // Softmax's e^(x - max), recomputed by its sum, its outputs and its gradient, leaves them
-    // one kernel of rows: the sum reads each row's max along the rows, yet is no product.
+    // Softmax's e^(x - max) is stored where it is computed, once: recomputed by its sum, its
+    // outputs and its gradient, it would load x where they load e and compute the exp2 again
+    // in each. They stay one kernel of rows (the sum reads each row's max along the rows, yet
+    // is no product).
     std::vector<tg::detail::Program> programs;
     auto saved = tg::detail::program_observer();
     tg::detail::program_observer() = [&](const tg::detail::Program& p) { programs.push_back(p); };
@@ -471,6 +473,11 @@ TEST(cuda_recomputes_a_gelu_in_the_kernels_that_read_it) {
     if (!programs.empty()) {
         const tg::detail::Program& p = programs.back();
         CHECK_EQ(tg::detail::kernels_of(p, tg::detail::launches_of(p)).size(), size_t(1));
+        std::string cu = tg::detail::render_cuda(p);
+        size_t exp2s = 0;   // calls, not the helper's definition
+        for (size_t at = 0; (at = cu.find("tg_exp2f(", at)) != std::string::npos; at++)
+            exp2s += cu.compare(at, 15, "tg_exp2f(float ") != 0;
+        CHECK_EQ(exp2s, size_t(1));
     }
 }
 
