@@ -3812,31 +3812,16 @@ static int64_t op_cost(Op op) {
     }
 }
 
-// Whether the kernel that computes n would gather (with a bounds check): a gather among the
-// ops inlined into it, down to buffers and other kernels.
-static bool gathers_inside(Node* n, const std::unordered_set<Node*>& materialized) {
+// Whether an op inlined into the kernel that computes n (n's own or one below it, down to
+// buffers and other kernels) is one that `is` names.
+template <typename Is>
+static bool inlined_any(Node* n, const std::unordered_set<Node*>& materialized, Is is) {
     std::vector<Node*> pending{n};
     std::unordered_set<Node*> seen{n};
     while (!pending.empty()) {
         Node* m = pending.back();
         pending.pop_back();
-        if (m->op == Op::GATHER) return true;
-        for (auto& src : m->src)
-            if (!src->buffer && !materialized.count(src.get()) && seen.insert(src.get()).second)
-                pending.push_back(src.get());
-    }
-    return false;
-}
-
-// Whether `target` is computed inside the kernel that computes `from` (at any depth).
-static bool computed_inside(Node* from, const Node* target,
-                            const std::unordered_set<Node*>& materialized) {
-    std::vector<Node*> pending{from};
-    std::unordered_set<Node*> seen{from};
-    while (!pending.empty()) {
-        Node* m = pending.back();
-        pending.pop_back();
-        if (m == target) return true;
+        if (is(m)) return true;
         for (auto& src : m->src)
             if (!src->buffer && !materialized.count(src.get()) && seen.insert(src.get()).second)
                 pending.push_back(src.get());
@@ -3860,7 +3845,8 @@ static std::unordered_set<Node*> loads_below(Node* top,
         pending.pop_back();
         if (m == apart || (own_index && m->op == Op::EXPAND) || !seen.insert(m).second) continue;
         bool reduces_apart = !own_index && op_kind(m->op) == OpKind::REDUCE && !m->buffer &&
-                             !materialized.count(m) && computed_inside(m, apart, materialized);
+                             !materialized.count(m) &&
+                             inlined_any(m, materialized, [&](Node* q) { return q == apart; });
         if (!reduces_apart && (m->buffer || m->leaf || materialized.count(m) ||
                                op_kind(m->op) == OpKind::REDUCE)) {
             loads.insert(m);
@@ -4091,7 +4077,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         if (reads_through_view(value, n->src[0].get(), s.materialized, false, seen)) {
             s.materialized.insert(value);
             s.reason[value] = "reads its assignment's target at other indices";
-        } else if (gathers_inside(value, s.materialized)) {
+        } else if (inlined_any(value, s.materialized,
+                               [](Node* q) { return q->op == Op::GATHER; })) {
             // a failed bounds check must stop the program before the write, not after it
             s.materialized.insert(value);
             s.reason[value] = "bounds-checked value of an assignment";
