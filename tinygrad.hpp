@@ -3712,7 +3712,8 @@ TG_COLD_BEGIN   // to [LOOPIR]: once per new program, compiled unoptimized (Part
 // (gets a buffer, is the root of a kernel) when it is a target, a CONTIGUOUS, an assignment or
 // scatter, a reduction read by several kernels or through an index, or a computed value that
 // the cost model says to store: read by several kernels, or at several indices (through a
-// broadcast, or two paths) where computing it again costs more than RECOMPUTE_LIMIT.
+// broadcast, or two paths) where computing it again costs more than RECOMPUTE_LIMIT, or
+// where it is the only reader of a reduction that would be stored for it (x Wᵀ + b).
 // Everything else is inlined into the kernels that read it, so elementwise chains fuse and
 // broadcast operands stay stride-0 reads. A reduction read by one kernel runs inside it, and
 // so does a value broadcast back over the rows it came from (sched.once): lowering computes
@@ -3861,9 +3862,11 @@ static std::unordered_set<Node*> loads_below(Node* top,
 // reason (lowering could not compute it once per value inside its reader; recomputed in each
 // of its readers, it would load no less). recompute_calls: the device's recomputes_calls().
 // store_next: values the next round should store (see plan_program); when there are any,
-// the schedule returned is not complete.
+// the schedule returned is not complete. stored_alone: reductions in store that lowering
+// could not compute inside the value stored in their place, asked for again.
 static Schedule sched_build(const std::vector<NodeP>& targets,
                             const std::unordered_map<Node*, const char*>& store,
+                            const std::unordered_set<Node*>& stored_alone,
                             bool recompute_calls, std::vector<Node*>& store_next) {
     Schedule s;
     std::unordered_set<Node*> is_target;
@@ -3935,6 +3938,52 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         }
         plain[n] = p;
     }
+    // A reduction that a value alone reads, at the value's own index through elementwise
+    // ops (a Linear's x Wᵀ under its + b), is stored for it when the value is recomputed in
+    // several kernels, or asked for by lowering. Storing the value in its place stores no
+    // more, computes the rest once (in the product's epilogue) and leaves each reader one
+    // load where it had the reduction's and the rest's: attention's products read q + b and
+    // k + b as plain tiles. Only plain values (see above): on the CPU a select or a call
+    // would join the product's epilogue. reduction_read_only_by(n): that reduction, where n
+    // reads exactly one so (else null), unless lowering asked for it again with n stored
+    // (stored_alone).
+    std::unordered_map<Node*, size_t> position;
+    for (size_t i = 0; i < order.size(); i++) position[order[i]] = i;
+    auto reduction_read_only_by = [&](Node* n) -> Node* {
+        std::vector<Node*> region, pending{n};
+        std::unordered_set<Node*> seen{n};
+        while (!pending.empty()) {
+            Node* m = pending.back();
+            pending.pop_back();
+            region.push_back(m);
+            if (op_kind(m->op) == OpKind::REDUCE) continue;   // its terms are its own
+            for (auto& src : m->src) {
+                Node* sn = src.get();
+                OpKind k = op_kind(sn->op);
+                bool at_own_index = k == OpKind::REDUCE ? !stored_alone.count(sn)
+                                                        : same_index_op(sn) && !store.count(sn);
+                bool elsewhere = sn->buffer || sn->leaf || s.materialized.count(sn) ||
+                                 is_target.count(sn) || !at_own_index;
+                if (!elsewhere && seen.insert(sn).second) pending.push_back(sn);
+            }
+        }
+        std::sort(region.begin(), region.end(),
+                  [&](Node* a, Node* b) { return position[a] > position[b]; });
+        std::unordered_set<Node*> through_n{n};   // nodes read only through n
+        Node* found = nullptr;
+        for (Node* m : region) {
+            if (m == n) continue;
+            bool only = true;
+            for (Node* u : users[m]) only = only && through_n.count(u);
+            if (!only) continue;
+            through_n.insert(m);
+            if (op_kind(m->op) != OpKind::REDUCE) continue;
+            if (found) return nullptr;   // two sums in one kernel would not be tiled
+            found = m;
+        }
+        return found;
+    };
+    std::unordered_set<Node*> stored_in_place;   // reductions whose reader is stored instead
     // Decide users before sources. Where a node's value goes: the kernels (roots) it would be
     // inlined into, whether every path there reads it at the root's own index (elementwise
     // ops only), whether a path goes through a broadcast, how many paths there are (counted
@@ -3981,7 +4030,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
         // Read through a pad, it would be computed over the padding too (the gradient of a
         // slice: W5's q, k, v products three times over).
         bool inner_reduce = k == OpKind::REDUCE && r.roots.size() == 1 && !r.indexed &&
-                            !r.padded && !is_target.count(n) && !store.count(n);
+                            !r.padded && !is_target.count(n) &&
+                            (!store.count(n) || stored_in_place.count(n));
         if (inner_reduce) s.once.insert(n);
         bool computed = k != OpKind::SOURCE && k != OpKind::MOVEMENT && !n->buffer;
         // a comparison, a logical op on bools (x <= 0 is x < 0 or x == 0), a negation or a
@@ -3993,7 +4043,14 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
             (r.roots.size() == 1 ? cost[n] <= RECOMPUTE_LIMIT
              : recompute_calls   ? plain[n] && kernel_cost[n] <= KERNELS_RECOMPUTE_LIMIT
                                  : plain[n] && cost[n] <= RECOMPUTE_LIMIT);
-        bool inline_ok = one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute;
+        Node* under = !one_root && !cheap && is_elementwise(n) && !store.count(n)
+                          ? reduction_read_only_by(n)
+                          : nullptr;
+        bool in_place = under && plain[n] &&
+                        (store.count(under) || (recompute && r.roots.size() > 1));
+        if (in_place) stored_in_place.insert(under);
+        bool inline_ok =
+            !in_place && (one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute);
         // a gather read through a broadcast (an embedding read by a matrix product) is
         // stored: inlined, its bounds-checked load of a load keeps the product from tiles
         // (an evaluation of 04_makemore's model on 21,177 rows took 230 ms instead of 42)
@@ -4013,7 +4070,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
                           : k == OpKind::ASSIGN     ? "assign"
                           : n->op == Op::SCATTER_ADD ? "scatter"
                           : too_deep                ? "expression too deep"
-                          : store.count(n)          ? store.at(n)
+                          : in_place                ? "in place of the reduction it alone reads"
+                          : store.count(n) && !inner_reduce ? store.at(n)
                           : nullptr;
         if (!why && k == OpKind::REDUCE && !inner_reduce)
             why = r.indexed  ? "reduction read through an index"
@@ -4797,15 +4855,25 @@ static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
                             std::unordered_map<Node*, int>& buffer_ids, bool check_finite,
                             bool recompute_calls) {
     std::unordered_map<Node*, const char*> store;
+    std::unordered_set<Node*> stored_alone;
     while (true) {
         std::vector<Node*> more;
-        sched = sched_build(targets, store, recompute_calls, more);
+        sched = sched_build(targets, store, stored_alone, recompute_calls, more);
         for (Node* n : more) store[n] = "recomputed in each reader, it would load no less";
         if (!more.empty()) continue;
         buffer_ids.clear();
         Program prog = lower_schedule(sched, buffer_ids, check_finite, &more);
         if (more.empty()) return prog;
-        for (Node* n : more) store[n] = "not computable once per value inside";
+        // a reduction asked for again was stored in place of a value that reads it (see
+        // reduction_read_only_by): it is stored alone next
+        bool progress = false;
+        for (Node* n : std::unordered_set<Node*>(more.begin(), more.end()))
+            progress = store.emplace(n, "not computable once per value inside").second ||
+                       stored_alone.insert(n).second || progress;
+        if (!progress)
+            fail(strf("internal: lowering asks again for %s %s %s, stored already",
+                      op_name(more[0]->op), dtype_name(more[0]->dtype),
+                      shape_str(more[0]->shape).c_str()), more[0]->loc);
     }
 }
 

@@ -379,11 +379,67 @@ TEST(product_gradient_through_gelu_stores_the_sum_not_its_parts) {
     Tensor y = (x.matmul(w1) * 0.01f).gelu(true).matmul(w2);
     std::vector<Tensor> g = tg::gradients((y * y).sum(), {x, w1});
     std::string sched = tg::inspect({y, g[0], g[1]}).schedule;
-    // on the CPU (calls and selects stay out of a product's epilogue) the sign and e^-2|z|
-    // of the tanh are stored too, for both passes
-    CHECK_EQ(th::count_of(sched, "float32 [64,128]"), 5);
-    // the GELU, y's gradient (read by both its products), and the sum
-    CHECK_EQ(th::count_of(sched, "(not computable once per value inside)"), 3);
+    // z = 0.01 x w1 (in place of the sum under it), the GELU, and z's gradient (read by both
+    // its products; it takes the place of the product of y's gradient under it); on the CPU
+    // (calls and selects stay out of a product's epilogue) the tanh, its sign and e^-2|z| are
+    // stored too, for both passes
+    CHECK_EQ(th::count_of(sched, "float32 [64,128]"), 6);
+    CHECK_EQ(th::count_of(sched, "REDUCE_SUM"), 0);
+    // the GELU and the sum
+    CHECK_EQ(th::count_of(sched, "(not computable once per value inside)"), 2);
+}
+
+// A Linear's x Wᵀ + b read by several products (attention's q, k and v: slices of one
+// Linear's output, read by the forward and backward products) is stored with its + b, by the
+// product's kernel (in place of x Wᵀ, which only it reads), rather than x Wᵀ stored and + b
+// added to the operands in every reader: as many tensors stored, and each reader's tiles
+// plain loads (for CUDA, NVRTC 13 gave attention's scores product 145 registers with the
+// additions, 127 without).
+TEST(bias_read_by_several_products_is_stored_in_place_of_the_product) {
+    Tensor x = data({16, 8}), w = (data({8, 24}) * 0.1f).requires_grad();
+    Tensor b = (data({24}) * 0.1f).requires_grad();
+    Tensor h = x.matmul(w) + b;
+    Tensor q = h.slice(1, 0, 8), k = h.slice(1, 8, 16), v = h.slice(1, 16, 24);
+    Tensor y = q.matmul(k.transpose(0, 1)).softmax(-1).matmul(v);
+    // h's line of a schedule
+    auto h_stored = [](const std::string& sched) {
+        size_t at = sched.find("ADD float32 [16,24]");
+        return at == std::string::npos ? std::string()
+                                       : sched.substr(at, sched.find('\n', at) - at);
+    };
+    std::string forward = tg::inspect({y}).schedule;
+    CHECK_EQ(th::count_of(h_stored(forward), "(in place of the reduction it alone reads)"), 1);
+    CHECK_EQ(th::count_of(forward, "REDUCE_SUM float32 [16,1,24]"), 0);
+    std::vector<Tensor> g = tg::gradients((y * y).sum(), {w, b});
+    std::string step = tg::inspect({y, g[0], g[1]}).schedule;
+    CHECK_EQ(th::count_of(h_stored(step), "(in place of the reduction it alone reads)"), 1);
+    CHECK_EQ(th::count_of(step, "REDUCE_SUM float32 [16,1,24]"), 0);
+    // the same values as with h computed first
+    Tensor h2 = (x.matmul(w) + b).realize();
+    Tensor y2 = h2.slice(1, 0, 8).matmul(h2.slice(1, 8, 16).transpose(0, 1)).softmax(-1)
+                    .matmul(h2.slice(1, 16, 24));
+    std::vector<float> want = y2.to_vector();
+    CHECK_ALL_NEAR(y.to_vector(), std::vector<double>(want.begin(), want.end()), 1e-5);
+}
+
+// A value that reads a reduction at two indices (the gradient of a tensor cut twice from a
+// cat: its two slices of the cat's gradient, summed) is not stored in place of it: the
+// reduction could not be computed once per value inside (planning went round forever).
+TEST(reduction_read_at_two_indices_is_not_stored_in_place_of_its_reader) {
+    Tensor a = Tensor::randn({1, 4}, 1), b = Tensor::randn({1, 4}, 2).requires_grad();
+    Tensor c = Tensor::randn({3, 4, 12}, 3), w = Tensor::randn({3, 4, 12}, 4);
+    Tensor joined = tg::cat({a.cos(), b, b}, 1);
+    Tensor loss = (joined.maximum(c) * w).sum();
+    loss.backward();
+    std::string sched = tg::inspect({loss, b.grad()}).schedule;
+    CHECK_EQ(th::count_of(sched, "REDUCE_SUM float32 [1,1,12]"), 1);
+    // d loss / d joined[j] = the sum of w where joined wins; b is columns 4-7 and 8-11
+    std::vector<float> jv = joined.to_vector(), cv = c.to_vector(), wv = w.to_vector();
+    std::vector<double> want(4, 0.0);
+    for (size_t r = 0; r < 12; r++)
+        for (size_t j = 4; j < 12; j++)
+            if (jv[j] > cv[r * 12 + j]) want[j % 4] += wv[r * 12 + j];
+    CHECK_ALL_NEAR(b.grad().to_vector(), want, 1e-5);
 }
 
 // W2 of the benchmarks (Bengio's character MLP: embedding, two tanh layers, cross-entropy,
