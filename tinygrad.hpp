@@ -4043,11 +4043,10 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
             (r.roots.size() == 1 ? cost[n] <= RECOMPUTE_LIMIT
              : recompute_calls   ? plain[n] && kernel_cost[n] <= KERNELS_RECOMPUTE_LIMIT
                                  : plain[n] && cost[n] <= RECOMPUTE_LIMIT);
-        Node* under = !one_root && !cheap && is_elementwise(n) && !store.count(n)
+        Node* under = plain[n] && !one_root && !cheap && is_elementwise(n) && !store.count(n)
                           ? reduction_read_only_by(n)
                           : nullptr;
-        bool in_place = under && plain[n] &&
-                        (store.count(under) || (recompute && r.roots.size() > 1));
+        bool in_place = under && (store.count(under) || (recompute && r.roots.size() > 1));
         if (in_place) stored_in_place.insert(under);
         bool inline_ok =
             !in_place && (one_root || cheap || (r.paths <= 1 && !r.broadcast) || recompute);
@@ -4850,7 +4849,8 @@ static Program lower_schedule(const Schedule& sched, std::unordered_map<Node*, i
 
 // Schedule and lower, again with the values in buffers that the schedule found would load no
 // less recomputed in their readers, or that lowering could not compute once per value inside
-// their reader (each round stores at least one more, so it ends).
+// their reader (each round stores at least one more, or a reduction alone that was stored in
+// place of its reader, so it ends; a round that asks for nothing new is an internal error).
 static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
                             std::unordered_map<Node*, int>& buffer_ids, bool check_finite,
                             bool recompute_calls) {
@@ -4869,7 +4869,8 @@ static Program plan_program(const std::vector<NodeP>& targets, Schedule& sched,
         bool progress = false;
         for (Node* n : std::unordered_set<Node*>(more.begin(), more.end()))
             progress = store.emplace(n, "not computable once per value inside").second ||
-                       stored_alone.insert(n).second || progress;
+                       (op_kind(n->op) == OpKind::REDUCE && stored_alone.insert(n).second) ||
+                       progress;
         if (!progress)
             fail(strf("internal: lowering asks again for %s %s %s, stored already",
                       op_name(more[0]->op), dtype_name(more[0]->dtype),
