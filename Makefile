@@ -14,7 +14,8 @@
 #                 C++ compiler found, at BUILD_TIME_OPTS (default -O0 -O2); printed, not asserted
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 # make oracle     random graphs, optimized CPU against the unoptimized interpreter, for
-#                 SEED (default 1) and COUNT (default 1000) graphs
+#                 SEED (default 1) and COUNT (default 1000) graphs; THREADS=N: also 1 thread
+#                 against N, with every nest that can run in chunks doing so (the same bits)
 CXX      ?= c++
 CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 LDLIBS   := -ldl -lpthread
@@ -180,7 +181,8 @@ COUNT ?= 1000
 $(BUILD)/oracle: tests/oracle_main.cpp tests/random_graphs.hpp tinygrad.hpp $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $< $(BUILD)/tinygrad.o $(LDLIBS)
 oracle: $(BUILD)/oracle
-	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(SEED) $(COUNT); \
+	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); \
+	TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(if $(THREADS),-t $(THREADS)) $(SEED) $(COUNT); \
 	rc=$$?; rm -rf $$dir; exit $$rc
 
 $(BUILD)/bench: bench/bench.cpp tinygrad.hpp cuda_backend.hpp

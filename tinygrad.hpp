@@ -175,6 +175,9 @@
                  CPU and on CUDA (default 32768; the oracle uses 1 to tile every product)
    TG_THREADS    threads for nests whose outer iterations write disjoint parts (default:
                  the machine's cores); results are the same bits for any count
+   TG_PARALLEL_MIN_WORK  the least work of a nest run on threads: iterations, loops counted
+                 (default 65536), or a tiled product's multiply-adds (default 2^21); the
+                 oracle's thread check uses 1 to run every such nest in chunks
    TG_CHECK      1: every kernel's float output is checked for NaN and infinity; the first
                  kernel that produces one stops the program with its element and user line
    TG_SYNC       1: an optimizer's step runs before step() returns, so its errors are thrown
@@ -5387,6 +5390,11 @@ static void accs_in_trees(const std::vector<Stmt>& body, std::unordered_set<int>
 
 // How nests are shared out to threads: pass_tile_products, pass_parallel_loops.
 static const int64_t PARALLEL_MIN_WORK = int64_t(1) << 16, PARALLEL_CHUNKS = 16;
+// The least work of a nest that runs on threads: `usual`, or TG_PARALLEL_MIN_WORK for every
+// kind of nest (the oracle's thread check sets 1, so that tiny nests run in chunks too).
+static int64_t parallel_min_work(int64_t usual) {
+    return env_int("TG_PARALLEL_MIN_WORK", int(usual), 1, INT32_MAX);
+}
 
 // -- pass_tile_products: matrix products as register tiles over packed operands
 // A nest whose output loops each hold only the next, and whose innermost one holds sum trees
@@ -5668,7 +5676,7 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     if (vectors == 4 && padded(2, 8) < padded(4, 4)) vectors = 2;
     t.cols = int(vectors * TILE_LANES);
     t.rows = int(std::min<int64_t>(rows, vectors == 4 ? 4 : 8));
-    bool threads = outer * rows * cols * m.terms >= TILE_PARALLEL_MIN_WORK;
+    bool threads = outer * rows * cols * m.terms >= parallel_min_work(TILE_PARALLEL_MIN_WORK);
     int64_t wanted = threads ? PARALLEL_CHUNKS : 1;
     int64_t col_tiles = (cols + t.cols - 1) / t.cols;
     int64_t panels = std::max((col_tiles * t.cols * m.terms * 4 + PANEL_BYTES - 1) / PANEL_BYTES,
@@ -5738,7 +5746,7 @@ static void pass_tile_products(Program& p) {
         }
         int64_t work = m.terms;
         for (int v : m.loops) work *= b.extents[size_t(v)];
-        b.parallel_chunks = work >= TILE_PARALLEL_MIN_WORK && b.tile.tasks > 1
+        b.parallel_chunks = work >= parallel_min_work(TILE_PARALLEL_MIN_WORK) && b.tile.tasks > 1
                                 ? std::min(b.tile.tasks, PARALLEL_CHUNKS) : 0;
     }
 }
@@ -6320,17 +6328,17 @@ static bool runs_as_rows(const Block& b) {
 }
 
 // -- pass_fuse_maps: elementwise nests over the same loops become one nest; so do rows
-// For a device that does not fuse into row loops (the GPU: a thread per row would run each
-// row's loops alone): a map (one nest of loops around stores and checks alone) joins a map
-// over loops of the same extents, as pass_fuse_loops joins them (steps over nests in between,
-// keeps each dependence), where the loops inside fuse too, so the fused nest is again one
-// grid of the same items. A map over a product's outputs joins the product's epilogue, as
-// pass_fuse_loops joins it where the CPU tiles (a GELU after a Linear, its gradient after the
-// product that gives the GELU's output gradient). A value it stores and reads back then stays
-// in a register (pass_substitute_temps) and one kernel does what several did. Values a map computes before
-// a loop go into the loop first: each GPU thread computes them anyway. Then nests over the
-// same rows join (fuse_rows) where the GPU runs the result a row to a group of threads
-// (runs_as_rows): a layer norm's forward or backward, a softmax's, a loss's, one kernel each.
+// For a device that does not fuse into row loops (the GPU: a thread per row would run each row's
+// loops alone): a map (one nest of loops around stores and checks alone) joins a map over loops of
+// the same extents, as pass_fuse_loops joins them (steps over nests in between, keeps each
+// dependence), where the loops inside fuse too, so the fused nest is again one grid of the same
+// items. A map over a product's outputs joins the product's epilogue, as pass_fuse_loops joins it
+// where the CPU tiles (a GELU after a Linear, its gradient after the product that gives the GELU's
+// output gradient). A value it stores and reads back then stays in a register
+// (pass_substitute_temps) and one kernel does what several did. Values a map computes before a loop
+// go into the loop first: each GPU thread computes them anyway. Then nests over the same rows join
+// (fuse_rows) where the GPU runs the result a row to a group of threads (runs_as_rows): a layer
+// norm's forward or backward, a softmax's, a loss's, one kernel each.
 static void pass_fuse_maps(Program& p) {
     // values before a loop, at any level (Adam's bias corrections, a layer norm's reciprocal
     // per row), go into it
@@ -6602,21 +6610,21 @@ static void pass_local_temps(Program& p) {
 }
 
 // -- pass_sum_lanes: a long float sum as vector lanes
-// Lowering sums a long axis in blocks of SUM_BLOCK: each block's terms in order, then the
-// blocks' sums in order, so the rounding error grows with the logarithm of the length. Each
-// block's sum is one chain of dependent additions, which a C compiler may not reorder, so it
-// runs at one addition per adder latency (or is vectorized through shuffles). Here a run of
-// blocks becomes SUM_BLOCK lanes instead: lane j adds the j-th term of every block, in block
-// order, and the lanes are summed as a balanced tree ((l0 + l1) + (l2 + l3)) + ... The lanes
-// are independent accumulators reading consecutive elements: one vector addition per block. The order depends only on the shape (the same bits on every run and
-// thread count, and on INTERP, which runs the passes too); it differs from the order as
-// lowered (TG_PASSES without sum_lanes) by rounding. The term is written once per lane, so
-// a term larger than LANES_MAX_TERM expression nodes keeps the blocked order; tiled products
-// have their own order (pass_tile_products) and are not touched. Nor are other sums of
-// products (x·x): their lanes are 16 fmaf calls, which gcc 12 leaves scalar (measured: a row
-// sum of squares 20% slower as lanes, where plain and exp sums run 1.8-2x faster); nor sums
-// whose terms do not read neighbouring elements from lane to lane (a column's sum: with W3's
-// bias gradients as lanes of strided loads its step took about 10% longer, one measurement).
+// Lowering sums a long axis in blocks of SUM_BLOCK: each block's terms in order, then the blocks'
+// sums in order, so the rounding error grows with the logarithm of the length. Each block's sum is
+// one chain of dependent additions, which a C compiler may not reorder, so it runs at one addition
+// per adder latency (or is vectorized through shuffles). Here a run of blocks becomes SUM_BLOCK
+// lanes instead: lane j adds the j-th term of every block, in block order, and the lanes are summed
+// as a balanced tree ((l0 + l1) + (l2 + l3)) + ... The lanes are independent accumulators reading
+// consecutive elements: one vector addition per block. The order depends only on the shape (the
+// same bits on every run and thread count, and on INTERP, which runs the passes too); it differs
+// from the order as lowered (TG_PASSES without sum_lanes) by rounding. The term is written once per
+// lane, so a term larger than LANES_MAX_TERM expression nodes keeps the blocked order; tiled
+// products have their own order (pass_tile_products) and are not touched. Nor are other sums of
+// products (x·x): their lanes are 16 fmaf calls, which gcc 12 leaves scalar (measured: a row sum of
+// squares 20% slower as lanes, where plain and exp sums run 1.8-2x faster); nor sums whose terms do
+// not read neighbouring elements from lane to lane (a column's sum: with W3's bias gradients as
+// lanes of strided loads its step took about 10% longer, one measurement).
 static const size_t LANES_MAX_TERM = 40;
 static_assert((Lowering::SUM_BLOCK & (Lowering::SUM_BLOCK - 1)) == 0,
               "the lanes are added in pairs, level by level");
@@ -6824,7 +6832,7 @@ static void pass_parallel_loops(Program& p) {
     for (size_t k = 0; k < p.blocks.size(); k++) {
         Block& b = p.blocks[k];
         if (b.tile.rows || b.body.size() != 1 || b.body[0].kind != SK::LOOP ||
-            loop_work(b.body, b.extents) < PARALLEL_MIN_WORK)
+            loop_work(b.body, b.extents) < parallel_min_work(PARALLEL_MIN_WORK))
             continue;
         const Stmt& loop = b.body[0];
         bool disjoint = true;
@@ -7832,15 +7840,14 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
 static std::string render_c(const Program& p) { return render_c_files(p, 1)[0]; }
 
 // ---- [RUNTIME] compiler, disk cache, dlopen, devices ---------------------------------- >>runtime
-// compile_c: hash(source, compiler, flags, the toolchain's identity) names the cache entry. A
-// hit in this process's table costs nothing; a valid file on disk (its size and hash match its
-// .sum, and it is the user's own) is dlopened; otherwise the compiler runs once, writing to
-// temporary names that are renamed into place, so processes compiling the same program at once
-// all succeed. The .c stays beside the .so so a failed or surprising build can be read. A
-// program of little work is built twice: quickly for its first runs, then optimized in the
-// background (CompiledProgram), which takes W2's first step in a new process with an empty
-// cache (W6) from about 0.9 to 0.4 s (README, Speed). Devices CPU and INTERP keep data in host memory.
-// Tests: tests/test_runtime.cpp.
+// compile_c: hash(source, compiler, flags, the toolchain's identity) names the cache entry. A hit
+// in this process's table costs nothing; a valid file on disk (its size and hash match its .sum,
+// and it is the user's own) is dlopened; otherwise the compiler runs once, writing to temporary
+// names that are renamed into place, so processes compiling the same program at once all succeed.
+// The .c stays beside the .so so a failed or surprising build can be read. A program of little work
+// is built twice: quickly for its first runs, then optimized in the background (CompiledProgram),
+// which takes W2's first step in a new process with an empty cache (W6) from about 0.9 to 0.4 s
+// (README, Speed). Devices CPU and INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
 
 using ChunkFn = void (*)(void* const*, int64_t*, int64_t, int64_t);
 using RunChunksFn = void (*)(ChunkFn, void* const*, int64_t*, int64_t, int64_t);
@@ -8854,12 +8861,12 @@ static Device* device_of(const std::vector<NodeP>& targets) {
 }
 
 // -- programs reused by the graph's structure: an eager step builds the same graph each time
-// (new nodes, the same ops, shapes, constants, lines and buffers); its program is found by a
-// key of that structure before scheduling, so the step costs a walk over its graph instead of
-// scheduling, lowering, the passes, rendering and hashing C. The key holds every field the
-// pipeline reads, the settings it reads (TG_CHECK, TG_PASSES, TG_TILE_MIN_WORK, the compilers
-// and their flags) and, for realized nodes, which distinct buffer each is; the reused program
-// binds the new graph's nodes by their place in the graph's order.
+// (new nodes, the same ops, shapes, constants, lines and buffers); its program is found by a key of
+// that structure before scheduling, so the step costs a walk over its graph instead of scheduling,
+// lowering, the passes, rendering and hashing C. The key holds every field the pipeline reads, the
+// settings it reads (TG_CHECK, TG_PASSES, TG_TILE_MIN_WORK, TG_PARALLEL_MIN_WORK, the compilers and
+// their flags) and, for realized nodes, which distinct buffer each is; the reused program binds the
+// new graph's nodes by their place in the graph's order.
 struct ReusedProgram {
     std::shared_ptr<const Program> prog;       // shared by every run of it
     std::shared_ptr<Executable> exe;
@@ -8956,7 +8963,7 @@ static bool structural_key(const std::vector<NodeP>& targets, Device* dev, Graph
     g.order = graph_toposort(targets, false, &place);
     g.key = std::string(dev->name()) + '|' + env_str("TG_CHECK", "") + '|' +
             env_str("TG_PASSES", "") + '|' + env_str("TG_TILE_MIN_WORK", "") + '|' +
-            dev->settings() + '|';
+            env_str("TG_PARALLEL_MIN_WORK", "") + '|' + dev->settings() + '|';
     g.files.clear();
     std::vector<const Device*> devices;
     if (!graph_fields(targets, g, devices)) return false;

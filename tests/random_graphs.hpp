@@ -13,6 +13,7 @@
 // The oracle: check() realizes a batch of graphs in one program on the CPU device with every
 // pass, and again on INTERP with TG_PASSES=none (the interpreter over the unoptimized IR), and
 // compares every output and gradient: integers and bools exactly, floats within a tolerance.
+// check_threads() compares the optimized run on one thread and on several, bit for bit.
 // minimize() shrinks a failing graph while it keeps failing.
 //
 // Values stay well conditioned: leaves lie in [-2, 2], log and sqrt read x*x + 0.5, reciprocals
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -1835,38 +1837,44 @@ inline const char* mode_name(Mode m) {
     return m == Mode::OPTIMIZED_CPU ? optimized_device() : "INTERP (TG_PASSES=none)";
 }
 
-// Sets TG_DEVICE and TG_PASSES for one mode (tinygrad reads them each time it builds a program
-// or a buffer), and puts back what was there. The optimized mode builds each program optimized
-// at once (TG_QUICK_RUNS=0), as the oracle checks the code that runs in the long run.
-class ModeScope {
+// Environment variables set (or unset, with a null value) for a scope, and put back as they
+// were when it ends (tinygrad reads them each time it builds a program or a buffer).
+class EnvScope {
 public:
-    explicit ModeScope(Mode mode) {
-        save("TG_DEVICE");
-        save("TG_PASSES");
-        save("TG_QUICK_RUNS");
-        if (mode == Mode::OPTIMIZED_CPU) {
-            setenv("TG_DEVICE", optimized_device(), 1);
-            unsetenv("TG_PASSES");
-            setenv("TG_QUICK_RUNS", "0", 1);
-        } else {
-            setenv("TG_DEVICE", "INTERP", 1);
-            setenv("TG_PASSES", "none", 1);
-        }
-    }
-    ~ModeScope() {
-        for (auto& [name, value] : saved_)
+    EnvScope() = default;
+    ~EnvScope() {
+        for (size_t i = saved_.size(); i-- > 0;) {
+            const auto& [name, value] = saved_[i];
             if (value.first) setenv(name.c_str(), value.second.c_str(), 1);
             else unsetenv(name.c_str());
+        }
     }
-    ModeScope(const ModeScope&) = delete;
-    ModeScope& operator=(const ModeScope&) = delete;
+    EnvScope(const EnvScope&) = delete;
+    EnvScope& operator=(const EnvScope&) = delete;
+    void set(const char* name, const char* value) {
+        const char* was = std::getenv(name);
+        saved_.push_back({name, {was != nullptr, was ? was : ""}});
+        if (value) setenv(name, value, 1);
+        else unsetenv(name);
+    }
 
 private:
     std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
-    void save(const char* name) {
-        const char* v = std::getenv(name);
-        saved_.push_back({name, {v != nullptr, v ? v : ""}});
+};
+
+// TG_DEVICE and TG_PASSES for one mode. The optimized mode builds each program optimized at
+// once (TG_QUICK_RUNS=0), as the oracle checks the code that runs in the long run.
+class ModeScope {
+public:
+    explicit ModeScope(Mode mode) {
+        bool optimized = mode == Mode::OPTIMIZED_CPU;
+        env_.set("TG_DEVICE", optimized ? optimized_device() : "INTERP");
+        env_.set("TG_PASSES", optimized ? nullptr : "none");
+        if (optimized) env_.set("TG_QUICK_RUNS", "0");
     }
+
+private:
+    EnvScope env_;
 };
 
 struct Entry {
@@ -2027,6 +2035,49 @@ inline Report check(const std::vector<Graph>& graphs, const Tolerance& tol) {
         for (const Entry& e : ref[i].entries) r.values += int64_t(e.values.size());
     }
     return r;
+}
+
+// "" when two optimized outcomes are the same bits (every NaN the same), else the first
+// entry that differs and where.
+inline std::string same_bits(const Outcome& a, const Outcome& b) {
+    if (a.error != b.error) return "an error on one run only: " + a.error + " | " + b.error;
+    if (a.entries.size() != b.entries.size()) return "different result counts";
+    for (size_t i = 0; i < a.entries.size(); i++) {
+        const Entry &x = a.entries[i], &y = b.entries[i];
+        if (x.defined != y.defined || x.values.size() != y.values.size())
+            return y.name + ": defined or sized differently";
+        for (size_t k = 0; k < x.values.size(); k++) {
+            double u = x.values[k], v = y.values[k];
+            if (std::memcmp(&u, &v, sizeof u) != 0 && !(std::isnan(u) && std::isnan(v))) {
+                char buf[96];
+                std::snprintf(buf, sizeof buf, ": %.17g vs %.17g", u, v);
+                return y.name + " at " + element_text(y, k) + buf;
+            }
+        }
+    }
+    return "";
+}
+
+// Runs a batch of graphs optimized on TG_THREADS=1 and on `threads` threads, with every nest
+// that can run in chunks on threads (TG_PARALLEL_MIN_WORK=1), and compares the bits: the
+// chunks, not the threads, fix how work is split, so the count must change nothing.
+inline std::vector<Failure> check_threads(const std::vector<Graph>& graphs, int threads) {
+    std::vector<const Graph*> ptrs;
+    for (const Graph& g : graphs) ptrs.push_back(&g);
+    std::vector<Outcome> runs[2];
+    for (int r = 0; r < 2; r++) {
+        EnvScope env;
+        env.set("TG_PARALLEL_MIN_WORK", "1");
+        env.set("TG_THREADS", std::to_string(r ? threads : 1).c_str());
+        runs[r] = run(ptrs, Mode::OPTIMIZED_CPU);
+    }
+    std::vector<Failure> out;
+    for (size_t i = 0; i < graphs.size(); i++) {
+        std::string what = same_bits(runs[1][i], runs[0][i]);
+        if (!what.empty())
+            out.push_back({i, std::to_string(threads) + " threads against 1: " + what});
+    }
+    return out;
 }
 
 inline std::string check_one(const Graph& g, const Tolerance& tol) {
