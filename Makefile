@@ -3,6 +3,7 @@
 #                 then the CUDA tests on the CPU stand-in for the driver and NVRTC (CUDA_ON_CPU=0:
 #                 not; tests/cuda_on_cpu.cpp)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
+# make test-tsan  the same under ThreadSanitizer (the thread pool, queues, background builds)
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training, reliability and CUDA tests on
 #                 TG_DEVICE=CUDA, then CUDA_GRAPHS random graphs (default 300) on CUDA against
 #                 the interpreter
@@ -27,7 +28,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-subset test-asan-subset asan-implementation fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-tsan test-subset test-asan-subset asan-implementation fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -120,6 +121,9 @@ test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
 ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(ASAN)
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 CXXFLAGS="$(ASAN_CXXFLAGS)"
+test-tsan:
+	$(MAKE) --no-print-directory test BUILD=build-tsan CUDA_ON_CPU=0 \
+	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra -fsanitize=thread"
 
 # What CI runs under the sanitizers beside make test (all of make test-asan takes about 8
 # minutes on 2 cores): the runtime and cache, the loaders and parsers (fuzz targets), the

@@ -187,3 +187,26 @@ inline bool near(double a, double b, double tol) {
     static void test_##name()
 
 #define SKIP(reason) throw th::Skip{reason}
+
+// Which sanitizer the tests run under (make test-asan, make test-tsan): gcc's macros, or
+// clang's __has_feature. ThreadSanitizer cannot start threads in a child forked from a
+// process that has them.
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_TEST_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define TG_TEST_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_TEST_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define TG_TEST_TSAN 1
+#endif
+#endif
+#ifdef TG_TEST_TSAN
+#define SKIP_UNDER_TSAN() SKIP("ThreadSanitizer cannot start threads in a forked child")
+#else
+#define SKIP_UNDER_TSAN() (void)0
+#endif

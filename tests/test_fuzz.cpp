@@ -22,14 +22,7 @@
 #include <unistd.h>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TG_FUZZ_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_FUZZ_SANITIZED 1
-#endif
-#endif
-#ifdef TG_FUZZ_SANITIZED
+#ifdef TG_TEST_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -202,7 +195,7 @@ void write_running_input() {
 
 // While a target runs, a crash names the input. Sanitizers keep their own signal handlers
 // (their report is the useful part) and call back before exiting.
-#ifdef TG_FUZZ_SANITIZED
+#ifdef TG_TEST_ASAN
 struct CrashReporter {
     CrashReporter() { __sanitizer_set_death_callback(write_running_input); }
     ~CrashReporter() { running_input = nullptr; }

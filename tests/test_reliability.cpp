@@ -21,14 +21,10 @@ std::vector<float> floats(std::initializer_list<float> v) { return v; }
 // thread with a 1 MiB stack, chains of 25,000 and 200,000 ops are deeper than a recursive walk
 // could go (at 48 bytes a frame, 25,000 frames need 1.2 MB), as deep for it as 200,000 and
 // 1,600,000 on a default 8 MiB stack, with a quarter of the ops to realize. Lowering recurses
-// over kernels of bounded depth (SCHED_MAX_DEPTH): under AddressSanitizer, whose frames are
-// larger (a recursive walk's too), that needs more than 1 MiB, and the thread gets 2.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_TEST_ASAN 1   // clang's way of saying so
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(TG_TEST_ASAN)
+// over kernels of bounded depth (SCHED_MAX_DEPTH): under AddressSanitizer or ThreadSanitizer,
+// whose frames are larger (a recursive walk's too), that needs more than 1 MiB, and the thread
+// gets 2.
+#if defined(TG_TEST_ASAN) || defined(TG_TEST_TSAN)
 const size_t deep_chain_stack = size_t(2) << 20;
 #else
 const size_t deep_chain_stack = size_t(1) << 20;

@@ -445,6 +445,7 @@ TEST(threads_failed_bounds_check_skips_in_place_writes) {
 // A child process after fork() has none of the pool's threads: it runs the chunks itself
 // instead of waiting for threads that do not exist.
 TEST(threads_after_fork_run_in_the_child) {
+    SKIP_UNDER_TSAN();
     EnvGuard env("TG_THREADS", "2");
     Tensor x = rows_of(512, 64, 7), w = rows_of(64, 64, 8);
     auto value = [&] { return ((x.matmul(w)).tanh().softmax(1) * 1.0f).sum().item(); };
@@ -462,6 +463,7 @@ TEST(threads_after_fork_run_in_the_child) {
 // The same for an optimizer's step, which the parent runs on its device's queue thread: the
 // child runs it at once (its process id is its own, not the parent's, which it inherited).
 TEST(optimizer_steps_after_fork_run_in_the_child) {
+    SKIP_UNDER_TSAN();
     EnvGuard sync("TG_SYNC", "0"), small("TG_BACKGROUND_MIN_WORK", "0");
     Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3}).requires_grad();
     tg::optim::SGD opt({w}, 0.25);
