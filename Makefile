@@ -1,13 +1,13 @@
 # make            build every example (in $(BUILD)/examples/, with examples/data/ beside them)
 # make test       build and run every test (one binary; the implementation is compiled once),
-#                 then the CUDA tests on the CPU stand-in for the driver and NVRTC (CUDA_ON_CPU=0:
-#                 not; tests/cuda_on_cpu.cpp)
+#                 then the CUDA tests on the CPU stand-in for the driver, NVRTC and NCCL
+#                 (CUDA_ON_CPU=0: not; tests/cuda_on_cpu.cpp)
 # make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
 # make test-tsan  the same under ThreadSanitizer (the thread pool, queues, background builds)
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training, reliability and CUDA tests on
 #                 TG_DEVICE=CUDA, then CUDA_GRAPHS random graphs (default 300) on CUDA against
 #                 the interpreter
-# make test-cuda-on-cpu  the same on the CPU stand-in for the driver and NVRTC
+# make test-cuda-on-cpu  the same on the CPU stand-in for the driver, NVRTC and NCCL
 # make test-cuda-memcheck compute-sanitizer's memcheck over those tests (with a GPU)
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
@@ -91,7 +91,7 @@ test: $(BUILD)/run_tests $(TEST_EXAMPLES) $(TEST_EX_DATA) $(PROBES) $(STAND_IN)
 	TG_CUDA_ON_CPU_CXX="$(CXX)" \
 	tests/run.sh ./$(BUILD)/run_tests $(FILTER); rc=$$?; rm -rf $$dir; exit $$rc
 
-# The CUDA driver API and NVRTC on the CPU, for make test (one library serves as both)
+# The CUDA driver API, NVRTC and NCCL on the CPU, for make test (one library serves as all three)
 $(BUILD)/cuda_on_cpu.so: tests/cuda_on_cpu.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -fPIC -shared -o $@ $< -ldl

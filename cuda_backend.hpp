@@ -61,7 +61,7 @@
    queue thread; copies between them are peer copies (cuMemcpyPeerAsync). NCCL (Nccl, below)
    sums tensors across processes for tg::DataParallel::all_reduce. Copies between GPUs have
    run only on the CPU stand-in of make test (two GPUs' copies and DataParallel); NCCL with
-   one rank has run on a GPU, across processes not yet. */
+   one rank has run on a GPU, across processes (2 and 3) only on the stand-in's NCCL. */
 #ifndef TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 #define TINYGRAD_CUDA_BACKEND_HPP_INCLUDED
 

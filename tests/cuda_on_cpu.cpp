@@ -1,7 +1,8 @@
-// cuda_on_cpu.cpp - the calls of the CUDA driver API and NVRTC that cuda_backend.hpp makes,
-// carried out on the CPU, so that the CUDA device's kernels run, and are checked against the
-// CPU device, on a machine without a GPU (make test). Built as one shared library, named by
-// TG_CUDA_LIBRARY and TG_NVRTC_LIBRARY in place of libcuda.so.1 and libnvrtc.so.
+// cuda_on_cpu.cpp - the calls of the CUDA driver API, NVRTC and NCCL that cuda_backend.hpp
+// makes, carried out on the CPU, so that the CUDA device's kernels run, and are checked against
+// the CPU device, on a machine without a GPU (make test), and processes sum their gradients
+// across a communicator. Built as one shared library, named by TG_CUDA_LIBRARY,
+// TG_NVRTC_LIBRARY and TG_NCCL_LIBRARY in place of libcuda.so.1, libnvrtc.so and libnccl.so.2.
 //
 // NVRTC's compile becomes the system C++ compiler's ($TG_CUDA_ON_CPU_CXX, default c++): the
 // generated CUDA C, after a prelude that gives its dialect a meaning on the CPU, built as a
@@ -686,5 +687,110 @@ int nvrtcDestroyProgram(void** program) {
 }
 const char* nvrtcGetErrorString(int r) {
     return r == 6 ? "NVRTC_ERROR_COMPILATION" : r ? "NVRTC_ERROR" : "NVRTC_SUCCESS";
+}
+}  // extern "C"
+
+// ---- NCCL --------------------------------------------------------------------------------------
+// The ranks of a communicator are processes that meet in a directory: the unique id is its
+// path, made by ncclGetUniqueId under $TMPDIR (default /tmp) and left there for the caller to
+// remove. Each collective is a file per rank, op<n>.<rank>, renamed into place once whole; a
+// rank reads every rank's when all are there and adds them in rank order, so that every rank
+// gets the same bits. Its file of collective n - 1 goes once all files of n are there (each
+// rank wrote its file of n after reading those of n - 1). A rank waits for the others at most
+// TG_CUDA_ON_CPU_NCCL_WAIT seconds (default 60), then fails with ncclSystemError. Collectives
+// run when called, groups change nothing, and device memory is host memory.
+namespace {
+struct NcclUniqueId { char internal[128]; };
+struct Comm {
+    std::string dir;
+    int rank, ranks;
+    long long collectives = 0;
+};
+enum : int { NCCL_SUCCESS = 0, NCCL_SYSTEM_ERROR = 2, NCCL_INVALID_ARGUMENT = 4 };
+enum : int { NCCL_SUM = 0, NCCL_FLOAT32 = 7, NCCL_FLOAT64 = 8 };
+
+bool write_whole(const std::string& path, const void* data, size_t bytes) {
+    std::string partial = path + ".partial";
+    FILE* f = std::fopen(partial.c_str(), "wb");
+    bool ok = f && std::fwrite(data, 1, bytes, f) == bytes;
+    if (f) ok = std::fclose(f) == 0 && ok;
+    return ok && std::rename(partial.c_str(), path.c_str()) == 0;
+}
+// whether every rank's file `name`.<rank> appeared in time
+bool all_there(const Comm& c, const std::string& name) {
+    const char* wait = std::getenv("TG_CUDA_ON_CPU_NCCL_WAIT");
+    double deadline = now_ms() + 1000 * (wait ? std::atof(wait) : 60);
+    for (int r = 0; r < c.ranks; r++)
+        while (access((c.dir + "/" + name + "." + std::to_string(r)).c_str(), F_OK) != 0) {
+            if (now_ms() > deadline) return false;
+            usleep(1000);
+        }
+    return true;
+}
+template <typename T> void add_in_rank_order(const std::vector<std::string>& parts, void* out,
+                                             size_t count) {
+    std::vector<T> sum(count), term(count);
+    for (size_t r = 0; r < parts.size(); r++) {
+        std::memcpy(term.data(), parts[r].data(), count * sizeof(T));
+        for (size_t i = 0; i < count; i++) sum[i] = r ? sum[i] + term[i] : term[i];
+    }
+    std::memcpy(out, sum.data(), count * sizeof(T));
+}
+}  // namespace
+
+extern "C" {
+int ncclGetUniqueId(NcclUniqueId* id) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/tg-nccl-XXXXXX";
+    if (dir.size() >= sizeof id->internal || !mkdtemp(&dir[0])) return NCCL_SYSTEM_ERROR;
+    std::memset(id->internal, 0, sizeof id->internal);
+    std::memcpy(id->internal, dir.c_str(), dir.size());
+    return NCCL_SUCCESS;
+}
+int ncclCommInitRank(void** comm, int ranks, NcclUniqueId id, int rank) {
+    if (ranks < 1 || rank < 0 || rank >= ranks || !id.internal[0] ||
+        id.internal[sizeof id.internal - 1])
+        return NCCL_INVALID_ARGUMENT;
+    auto* c = new Comm{id.internal, rank, ranks};
+    if (!write_whole(c->dir + "/joined." + std::to_string(rank), "", 0) ||
+        !all_there(*c, "joined")) {
+        delete c;
+        return NCCL_SYSTEM_ERROR;
+    }
+    *comm = c;
+    return NCCL_SUCCESS;
+}
+int ncclCommDestroy(void* comm) {
+    delete static_cast<Comm*>(comm);
+    return NCCL_SUCCESS;
+}
+int ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, void* comm,
+                  void*) {
+    auto& c = *static_cast<Comm*>(comm);
+    if (op != NCCL_SUM || (type != NCCL_FLOAT32 && type != NCCL_FLOAT64))
+        return NCCL_INVALID_ARGUMENT;   // what the backend never asks for
+    size_t bytes = count * (type == NCCL_FLOAT32 ? 4 : 8);
+    std::string name = "op" + std::to_string(c.collectives++), mine = "." + std::to_string(c.rank);
+    if (!write_whole(c.dir + "/" + name + mine, send, bytes) || !all_there(c, name))
+        return NCCL_SYSTEM_ERROR;
+    if (c.collectives > 1)
+        unlink((c.dir + "/op" + std::to_string(c.collectives - 2) + mine).c_str());
+    std::vector<std::string> parts(size_t(c.ranks));
+    for (int r = 0; r < c.ranks; r++)
+        if (!read_all(c.dir + "/" + name + "." + std::to_string(r), parts[size_t(r)]) ||
+            parts[size_t(r)].size() != bytes)
+            return NCCL_SYSTEM_ERROR;
+    if (type == NCCL_FLOAT32) add_in_rank_order<float>(parts, recv, count);
+    else add_in_rank_order<double>(parts, recv, count);
+    return NCCL_SUCCESS;
+}
+int ncclGroupStart() { return NCCL_SUCCESS; }
+int ncclGroupEnd() { return NCCL_SUCCESS; }
+const char* ncclGetErrorString(int r) {
+    return r == NCCL_SUCCESS         ? "no error"
+           : r == NCCL_SYSTEM_ERROR  ? "a rank did not come in time, or a file of the "
+                                       "communicator's directory failed (CPU stand-in)"
+           : r == NCCL_INVALID_ARGUMENT ? "invalid argument (CPU stand-in)"
+                                        : "unknown error (CPU stand-in)";
 }
 }  // extern "C"

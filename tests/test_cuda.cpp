@@ -12,10 +12,12 @@
 #include <cstring>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 using tg::Tensor;
 using th::EnvGuard;
@@ -1492,12 +1494,13 @@ TEST(cuda_numbered_devices_and_nccl_errors_without_a_gpu) {
     }), "CPU and CUDA are devices of different kinds");
 }
 
-// An MLP trained 4 steps on CUDA: by one GPU's jitted step (no devices), or by DataParallel
-// over `devices`, its gradients summed across processes by a one-rank NCCL communicator
-// (nccl); the parameters after.
+// An MLP trained 4 steps on CUDA, on batches of 12 rows: by one GPU's jitted step (no
+// devices), or by DataParallel over `devices`; with a communicator (comm), this process takes
+// its rank's rows of each batch and the gradients are summed across the processes. The
+// parameters after.
 static std::vector<float> train_mlp_on_cuda(const std::vector<std::string>& devices,
-                                            bool nccl = false) {
-    EnvGuard dev("TG_DEVICE", "CUDA");
+                                            tg::cuda::Nccl* comm = nullptr) {
+    EnvGuard dev("TG_DEVICE", devices.empty() ? "CUDA" : devices[0].c_str());
     Tensor X = Tensor::from_vector(th::randf(64 * 10, 3), {64, 10});
     Tensor Y = Tensor::from_vector(th::randi(64, 4, 0, 3), {64});
     tg::manual_seed(2);
@@ -1517,14 +1520,12 @@ static std::vector<float> train_mlp_on_cuda(const std::vector<std::string>& devi
     if (!devices.empty())
         dp = std::make_unique<tg::DataParallel>(
             devices, opt, [&](const std::vector<Tensor>& s) { return loss_of(s[0], s[1]); });
-    std::unique_ptr<tg::cuda::Nccl> comm;
-    if (nccl) {
-        comm = std::make_unique<tg::cuda::Nccl>(0, 1, tg::cuda::nccl_unique_id());
-        dp->all_reduce(comm->all_reduce(), comm->ranks());
-    }
-    for (int s = 0; s < 4; s++) {
-        std::vector<Tensor> in = {X.slice(0, 16 * s, 16 * s + 16),
-                                  Y.slice(0, 16 * s, 16 * s + 16)};
+    const int64_t batch = 12, rank = comm ? comm->rank() : 0, ranks = comm ? comm->ranks() : 1;
+    if (comm) dp->all_reduce(comm->all_reduce(), comm->ranks());
+    for (int64_t s = 0; s < 4; s++) {
+        int64_t first = batch * s + batch * rank / ranks;
+        int64_t end = batch * s + batch * (rank + 1) / ranks;
+        std::vector<Tensor> in = {X.slice(0, first, end), Y.slice(0, first, end)};
         dp ? (*dp)(in) : one(in);
     }
     std::vector<float> out;
@@ -1555,5 +1556,111 @@ TEST(cuda_data_parallel_with_a_one_rank_nccl) {
     if (stand_in()) SKIP("NCCL needs a GPU, not the CPU stand-in");
     std::vector<float> jit = train_mlp_on_cuda({}), dp = train_mlp_on_cuda({"CUDA:0"});
     CHECK_ALL_NEAR(dp, jit, 1e-5);
-    CHECK(train_mlp_on_cuda({"CUDA:0"}, /*nccl=*/true) == dp);
+    tg::cuda::Nccl comm(0, 1, tg::cuda::nccl_unique_id());
+    CHECK(train_mlp_on_cuda({"CUDA:0"}, &comm) == dp);
+}
+
+// A communicator whose other ranks never come: NCCL's error, named (the stand-in's NCCL waits
+// 0.2 s here).
+TEST(cuda_nccl_without_the_other_ranks_is_an_error) {
+    NEED_GPU();
+    if (!stand_in()) SKIP("the wait of a GPU's NCCL for absent ranks is its own to set");
+    char tmpl[] = "/tmp/tg-nccl-test-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    {
+        EnvGuard lib("TG_NCCL_LIBRARY", std::getenv("TG_CUDA_LIBRARY")),
+            tmp("TMPDIR", dir.c_str()), wait("TG_CUDA_ON_CPU_NCCL_WAIT", "0.2");
+        CHECK_THROWS(tg::cuda::Nccl(0, 2, tg::cuda::nccl_unique_id()),
+                     "NCCL: ncclCommInitRank failed: a rank did not come in time");
+    }
+    CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// One process of cuda_data_parallel_across_processes_with_nccl: rank TG_NCCL_RANK on
+// CUDA:<rank>; its parameters after training, each float's bits in hex, a line each, in the
+// file TG_TEST_NCCL_OUT.
+TEST_CHILD(nccl_rank_trains_on_its_rows) {
+    const char* rank = std::getenv("TG_NCCL_RANK");
+    std::string device = std::string("CUDA:") + (rank ? rank : "0");
+    tg::cuda::Nccl comm = tg::cuda::Nccl::from_environment(device);
+    std::vector<float> params = train_mlp_on_cuda({device}, &comm);
+    std::ofstream out(std::getenv("TG_TEST_NCCL_OUT"));
+    for (float v : params) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        out << std::hex << bits << "\n";
+    }
+    CHECK(out.good());
+}
+
+// Processes, one per GPU (a machine's, or the CPU stand-in's, whose NCCL is files in a shared
+// directory), each training on its rows of every batch, their gradients summed by NCCL: with
+// 2 and with 3 ranks, every rank ends with the same parameters, one GPU's within float
+// rounding, and the same bits on another run.
+TEST(cuda_data_parallel_across_processes_with_nccl) {
+    NEED_GPU();
+    std::string nccl_library;   // the stand-in is NCCL too; a GPU has NCCL's own
+    if (stand_in()) nccl_library = std::getenv("TG_CUDA_LIBRARY");
+    else
+        try {
+            tg::cuda::nccl_unique_id();
+        } catch (const tg::Error& e) {
+            SKIP(std::string("no NCCL: ") + e.what());
+        }
+    char tmpl[] = "/tmp/tg-nccl-test-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    char exe[4096];
+    ssize_t exe_size = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(exe_size > 0);
+    exe[exe_size > 0 ? exe_size : 0] = 0;
+    int jobs = 0;
+    // each rank's parameters, from `ranks` processes started at once
+    auto run_ranks = [&](int ranks) {
+        std::string job = dir + "/job" + std::to_string(jobs++), command;
+        for (int r = 0; r < ranks; r++) {
+            std::string at = job + "." + std::to_string(r);
+            command += "(TG_TEST_CHILD=nccl_rank_trains_on_its_rows TG_NCCL_RANK=" +
+                       std::to_string(r) + " TG_NCCL_RANKS=" + std::to_string(ranks) +
+                       " TG_NCCL_ID_FILE='" + job + ".id' TG_TEST_NCCL_OUT='" + at +
+                       ".params' TMPDIR='" + dir + "' ";
+            if (!nccl_library.empty())
+                command += "TG_NCCL_LIBRARY='" + nccl_library +
+                           "' TG_CUDA_ON_CPU_GPUS=" + std::to_string(ranks) + " ";
+            command += "'" + std::string(exe) + "' >'" + at + ".log' 2>&1; echo $? >'" + at +
+                       ".status') & ";
+        }
+        CHECK_EQ(std::system((command + "wait").c_str()), 0);
+        std::vector<std::vector<float>> params(static_cast<size_t>(ranks));
+        for (int r = 0; r < ranks; r++) {
+            std::string at = job + "." + std::to_string(r), status;
+            std::ifstream(at + ".status") >> status;
+            if (status != "0") {
+                std::stringstream log;
+                log << std::ifstream(at + ".log").rdbuf();
+                th::report(__FILE__, __LINE__, "rank " + std::to_string(r) + " of " +
+                           std::to_string(ranks) + " exited with " + status + ":\n" + log.str());
+            }
+            std::ifstream in(at + ".params");
+            for (uint32_t bits; in >> std::hex >> bits;) {
+                float v;
+                std::memcpy(&v, &bits, sizeof v);
+                params[size_t(r)].push_back(v);
+            }
+        }
+        return params;
+    };
+    std::vector<float> one = train_mlp_on_cuda({});
+    for (int ranks : {2, 3}) {
+        if (!stand_in()) try {
+                tg::cuda::gpu_name("CUDA:" + std::to_string(ranks - 1));
+            } catch (const tg::Error&) {
+                break;   // a rank a GPU: too few of them
+            }
+        std::vector<std::vector<float>> each = run_ranks(ranks);
+        for (int r = 1; r < ranks; r++) CHECK(each[size_t(r)] == each[0]);
+        CHECK_ALL_NEAR(each[0], one, 2e-5);
+        if (ranks == 2) CHECK(run_ranks(2)[1] == each[0]);
+    }
+    CHECK_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+    if (jobs == 0) SKIP("one GPU: NCCL across processes needs a GPU for each");
 }
