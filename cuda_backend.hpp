@@ -434,7 +434,7 @@ static bool iterations_disjoint(const Program& p, size_t k, const Block& b, cons
 // ROWS_MAX items: a thread per item would leave most of the GPU idle and read memory with the
 // threads of a warp a row apart, where a block reads each row in step.
 // Where there are more such rows than one wave of blocks (8 blocks of 256 threads fill a
-// multiprocessor), each of at most WARP_MAX_ROW_WORK iterations (a GPT's layer norm, softmax
+// multiprocessor), each of at most warp_max_row_work iterations (a GPT's layer norm, softmax
 // and loss), they run a warp per row instead, 8 rows a block, combined by shuffles alone
 // (tg_warp_reduce): a block of 256 threads would leave most of them idle on a row of 64 and
 // wait at its barriers. Rows whose every loop is shorter than a block (some of its threads
@@ -443,8 +443,36 @@ static bool iterations_disjoint(const Program& p, size_t k, const Block& b, cons
 // per row would read them a row apart, on few multiprocessors. A sum of fewer items than
 // multiprocessors and many terms is split over blocks (split_block_sums).
 static const int64_t GPU_MULTIPROCESSORS = 132;   // an H100's; what the grids aim to fill
-static const int64_t COOPERATIVE_MAX_ITEMS = 4096, COOPERATIVE_MIN_WORK = 1024;
-static const int64_t WARP_MIN_ROWS = 8 * GPU_MULTIPROCESSORS, WARP_MAX_ROW_WORK = 4096;
+static const int64_t COOPERATIVE_MAX_ITEMS = 4096;
+
+// The sizes at which a nest takes one plan or another (the plans below say why each is what it
+// is). TG_CUDA_SMALL_PLANS=1 makes them a test's, so that graphs of a few elements reach every
+// plan: make test runs random graphs so on the CPU stand-in against the interpreter.
+struct PlanSizes {
+    int64_t cooperative_min_work = 1024;   // an item's iterations for a block to share it
+    int64_t warp_min_rows = 8 * GPU_MULTIPROCESSORS, warp_max_row_work = 4096;   // a warp a row
+    int64_t split_min_terms = 1024, split_terms_each = 256;   // a product's sum split in ranges
+    int64_t long_sum_terms = 4096;                            // a product's larger tiles
+    int64_t scatter_rows_each = 32;                           // split_scatter
+    int64_t column_rows_each = 64, column_min_work = int64_t(1) << 20;   // split_columns
+    int64_t block_terms_each = 8192;                                      // split_block_sums
+};
+static PlanSizes plan_sizes() {
+    PlanSizes s;
+    if (env_int("TG_CUDA_SMALL_PLANS", 0, 0, 1) == 1) {
+        s.cooperative_min_work = 16;
+        s.warp_min_rows = 4;
+        s.warp_max_row_work = 128;
+        s.split_min_terms = 16;
+        s.split_terms_each = 8;
+        s.long_sum_terms = 64;
+        s.scatter_rows_each = 2;
+        s.column_rows_each = 2;
+        s.column_min_work = 16;
+        s.block_terms_each = 16;
+    }
+    return s;
+}
 
 // Whether the iterations of loop m, directly inside loop l, touch disjoint parts of every
 // buffer written over all iterations of l as well: the part of m's iteration is its chunk
@@ -490,10 +518,10 @@ struct SumSegment {
 // 8192 x 512 product: two tiles of 128 on each, or eight of 64); or 32 where 64 would leave
 // multiprocessors idle. TG_CUDA_TILE=32, 64 or 128 sets it. Where the tiles are fewer than the
 // multiprocessors and the sums long (a weight's gradient: few outputs, a term per token), the
-// terms are split into ranges of at least SPLIT_TERMS_EACH, at most two blocks a multiprocessor
+// terms are split into ranges of at least split_terms_each, at most two blocks a multiprocessor
 // of tiles and ranges, each writing its partial sums to a scratch buffer; the range of each
 // tile that finishes last adds each output's ranges in order, then runs the epilogue
-// (last_range_goes_on). A sum of LONG_SUM_TERMS or more takes tiles of 128 x 128 (or 64 x 64
+// (last_range_goes_on). A sum of long_sum_terms or more takes tiles of 128 x 128 (or 64 x 64
 // rather than 32 x 32) split so, where they are fewer than the multiprocessors. The terms are
 // numbered in the order of the trees (segments: a term and the loops around it), and each
 // output adds them in that order into one sum, as cuBLAS does (the trees' own grouping is not
@@ -517,7 +545,6 @@ static int staged_row(const ProductPlan& plan) { return plan.tile + (plan.tf32 ?
 static int64_t staged_floats(const ProductPlan& plan) {
     return 2 * 2 * int64_t(CUDA_TILE_TERMS) * staged_row(plan);
 }
-static const int64_t SPLIT_MIN_TERMS = 1024, SPLIT_TERMS_EACH = 256, LONG_SUM_TERMS = 4096;
 static void sum_segments(const std::vector<Stmt>& body, const Block& b,
                          std::vector<const Stmt*>& loops, std::vector<SumSegment>& out) {
     for (const Stmt& st : body) {
@@ -585,6 +612,7 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
     plan.cols = b.extents[size_t(m.cols)];
     for (int v : m.loops)
         if (v != m.rows && v != m.cols) plan.outer *= b.extents[size_t(v)];
+    const PlanSizes sizes = plan_sizes();
     plan.tile = env_int("TG_CUDA_TILE", 0, 0, 128);
     if (plan.tile != 32 && plan.tile != 64 && plan.tile != 128) {
         auto busiest = [&](int t) {   // outputs of the multiprocessor with the most tiles
@@ -599,15 +627,15 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
         // tiles, or 64 of 128 in 4 ranges, as many multiply-adds on the busiest)
         for (int t : {128, 64})
             if (plan.tile < t && plan.tiles(t) < GPU_MULTIPROCESSORS &&
-                plan.terms >= LONG_SUM_TERMS &&
-                plan.tiles(t) * (plan.terms / SPLIT_TERMS_EACH) >= 2 * GPU_MULTIPROCESSORS)
+                plan.terms >= sizes.long_sum_terms &&
+                plan.tiles(t) * (plan.terms / sizes.split_terms_each) >= 2 * GPU_MULTIPROCESSORS)
                 plan.tile = t;
     }
     plan.tf32 = env_int("TG_CUDA_TF32", 0, 0, 1) == 1;
     plan.split_terms = plan.terms;
-    if (plan.terms >= SPLIT_MIN_TERMS && plan.tiles() < GPU_MULTIPROCESSORS) {
+    if (plan.terms >= sizes.split_min_terms && plan.tiles() < GPU_MULTIPROCESSORS) {
         int64_t want = 2 * GPU_MULTIPROCESSORS / plan.tiles();   // at most two a multiprocessor
-        int64_t splits = std::min(want, plan.terms / SPLIT_TERMS_EACH);
+        int64_t splits = std::min(want, plan.terms / sizes.split_terms_each);
         int64_t each = (plan.terms + splits - 1) / splits;
         plan.split_terms = (each + CUDA_TILE_TERMS - 1) / CUDA_TILE_TERMS * CUDA_TILE_TERMS;
         plan.splits = (plan.terms + plan.split_terms - 1) / plan.split_terms;
@@ -619,10 +647,10 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
 // A scatter (plan.serial) of few columns and many rows runs a thread per column, each adding
 // its rows in order: a chain of read-add-writes that waits on memory at every row. Where its
 // body only adds float32 values into one buffer that it does not read, the rows are split into
-// ranges of at least SCATTER_ROWS_EACH, a thread per range and column adding into the range's
+// ranges of at least scatter_rows_each, a thread per range and column adding into the range's
 // own copy of that buffer (scratch, zeroed before each run; at most SPLIT_MAX_SCRATCH floats
 // in all); a second kernel adds each element's copies, in the ranges' order, into the buffer.
-static const int64_t SCATTER_ROWS_EACH = 32, SPLIT_MAX_SCRATCH = int64_t(1) << 23;
+static const int64_t SPLIT_MAX_SCRATCH = int64_t(1) << 23;
 static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
     int into = -1;
     for (const Stmt& st : *plan.body) {
@@ -635,7 +663,8 @@ static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
         if (a.buffer == into && !a.write) return;
     int64_t rows = b.extents[size_t(plan.serial->id)], elements = p.buffers[size_t(into)].numel;
     int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
-    int64_t splits = std::min({want, rows / SCATTER_ROWS_EACH, SPLIT_MAX_SCRATCH / elements});
+    int64_t splits =
+        std::min({want, rows / plan_sizes().scatter_rows_each, SPLIT_MAX_SCRATCH / elements});
     if (splits < 2) return;
     plan.rows_each = (rows + splits - 1) / splits;
     plan.splits = (rows + plan.rows_each - 1) / plan.rows_each;
@@ -648,10 +677,10 @@ static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
 // per token) would run a block per column whose threads read a column apart, or a thread per
 // column that leaves most of the GPU idle. Where every load of its terms that moves with the
 // column reads the next element for the next column, the rows (the terms, numbered in the
-// trees' order) are split into ranges of at least COLUMN_ROWS_EACH, a thread per range and
+// trees' order) are split into ranges of at least column_rows_each, a thread per range and
 // column adding its range in order into scratch, the threads of a warp reading side by side;
 // the range of each column that finishes last adds its ranges in order and runs the epilogue
-// (last_range_goes_on). Only for COLUMN_MIN_WORK terms in all or more: smaller sums would gain
+// (last_range_goes_on). Only for column_min_work terms in all or more: smaller sums would gain
 // less than a launch costs.
 // A body that is one sum tree and its epilogue (trees_and_epilogue; its terms bounds-checked
 // only where checks), the accumulator they add into and the tree's segments.
@@ -670,7 +699,6 @@ static bool match_sum(const std::vector<Stmt>& body, const Block& b, bool checks
     sum_segments(s.trees, b, loops, s.segments);
     return s.sum >= 0;
 }
-static const int64_t COLUMN_ROWS_EACH = 64, COLUMN_MIN_WORK = int64_t(1) << 20;
 static void split_ranges(int64_t terms, int64_t splits, int64_t multiple, KernelPlan& plan) {
     plan.rows_each = ((terms + splits - 1) / splits + multiple - 1) / multiple * multiple;
     plan.splits = (terms + plan.rows_each - 1) / plan.rows_each;
@@ -691,10 +719,11 @@ static bool plan_column_sum(const Block& b, const KernelPlan& plan, SumTree& cs)
 }
 static void split_columns(const Block& b, KernelPlan& plan) {
     SumTree cs;
-    if (!plan_column_sum(b, plan, cs) || plan.items * cs.terms < COLUMN_MIN_WORK) return;
+    const PlanSizes sizes = plan_sizes();
+    if (!plan_column_sum(b, plan, cs) || plan.items * cs.terms < sizes.column_min_work) return;
     int64_t want = (2 * GPU_MULTIPROCESSORS * CUDA_BLOCK_THREADS + plan.items - 1) / plan.items;
     int64_t splits =
-        std::min({want, cs.terms / COLUMN_ROWS_EACH, SPLIT_MAX_SCRATCH / plan.items});
+        std::min({want, cs.terms / sizes.column_rows_each, SPLIT_MAX_SCRATCH / plan.items});
     if (splits < 2) return;
     split_ranges(cs.terms, splits, 1, plan);
     plan.column_sum = true;
@@ -702,18 +731,20 @@ static void split_columns(const Block& b, KernelPlan& plan) {
 
 // A cooperative sum of fewer items than multiprocessors (a whole tensor's sum: one item) would
 // leave the rest idle, one block reading all the terms. Its terms (numbered in the trees'
-// order) are split into ranges of at least BLOCK_TERMS_EACH, a multiple of the block's
-// threads, at most two blocks a multiprocessor of items and ranges: a block per range and item
+// order) are split into ranges of at least block_terms_each, a multiple of the block's
+// threads (or of block_terms_each, where a test's sizes make it less), at most two blocks a
+// multiprocessor of items and ranges: a block per range and item
 // adds its range as a whole item's sum does and writes the total to scratch; the item's range
 // that finishes last adds the item's ranges in order (last_range_goes_on) and runs the
 // epilogue. How many ranges depends on the sizes alone, so the bits are the same on every run.
-static const int64_t BLOCK_TERMS_EACH = 8192;
 static void split_block_sums(const Block& b, KernelPlan& plan) {
     SumTree tree;
     if (plan.items >= GPU_MULTIPROCESSORS || !match_sum(*plan.body, b, false, tree)) return;
-    int64_t splits = std::min({2 * GPU_MULTIPROCESSORS / plan.items,
-                               tree.terms / BLOCK_TERMS_EACH, SPLIT_MAX_SCRATCH / plan.items});
-    if (splits >= 2) split_ranges(tree.terms, splits, CUDA_BLOCK_THREADS, plan);
+    const int64_t each = plan_sizes().block_terms_each;
+    int64_t splits = std::min({2 * GPU_MULTIPROCESSORS / plan.items, tree.terms / each,
+                               SPLIT_MAX_SCRATCH / plan.items});
+    if (splits >= 2)
+        split_ranges(tree.terms, splits, std::min<int64_t>(each, CUDA_BLOCK_THREADS), plan);
 }
 
 KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
@@ -764,7 +795,8 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     if (plan.column_sum) return plan;
     std::unordered_map<int, DType> accs;
     int64_t work = loop_work(*plan.body, b.extents);
-    bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= COOPERATIVE_MIN_WORK;
+    const PlanSizes sizes = plan_sizes();
+    bool few_items = plan.items <= COOPERATIVE_MAX_ITEMS && work >= sizes.cooperative_min_work;
     std::vector<int> grid;
     for (const Stmt* l : plan.grid) grid.push_back(l->id);
     bool rows = plan.items <= ROWS_MAX && work >= ROW_MIN_WORK && walks_rows(b, grid);
@@ -782,8 +814,8 @@ KernelPlan plan_kernel(const Program& p, size_t k, const Block& b) {
     }
     bool short_rows = rows && widest < CUDA_BLOCK_THREADS;
     plan.cooperative = (few_items || rows) && !arrays && cooperative_body(*plan.body, accs);
-    plan.warp = plan.cooperative && rows && work <= WARP_MAX_ROW_WORK &&
-                (plan.items > WARP_MIN_ROWS || short_rows);
+    plan.warp = plan.cooperative && rows && work <= sizes.warp_max_row_work &&
+                (plan.items > sizes.warp_min_rows || short_rows);
     if (plan.cooperative && !plan.warp) split_block_sums(b, plan);
     return plan;
 }
@@ -2364,7 +2396,8 @@ public:
     std::string source(const Program& p) override { return render_cuda(p); }
     std::string settings() const override {
         return env_str("TG_NVRTC_FLAGS", "") + '|' + env_str("TG_CUDA_TILE", "") + '|' +
-               env_str("TG_CUDA_PRODUCT_BLOCKS", "") + '|' + env_str("TG_CUDA_TF32", "");
+               env_str("TG_CUDA_PRODUCT_BLOCKS", "") + '|' + env_str("TG_CUDA_TF32", "") + '|' +
+               env_str("TG_CUDA_SMALL_PLANS", "");
     }
     const char* source_suffix() const override { return ".cu"; }
     // Fusing nests into one loop over rows (fuse_loops) and arrays local to a loop

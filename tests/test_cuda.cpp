@@ -5,6 +5,7 @@
 // allocator on CUDA against the CPU (make test-cuda also runs the op, gradient and training
 // tests with TG_DEVICE=CUDA).
 #include "harness.hpp"
+#include "random_graphs.hpp"
 #include "../cuda_backend.hpp"
 #include <array>
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -1460,6 +1462,62 @@ TEST(cuda_driver_entry_points_are_in_the_toolkits_stub_library) {
         if (!dlsym(lib, name.c_str())) th::report(__FILE__, __LINE__, stub + " has no " + name);
     CHECK(tg::detail::cuda_driver_symbol_names().size() >= 30);
     dlclose(lib);
+}
+
+// ---- random graphs --------------------------------------------------------------------------
+
+// Random graphs (tests/random_graphs.hpp) and their gradients realized on CUDA against the
+// unoptimized interpreter, with every product tiled (TG_TILE_MIN_WORK=1) and the GPU's plans
+// at a test's sizes (TG_CUDA_SMALL_PLANS=1), so that graphs of a few elements reach each plan:
+// tiled products with their sums split or not (tiles of the size the plan picks, 64 and 128 in
+// turn), blocks and warps that share an item, sums split over blocks, column sums. Each batch
+// runs twice, with the same bits (the stand-in runs a kernel's blocks in the other order the
+// second time).
+TEST(cuda_random_graphs_take_every_plan_and_match_the_interpreter) {
+    NEED_GPU();
+    EnvGuard on("TG_ORACLE_DEVICE", "CUDA"), tiles("TG_TILE_MIN_WORK", "1"),
+        small("TG_CUDA_SMALL_PLANS", "1");
+    std::map<std::string, int> plans;
+    std::function<void(const tg::detail::Program&)> before = tg::detail::program_observer();
+    tg::detail::program_observer() = [&](const tg::detail::Program& p) {
+        if (before) before(p);
+        const char* device = std::getenv("TG_DEVICE");
+        if (!device || std::string(device) != "CUDA") return;
+        for (size_t k = 0; k < p.blocks.size(); k++) {
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, k, p.blocks[k]);
+            const char* split = plan.splits > 1 ? " split" : "";
+            std::string kind = plan.product    ? std::string("product") + split
+                               : plan.column_sum ? "column sum"
+                               : plan.warp       ? "warp"
+                               : plan.cooperative ? std::string("block") + split
+                                                  : "thread";
+            plans[kind]++;
+        }
+    };
+    const oracle::Tolerance tolerance;
+    for (uint64_t first = 80000; first < 80100; first += 10) {
+        const char* tiles_of[] = {"0", "64", "128"};   // 0: the size the plan picks
+        EnvGuard tile("TG_CUDA_TILE", tiles_of[first / 10 % 3]);
+        std::vector<oracle::Graph> graphs;
+        std::vector<const oracle::Graph*> each;
+        for (uint64_t seed = first; seed < first + 10; seed++)
+            graphs.push_back(oracle::generate(seed));
+        for (const oracle::Graph& g : graphs) each.push_back(&g);
+        std::vector<oracle::Outcome> cuda = oracle::run(each, oracle::Mode::OPTIMIZED_CPU),
+                                     again = oracle::run(each, oracle::Mode::OPTIMIZED_CPU),
+                                     interp = oracle::run(each, oracle::Mode::REFERENCE_INTERP);
+        for (size_t i = 0; i < graphs.size(); i++) {
+            std::string what = oracle::compare(cuda[i], interp[i], tolerance);
+            if (what.empty()) what = oracle::same_bits(again[i], cuda[i]);
+            if (!what.empty())
+                th::report(__FILE__, __LINE__, "graph " + std::to_string(graphs[i].seed) + ": " +
+                                                   what + "\n" + oracle::listing(graphs[i]));
+        }
+    }
+    tg::detail::program_observer() = before;
+    for (const char* kind :
+         {"product", "product split", "block", "block split", "warp", "column sum"})
+        if (plans[kind] == 0) th::report(__FILE__, __LINE__, std::string("no nest ran as ") + kind);
 }
 
 // ---- several GPUs and NCCL --------------------------------------------------------------------
