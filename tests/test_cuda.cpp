@@ -1470,9 +1470,9 @@ TEST(cuda_driver_entry_points_are_in_the_toolkits_stub_library) {
 // unoptimized interpreter, with every product tiled (TG_TILE_MIN_WORK=1) and the GPU's plans
 // at a test's sizes (TG_CUDA_SMALL_PLANS=1), so that graphs of a few elements reach each plan:
 // tiled products with their sums split or not (tiles of the size the plan picks, 64 and 128 in
-// turn), blocks and warps that share an item, sums split over blocks, column sums. Each batch
-// runs twice, with the same bits (the stand-in runs a kernel's blocks in the other order the
-// second time).
+// turn), scatters with their rows split or not, blocks and warps that share an item, sums split
+// over blocks, column sums. Each batch runs twice, with the same bits (the stand-in runs a
+// kernel's blocks in the other order the second time).
 TEST(cuda_random_graphs_take_every_plan_and_match_the_interpreter) {
     NEED_GPU();
     EnvGuard on("TG_ORACLE_DEVICE", "CUDA"), tiles("TG_TILE_MIN_WORK", "1"),
@@ -1483,10 +1483,12 @@ TEST(cuda_random_graphs_take_every_plan_and_match_the_interpreter) {
         if (before) before(p);
         const char* device = std::getenv("TG_DEVICE");
         if (!device || std::string(device) != "CUDA") return;
-        for (size_t k = 0; k < p.blocks.size(); k++) {
-            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, k, p.blocks[k]);
+        for (const tg::detail::Launch& l : tg::detail::launches_of(p)) {
+            if (l.stage == 2) continue;   // a split scatter's second kernel
+            tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
             const char* split = plan.splits > 1 ? " split" : "";
-            std::string kind = plan.product    ? std::string("product") + split
+            std::string kind = plan.product      ? std::string("product") + split
+                               : plan.serial     ? std::string("scatter") + split
                                : plan.column_sum ? "column sum"
                                : plan.warp       ? "warp"
                                : plan.cooperative ? std::string("block") + split
@@ -1515,8 +1517,8 @@ TEST(cuda_random_graphs_take_every_plan_and_match_the_interpreter) {
         }
     }
     tg::detail::program_observer() = before;
-    for (const char* kind :
-         {"product", "product split", "block", "block split", "warp", "column sum"})
+    for (const char* kind : {"product", "product split", "scatter", "scatter split", "block",
+                             "block split", "warp", "column sum"})
         if (plans[kind] == 0) th::report(__FILE__, __LINE__, std::string("no nest ran as ") + kind);
 }
 
