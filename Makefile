@@ -22,7 +22,8 @@ CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 
 # Without a -j of your own, make runs a job per core, at most 4: every example compiles the
 # implementation (about half a minute and 1.4 GB each), so one at a time keeps cores idle.
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+# (Only the first make: a recursive one shares its jobs.)
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
 MAKEFLAGS += -j$(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 4 ? n : 4)))
 endif
 LDLIBS   := -ldl -lpthread
