@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace th {
@@ -85,6 +86,13 @@ struct EnvGuard {
     EnvGuard(const EnvGuard&) = delete;
     EnvGuard& operator=(const EnvGuard&) = delete;
 };
+
+// This test binary's path, to run it again as a child process (TG_TEST_CHILD)
+inline std::string self_exe() {
+    char buf[4096];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, size_t(n)) : std::string();
+}
 
 // how many times what occurs in text (kernels in a listing, loads of a buffer)
 inline int count_of(const std::string& text, const std::string& what) {

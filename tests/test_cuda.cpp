@@ -19,7 +19,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 using tg::Tensor;
 using th::EnvGuard;
@@ -1669,10 +1668,8 @@ TEST(cuda_data_parallel_across_processes_with_nccl) {
         }
     char tmpl[] = "/tmp/tg-nccl-test-XXXXXX";
     std::string dir = mkdtemp(tmpl);
-    char exe[4096];
-    ssize_t exe_size = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    CHECK(exe_size > 0);
-    exe[exe_size > 0 ? exe_size : 0] = 0;
+    const std::string exe = th::self_exe();
+    CHECK(!exe.empty());
     int jobs = 0;
     // each rank's parameters, from `ranks` processes started at once
     auto run_ranks = [&](int ranks) {
@@ -1686,7 +1683,7 @@ TEST(cuda_data_parallel_across_processes_with_nccl) {
             if (!nccl_library.empty())
                 command += "TG_NCCL_LIBRARY='" + nccl_library +
                            "' TG_CUDA_ON_CPU_GPUS=" + std::to_string(ranks) + " ";
-            command += "'" + std::string(exe) + "' >'" + at + ".log' 2>&1; echo $? >'" + at +
+            command += "'" + exe + "' >'" + at + ".log' 2>&1; echo $? >'" + at +
                        ".status') & ";
         }
         CHECK_EQ(std::system((command + "wait").c_str()), 0);

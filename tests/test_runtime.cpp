@@ -17,11 +17,7 @@ using tg::Tensor;
 using th::EnvGuard;
 
 namespace {
-std::string self_exe() {
-    char buf[4096];
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    return n > 0 ? std::string(buf, size_t(n)) : std::string();
-}
+using th::self_exe;
 std::string fresh_dir() {
     char tmpl[] = "/tmp/tg-runtime-XXXXXX";
     return mkdtemp(tmpl) ? std::string(tmpl) : std::string();
