@@ -1185,6 +1185,47 @@ TEST(interp_float32_rounding_in_short_loops) {
     }
 }
 
+// The mean of eye(5) divided by |eye(5)| + 0.5 is one nest: two loops sum the 25 elements (16
+// and 9), then a loop nest compares i == j for each element. GCC 12.2 at -O3 with AVX-512VL
+// vectorized that nest with masks of two 64-bit lanes and stored 0 for rows 1 to 3 (found by
+// the oracle, graph 1851); the CPU device now compiles with -mno-avx512vl under GCC. The
+// optimized build runs at once (a quick -O0 build computed it right). On a machine without
+// AVX-512VL this checks the values only.
+TEST(interp_compare_of_loop_indices_after_two_sums) {
+    th::EnvGuard quick("TG_QUICK_RUNS", "0");
+    for (const char* dev : {"CPU", "INTERP"}) {
+        Outcome o = run_on(dev, [] {
+            Tensor eye = Tensor::eye(5);
+            return std::vector<Tensor>{eye.flatten().mean(0, true) / (eye.abs() + 0.5f)};
+        });
+        CHECK(o.error.empty());
+        CHECK_EQ(o.v.size(), size_t(25));
+        for (size_t k = 0; k < o.v.size(); k++)
+            CHECK_NEAR(o.v[k], k / 5 == k % 5 ? 0.2 / 1.5 : 0.2 / 0.5, 1e-6);
+    }
+}
+
+// GCC 12.2 at -O3 crashed in its vectorizer ("internal compiler error") on one nest: an argmax
+// along rows, spread over a second loop by repeat(), plus a one-hot (found by the oracle, graph
+// 5791). The CPU device builds such a program again at -O1. With another compiler this checks
+// the values only.
+TEST(interp_argmax_repeated_where_the_compiler_crashed) {
+    th::EnvGuard quick("TG_QUICK_RUNS", "0");
+    std::vector<float> v(210);
+    for (size_t i = 0; i < v.size(); i++) v[i] = float(i * 37 % 17) / 4 - 2;
+    std::vector<Outcome> outs;
+    for (const char* dev : {"CPU", "INTERP"})
+        outs.push_back(run_on(dev, [&] {
+            Tensor rows = Tensor::from_vector(v, {7, 6, 5});
+            Tensor id = Tensor::from_vector(std::vector<int32_t>{0}, {});
+            return std::vector<Tensor>{rows.argmax(2, true).repeat({2, 1, 2}) +
+                                       tg::nn::functional::one_hot(id, 1)};
+        }));
+    CHECK_EQ(outs[0].error, std::string());
+    CHECK_EQ(outs[0].shape, (Shape{14, 6, 2}));
+    CHECK_EQ(outs[0].v, outs[1].v);
+}
+
 // relu and its gradient fused into one loop are two selects on one condition: GCC 12 at -O3
 // once computed 30 of 196 gradients wrong here (inner loops of 7 iterations) when the C
 // said c ? a : b. Checked against a loop on every device.

@@ -150,6 +150,28 @@ TEST_ON_CPU(missing_compiler_is_named) {
     CHECK_THROWS((Tensor::arange(3) + 11).realize(), "compile", "/nonexistent/tg-cc", "not found");
 }
 
+// A C compiler that crashes (an "internal compiler error", as GCC 12.2's vectorizer had on a
+// random graph) is asked again at -O1, and the program runs; one that finds an error in the
+// source is not asked again, and its message reaches the user.
+TEST_ON_CPU(a_compiler_that_crashes_builds_the_program_again_at_O1) {
+    std::string dir = fresh_dir(), cc = dir + "/cc", log = dir + "/calls";
+    auto write_cc = [&](const char* complaint) {
+        std::ofstream(cc) << "#!/bin/sh\necho \"$*\" >> '" << log << "'\n"
+                          << "case \"$*\" in *-dM*|*--version*|*-O1*) exec cc \"$@\";; esac\n"
+                          << "echo 'k.c:1:1: " << complaint << "' >&2\nexit 1\n";
+        chmod(cc.c_str(), 0755);
+    };
+    EnvGuard compiler("TG_CC", cc.c_str()), cache("TG_CACHE_DIR", dir.c_str()),
+        quick("TG_QUICK_RUNS", "0");
+    write_cc("internal compiler error: in vect_analyze_loop, at tree-vect-loop.cc:1");
+    CHECK_EQ((Tensor::arange(5) * 7 + 1).sum().item(), 7 * 10 + 5);
+    CHECK_EQ(th::count_of(slurp(log), " -O1 "), 1);
+    write_cc("error: unknown type name 'flot'");
+    CHECK_THROWS((Tensor::arange(6) * 7 + 2).sum().realize(), "compile", "unknown type name");
+    CHECK_EQ(th::count_of(slurp(log), " -O1 "), 1);
+    remove_tree(dir);
+}
+
 TEST(memory_cache_hit_in_same_process) {
     auto make = [] { return (Tensor::arange(7) * 13 + 2).sum(); };
     CHECK_EQ(make().item(), 13 * 21 + 14);
