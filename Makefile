@@ -72,7 +72,7 @@ $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 	$(CXX) $(CXXFLAGS) -c -o $@ $<
 $(BUILD)/tests/test_fuzz.o: tests/fuzz_targets.hpp
 $(BUILD)/tests/test_oracle.o: tests/random_graphs.hpp
-$(BUILD)/tests/test_cuda.o: cuda_backend.hpp
+$(BUILD)/tests/test_cuda.o: cuda_backend.hpp tests/random_graphs.hpp
 
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)

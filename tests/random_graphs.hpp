@@ -4,9 +4,11 @@
 // with requires_grad, float64, int32, constants, arange, rand), elementwise ops with
 // broadcasting, comparisons and where, reductions with keepdim over random axes, argmax, casts,
 // every movement op, cat and stack, matmul (batched too), gather, index_select and embedding
-// lookups, softmax, log_softmax and a layer norm; then often a scalar loss (each float output
-// times fixed random weights, summed) and its gradients by backward(), by tg::gradients or to
-// second order. A Graph is plain data: run() builds it into tensors as many times as needed
+// lookups, softmax, log_softmax and a layer norm, cumsum (rows past its blocks of 256 too),
+// topk, argmin and the indices of max and min, var and std, clamp, masked_fill, repeat,
+// attention, one_hot, dropout, log1p, expm1, floor, ceil and trunc; then often a scalar loss
+// (each float output times fixed random weights, summed) and its gradients by backward(), by
+// tg::gradients or to second order. A Graph is plain data: run() builds it into tensors as many times as needed
 // (realizing turns nodes into buffers, so each device needs its own copy) and listing() prints
 // the same calls as C++ that compiles against this header, so a failure can be pasted and rerun.
 //
@@ -35,6 +37,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -103,21 +106,25 @@ inline Tensor layer_norm(const Tensor& x, int axis) {
 enum class Kind : uint8_t {
     LEAF, UNARY, SCALAR, BINARY, COMPARE, WHERE, NOT, REDUCE, ARGMAX, CAST, RESHAPE, PERMUTE,
     TRANSPOSE, EXPAND, PAD, SHRINK, SLICE, FLIP, SQUEEZE, UNSQUEEZE, FLATTEN, CONTIGUOUS, CAT,
-    STACK, MATMUL, GATHER, INDEX_SELECT, EMBED, SOFTMAX, LOG_SOFTMAX, LAYER_NORM, KIND_COUNT
+    STACK, MATMUL, GATHER, INDEX_SELECT, EMBED, SOFTMAX, LOG_SOFTMAX, LAYER_NORM, CUMSUM, TOPK,
+    INDEX_OF, VAR, CLAMP, MASKED_FILL, REPEAT, ATTENTION, ONE_HOT, DROPOUT, KIND_COUNT
 };
 inline const char* kind_name(Kind k) {
     static const char* names[] = {
         "leaf", "unary", "scalar", "binary", "compare", "where", "not", "reduce", "argmax",
         "cast", "reshape", "permute", "transpose", "expand", "pad", "shrink", "slice", "flip",
         "squeeze", "unsqueeze", "flatten", "contiguous", "cat", "stack", "matmul", "gather",
-        "index_select", "embed", "softmax", "log_softmax", "layer_norm"};
+        "index_select", "embed", "softmax", "log_softmax", "layer_norm", "cumsum", "topk",
+        "index_of", "var", "clamp", "masked_fill", "repeat", "attention", "one_hot", "dropout"};
     return names[int(k)];
 }
 enum class Leaf : uint8_t { DATA, FULL, ARANGE, RAND, RANDN, EYE };
 enum class Unary : uint8_t {
     NEG, EXP, EXP2, LOG, LOG2, SQRT, RSQRT, RECIP, SIN, COS, TANH, SIGMOID, RELU, GELU,
-    GELU_TANH, ABS, SQUARE, POW_INT, POW_FRAC, UNARY_COUNT
+    GELU_TANH, ABS, SQUARE, POW_INT, POW_FRAC, LOG1P, EXPM1, FLOOR, CEIL, TRUNC, UNARY_COUNT
 };
+// floor, ceil and trunc pass no gradient to their operand, as in PyTorch
+inline bool rounds(Unary u) { return u == Unary::FLOOR || u == Unary::CEIL || u == Unary::TRUNC; }
 enum class Arith : uint8_t { ADD, SUB, MUL, DIV, MAXIMUM, MINIMUM, RSUB };
 enum class Cmp : uint8_t { LT, LE, GT, GE, EQ, NE };
 enum class Reduce : uint8_t { SUM, MAX, MIN, MEAN };
@@ -133,7 +140,9 @@ struct Node {
     std::vector<int> in;          // operand node ids
     std::vector<int64_t> ints;    // axes, a shape, an order, an exponent: the call's arguments
     Pairs pairs;                  // pad and shrink
-    double value = 0;             // the scalar operand, the pad value, a full leaf's value
+    double value = 0;             // the scalar operand, the pad value, a full leaf's value,
+                                  // clamp's min, var's correction, dropout's p
+    double value2 = 0;            // clamp's max
     bool value_is_float = true;   // how the scalar is written: 2 and 2.0f promote differently
     bool keepdim = false;
     uint64_t data_seed = 0;       // leaves
@@ -184,7 +193,8 @@ inline DType scalar_dtype(DType t, double v, bool v_is_float) {
 inline void compute_tracks(Graph& g) {
     for (Node& n : g.nodes) {
         n.tracks = n.kind == Kind::LEAF && n.grad;
-        if (n.kind != Kind::LEAF && is_float(n.dtype))
+        bool detached = n.kind == Kind::UNARY && rounds(Unary(n.op));
+        if (n.kind != Kind::LEAF && is_float(n.dtype) && !detached)
             for (int i : n.in) n.tracks = n.tracks || g.nodes[size_t(i)].tracks;
     }
 }
@@ -373,6 +383,14 @@ inline Tensor apply_node(const Node& n, const std::vector<Tensor>* t, std::strin
             s = "(" + v + ".abs() + 0.5f).pow(" + c + ")";
             if (run) r = (x(0).abs() + 0.5f).pow(sc);
             break;
+        case Unary::LOG1P:   // 1 + x at least 1/4
+            s = v + ".maximum(-0.75f).log1p()";
+            if (run) r = x(0).maximum(-0.75f).log1p();
+            break;
+        case Unary::EXPM1: s = v + ".expm1()"; if (run) r = x(0).expm1(); break;
+        case Unary::FLOOR: s = v + ".floor()"; if (run) r = x(0).floor(); break;
+        case Unary::CEIL: s = v + ".ceil()"; if (run) r = x(0).ceil(); break;
+        case Unary::TRUNC: s = v + ".trunc()"; if (run) r = x(0).trunc(); break;
         default: break;
         }
         break;
@@ -624,6 +642,89 @@ inline Tensor apply_node(const Node& n, const std::vector<Tensor>* t, std::strin
     case Kind::LAYER_NORM:
         s = "oracle::layer_norm(" + a(0) + ", " + std::to_string(n.ints[0]) + ")";
         if (run) r = layer_norm(x(0), int(n.ints[0]));
+        break;
+    case Kind::CUMSUM:
+        s = a(0) + ".cumsum(" + std::to_string(n.ints[0]) + ")";
+        if (run) r = x(0).cumsum(int(n.ints[0]));
+        break;
+    case Kind::TOPK: {   // op: largest; form 0: the values, 1: the indices
+        s = a(0) + ".topk(" + std::to_string(n.ints[0]) + ", " + std::to_string(n.ints[1]) +
+            (n.op ? ", true)" : ", false)") + (n.form ? ".indices" : ".values");
+        if (run) {
+            tg::ValuesIndices top = x(0).topk(n.ints[0], int(n.ints[1]), n.op != 0);
+            r = n.form ? top.indices : top.values;
+        }
+        break;
+    }
+    case Kind::INDEX_OF: {   // op 0: argmin, 1: max's indices, 2: min's; form 0: of all
+        const std::string axis = n.form ? std::to_string(n.ints[0]) : "";
+        const std::string keep = n.keepdim ? "true" : "false";
+        if (n.op == 0)
+            s = a(0) + ".argmin(" + (n.form ? axis + ", " + keep : "") + ")";
+        else
+            s = a(0) + (n.op == 1 ? ".max(" : ".min(") + axis + ", " + keep + ").indices";
+        if (run) {
+            const Tensor& v = x(0);
+            int ax = n.form ? int(n.ints[0]) : 0;
+            r = n.op == 0 ? (n.form ? v.argmin(ax, n.keepdim) : v.argmin())
+                : n.op == 1 ? v.max(ax, n.keepdim).indices : v.min(ax, n.keepdim).indices;
+        }
+        break;
+    }
+    case Kind::VAR: {   // op 0: var, 1: std; form 0: of all, 1: one axis, 2: a list
+        const char* name = n.op ? "std" : "var";
+        const std::string tail = ", " + std::to_string(int64_t(n.value)) + ", " +
+                                 (n.keepdim ? "true" : "false") + ")";
+        if (n.form == 0) s = a(0) + "." + name + "()";
+        else if (n.form == 1) s = a(0) + "." + name + "(" + std::to_string(n.ints[0]) + tail;
+        else s = a(0) + "." + name + "(std::vector<int>" + join_ints(n.ints) + tail;
+        if (run) {
+            const Tensor& v = x(0);
+            int64_t c = int64_t(n.value);
+            if (n.form == 0) r = n.op ? v.std() : v.var();
+            else if (n.form == 1)
+                r = n.op ? v.std(int(n.ints[0]), c, n.keepdim) : v.var(int(n.ints[0]), c, n.keepdim);
+            else
+                r = n.op ? v.std(as_axes(n.ints), c, n.keepdim)
+                         : v.var(as_axes(n.ints), c, n.keepdim);
+        }
+        break;
+    }
+    case Kind::CLAMP: {   // form 0: min and max, 1: min only, 2: max only, 3: clip(min, max)
+        const std::string hi = scalar_text(n.value2, n.value_is_float);
+        const tg::Scalar shi =
+            n.value_is_float ? tg::Scalar(n.value2) : tg::Scalar(int64_t(n.value2));
+        s = a(0) + (n.form == 3 ? ".clip(" : ".clamp(") +
+            (n.form == 0 || n.form == 3 ? c + ", " + hi : n.form == 1 ? c : "std::nullopt, " + hi) +
+            ")";
+        if (run) {
+            const Tensor& v = x(0);
+            r = n.form == 0 ? v.clamp(sc, shi) : n.form == 1 ? v.clamp(sc)
+                : n.form == 2 ? v.clamp(std::nullopt, shi) : v.clip(sc, shi);
+        }
+        break;
+    }
+    case Kind::MASKED_FILL:
+        s = a(0) + ".masked_fill(" + a(1) + ", " + c + ")";
+        if (run) r = x(0).masked_fill(x(1), sc);
+        break;
+    case Kind::REPEAT:
+        s = a(0) + ".repeat(" + join_ints(n.ints) + ")";
+        if (run) r = x(0).repeat(n.ints);
+        break;
+    case Kind::ATTENTION:
+        s = "tg::nn::functional::scaled_dot_product_attention(" + a(0) + ", " + a(1) + ", " +
+            a(2) + (n.form ? ", true)" : ")");
+        if (run) r = tg::nn::functional::scaled_dot_product_attention(x(0), x(1), x(2), n.form);
+        break;
+    case Kind::ONE_HOT:
+        s = "tg::nn::functional::one_hot(" + a(0) + ", " + std::to_string(n.ints[0]) + ")";
+        if (run) r = tg::nn::functional::one_hot(x(0), n.ints[0]);
+        break;
+    case Kind::DROPOUT:
+        s = "tg::nn::functional::dropout(" + a(0) + ", " + real_text(n.value) + ", true, " +
+            std::to_string(n.data_seed) + "u)";
+        if (run) r = tg::nn::functional::dropout(x(0), n.value, true, n.data_seed);
         break;
     default: break;
     }
@@ -902,7 +1003,9 @@ private:
             Kind::SLICE, Kind::SLICE, Kind::FLIP, Kind::FLIP, Kind::SQUEEZE, Kind::UNSQUEEZE,
             Kind::FLATTEN, Kind::CONTIGUOUS, Kind::CAT, Kind::CAT, Kind::STACK, Kind::MATMUL,
             Kind::MATMUL, Kind::MATMUL, Kind::GATHER, Kind::GATHER, Kind::INDEX_SELECT,
-            Kind::EMBED, Kind::SOFTMAX, Kind::LOG_SOFTMAX, Kind::LAYER_NORM};
+            Kind::EMBED, Kind::SOFTMAX, Kind::LOG_SOFTMAX, Kind::LAYER_NORM, Kind::CUMSUM,
+            Kind::TOPK, Kind::INDEX_OF, Kind::VAR, Kind::CLAMP, Kind::MASKED_FILL, Kind::REPEAT,
+            Kind::ATTENTION, Kind::ONE_HOT, Kind::DROPOUT};
         const int count = int(sizeof weighted / sizeof weighted[0]);
         switch (weighted[rng_.range(0, count - 1)]) {
         case Kind::UNARY: return op_unary();
@@ -939,6 +1042,16 @@ private:
         case Kind::SOFTMAX:
         case Kind::LOG_SOFTMAX:
         case Kind::LAYER_NORM: return op_normalize();
+        case Kind::CUMSUM: return op_cumsum();
+        case Kind::TOPK: return op_topk();
+        case Kind::INDEX_OF: return op_index_of();
+        case Kind::VAR: return op_var();
+        case Kind::CLAMP: return op_clamp();
+        case Kind::MASKED_FILL: return op_masked_fill();
+        case Kind::REPEAT: return op_repeat();
+        case Kind::ATTENTION: return op_attention();
+        case Kind::ONE_HOT: return op_one_hot();
+        case Kind::DROPOUT: return op_dropout();
         default: return false;
         }
     }
@@ -948,7 +1061,9 @@ private:
         if (x < 0) return false;
         Unary u = Unary(rng_.range(0, int(Unary::UNARY_COUNT) - 1));
         double lo = at(x).lo, hi = at(x).hi, b = bound(x);
-        if ((u == Unary::EXP || u == Unary::EXP2) && hi > 4) {   // keep e^x moderate
+        if (rounds(u) && is_float(at(x).dtype) && !exact(x))   // a tie would decide it
+            return false;
+        if ((u == Unary::EXP || u == Unary::EXP2 || u == Unary::EXPM1) && hi > 4) {
             x = scalar(x, Arith::MUL, std::ldexp(1.0, -int(std::ceil(std::log2(hi / 4)))), true);
             lo = at(x).lo, hi = at(x).hi, b = bound(x);
         }
@@ -996,6 +1111,20 @@ private:
             n.value = exps[rng_.range(0, 4)];
             double p0 = std::pow(0.5, n.value), p1 = std::pow(b + 0.5, n.value);
             n.lo = std::min(p0, p1), n.hi = std::max(p0, p1);
+            break;
+        }
+        case Unary::LOG1P:
+            n.lo = std::log1p(std::max(lo, -0.75)), n.hi = std::log1p(std::max(hi, -0.75));
+            break;
+        case Unary::EXPM1: n.lo = std::expm1(lo), n.hi = std::expm1(hi); break;
+        case Unary::FLOOR:
+        case Unary::CEIL:
+        case Unary::TRUNC: {
+            n.dtype = at(x).dtype, n.grid = 0;
+            double (*f)(double) = u == Unary::FLOOR ? static_cast<double (*)(double)>(std::floor)
+                                  : u == Unary::CEIL ? static_cast<double (*)(double)>(std::ceil)
+                                                     : static_cast<double (*)(double)>(std::trunc);
+            n.lo = f(lo), n.hi = f(hi);
             break;
         }
         default: return false;
@@ -1153,14 +1282,11 @@ private:
         return axes;
     }
 
-    bool op_reduce() {
-        int x = pick([](const Node&) { return true; });
-        const Node& src = at(x);
-        Reduce op = Reduce(rng_.range(0, 3));
-        if (src.dtype == DType::BOOL && op == Reduce::MEAN) op = Reduce::SUM;
-        int r = int(src.shape.size());
-        Node n = node(Kind::REDUCE, {x}, {}, src.dtype);
-        n.op = int(op);
+    // The axes a reduction of x takes: all (form 0), one (form 1: an int) or a list (form 2),
+    // with keepdim; n gets them and its shape. Returns the terms of each output.
+    int64_t reduce_axes(int x, Node& n) {
+        const Shape s = at(x).shape;
+        int r = int(s.size());
         std::vector<int> axes;
         if (r == 0 || rng_.chance(0.15)) {
             n.form = 0;
@@ -1174,10 +1300,21 @@ private:
         int64_t count = 1;
         for (int i = 0; i < r; i++) {
             bool reduced = std::find(axes.begin(), axes.end(), i) != axes.end();
-            if (reduced) count *= src.shape[size_t(i)];
-            if (!reduced) n.shape.push_back(src.shape[size_t(i)]);
+            if (reduced) count *= s[size_t(i)];
+            if (!reduced) n.shape.push_back(s[size_t(i)]);
             else if (n.keepdim) n.shape.push_back(1);
         }
+        return count;
+    }
+
+    bool op_reduce() {
+        int x = pick([](const Node&) { return true; });
+        const Node& src = at(x);
+        Reduce op = Reduce(rng_.range(0, 3));
+        if (src.dtype == DType::BOOL && op == Reduce::MEAN) op = Reduce::SUM;
+        Node n = node(Kind::REDUCE, {x}, {}, src.dtype);
+        n.op = int(op);
+        int64_t count = reduce_axes(x, n);
         switch (op) {
         case Reduce::SUM:
             if (!is_float(src.dtype)) n.dtype = DType::INT64;
@@ -1660,6 +1797,232 @@ private:
             double m = std::min(spread * std::sqrt(2.0), std::sqrt(double(len)) + 1);
             n.lo = -m, n.hi = m;
         }
+        add(n);
+        return true;
+    }
+
+    // An axis of x (0 for a scalar) and its length.
+    std::pair<int, int64_t> random_axis(int x) {
+        if (rank(x) == 0) return {0, 1};
+        int ax = int(rng_.range(0, rank(x) - 1));
+        return {ax, at(x).shape[size_t(ax)]};
+    }
+
+    // Sums along an axis; now and then of a row longer than cumsum's blocks of 256 terms.
+    bool op_cumsum() {
+        int x, ax;
+        int64_t len;
+        if (rng_.chance(0.15)) {
+            len = rng_.range(257, 520);
+            Shape s = {len};
+            ax = 0;
+            if (rng_.chance(0.5)) {   // and an axis of 2 before or after it
+                ax = int(rng_.range(0, 1));
+                s.insert(ax ? s.begin() : s.end(), 2);
+            }
+            x = new_leaf(s, rng_.chance(0.8) ? DType::FLOAT32 : DType::INT32, true);
+        } else {
+            x = pick([](const Node&) { return true; });
+            std::tie(ax, len) = random_axis(x);
+        }
+        Node n = node(Kind::CUMSUM, {x}, at(x).shape,
+                      is_float(at(x).dtype) ? at(x).dtype : DType::INT64);
+        n.ints = {rank(x) == 0 ? -int64_t(rng_.range(0, 1)) : axis_arg(ax, rank(x))};
+        n.lo = std::min(n.lo, n.lo * double(len)), n.hi = std::max(n.hi, n.hi * double(len));
+        add(n);
+        return true;
+    }
+
+    // The k largest or smallest along an axis, or their indices: ties decide both, so the
+    // operand is exact.
+    bool op_topk() {
+        int x = pick([](const Node& n) { return n.dtype != DType::BOOL && n.grid >= 0; });
+        if (x < 0) return false;
+        auto [ax, len] = random_axis(x);
+        int64_t k = rng_.range(1, std::min<int64_t>(len, 3));
+        Node n = node(Kind::TOPK, {x}, at(x).shape, at(x).dtype);
+        n.op = rng_.chance(0.6) ? 1 : 0;
+        n.form = rng_.chance(0.4) ? 1 : 0;
+        n.ints = {k, rank(x) == 0 ? 0 : axis_arg(ax, rank(x))};
+        if (rank(x) > 0) n.shape[size_t(ax)] = k;
+        if (n.form) n.dtype = DType::INT64, n.lo = 0, n.hi = double(len - 1), n.grid = 0;
+        add(n);
+        return true;
+    }
+
+    // argmin, or the indices of max(axis) or min(axis): first index of a tie; exact operands.
+    bool op_index_of() {
+        int x = pick([](const Node& n) { return n.dtype != DType::BOOL && n.grid >= 0; });
+        if (x < 0) return false;
+        int r = rank(x);
+        Node n = node(Kind::INDEX_OF, {x}, {}, DType::INT64);
+        n.op = r == 0 ? 0 : int(rng_.range(0, 2));
+        int64_t len = numel(at(x).shape);
+        if (n.op != 0 || !(r == 0 || rng_.chance(0.2))) {
+            int ax;
+            std::tie(ax, len) = random_axis(x);
+            n.form = 1;
+            n.keepdim = rng_.chance(0.5);
+            n.ints = {axis_arg(ax, r)};
+            n.shape = at(x).shape;
+            if (n.keepdim) n.shape[size_t(ax)] = 1;
+            else n.shape.erase(n.shape.begin() + ax);
+        }
+        n.lo = 0, n.hi = double(len - 1), n.grid = 0;
+        add(n);
+        return true;
+    }
+
+    // A float leaf of values off any grid: no two are equal but by chance.
+    int continuous_leaf(const Shape& s) {
+        Node l;
+        l.kind = Kind::LEAF;
+        l.op = int(Leaf::DATA);
+        l.shape = s;
+        l.data_seed = rng_.next();
+        l.lo = -2, l.hi = 2, l.grid = -1;
+        l.grad = rng_.chance(0.7);
+        return add(l);
+    }
+    // var or std over some axes with correction 0 or 1 (never more than the terms). std's
+    // gradient is infinite where the terms are equal, so it reads continuous values.
+    bool op_var() {
+        bool std_dev = rng_.chance(0.4);
+        int x = std_dev ? continuous_leaf(random_shape(1))
+                        : pick([](const Node& n) { return numeric(n); });
+        if (x < 0) return false;
+        Node n = node(Kind::VAR, {x}, {}, is_float(at(x).dtype) ? at(x).dtype : DType::FLOAT32);
+        n.op = std_dev ? 1 : 0;
+        int64_t count = reduce_axes(x, n);
+        n.value = n.form == 0 ? 1 : double(rng_.range(0, 1));
+        if (count < 2 && (std_dev || n.value > 0)) return false;
+        double spread = at(x).hi - at(x).lo;
+        n.lo = 0, n.grid = -1;
+        n.hi = spread * spread / 4 * double(count) / (double(count) - n.value);
+        if (std_dev) n.hi = std::sqrt(n.hi);
+        add(n);
+        return true;
+    }
+
+    // clamp with a min, a max or both (now and then min > max: everything is max), or clip.
+    bool op_clamp() {
+        int x = pick(numeric);
+        if (x < 0) return false;
+        Node n = node(Kind::CLAMP, {x}, at(x).shape, at(x).dtype);
+        n.form = int(rng_.range(0, 3));
+        n.value_is_float = !is_int(at(x).dtype) || rng_.chance(0.2);
+        double lo = double(rng_.range(-8, 8)) / 4, hi = double(rng_.range(-8, 8)) / 4;
+        if (!n.value_is_float) lo = std::round(lo), hi = std::round(hi);
+        if (lo > hi && rng_.chance(0.8)) std::swap(lo, hi);
+        n.value = lo, n.value2 = hi;
+        if (n.form != 2) {
+            n.dtype = scalar_dtype(n.dtype, lo, n.value_is_float);
+            n.lo = std::max(n.lo, lo), n.hi = std::max(n.hi, lo);
+        }
+        if (n.form != 1) {
+            n.dtype = scalar_dtype(n.dtype, hi, n.value_is_float);
+            n.lo = std::min(n.lo, hi), n.hi = std::min(n.hi, hi);
+        }
+        if (n.grid >= 0) n.grid = std::max(n.grid, 2);
+        add(n);
+        return true;
+    }
+
+    // x with a value where a bool mask of x's shape (or one that broadcasts to it) is true; a
+    // float value for an integer x is cast to it (2.5 is 2).
+    bool op_masked_fill() {
+        int x = pick(numeric);
+        if (x < 0) return false;
+        const Shape sx = at(x).shape;
+        auto fits = [&](const Node& m) {
+            Shape r;
+            return m.dtype == DType::BOOL && broadcast(sx, m.shape, &r) && r == sx;
+        };
+        int mask = rng_.chance(0.6) ? pick(fits) : -1;
+        if (mask < 0) mask = op_compare(x);
+        if (!fits(at(mask))) return false;
+        Node n = node(Kind::MASKED_FILL, {x, mask}, sx, at(x).dtype);
+        n.value_is_float = is_float(at(x).dtype) || rng_.chance(0.3);
+        n.value = n.value_is_float ? double(rng_.range(-10, 10)) / 4 : double(rng_.range(-3, 3));
+        double stored = is_float(at(x).dtype) ? n.value : std::trunc(n.value);
+        n.lo = std::min(n.lo, stored), n.hi = std::max(n.hi, stored);
+        if (n.grid >= 0) n.grid = std::max(n.grid, 2);
+        add(n);
+        return true;
+    }
+
+    // Each axis (and now and then a new leading one) repeated 1 to 3 times.
+    bool op_repeat() {
+        int x = pick([](const Node&) { return true; });
+        Shape s = at(x).shape;
+        if (s.size() < 4 && rng_.chance(0.3)) s.insert(s.begin(), 1);
+        Node n = node(Kind::REPEAT, {x}, {}, at(x).dtype);
+        for (int64_t d : s) {
+            int64_t times = rng_.chance(0.5) ? 1 : rng_.range(2, 3);
+            n.ints.push_back(times);
+            n.shape.push_back(d * times);
+        }
+        if (numel(n.shape) > opt_.max_numel) return false;
+        add(n);
+        return true;
+    }
+
+    // softmax(q kᵀ/√d) v, causal or not: q from the graph, k and v new leaves of its batch
+    // axes. Each output row is a mean of v's rows, weighted.
+    bool op_attention() {
+        int q = pick([](const Node& n) {
+            return n.shape.size() >= 2 && n.shape.size() <= 4 && is_float(n.dtype);
+        });
+        if (q < 0) return false;
+        Shape sk = at(q).shape, sv, out = at(q).shape;
+        size_t r = sk.size();
+        int64_t queries = sk[r - 2], depth = sk[r - 1];
+        sk[r - 2] = rng_.range(1, 6);
+        sv = sk;
+        sv[r - 1] = out[r - 1] = rng_.range(1, 6);
+        int64_t batch = numel(out) / (queries * out[r - 1]);
+        if (numel(out) > opt_.max_numel || numel(sk) > opt_.max_numel ||
+            batch * queries * sk[r - 2] * std::max(depth, sv[r - 1]) > opt_.max_matmul_numel)
+            return false;
+        int k = new_leaf(sk, at(q).dtype, false), v = new_leaf(sv, at(q).dtype, false);
+        Node n = node(Kind::ATTENTION, {q, k, v}, out, at(q).dtype);
+        n.form = rng_.chance(0.5) ? 1 : 0;
+        n.lo = at(v).lo, n.hi = at(v).hi, n.grid = -1;
+        add(n);
+        return true;
+    }
+
+    // int64 rows of classes: ids of the graph that are small and not negative, or a new leaf.
+    bool op_one_hot() {
+        int ids = rng_.chance(0.5) ? pick([](const Node& n) {
+            return is_int(n.dtype) && n.lo >= 0 && n.hi <= 8 && n.shape.size() <= 3;
+        }) : -1;
+        if (ids < 0) {
+            Shape s(size_t(rng_.range(0, 2)));
+            for (auto& d : s) d = rng_.range(1, 5);
+            ids = index_leaf(s, rng_.range(1, 6));
+        }
+        int64_t classes = int64_t(at(ids).hi) + 1 + rng_.range(0, 2);
+        Shape out = at(ids).shape;
+        out.push_back(classes);
+        if (numel(out) > opt_.max_numel) return false;
+        Node n = node(Kind::ONE_HOT, {ids}, out, DType::INT64);
+        n.ints = {classes};
+        n.lo = 0, n.hi = 1, n.grid = 0;
+        add(n);
+        return true;
+    }
+
+    // Training dropout: a mask drawn from a seed, the kept values scaled by 1/(1 - p).
+    bool op_dropout() {
+        int x = pick([](const Node& n) { return is_float(n.dtype); });
+        if (x < 0) return false;
+        Node n = node(Kind::DROPOUT, {x}, at(x).shape, at(x).dtype);
+        n.value = rng_.chance(0.5) ? 0.5 : 0.25;
+        n.data_seed = uint64_t(rng_.range(0, 1000000));
+        double scale = 1 / (1 - n.value);
+        n.lo = std::min(n.lo * scale, 0.0), n.hi = std::max(n.hi * scale, 0.0);
+        if (n.value != 0.5) n.grid = -1;
         add(n);
         return true;
     }

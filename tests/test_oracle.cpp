@@ -163,13 +163,12 @@ TEST(oracle_minimize_keeps_the_failure) {
     CHECK_EQ(out.error, std::string());
 }
 
-// Graph 401379, found by a long run: the gradient of min over a column counts the elements
-// equal to the minimum, recomputing them in a second loop. With multiply-adds fused in one
-// loop and not in the other, no element equalled the minimum (a NaN gradient on the CPU); C
-// kernels now compile with -ffp-contract=off.
+// Graph 401379 of an earlier generator (the seed names another graph since cumsum, topk and
+// the other calls joined it), found by a long run: the gradient of min over a column counts
+// the elements equal to the minimum, recomputing them in a second loop. With multiply-adds
+// fused in one loop and not in the other, no element equalled the minimum (a NaN gradient on
+// the CPU); C kernels now compile with -ffp-contract=off.
 TEST(oracle_graph_401379_ties_of_a_value_computed_in_two_loops) {
-    oracle::Graph g = oracle::generate(401379);
-    CHECK_EQ(oracle::check_one(g, tolerance), "");
     using tg::Tensor;
     Tensor x = Tensor::from_vector(
         oracle::leaf_values<int32_t>(0x1e75ab787d50389bull, 168, -4.0, 4.0, 0), {24, 7});
