@@ -16,7 +16,8 @@
 # make fuzz       libFuzzer on the safetensors loader and einsum, FUZZ_SECONDS each (default 60)
 # make oracle     random graphs, optimized CPU against the unoptimized interpreter, for
 #                 SEED (default 1) and COUNT (default 1000) graphs; THREADS=N: also 1 thread
-#                 against N, with every nest that can run in chunks doing so (the same bits)
+#                 against N, with every nest that can run in chunks doing so (the same bits);
+#                 JIT=1: also three training steps under tg::Jit against eager ones (the same bits)
 CXX      ?= c++
 CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 
@@ -193,7 +194,8 @@ $(BUILD)/oracle: tests/oracle_main.cpp tests/random_graphs.hpp tinygrad.hpp $(BU
 	$(CXX) $(CXXFLAGS) -o $@ $< $(BUILD)/tinygrad.o $(LDLIBS)
 oracle: $(BUILD)/oracle
 	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); \
-	TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(if $(THREADS),-t $(THREADS)) $(SEED) $(COUNT); \
+	TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(if $(THREADS),-t $(THREADS)) $(if $(JIT),-j) \
+	    $(SEED) $(COUNT); \
 	rc=$$?; rm -rf $$dir; exit $$rc
 
 $(BUILD)/bench: bench/bench.cpp tinygrad.hpp cuda_backend.hpp

@@ -2106,10 +2106,12 @@ static NodeP graph_shrink(const NodeP& x, const std::vector<std::pair<int64_t, i
     for (auto& [b, e] : p) { out.push_back(e - b); arg.push_back(b); arg.push_back(e); }
     // A range of rows of a realized tensor (a batch of a dataset) is a part of its buffer: the
     // view is a buffer at an offset, so a program reading it gets a pointer and does not
-    // change (or compile again) with the offset. Not for tensors with a gradient history.
+    // change (or compile again) with the offset. Not for tensors with a gradient history, nor
+    // while a jit traces its step: a replay passes its inputs' buffers in place of the traced
+    // ones, and a view would go on pointing into the traced input (tests/test_training.cpp).
     size_t cut = 0;   // axes before it keep one index, axes after it are whole
     while (cut + 1 < p.size() && p[cut].second - p[cut].first == 1) cut++;
-    bool rows = x->buffer && x->op == Op::BUFFER && !x->requires_grad;
+    bool rows = x->buffer && x->op == Op::BUFFER && !x->requires_grad && !jit_capture;
     for (size_t d = cut + 1; rows && d < p.size(); d++)
         rows = p[d].first == 0 && p[d].second == x->shape[d];
     if (rows) {

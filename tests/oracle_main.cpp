@@ -1,15 +1,17 @@
 // The compiler oracle from the command line: random graphs (tests/random_graphs.hpp) realized
 // optimized on the CPU device and unoptimized on INTERP, compared. Any seed, any count:
 //
-//     build/oracle [-b BATCH] [-m MINIMIZE] [-t THREADS] [-v] SEED COUNT
+//     build/oracle [-b BATCH] [-m MINIMIZE] [-t THREADS] [-j] [-v] SEED COUNT
 //
 // Graph seeds SEED .. SEED+COUNT-1, BATCH graphs per program (default 10). The first MINIMIZE
 // failures (default 10; each try compiles a program) are minimized. -v prints every graph's
 // listing. -t THREADS also runs each batch optimized on 1 thread and on THREADS, with every nest
 // that can run in chunks on threads (TG_PARALLEL_MIN_WORK=1): the bits must be the same (a failure
-// of that is listed, not minimized). Each batch runs in a child process, so a crash is reported
-// (with the graph that causes it, run alone) and the run goes on. A failure prints the seed, what
-// differs, the listing and a minimized listing; `oracle SEED 1` reruns one graph. The last line is
+// of that is listed, not minimized). -j also trains each graph for three steps under tg::Jit
+// and eagerly (oracle::check_jit): the losses and parameters must be the same bits (listed,
+// not minimized). Each batch runs in a child process, so a crash is reported (with the graph
+// that causes it, run alone) and the run goes on. A failure prints the seed, what differs, the
+// listing and a minimized listing; `oracle SEED 1` reruns one graph. The last line is
 // "N graphs, M mismatches, T s"; the exit status is 1 when M > 0.
 #include "random_graphs.hpp"
 #include <sys/wait.h>
@@ -26,6 +28,7 @@ namespace {
 
 const oracle::Tolerance tolerance;
 int threads_checked = 0;   // -t: the threads whose results must be the bits of one thread's
+bool jit_checked = false;  // -j: jitted training must give the bits of eager training
 
 void print_failure(const oracle::Graph& g, const std::string& what, bool shrink) {
     std::printf("MISMATCH graph %" PRIu64 ": %s\n%s", g.seed, what.c_str(),
@@ -56,7 +59,12 @@ int run_batch(uint64_t first, int count, bool verbose, bool shrink, double* wors
     std::vector<oracle::Failure> threads;
     if (threads_checked) threads = oracle::check_threads(graphs, threads_checked);
     for (const oracle::Failure& f : threads) print_failure(graphs[f.index], f.what, false);
-    return int(r.failures.size() + threads.size());
+    int jit_failures = 0;
+    for (const oracle::Graph& g : graphs) {
+        std::string what = jit_checked ? oracle::check_jit(g) : "";
+        if (!what.empty()) print_failure(g, what, false), jit_failures++;
+    }
+    return int(r.failures.size() + threads.size()) + jit_failures;
 }
 
 // Runs the batch in a child; a child that dies is a crash. The child reports its mismatch
@@ -109,11 +117,13 @@ int main(int argc, char** argv) {
         else if (!std::strcmp(argv[i], "-m") && i + 1 < argc) to_minimize = std::atoi(argv[++i]);
         else if (!std::strcmp(argv[i], "-t") && i + 1 < argc)
             threads_checked = std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "-j")) jit_checked = true;
         else if (!std::strcmp(argv[i], "-v")) verbose = true;
         else args.push_back(argv[i]);
     }
     if (args.size() != 2 || batch < 1 || threads_checked < 0) {
-        std::fprintf(stderr, "usage: %s [-b BATCH] [-m MINIMIZE] [-t THREADS] [-v] SEED COUNT\n",
+        std::fprintf(stderr,
+                     "usage: %s [-b BATCH] [-m MINIMIZE] [-t THREADS] [-j] [-v] SEED COUNT\n",
                      argv[0]);
         return 2;
     }

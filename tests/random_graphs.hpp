@@ -8,15 +8,17 @@
 // topk, argmin and the indices of max and min, var and std, clamp, masked_fill, repeat,
 // attention, one_hot, dropout, log1p, expm1, floor, ceil and trunc; then often a scalar loss
 // (each float output times fixed random weights, summed) and its gradients by backward(), by
-// tg::gradients or to second order. A Graph is plain data: run() builds it into tensors as many times as needed
-// (realizing turns nodes into buffers, so each device needs its own copy) and listing() prints
-// the same calls as C++ that compiles against this header, so a failure can be pasted and rerun.
+// tg::gradients or to second order. A Graph is plain data: run() builds it into tensors as many
+// times as needed (realizing turns nodes into buffers, so each device needs its own copy) and
+// listing() prints the same calls as C++ that compiles against this header, so a failure can
+// be pasted and rerun.
 //
 // The oracle: check() realizes a batch of graphs in one program on the CPU device with every
 // pass, and again on INTERP with TG_PASSES=none (the interpreter over the unoptimized IR), and
 // compares every output and gradient: integers and bools exactly, floats within a tolerance.
 // check_threads() compares the optimized run on one thread and on several, bit for bit.
-// minimize() shrinks a failing graph while it keeps failing.
+// check_jit() trains the graph's parameters for a few steps under tg::Jit and eagerly, bit for
+// bit. minimize() shrinks a failing graph while it keeps failing.
 //
 // Values stay well conditioned: leaves lie in [-2, 2], log and sqrt read x*x + 0.5, reciprocals
 // and divisors |x| + 0.5, and a node whose bound passes 8 is scaled by a power of two. Where
@@ -683,7 +685,8 @@ inline Tensor apply_node(const Node& n, const std::vector<Tensor>* t, std::strin
             int64_t c = int64_t(n.value);
             if (n.form == 0) r = n.op ? v.std() : v.var();
             else if (n.form == 1)
-                r = n.op ? v.std(int(n.ints[0]), c, n.keepdim) : v.var(int(n.ints[0]), c, n.keepdim);
+                r = n.op ? v.std(int(n.ints[0]), c, n.keepdim)
+                         : v.var(int(n.ints[0]), c, n.keepdim);
             else
                 r = n.op ? v.std(as_axes(n.ints), c, n.keepdim)
                          : v.var(as_axes(n.ints), c, n.keepdim);
@@ -2447,6 +2450,82 @@ inline std::string check_one(const Graph& g, const Tolerance& tol) {
     Outcome cpu = run({&g}, Mode::OPTIMIZED_CPU)[0];
     Outcome ref = run({&g}, Mode::REFERENCE_INTERP)[0];
     return compare(cpu, ref, tol);
+}
+
+// ---- the graph as a jitted training step -----------------------------------------------------
+
+// A data leaf that does not require grad is an input of the step: new values at each call.
+inline bool is_step_input(const Node& n) {
+    return n.kind == Kind::LEAF && Leaf(n.op) == Leaf::DATA && !n.grad;
+}
+
+// `calls` training steps of g on the optimized device: each computes the loss (as build does),
+// backward() and an SGD step (learning rate 1/16) of the leaves that require grad, which are
+// the parameters; the other data leaves get new values at each call (of their seed and the
+// call). jitted: under tg::Jit (the first call traces, the others replay), else eagerly. The
+// outcome: each call's loss ("loss0", ...), then each parameter after the last call.
+inline Outcome train(const Graph& g, bool jitted, int calls) {
+    ModeScope scope(Mode::OPTIMIZED_CPU);
+    Outcome out;
+    try {
+        const std::vector<Tensor> none;
+        std::vector<Tensor> params;
+        Built after;
+        for (size_t i = 0; i < g.nodes.size(); i++)
+            if (g.nodes[i].kind == Kind::LEAF && g.nodes[i].grad) {
+                params.push_back(apply_node(g.nodes[i], &none, nullptr));
+                after.names.push_back(var(int(i)));
+                after.tensors.push_back(params.back());
+            }
+        tg::optim::SGD sgd(params, 1.0 / 16);
+        std::vector<int> terms = loss_terms(g);
+        auto step = [&](const std::vector<Tensor>& inputs) {
+            std::vector<Tensor> t;
+            size_t next_input = 0, next_param = 0;
+            for (const Node& n : g.nodes) {
+                if (is_step_input(n)) t.push_back(inputs[next_input++]);
+                else if (n.kind == Kind::LEAF && n.grad) t.push_back(params[next_param++]);
+                else t.push_back(apply_node(n, &t, nullptr));
+            }
+            Tensor loss;
+            for (size_t k = 0; k < terms.size(); k++) {
+                const Tensor& o = t[size_t(terms[k])];
+                Tensor term = (o * weights(weight_seed(g, int(k)), o.shape())).sum();
+                loss = loss.defined() ? loss + term : term;
+            }
+            sgd.zero_grad();
+            loss.backward();
+            sgd.step();
+            return loss;
+        };
+        tg::Jit jit(step);
+        for (int c = 0; c < calls; c++) {
+            std::vector<Tensor> inputs;
+            for (const Node& n : g.nodes)
+                if (is_step_input(n)) {
+                    Node called = n;
+                    called.data_seed = mix_seed(n.data_seed, 4000 + uint64_t(c));
+                    inputs.push_back(apply_node(called, &none, nullptr));
+                }
+            tg::realize(inputs);
+            Tensor loss = jitted ? jit(inputs) : step(inputs);
+            out.entries.push_back({"loss" + std::to_string(c), true, loss.dtype(), {},
+                                   {loss.item()}});
+        }
+        std::vector<Entry> values = read(after);
+        out.entries.insert(out.entries.end(), values.begin(), values.end());
+    } catch (const std::exception& e) {
+        out.error = e.what();
+    }
+    return out;
+}
+
+// "" when training g under the jit gives the bits of training it eagerly (or g has no loss
+// that a parameter reaches), else what differs.
+inline std::string check_jit(const Graph& g, int calls = 3) {
+    if (!loss_tracks(g)) return "";
+    std::string what = same_bits(train(g, true, calls), train(g, false, calls));
+    return what.empty() ? "" : "jitted and eager training differ: " + what;
 }
 
 // ---- shrinking a failing graph ----------------------------------------------------------------

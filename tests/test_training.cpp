@@ -963,6 +963,29 @@ TEST(jit_replays_see_set_lr) {
     CHECK_EQ(step.replays(), int64_t(2));
 }
 
+// A step that takes rows of its input (a slice, which outside a trace is a view into the
+// input's buffer) reads the rows of each call's input when replayed, not the traced input's.
+TEST(jit_replays_read_the_rows_a_step_slices_from_its_input) {
+    Tensor p = fv({1, 2}).requires_grad();
+    optim::SGD opt({p}, 0.25);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = (in[0].slice(0, 1, 3) * p).sum();
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    std::vector<float> want_p = {1, 2};
+    for (int call = 0; call < 3; call++) {
+        float a = float(call + 1), b = float(10 * call - 3);
+        double want = a * want_p[0] + b * want_p[1];
+        CHECK_EQ(step({fv({9, a, b, 9}, {4})}).item(), want);
+        want_p = {want_p[0] - 0.25f * a, want_p[1] - 0.25f * b};
+        CHECK_EQ(p.to_vector(), want_p);
+    }
+    CHECK_EQ(step.replays(), int64_t(2));
+}
+
 TEST(jit_matches_eager_bit_for_bit_sgd_momentum) { check_jit_matches_eager(false); }
 TEST(jit_matches_eager_bit_for_bit_adam) { check_jit_matches_eager(true); }
 
