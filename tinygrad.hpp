@@ -8153,9 +8153,10 @@ static ProgramFn run_compile(const CompileJob& job) {
         // A compiler that crashes gets the file again at -O1: slower code, the same bits (no
         // optimization changes a result here, see ALWAYS_CFLAGS). GCC 12.2's loop vectorizer
         // crashed on an argmax that repeat() spread over a second loop (tests/test_interp.cpp).
+        if (status[i] == 0) return;
         bool crashed = messages[i].find("internal compiler error") != std::string::npos ||
                        messages[i].find("PLEASE submit a bug report") != std::string::npos;
-        if (status[i] == 0 || !crashed) return;
+        if (!crashed) return;
         std::fprintf(stderr, "[tg] the C compiler crashed on %s; it is built again with -O1: "
                              "slower code, the same results\n", paths[i].c_str());
         cmds[i] = command(i, " -O1");

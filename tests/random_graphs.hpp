@@ -893,13 +893,18 @@ private:
     }
     // An int32 leaf of indices in [0, n - 1].
     int index_leaf(const Shape& s, int64_t n) {
+        return data_leaf(s, DType::INT32, 0, double(n - 1), 0, 0);
+    }
+    // A data leaf of values in [lo, hi] on grid, which requires grad with chance grad_chance.
+    int data_leaf(const Shape& s, DType dt, double lo, double hi, int grid, double grad_chance) {
         Node l;
         l.kind = Kind::LEAF;
         l.op = int(Leaf::DATA);
         l.shape = s;
-        l.dtype = DType::INT32;
+        l.dtype = dt;
         l.data_seed = rng_.next();
-        l.lo = 0, l.hi = double(n - 1), l.grid = 0;
+        l.lo = lo, l.hi = hi, l.grid = grid;
+        l.grad = grad_chance > 0 && rng_.chance(grad_chance);
         return add(l);
     }
 
@@ -1124,10 +1129,11 @@ private:
         case Unary::CEIL:
         case Unary::TRUNC: {
             n.dtype = at(x).dtype, n.grid = 0;
-            double (*f)(double) = u == Unary::FLOOR ? static_cast<double (*)(double)>(std::floor)
-                                  : u == Unary::CEIL ? static_cast<double (*)(double)>(std::ceil)
-                                                     : static_cast<double (*)(double)>(std::trunc);
-            n.lo = f(lo), n.hi = f(hi);
+            auto round = [u](double v) {
+                return u == Unary::FLOOR ? std::floor(v)
+                       : u == Unary::CEIL ? std::ceil(v) : std::trunc(v);
+            };
+            n.lo = round(lo), n.hi = round(hi);
             break;
         }
         default: return false;
@@ -1861,7 +1867,8 @@ private:
         Node n = node(Kind::INDEX_OF, {x}, {}, DType::INT64);
         n.op = r == 0 ? 0 : int(rng_.range(0, 2));
         int64_t len = numel(at(x).shape);
-        if (n.op != 0 || !(r == 0 || rng_.chance(0.2))) {
+        bool of_all = n.op == 0 && (r == 0 || rng_.chance(0.2));   // argmin() of all
+        if (!of_all) {
             int ax;
             std::tie(ax, len) = random_axis(x);
             n.form = 1;
@@ -1876,22 +1883,12 @@ private:
         return true;
     }
 
-    // A float leaf of values off any grid: no two are equal but by chance.
-    int continuous_leaf(const Shape& s) {
-        Node l;
-        l.kind = Kind::LEAF;
-        l.op = int(Leaf::DATA);
-        l.shape = s;
-        l.data_seed = rng_.next();
-        l.lo = -2, l.hi = 2, l.grid = -1;
-        l.grad = rng_.chance(0.7);
-        return add(l);
-    }
     // var or std over some axes with correction 0 or 1 (never more than the terms). std's
-    // gradient is infinite where the terms are equal, so it reads continuous values.
+    // gradient is infinite where the terms are equal, so it reads a leaf off any grid (no two
+    // values equal but by chance).
     bool op_var() {
         bool std_dev = rng_.chance(0.4);
-        int x = std_dev ? continuous_leaf(random_shape(1))
+        int x = std_dev ? data_leaf(random_shape(1), DType::FLOAT32, -2, 2, -1, 0.7)
                         : pick([](const Node& n) { return numeric(n); });
         if (x < 0) return false;
         Node n = node(Kind::VAR, {x}, {}, is_float(at(x).dtype) ? at(x).dtype : DType::FLOAT32);
@@ -2083,6 +2080,18 @@ struct Built {
     std::vector<Tensor> tensors;
 };
 
+// The scalar loss of g's tensors t: each float output times its fixed random weights, summed.
+inline Tensor loss_of(const Graph& g, const std::vector<Tensor>& t) {
+    std::vector<int> terms = loss_terms(g);
+    Tensor loss;
+    for (size_t k = 0; k < terms.size(); k++) {
+        const Tensor& out = t[size_t(terms[k])];
+        Tensor term = (out * weights(weight_seed(g, int(k)), out.shape())).sum();
+        loss = loss.defined() ? loss + term : term;
+    }
+    return loss;
+}
+
 inline Built build(const Graph& g) {
     std::vector<Tensor> t;
     for (const Node& n : g.nodes) {
@@ -2103,13 +2112,8 @@ inline Built build(const Graph& g) {
         b.tensors.push_back(t[size_t(o)]);
     }
     if (g.grad_mode == GradMode::NONE) return b;
-    std::vector<int> terms = loss_terms(g), leaves = grad_leaves(g);
-    Tensor loss;
-    for (size_t k = 0; k < terms.size(); k++) {
-        const Tensor& out = t[size_t(terms[k])];
-        Tensor term = (out * weights(weight_seed(g, int(k)), out.shape())).sum();
-        loss = loss.defined() ? loss + term : term;
-    }
+    std::vector<int> leaves = grad_leaves(g);
+    Tensor loss = loss_of(g, t);
     b.names.push_back("loss");
     b.tensors.push_back(loss);
     std::vector<Tensor> leaf_tensors;
@@ -2459,7 +2463,7 @@ inline bool is_step_input(const Node& n) {
     return n.kind == Kind::LEAF && Leaf(n.op) == Leaf::DATA && !n.grad;
 }
 
-// `calls` training steps of g on the optimized device: each computes the loss (as build does),
+// `calls` training steps of g on the optimized device: each computes the loss (loss_of),
 // backward() and an SGD step (learning rate 1/16) of the leaves that require grad, which are
 // the parameters; the other data leaves get new values at each call (of their seed and the
 // call). jitted: under tg::Jit (the first call traces, the others replay), else eagerly. The
@@ -2478,7 +2482,6 @@ inline Outcome train(const Graph& g, bool jitted, int calls) {
                 after.tensors.push_back(params.back());
             }
         tg::optim::SGD sgd(params, 1.0 / 16);
-        std::vector<int> terms = loss_terms(g);
         auto step = [&](const std::vector<Tensor>& inputs) {
             std::vector<Tensor> t;
             size_t next_input = 0, next_param = 0;
@@ -2487,12 +2490,7 @@ inline Outcome train(const Graph& g, bool jitted, int calls) {
                 else if (n.kind == Kind::LEAF && n.grad) t.push_back(params[next_param++]);
                 else t.push_back(apply_node(n, &t, nullptr));
             }
-            Tensor loss;
-            for (size_t k = 0; k < terms.size(); k++) {
-                const Tensor& o = t[size_t(terms[k])];
-                Tensor term = (o * weights(weight_seed(g, int(k)), o.shape())).sum();
-                loss = loss.defined() ? loss + term : term;
-            }
+            Tensor loss = loss_of(g, t);
             sgd.zero_grad();
             loss.backward();
             sgd.step();
