@@ -10,6 +10,7 @@
 # make test-cuda-on-cpu  the same on the CPU stand-in for the driver, NVRTC and NCCL
 # make test-cuda-memcheck compute-sanitizer's memcheck over those tests (with a GPU)
 # make test-asan-subset   the part of it that CI runs (runtime, loaders, scheduler, errors)
+# make test-asan-oracle   random graphs under it on the CPU and the CUDA stand-in (CI runs it)
 # make bench      speed figures (COMPARE=1: beside PyTorch)   make loc   line count of the header
 # make build-time seconds to compile the implementation alone (a tinygrad_impl.cpp) with each
 #                 C++ compiler found, at BUILD_TIME_OPTS (default -O0 -O2); printed, not asserted
@@ -18,6 +19,12 @@
 #                 SEED (default 1) and COUNT (default 1000) graphs; THREADS=N: also 1 thread
 #                 against N, with every nest that can run in chunks doing so (the same bits);
 #                 JIT=1: also three training steps under tg::Jit against eager ones (the same bits)
+#                 ASAN=1: under AddressSanitizer, each kernel built with -fsanitize=address and
+#                 each temporary a buffer of its own (plan_memory left out): a kernel that
+#                 touches a byte past a tensor is reported, and one that reads an element no
+#                 kernel wrote reads the bytes 0xbe that fill every new buffer; STAND_IN=1: on
+#                 the CUDA device, through the CPU stand-in (with ASAN=1 its device memory is
+#                 exact too: what compute-sanitizer's memcheck checks on a GPU)
 CXX      ?= c++
 CXXFLAGS ?= -std=c++17 -O2 -Wall -Wextra
 
@@ -36,7 +43,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
 ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-tsan test-subset test-asan-subset asan-implementation fuzz oracle bench loc clean
+.PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-tsan test-subset test-asan-subset test-asan-oracle asan-implementation fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
 
 # examples are single files that define TINYGRAD_IMPLEMENTATION themselves, as a user's would
@@ -129,6 +136,7 @@ test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
 ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(ASAN)
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 CXXFLAGS="$(ASAN_CXXFLAGS)"
+	$(MAKE) --no-print-directory test-asan-oracle
 test-tsan:
 	$(MAKE) --no-print-directory test BUILD=build-tsan CUDA_ON_CPU=0 \
 	    CXXFLAGS="-std=c++17 -O1 -g -Wall -Wextra -fsanitize=thread"
@@ -145,6 +153,14 @@ test-subset: $(BUILD)/run_tests_subset
 	rm -rf $$dir; exit $$rc
 test-asan-subset:
 	$(MAKE) --no-print-directory test-subset BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
+# Random graphs under AddressSanitizer with their kernels built with it (make oracle ASAN=1),
+# 100 on the CPU and 100 on the CUDA stand-in, every product tiled and the GPU's plans at a
+# test's sizes (the seeds at which test_cuda's graphs reach every plan): a kernel of either
+# device that touches a byte past a buffer fails here, without a GPU (CI runs it).
+test-asan-oracle:
+	@$(MAKE) --no-print-directory oracle ASAN=1 SEED=1 COUNT=100
+	@TG_TILE_MIN_WORK=1 TG_CUDA_SMALL_PLANS=1 \
+	    $(MAKE) --no-print-directory oracle ASAN=1 STAND_IN=1 SEED=80700 COUNT=100
 # the sanitized implementation alone (CI builds it beside make test: one long compile)
 asan-implementation:
 	$(MAKE) --no-print-directory build-asan/tinygrad.o BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
@@ -192,11 +208,24 @@ SEED  ?= 1
 COUNT ?= 1000
 $(BUILD)/oracle: tests/oracle_main.cpp tests/random_graphs.hpp tinygrad.hpp $(BUILD)/tinygrad.o
 	$(CXX) $(CXXFLAGS) -o $@ $< $(BUILD)/tinygrad.o $(LDLIBS)
-oracle: $(BUILD)/oracle
+PASSES_BUT_PLAN := simplify,fuse_loops,fuse_maps,substitute_temps,dead_stores,first_write
+PASSES_BUT_PLAN := $(PASSES_BUT_PLAN),order_nests,local_temps,tile_products,sum_lanes
+PASSES_BUT_PLAN := $(PASSES_BUT_PLAN),split_at_edges,parallel_loops
+ORACLE_ASAN_ENV := TG_CFLAGS="-O2 -fsanitize=address -fno-omit-frame-pointer" \
+    TG_PASSES=$(PASSES_BUT_PLAN) ASAN_OPTIONS=max_malloc_fill_size=1073741824
+ifeq ($(ASAN),1)
+oracle:
+	@$(MAKE) --no-print-directory oracle ASAN= BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)" \
+	    ORACLE_ENV='$(ORACLE_ASAN_ENV)'
+else
+ORACLE_STAND_IN_ENV = TG_ORACLE_DEVICE=CUDA TG_CUDA_LIBRARY=$(abspath $(BUILD)/cuda_on_cpu.so) \
+    TG_NVRTC_LIBRARY=$(abspath $(BUILD)/cuda_on_cpu.so) TG_CUDA_ON_CPU_CXX="$(CXX)"
+oracle: $(BUILD)/oracle $(if $(STAND_IN),$(BUILD)/cuda_on_cpu.so)
 	@dir=$$(mktemp -d /tmp/tg-oracle-XXXXXX); \
-	TG_CACHE_DIR=$$dir ./$(BUILD)/oracle $(if $(THREADS),-t $(THREADS)) $(if $(JIT),-j) \
-	    $(SEED) $(COUNT); \
+	TG_CACHE_DIR=$$dir $(ORACLE_ENV) $(if $(STAND_IN),$(ORACLE_STAND_IN_ENV)) \
+	    ./$(BUILD)/oracle $(if $(THREADS),-t $(THREADS)) $(if $(JIT),-j) $(SEED) $(COUNT); \
 	rc=$$?; rm -rf $$dir; exit $$rc
+endif
 
 $(BUILD)/bench: bench/bench.cpp tinygrad.hpp cuda_backend.hpp
 	@mkdir -p $(dir $@)

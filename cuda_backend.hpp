@@ -2282,9 +2282,9 @@ public:
 
     void* alloc(size_t bytes) override {
         const CudaDriver& d = driver();
-        size_t size = size_class(bytes);
+        size_t size = EXACT_BUFFERS ? std::max<size_t>(bytes, 1) : size_class(bytes);
         std::lock_guard<std::mutex> lock(m_);
-        auto cached = free_.find(size);
+        auto cached = EXACT_BUFFERS ? free_.end() : free_.find(size);
         if (cached != free_.end()) {
             CUdeviceptr p = cached->second;
             free_.erase(cached);
@@ -2309,6 +2309,12 @@ public:
         auto p = CUdeviceptr(ptr);
         auto it = sizes_.find(p);
         if (it == sizes_.end()) return;
+        if (EXACT_BUFFERS) {
+            d_->cuStreamSynchronize(stream_);   // the kernels queued may still read it
+            d_->cuMemFree(p);
+            sizes_.erase(it);
+            return;
+        }
         // first among its size's: the block freed last is used first (what it held may
         // still be in the GPU's L2)
         free_.insert(free_.lower_bound(it->second), {it->second, p});
@@ -2434,7 +2440,15 @@ private:
         return nullptr;
     }
     // sizes up to 4 KiB in steps of 256 bytes, then four classes per power of two (a block
-    // wastes less than a fifth)
+    // wastes less than a fifth). Under AddressSanitizer (TG_EXACT_HEAP_BUFFERS: the CPU
+    // stand-in's device memory is host memory) a buffer is an allocation of exactly its bytes,
+    // freed at once, so that a kernel reading past it is reported there, as compute-sanitizer
+    // would report it on a GPU, where a size class's slack or a kept block would hide it.
+#ifdef TG_EXACT_HEAP_BUFFERS
+    static constexpr bool EXACT_BUFFERS = true;
+#else
+    static constexpr bool EXACT_BUFFERS = false;
+#endif
     static size_t size_class(size_t bytes) {
         if (bytes <= 4096) return std::max<size_t>(256, (bytes + 255) / 256 * 256);
         size_t top = 4096;

@@ -8543,6 +8543,18 @@ void BackgroundBuilds::work() {
     }
 }
 
+// Host buffers. Under AddressSanitizer each is a heap block of exactly its bytes, never kept
+// for reuse: a kernel built with -fsanitize=address (TG_CFLAGS) that touches a byte past a
+// tensor, or a freed one, is then reported, where a block rounded up to 64 bytes, or kept for
+// the next buffer of its size, would hide it. Otherwise:
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_EXACT_HEAP_BUFFERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_EXACT_HEAP_BUFFERS 1
+#endif
+#endif
+#ifndef TG_EXACT_HEAP_BUFFERS
 // Freed blocks of BLOCK_REUSE_MIN bytes or more wait, by size, for the next allocation of that
 // size (an eager step allocates the same temporaries and gradients at every step): the memory
 // comes back without the page faults of a fresh mapping. At most BLOCKS_KEPT_MAX bytes wait.
@@ -8560,33 +8572,23 @@ static KeptBlocks& kept_blocks() {
 // A block of BLOCK_REUSE_MIN bytes or more is mapped with its pages (MAP_POPULATE): one system
 // call instead of a page fault for each 4 KB at first touch, which a virtual machine makes
 // dear (384 KB copied into a new block, 3 runs each: 1.0-1.5 ms faulted page by page, 0.5-0.9
-// ms mapped with its pages). Under AddressSanitizer blocks stay on the heap, where it checks
-// them.
-#if defined(__SANITIZE_ADDRESS__)
-#define TG_HEAP_BLOCKS 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_HEAP_BLOCKS 1
-#endif
-#endif
+// ms mapped with its pages).
 static void* map_block(size_t size) {
-#ifndef TG_HEAP_BLOCKS
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
-#else
-    return std::aligned_alloc(64, size);
-#endif
 }
-static void unmap_block(void* p, size_t size) {
-#ifndef TG_HEAP_BLOCKS
-    munmap(p, size);
-#else
-    (void)size;
-    std::free(p);
 #endif
-}
 struct HostMemoryDevice : Device {
+#ifdef TG_EXACT_HEAP_BUFFERS
+    void* alloc(size_t bytes) override {
+        void* p = nullptr;
+        if (posix_memalign(&p, 64, bytes ? bytes : 1))
+            fail(strf("out of memory allocating %zu bytes", bytes));
+        return p;
+    }
+    void free(void* ptr) override { std::free(ptr); }
+#else
     static constexpr size_t BLOCK_REUSE_MIN = size_t(64) << 10, BLOCKS_KEPT_MAX = size_t(256) << 20;
     void* alloc(size_t bytes) override {
         size_t size = (bytes + 63) / 64 * 64;
@@ -8623,13 +8625,14 @@ struct HostMemoryDevice : Device {
                     k.freed.emplace(size, ptr);
                     k.bytes += size;
                 } else {
-                    unmap_block(ptr, size);
+                    munmap(ptr, size);
                 }
                 return;
             }
         }
         std::free(ptr);
     }
+#endif
     void copy_in(void* dst, const void* src, size_t bytes) override {
         if (bytes) std::memcpy(dst, src, bytes);
     }

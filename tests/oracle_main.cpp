@@ -12,7 +12,8 @@
 // not minimized). Each batch runs in a child process, so a crash is reported (with the graph
 // that causes it, run alone) and the run goes on. A failure prints the seed, what differs, the
 // listing and a minimized listing; `oracle SEED 1` reruns one graph. The last line is
-// "N graphs, M mismatches, T s"; the exit status is 1 when M > 0.
+// "N graphs, M mismatches, T s"; the exit status is 1 when M > 0. The optimized side runs the
+// passes of TG_PASSES where it is set (all where not); the interpreter's side runs none.
 #include "random_graphs.hpp"
 #include <sys/wait.h>
 #include <unistd.h>

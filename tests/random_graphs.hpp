@@ -2233,14 +2233,16 @@ private:
 };
 
 // TG_DEVICE and TG_PASSES for one mode. The optimized mode builds each program optimized at
-// once (TG_QUICK_RUNS=0), as the oracle checks the code that runs in the long run.
+// once (TG_QUICK_RUNS=0), as the oracle checks the code that runs in the long run, with the
+// caller's TG_PASSES (all passes when unset: a list bisects a mismatch to a pass, or leaves out
+// plan_memory so that AddressSanitizer sees each temporary as a buffer of its own).
 class ModeScope {
 public:
     explicit ModeScope(Mode mode) {
         bool optimized = mode == Mode::OPTIMIZED_CPU;
         env_.set("TG_DEVICE", optimized ? optimized_device() : "INTERP");
-        env_.set("TG_PASSES", optimized ? nullptr : "none");
         if (optimized) env_.set("TG_QUICK_RUNS", "0");
+        else env_.set("TG_PASSES", "none");
     }
 
 private:

@@ -82,6 +82,19 @@ TEST(oracle_runs_two_devices) {
     CHECK(ref.error.empty());
     CHECK(!ref.entries.empty());
     CHECK_EQ(oracle::compare(cpu, ref, tolerance), std::string());
+    tg::ProgramInfo all = tg::last_program();
+    CHECK(all.nests < all.nests_lowered);
+}
+
+// The optimized run takes the caller's TG_PASSES (to bisect a mismatch to a pass).
+TEST(oracle_optimizes_with_the_callers_passes) {
+    th::EnvGuard passes("TG_PASSES", "none");
+    oracle::Graph g = oracle::generate(7);
+    oracle::Outcome cpu = oracle::run({&g}, oracle::Mode::OPTIMIZED_CPU)[0];
+    CHECK(cpu.error.empty());
+    tg::ProgramInfo none = tg::last_program();
+    CHECK(none.nests_lowered > 1);
+    CHECK_EQ(none.nests, none.nests_lowered);
 }
 
 // splitmix64 is pinned (its first output from 0 is a published value), so a seed names the same

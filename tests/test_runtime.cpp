@@ -13,6 +13,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef TG_TEST_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 using tg::Tensor;
 using th::EnvGuard;
 
@@ -248,14 +251,26 @@ TEST(row_slices_of_realized_tensors_share_their_buffer) {
 }
 
 // A freed block of 64 KiB or more serves the next allocation of its size (no fresh pages at
-// every eager step), and a program's results written there are its own.
-TEST(freed_large_blocks_serve_the_next_allocation_of_their_size) {
+// every eager step), and a program's results written there are its own. Under
+// AddressSanitizer a buffer is a heap block of exactly its bytes instead, freed at once, so
+// that a kernel built with -fsanitize=address reading past it, or after its free, is caught.
+TEST(freed_host_blocks_are_reused_or_under_asan_exact) {
     tg::detail::Device& cpu = tg::detail::device("CPU");
+#ifdef TG_TEST_ASAN
+    for (size_t bytes : {size_t(200000), size_t(13)}) {
+        char* first = static_cast<char*>(cpu.alloc(bytes));
+        CHECK(!__asan_address_is_poisoned(first + bytes - 1));
+        CHECK(__asan_address_is_poisoned(first + bytes));
+        cpu.free(first);
+        CHECK(__asan_address_is_poisoned(first));
+    }
+#else
     void* first = cpu.alloc(200000);
     cpu.free(first);
     void* again = cpu.alloc(200000);
     CHECK(again == first);
     cpu.free(again);
+#endif
     for (float v : {1.0f, 3.0f}) {   // the second result lands where the first one was
         std::vector<float> got = (Tensor::full({50000}, v) * 2.0f).contiguous().to_vector();
         CHECK(std::all_of(got.begin(), got.end(), [&](float x) { return x == 2 * v; }));
