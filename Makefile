@@ -41,7 +41,7 @@ EXAMPLES  := $(patsubst examples/%.cpp,$(BUILD)/examples/%,$(wildcard examples/*
 EX_DATA   := $(patsubst examples/%,$(BUILD)/examples/%,$(wildcard examples/data/*))
 TEST_SRCS := $(wildcard tests/test_*.cpp) tests/main.cpp
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(TEST_SRCS))
-ASAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SANITIZERS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 .PHONY: all test test-cuda test-cuda-on-cpu test-cuda-memcheck test-asan test-tsan test-subset test-asan-subset test-asan-oracle asan-implementation fuzz oracle bench loc clean
 all: $(EXAMPLES) $(EX_DATA)
@@ -133,7 +133,7 @@ test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
 	@TG_CUDA_LIBRARY=$(abspath $<) TG_NVRTC_LIBRARY=$(abspath $<) TG_CUDA_ON_CPU_CXX="$(CXX)" \
 	    $(MAKE) --no-print-directory test-cuda
 
-ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(ASAN)
+ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(SANITIZERS)
 test-asan:
 	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 CXXFLAGS="$(ASAN_CXXFLAGS)"
 	$(MAKE) --no-print-directory test-asan-oracle
