@@ -2,7 +2,8 @@
 # make test       build and run every test (one binary; the implementation is compiled once),
 #                 then the CUDA tests on the CPU stand-in for the driver, NVRTC and NCCL
 #                 (CUDA_ON_CPU=0: not; tests/cuda_on_cpu.cpp)
-# make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer
+# make test-asan  the same under AddressSanitizer and UndefinedBehaviorSanitizer (the CUDA
+#                 stand-in too: its device memory exact, its kernels built with ASan)
 # make test-tsan  the same under ThreadSanitizer (the thread pool, queues, background builds)
 # make test-cuda  with an NVIDIA GPU: the op, gradient, training, reliability and CUDA tests on
 #                 TG_DEVICE=CUDA, then CUDA_GRAPHS random graphs (default 300) on CUDA against
@@ -135,7 +136,7 @@ test-cuda-on-cpu: $(BUILD)/cuda_on_cpu.so
 
 ASAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra $(SANITIZERS)
 test-asan:
-	$(MAKE) --no-print-directory test BUILD=build-asan CUDA_ON_CPU=0 CXXFLAGS="$(ASAN_CXXFLAGS)"
+	$(MAKE) --no-print-directory test BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
 	$(MAKE) --no-print-directory test-asan-oracle
 test-tsan:
 	$(MAKE) --no-print-directory test BUILD=build-tsan CUDA_ON_CPU=0 \

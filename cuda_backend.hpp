@@ -256,6 +256,7 @@ struct CudaDriver {
     CUresult (*cuGraphDestroy)(CUhandle);
     CUresult (*cuModuleLoadData)(CUhandle*, const void*);
     CUresult (*cuModuleGetFunction)(CUhandle*, CUhandle, const char*);
+    CUresult (*cuModuleUnload)(CUhandle);
     CUresult (*cuLaunchKernel)(CUhandle, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUhandle, void**, void**);
     CUresult (*cuStreamCreate)(CUhandle*, unsigned);
@@ -335,6 +336,7 @@ static std::vector<std::pair<const char*, void**>> cuda_driver_symbols(CudaDrive
             TG_SYM(d, cuGraphDestroy, "cuGraphDestroy"),
             TG_SYM(d, cuModuleLoadData, "cuModuleLoadData"),
             TG_SYM(d, cuModuleGetFunction, "cuModuleGetFunction"),
+            TG_SYM(d, cuModuleUnload, "cuModuleUnload"),
             TG_SYM(d, cuLaunchKernel, "cuLaunchKernel"),
             TG_SYM(d, cuStreamCreate, "cuStreamCreate"),
             TG_SYM(d, cuStreamSynchronize, "cuStreamSynchronize"),
@@ -2535,6 +2537,10 @@ struct CudaProgram : Executable {
     ~CudaProgram() override {
         if (graph_exec) dev.driver().cuGraphExecDestroy(graph_exec);
         if (graph) dev.driver().cuGraphDestroy(graph);
+        if (module) {   // after the launches queued from it
+            dev.driver().cuStreamSynchronize(dev.stream());
+            dev.driver().cuModuleUnload(module);
+        }
         for (const CudaKernel& k : kernels)
             for (void* s : k.owned) dev.free(s);
         dev.free(err_buffer);

@@ -24,6 +24,7 @@
 // Not modelled: timing, memory spaces (a wrong pointer reads host memory), warp divergence
 // within a shuffle, and the GPU's math functions' last bits (the CPU's libm is used).
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +32,7 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <elf.h>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <sys/mman.h>
@@ -333,14 +335,16 @@ enum : int {
     CUDA_ERROR_NOT_FOUND = 500,
 };
 
-struct Module {
-    void* library;
-};
 struct Function {
     KernelEntry entry;
     bool synchronizes;
     std::vector<unsigned> param_sizes;
     unsigned launches = 0;
+};
+std::atomic<int> live_modules{0};
+struct Module {   // owns its functions, as the driver's does
+    void* library;
+    std::vector<std::unique_ptr<Function>> functions;
 };
 // A kernel launch as a graph keeps it: its arguments' values copied.
 struct Launch {
@@ -467,18 +471,31 @@ int cuModuleLoadData(void** module, const void* image) {
     auto** api = static_cast<KernelApi**>(dlsym(library, "tg_cpu"));
     if (!api) return CUDA_ERROR_INVALID_IMAGE;
     *api = &run.api;
-    *module = new Module{library};
+    *module = new Module{library, {}};
+    live_modules++;
     return CUDA_SUCCESS;
 }
 int cuModuleGetFunction(void** function, void* module, const char* name) {
-    void* library = static_cast<Module*>(module)->library;
+    auto* m = static_cast<Module*>(module);
+    void* library = m->library;
     auto entry = reinterpret_cast<KernelEntry>(dlsym(library, ("tg_cpu_run_" + std::string(name)).c_str()));
     auto* syncs = static_cast<const int*>(dlsym(library, ("tg_cpu_syncs_" + std::string(name)).c_str()));
     auto* sizes = static_cast<const unsigned*>(dlsym(library, ("tg_cpu_sizes_" + std::string(name)).c_str()));
     if (!entry || !syncs || !sizes) return CUDA_ERROR_NOT_FOUND;
-    *function = new Function{entry, *syncs != 0, std::vector<unsigned>(sizes + 1, sizes + 1 + sizes[0])};
+    m->functions.push_back(std::make_unique<Function>(
+        Function{entry, *syncs != 0, std::vector<unsigned>(sizes + 1, sizes + 1 + sizes[0])}));
+    *function = m->functions.back().get();
     return CUDA_SUCCESS;
 }
+int cuModuleUnload(void* module) {
+    auto* m = static_cast<Module*>(module);
+    dlclose(m->library);
+    delete m;
+    live_modules--;
+    return CUDA_SUCCESS;
+}
+// The stand-in's own: modules loaded and not unloaded (a test's count of what the device keeps)
+int tg_cpu_live_modules() { return live_modules; }
 int cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shared_bytes, void*, void** params, void** extra) {
     if (gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > MAX_THREADS || shared_bytes || extra ||
