@@ -227,6 +227,14 @@ TEST(cuda_rendering_names_kernels_and_maps_outer_loops_to_threads) {
     CHECK(cubin.size() > 4 && std::memcmp(cubin.data(), "\x7f" "ELF", 4) == 0);
     CHECK_THROWS(tg::detail::nvrtc_compile("__global__ void k() { undefined_name; }", 90, "bad.cu"),
                  "NVRTC", "bad.cu", "undefined_name", "sm_90");
+    // TG_DEBUG >= 4's build: line tables that name the source file TG_DEBUG keeps, which is
+    // where cuda-gdb reads a kernel's lines (the debugger itself: cuda_debugger_stops_...)
+    const std::string kept = "/tmp/tg-kept/matmul-0123abcd.cu";
+    std::string debug = tg::detail::nvrtc_compile(cu, 90, kept, true);
+    std::string plain = tg::detail::nvrtc_compile(cu, 90, kept, false);
+    CHECK(debug.find(".debug_line") != std::string::npos);
+    CHECK(debug.find("matmul-0123abcd.cu") != std::string::npos);
+    CHECK(plain.find(".debug_line") == std::string::npos);
 }
 
 // How nests map to the GPU (no GPU needed): a long sum with one output is a block of threads
@@ -1412,6 +1420,70 @@ TEST(cuda_debug_keeps_the_cu_source) {
     }
     CHECK(cu >= 1);
     if (std::system(("rm -rf " + dir).c_str()) != 0) th::report(__FILE__, __LINE__, "rm failed");
+}
+
+// What the kept .cu is for: a debugger stops inside a generated kernel at a line of it, shows
+// the line and reads the kernel's variables. On a GPU the debugger is cuda-gdb (TG_DEBUG >= 4
+// compiles with -G -lineinfo); on the CPU stand-in, whose kernels are C++ built with -g under
+// the .cu's name, it is gdb.
+TEST_CHILD(cuda_debugged_program) {
+    EnvGuard dev("TG_DEVICE", "CUDA");
+    Tensor x = Tensor::arange(7).cast(tg::DType::FLOAT32);
+    CHECK_NEAR(values((x * 3).sin())[1], std::sin(3.0), 1e-6);
+}
+TEST(cuda_debugger_stops_in_a_generated_kernel) {
+    NEED_GPU();
+    const int failures_before = th::failures();
+    const std::string debugger = stand_in() ? "gdb" : "cuda-gdb", exe = th::self_exe();
+    if (std::system(("command -v " + debugger + " >/dev/null 2>&1").c_str()) != 0)
+        SKIP(debugger + " is not installed");
+    char tmpl[] = "/tmp/tg-cuda-gdb-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    const std::string child = "TG_TEST_CHILD=cuda_debugged_program TG_DEBUG=4 TG_CACHE_DIR='" +
+                              dir + "' ";
+    // a first run compiles the kernel with debug information and keeps its .cu
+    CHECK_EQ(std::system((child + "'" + exe + "' >'" + dir + "/run.log' 2>&1").c_str()), 0);
+    std::string cu;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 3 && n.compare(n.size() - 3, 3, ".cu") == 0) cu = dir + "/" + n;
+        }
+        closedir(d);
+    }
+    CHECK(!cu.empty());
+    // the kernel's store, a line that every thread runs
+    std::ifstream source(cu);
+    std::string text, store;
+    int line = 0;
+    bool in_kernel = false;
+    for (int n = 1; store.empty() && std::getline(source, text); n++) {
+        in_kernel = in_kernel || text.find("__global__") != std::string::npos;
+        if (in_kernel && text.find("] = ") != std::string::npos) line = n, store = text;
+    }
+    CHECK(line > 0);
+    if (cu.empty() || line == 0) return;
+    const std::string at = cu + ":" + std::to_string(line), log = dir + "/debugger.log";
+    std::string command = child + "timeout 120 " + debugger +
+                          " -batch -nx -ex 'set breakpoint pending on' -ex 'break " + at +
+                          "' -ex run -ex 'print i0' '" + exe + "' >'" + log + "' 2>&1";
+    int rc = std::system(command.c_str());
+    std::ifstream read(log);
+    std::stringstream out;
+    out << read.rdbuf();
+    const std::string said = out.str();
+    if (said.find("ptrace: Operation not permitted") != std::string::npos)
+        SKIP(debugger + " may not trace processes here (ptrace)");
+    CHECK_EQ(rc, 0);
+    CHECK(said.find("Breakpoint 1, ") != std::string::npos);
+    CHECK(said.find(" at " + at + "\n") != std::string::npos);      // stopped there
+    CHECK(said.find(std::to_string(line) + "\t" + store) != std::string::npos);   // the line
+    size_t value = said.find("$1 = ");                               // a thread's element
+    CHECK(value != std::string::npos && said.size() > value + 5 && said[value + 5] >= '0' &&
+          said[value + 5] <= '6');
+    if (th::failures() > failures_before) std::fprintf(stderr, "%s\n", said.c_str());
+    if (std::system(("rm -rf '" + dir + "'").c_str()) != 0)
+        th::report(__FILE__, __LINE__, "rm failed");
 }
 
 // A jitted step replays as one CUDA graph from its second run; new inputs (other buffers) set
