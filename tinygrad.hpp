@@ -7852,7 +7852,8 @@ static std::string render_c(const Program& p) { return render_c_files(p, 1)[0]; 
 // The .c stays beside the .so so a failed or surprising build can be read. A program of little work
 // is built twice: quickly for its first runs, then optimized in the background (CompiledProgram),
 // which takes W2's first step in a new process with an empty cache (W6) from about 0.9 to 0.4 s
-// (README, Speed). Devices CPU and INTERP keep data in host memory. Tests: tests/test_runtime.cpp.
+// (bench/HISTORY.md). Devices CPU and INTERP keep data in host memory.
+// Tests: tests/test_runtime.cpp.
 
 using ChunkFn = void (*)(void* const*, int64_t*, int64_t, int64_t);
 using RunChunksFn = void (*)(ChunkFn, void* const*, int64_t*, int64_t, int64_t);
@@ -8212,7 +8213,7 @@ TG_COLD_END
 // Every worker answers every job (one that is not needed at once), so none can fall a job
 // behind. Waiting spins for up to POOL_SPIN_US before it sleeps, as a program's parallel
 // nests come microseconds apart: W5's step took 24.0-25.2 ms with threads that slept at once
-// and 21.9-22.6 ms with spinning (README, Speed).
+// and 21.9-22.6 ms with spinning (bench/HISTORY.md).
 static const int POOL_SPIN_US = 200;
 static inline void spin_pause() {
 #if defined(__x86_64__) || defined(__i386__)
