@@ -1439,6 +1439,12 @@ TEST(cuda_debugger_stops_in_a_generated_kernel) {
         SKIP(debugger + " is not installed");
     char tmpl[] = "/tmp/tg-cuda-gdb-XXXXXX";
     const std::string dir = mkdtemp(tmpl);
+    struct Removed {   // the folder, however the case ends
+        const std::string& dir;
+        ~Removed() {
+            if (std::system(("rm -rf '" + dir + "'").c_str()) != 0) std::perror("rm");
+        }
+    } removed{dir};
     const std::string child = "TG_TEST_CHILD=cuda_debugged_program TG_DEBUG=4 TG_CACHE_DIR='" +
                               dir + "' ";
     // a first run compiles the kernel with debug information and keeps its .cu
@@ -1452,7 +1458,7 @@ TEST(cuda_debugger_stops_in_a_generated_kernel) {
         closedir(d);
     }
     CHECK(!cu.empty());
-    // the kernel's store, a line that every thread runs
+    // the kernel's store, which every thread of an element runs
     std::ifstream source(cu);
     std::string text, store;
     int line = 0;
@@ -1482,8 +1488,6 @@ TEST(cuda_debugger_stops_in_a_generated_kernel) {
     CHECK(value != std::string::npos && said.size() > value + 5 && said[value + 5] >= '0' &&
           said[value + 5] <= '6');
     if (th::failures() > failures_before) std::fprintf(stderr, "%s\n", said.c_str());
-    if (std::system(("rm -rf '" + dir + "'").c_str()) != 0)
-        th::report(__FILE__, __LINE__, "rm failed");
 }
 
 // A jitted step replays as one CUDA graph from its second run; new inputs (other buffers) set
