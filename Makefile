@@ -122,10 +122,13 @@ test-cuda: $(BUILD)/run_tests $(BUILD)/oracle
 # compute-sanitizer's memcheck over the CUDA tests (with a GPU; the graphs off, so that each
 # kernel is reported by name). Its reports of failed API calls are off: the backend checks
 # every call it makes, and NCCL's set-up asks for kernels it has no code for on this GPU
-# (cudaFuncGetAttributes, "no kernel image"), which it expects and passes over.
+# (cudaFuncGetAttributes, "no kernel image"), which it expects and passes over. The debugger
+# test skips (TG_TEST_MEMCHECK): it would start cuda-gdb in a child under the sanitizer, two
+# tools on the GPU's debugging interface at once, and memcheck checks the kernels without it.
 test-cuda-memcheck: $(BUILD)/run_tests
 	@dir=$$(mktemp -d /tmp/tg-test-XXXXXX); \
-	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA TG_CUDA_GRAPHS=0 compute-sanitizer --tool memcheck \
+	TG_CACHE_DIR=$$dir TG_DEVICE=CUDA TG_CUDA_GRAPHS=0 TG_TEST_MEMCHECK=1 \
+	    compute-sanitizer --tool memcheck \
 	    --report-api-errors no --error-exitcode 1 ./$(BUILD)/run_tests $(CUDA_TESTS); rc=$$?; \
 	rm -rf $$dir; exit $$rc
 

@@ -1435,6 +1435,8 @@ TEST(cuda_debugger_stops_in_a_generated_kernel) {
     NEED_GPU();
     const int failures_before = th::failures();
     const std::string debugger = stand_in() ? "gdb" : "cuda-gdb", exe = th::self_exe();
+    if (std::getenv("TG_TEST_MEMCHECK"))   // make test-cuda-memcheck
+        SKIP("under compute-sanitizer: not with a debugger in a child at once");
     if (std::system(("command -v " + debugger + " >/dev/null 2>&1").c_str()) != 0)
         SKIP(debugger + " is not installed");
     char tmpl[] = "/tmp/tg-cuda-gdb-XXXXXX";
