@@ -123,6 +123,20 @@ bool stand_in() { return gpu() && tg::cuda::gpu_name().find("cuda_on_cpu") != st
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
+// The .cu files that TG_DEBUG >= 2 kept in a cache dir (NAME-HASH.cu), with their paths
+std::vector<std::string> kept_cu_files(const std::string& dir) {
+    std::vector<std::string> kept;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 3 && n.compare(n.size() - 3, 3, ".cu") == 0 && n.find('-') != n.npos)
+                kept.push_back(dir + "/" + n);
+        }
+        closedir(d);
+    }
+    return kept;
+}
+
 }  // namespace
 
 // ---- the device seam, with INTERP as the second device --------------------------------------
@@ -1361,7 +1375,7 @@ TEST(cuda_programs_unload_their_module) {
         CHECK_EQ(live(), before + 1);
     }
     CHECK_EQ(live(), before);
-    if (library) dlclose(library);
+    dlclose(library);
 }
 
 TEST(cuda_memory_is_reused_and_copies_round_trip) {
@@ -1409,16 +1423,7 @@ TEST(cuda_debug_keeps_the_cu_source) {
         EnvGuard dev("TG_DEVICE", "CUDA");
         (Tensor::randn({7}, 4) * 3).realize();
     }
-    int cu = 0;
-    if (DIR* d = opendir(dir.c_str())) {
-        while (dirent* e = readdir(d)) {
-            std::string n = e->d_name;
-            if (n.size() > 3 && n.compare(n.size() - 3, 3, ".cu") == 0 && n.find('-') != n.npos)
-                cu++;
-        }
-        closedir(d);
-    }
-    CHECK(cu >= 1);
+    CHECK(!kept_cu_files(dir).empty());
     if (std::system(("rm -rf " + dir).c_str()) != 0) th::report(__FILE__, __LINE__, "rm failed");
 }
 
@@ -1451,15 +1456,9 @@ TEST(cuda_debugger_stops_in_a_generated_kernel) {
                               dir + "' ";
     // a first run compiles the kernel with debug information and keeps its .cu
     CHECK_EQ(std::system((child + "'" + exe + "' >'" + dir + "/run.log' 2>&1").c_str()), 0);
-    std::string cu;
-    if (DIR* d = opendir(dir.c_str())) {
-        while (dirent* e = readdir(d)) {
-            std::string n = e->d_name;
-            if (n.size() > 3 && n.compare(n.size() - 3, 3, ".cu") == 0) cu = dir + "/" + n;
-        }
-        closedir(d);
-    }
-    CHECK(!cu.empty());
+    const std::vector<std::string> kept = kept_cu_files(dir);
+    CHECK_EQ(kept.size(), size_t(1));   // the program's one
+    const std::string cu = kept.empty() ? "" : kept[0];
     // the kernel's store, which every thread of an element runs
     std::ifstream source(cu);
     std::string text, store;
