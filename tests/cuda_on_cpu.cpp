@@ -345,7 +345,22 @@ std::atomic<int> live_modules{0};
 struct Module {   // owns its functions, as the driver's does
     void* library;
     std::vector<std::unique_ptr<Function>> functions;
+    std::string kept_file;   // a debug build's library, removed at unload
 };
+// A debug build's library (its unit defines tg_cpu_debug) stays on disk while it is loaded, so
+// that a debugger reads its symbols and unwinds through it; those still loaded at exit go then.
+struct KeptFiles {
+    std::mutex mutex;
+    std::vector<std::string> paths;
+    void remove(const std::string& path) {
+        std::lock_guard<std::mutex> lock(mutex);
+        paths.erase(std::find(paths.begin(), paths.end(), path));
+        unlink(path.c_str());
+    }
+    ~KeptFiles() {
+        for (const std::string& path : paths) unlink(path.c_str());
+    }
+} kept_files;
 // A kernel launch as a graph keeps it: its arguments' values copied.
 struct Launch {
     Function* function;
@@ -466,12 +481,19 @@ int cuModuleLoadData(void** module, const void* image) {
     bool written = write(fd, data, size) == ssize_t(size);
     close(fd);
     void* library = written ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
-    unlink(path);
+    std::string kept_file;
+    if (library && dlsym(library, "tg_cpu_debug")) {
+        kept_file = path;
+        std::lock_guard<std::mutex> lock(kept_files.mutex);
+        kept_files.paths.push_back(kept_file);
+    } else {
+        unlink(path);
+    }
     if (!library) return CUDA_ERROR_INVALID_IMAGE;
     auto** api = static_cast<KernelApi**>(dlsym(library, "tg_cpu"));
     if (!api) return CUDA_ERROR_INVALID_IMAGE;
     *api = &run.api;
-    *module = new Module{library, {}};
+    *module = new Module{library, {}, kept_file};
     live_modules++;
     return CUDA_SUCCESS;
 }
@@ -490,6 +512,7 @@ int cuModuleGetFunction(void** function, void* module, const char* name) {
 int cuModuleUnload(void* module) {
     auto* m = static_cast<Module*>(module);
     dlclose(m->library);
+    if (!m->kept_file.empty()) kept_files.remove(m->kept_file);
     delete m;
     live_modules--;
     return CUDA_SUCCESS;
@@ -680,6 +703,7 @@ int nvrtcCompileProgram(void* program, int count, const char* const* options) {
                 ", p); }\nextern \"C\" const int tg_cpu_syncs_" + name + " = " +
                 (syncs ? "1" : "0") + ";\nextern \"C\" const auto tg_cpu_sizes_" + name +
                 " = tg_cpu_sizes_of(" + name + ");\n";
+    if (debug) unit += "extern \"C\" const int tg_cpu_debug = 1;\n";
     FILE* f = std::fopen(cpp.c_str(), "wb");
     bool ok = f && std::fwrite(unit.data(), 1, unit.size(), f) == unit.size();
     if (f) std::fclose(f);
