@@ -193,13 +193,13 @@
  DTYPES AND PROMOTION
    float32 (default), float64, int32, int64, bool. Tensor-tensor ops promote to the wider of
    the two (bool < int32 < int64 < float32 < float64); a scalar takes the tensor's dtype unless
-   it is a float and the tensor is not (then float32), or a number other than 0 or 1 next to
-   bool (then int64), like PyTorch. Division and transcendental functions of integers give
-   float32. Comparisons give bool. Sums of integers and bools are int64, and so are indices
-   (argmax, argmin, x.max(axis).indices, topk), as in PyTorch.
+   it is a float and the tensor is not (then float32), or an integer (not a C++ bool) next to
+   bool (then int64: mask + 1 counts), like PyTorch. Division and transcendental functions of
+   integers give float32. Comparisons give bool. Sums of integers and bools are int64, and so
+   are indices (argmax, argmin, x.max(axis).indices, topk), as in PyTorch.
    Values, the same on every device: integer arithmetic wraps around (two's complement), an
    integer x % 0 is 0 (PyTorch raises); a float cast to an integer truncates and saturates at
-   the ends of the range, NaN giving 0;
+   the ends of the range, NaN giving 0 (NaN cast to bool is true);
    NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
    NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
    so its error grows with the logarithm of the length; a term that is a product x·y joins its
@@ -292,9 +292,12 @@ struct Loc {
 // A number on one side of an operator: remembers whether it was written as a float.
 struct Scalar {
     double value;
-    bool is_float;
+    bool is_float, is_bool;
     template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
-    Scalar(T v) : value(static_cast<double>(v)), is_float(std::is_floating_point_v<T>) {}
+    Scalar(T v)
+        : value(static_cast<double>(v)),
+          is_float(std::is_floating_point_v<T>),
+          is_bool(std::is_same_v<T, bool>) {}
 };
 
 // ---- [OPS] the primitive op set, described once ------------------------------------------- >>ops
@@ -898,7 +901,8 @@ inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::
 // (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
 Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
-// int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids)
+// int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
+// an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
 // as nn::Dropout while training, with a mask drawn from seed; x itself when not training
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
@@ -1614,8 +1618,8 @@ static int64_t wrap_int(DType dt, uint64_t v) {
     return int64_t(v);
 }
 static int64_t saturate_int(DType dt, double v) {
+    if (dt == DType::BOOL) return v != 0;   // NaN too, as C's and PyTorch's casts
     if (std::isnan(v)) return 0;
-    if (dt == DType::BOOL) return v != 0;
     double lo = dt == DType::INT32 ? -2147483648.0 : -9223372036854775808.0;
     double hi = dt == DType::INT32 ? 2147483648.0 : 9223372036854775808.0;   // exclusive
     if (v <= lo) return dt == DType::INT32 ? INT32_MIN : INT64_MIN;
@@ -2277,10 +2281,10 @@ static Tensor const_like(const Tensor& x, double v, DType dt, Loc loc) {
 }
 
 // A scalar keeps the tensor's dtype, except that a float scalar makes an integer tensor float32
-// and a number other than 0 or 1 next to a bool tensor makes it int64, as in PyTorch.
+// and an integer scalar (not a bool) next to a bool tensor makes it int64, as in PyTorch.
 static DType scalar_dtype(DType t, Scalar s) {
     if (s.is_float && !dtype_is_float(t)) return DType::FLOAT32;
-    if (t == DType::BOOL && !(s.value == 0 || s.value == 1)) return DType::INT64;
+    if (t == DType::BOOL && !s.is_bool) return DType::INT64;
     return t;
 }
 
@@ -2320,6 +2324,12 @@ static Tensor mul(const Tensor& a, const Tensor& b, Loc loc) {
     return bin(Op::MUL, a, b, "mul", loc);
 }
 static Tensor neg(const Tensor& x, Loc loc) { return un(Op::NEG, x, loc); }
+// An order-reversing map that is its own inverse, so that min is a max: -x, and for integers
+// -1 - x (two's complement's not), which takes the lowest value to the highest, where -x
+// wraps to the lowest again
+static Tensor reversed_order(const Tensor& x, Loc loc) {
+    return dtype_is_float(x.dtype()) ? neg(x, loc) : add_c(neg(x, loc), -1, loc);
+}
 
 static std::atomic<uint64_t> seed_counter{0};
 
@@ -2639,10 +2649,14 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     check_not_bool(*this, "clamp", loc);
-    Tensor y = *this;   // NaN fails both tests and stays
+    Tensor y = detach();   // NaN fails both tests and stays
     if (min) y = where(y < *min, *min, y, loc);
     if (max) y = where(y > *max, *max, y, loc);   // after min: min > max gives max
-    return y;
+    // x itself, with its gradient, where min <= x <= max (not at NaN)
+    Tensor inside = const_like(*this, 1, DType::BOOL, loc);
+    if (min) inside = inside.minimum(*this >= *min, loc);
+    if (max) inside = inside.minimum(*this <= *max, loc);
+    return where(inside, *this, y, loc);
 }
 Tensor Tensor::clip(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
     return clamp(min, max, loc);
@@ -2712,11 +2726,11 @@ Tensor Tensor::maximum(const Tensor& o, Loc loc) const {
 Tensor Tensor::maximum(Scalar o, Loc loc) const {
     return maximum(scalar_operand(*this, o, loc), loc);
 }
-// min(a, b) = -max(-a, -b); for bool, a and b = a·b
+// min(a, b) = r(max(r(a), r(b))), r = reversed_order; for bool, a and b = a·b
 Tensor Tensor::minimum(const Tensor& o, Loc loc) const {
     auto [x, y] = operands(*this, o, "minimum", loc);
     if (x.dtype() == DType::BOOL) return mul(x, y, loc);
-    return neg(neg(x, loc).maximum(neg(y, loc), loc), loc);
+    return reversed_order(reversed_order(x, loc).maximum(reversed_order(y, loc), loc), loc);
 }
 Tensor Tensor::minimum(Scalar o, Loc loc) const {
     return minimum(scalar_operand(*this, o, loc), loc);
@@ -2822,13 +2836,13 @@ Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).r
 ValuesIndices Tensor::min(int axis, bool keepdim, Loc loc) const {
     return {min(std::vector<int>{axis}, keepdim, loc), argmin(axis, keepdim, loc)};
 }
-// min x = -max(-x); for bool, not max(not x)
+// min x = r(max(r(x))), r = reversed_order; for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     std::vector<int> reduced = axes;   // none: all
     for (int i = 0; axes.empty() && i < ndim(); i++) reduced.push_back(i);
     check_not_empty(shape(), normalize_axes(reduced, shape(), "min", loc), "min", loc);
     if (dtype() == DType::BOOL) return logical_not(loc).max(axes, keepdim, loc).logical_not(loc);
-    return neg(neg(*this, loc).max(axes, keepdim, loc), loc);
+    return reversed_order(reversed_order(*this, loc).max(axes, keepdim, loc), loc);
 }
 Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, false, loc); }
 // The first index of the maximum (or of the first NaN, which is the maximum then):
@@ -2849,12 +2863,11 @@ Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
     return ndim() == 0 ? idx.reshape({}, loc) : idx;
 }
 
-// The first index of the minimum: argmax of -x (of x in int64, so that -x cannot wrap)
+// The first index of the minimum: the argmax of reversed_order(x)
 Tensor Tensor::argmin(Loc loc) const { return flatten(0, -1, loc).argmin(0, false, loc); }
 Tensor Tensor::argmin(int axis, bool keepdim, Loc loc) const {
     if (dtype() == DType::BOOL) return logical_not(loc).argmax(axis, keepdim, loc);
-    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
-    return neg(x, loc).argmax(axis, keepdim, loc);
+    return reversed_order(*this, loc).argmax(axis, keepdim, loc);
 }
 // Round i takes, of the elements not taken yet, the first with the largest key. A float's key is
 // (tier, value): NaN has tier 1 for the largest (above +∞) and -1 for the smallest (after +∞).
@@ -2874,7 +2887,7 @@ ValuesIndices Tensor::topk(int64_t k, int axis, bool largest, Loc loc) const {
     Tensor rev = add_c(neg(position, loc), double(n), loc);
     bool is_float = dtype_is_float(dtype());
     Tensor key = is_float ? x.detach() : x.cast(DType::INT64, loc), tier;
-    if (!largest) key = neg(key, loc);
+    if (!largest) key = reversed_order(key, loc);
     double lowest = is_float ? -INFINITY : double(INT64_MIN);
     if (is_float) {
         Tensor nan = key != key;
@@ -2953,13 +2966,19 @@ Tensor Tensor::var(const std::vector<int>& axes, int64_t correction, bool keepdi
     if (numel() == 0) n = 0;
     return mul_c(s, 1 / std::max(0.0, n - double(correction)), loc);
 }
-Tensor Tensor::std(Loc loc) const { return var(loc).sqrt(loc); }
+// √var, whose gradient is 0 where var is 0, as PyTorch's std (√'s would be ∞ there, times 0):
+// the root of 1 there, and 0 in its place
+static Tensor deviation_of(const Tensor& var, Loc loc) {
+    Tensor zero = var == 0;
+    return where(zero, 0, where(zero, 1, var, loc).sqrt(loc), loc);
+}
+Tensor Tensor::std(Loc loc) const { return deviation_of(var(loc), loc); }
 Tensor Tensor::std(int axis, int64_t correction, bool keepdim, Loc loc) const {
-    return var(axis, correction, keepdim, loc).sqrt(loc);
+    return deviation_of(var(axis, correction, keepdim, loc), loc);
 }
 Tensor Tensor::std(const std::vector<int>& axes, int64_t correction, bool keepdim,
                    Loc loc) const {
-    return var(axes, correction, keepdim, loc).sqrt(loc);
+    return deviation_of(var(axes, correction, keepdim, loc), loc);
 }
 
 // -- movement
@@ -3206,6 +3225,8 @@ Tensor Tensor::softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
+    // nothing to take a max of: empty, as PyTorch's (a new tensor, in the graph)
+    if (x.numel() == 0) return mul_c(x, 1, loc);
     Tensor e = (x - x.max(std::vector<int>{axis}, true, loc).detach()).exp(loc);
     return e / e.sum(axis, true, loc);
 }
@@ -3214,6 +3235,7 @@ Tensor Tensor::log_softmax(int axis, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     normalize_axis(axis, shape().size(), "log_softmax", shape(), loc);
     Tensor x = as_float(*this, loc);
+    if (x.numel() == 0) return mul_c(x, 1, loc);
     Tensor shifted = x - x.max(std::vector<int>{axis}, true, loc).detach();
     return shifted - shifted.exp(loc).sum(axis, true, loc).log(loc);
 }
@@ -10168,8 +10190,10 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
         detail::fail(strf("one_hot: ids must be int32 or int64, got %s",
                           dtype_name(ids.dtype())));
     if (num_classes < 0) num_classes = ids.numel() ? int64_t(ids.max().item()) + 1 : 0;
-    Tensor classes = Tensor::arange(num_classes).cast(ids.dtype());
-    return (ids.unsqueeze(-1) == classes).cast(DType::INT64);
+    // the identity's rows, picked by an index that the program checks
+    Tensor classes = Tensor::arange(num_classes);
+    Tensor identity = classes.reshape({num_classes, 1}) == classes.reshape({1, num_classes});
+    return identity.cast(DType::INT64)[Operand(ids, loc)];
 }
 Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);

@@ -185,9 +185,9 @@ inline bool broadcast(const Shape& a, const Shape& b, Shape* out) {
     return true;
 }
 // The dtype of tensor op scalar, by the manual's rule.
-inline DType scalar_dtype(DType t, double v, bool v_is_float) {
+inline DType scalar_dtype(DType t, bool v_is_float) {
     if (v_is_float && !is_float(t)) return DType::FLOAT32;
-    if (t == DType::BOOL && v != 0 && v != 1) return DType::INT64;
+    if (t == DType::BOOL) return DType::INT64;   // an integer (written as one, not as a bool)
     return t;
 }
 
@@ -965,7 +965,7 @@ private:
         Node n = node(Kind::SCALAR, {x}, at(x).shape,
                       op == Arith::DIV && !is_float(at(x).dtype)
                           ? DType::FLOAT32
-                          : scalar_dtype(at(x).dtype, v, v_is_float));
+                          : scalar_dtype(at(x).dtype, v_is_float));
         n.op = int(op);
         n.value = v;
         n.value_is_float = v_is_float;
@@ -1251,7 +1251,7 @@ private:
             n.value_is_float = is_float(at(a).dtype) || rng_.chance(0.2);
             n.value = n.value_is_float ? double(rng_.range(-8, 8)) / 4 : double(rng_.range(-3, 3));
             n.in.push_back(a);
-            n.dtype = scalar_dtype(at(a).dtype, n.value, n.value_is_float);
+            n.dtype = scalar_dtype(at(a).dtype, n.value_is_float);
             broadcast(at(c).shape, sa, &n.shape);
             join_values(n, {a});
             n.lo = std::min(n.lo, n.value), n.hi = std::max(n.hi, n.value);
@@ -1916,11 +1916,11 @@ private:
         if (lo > hi && rng_.chance(0.8)) std::swap(lo, hi);
         n.value = lo, n.value2 = hi;
         if (n.form != 2) {
-            n.dtype = scalar_dtype(n.dtype, lo, n.value_is_float);
+            n.dtype = scalar_dtype(n.dtype, n.value_is_float);
             n.lo = std::max(n.lo, lo), n.hi = std::max(n.hi, lo);
         }
         if (n.form != 1) {
-            n.dtype = scalar_dtype(n.dtype, hi, n.value_is_float);
+            n.dtype = scalar_dtype(n.dtype, n.value_is_float);
             n.lo = std::min(n.lo, hi), n.hi = std::min(n.hi, hi);
         }
         if (n.grid >= 0) n.grid = std::max(n.grid, 2);

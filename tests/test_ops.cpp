@@ -1607,6 +1607,84 @@ TEST(ops_dtype_bool) {
     CHECK_ALL_NEAR(vals(per_row), (Vec{2, 1}), 0);
 }
 
+// Values at the ends of ranges and at NaN, where a composition could part from PyTorch: the
+// lowest integer (min as a max of -x would wrap), NaN cast to bool (true, also when folded at
+// build time), the gradients of std at a constant input and of clamp at NaN (0), softmax over
+// an empty axis, an integer next to a bool tensor (int64), one_hot of ids out of range.
+TEST(ops_edge_values_as_pytorch) {
+    const int32_t lo32 = INT32_MIN;
+    const int64_t lo64 = INT64_MIN;
+    Tensor i32 = Tensor::from_vector(std::vector<int32_t>{5, lo32, 3});
+    Tensor i64 = Tensor::from_vector(std::vector<int64_t>{5, lo64, 3});
+    Tensor i32_rev = Tensor::from_vector(std::vector<int32_t>{lo32, 5, 3});
+    auto [values, indices] = i64.reshape({1, 3}).min(1);
+    auto [smallest, where_smallest] = i64.topk(2, -1, false);
+    tg::realize({values, indices, smallest, where_smallest});
+    CHECK(i32.min().to_vector<int32_t>() == std::vector<int32_t>{lo32});
+    CHECK(i64.min().to_vector<int64_t>() == std::vector<int64_t>{lo64});
+    CHECK(values.to_vector<int64_t>() == std::vector<int64_t>{lo64});
+    CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{1});
+    CHECK(i32.minimum(i32_rev).to_vector<int32_t>() == (std::vector<int32_t>{lo32, lo32, 3}));
+    CHECK(i32.argmin().to_vector<int64_t>() == std::vector<int64_t>{1});
+    CHECK(i64.argmin().to_vector<int64_t>() == std::vector<int64_t>{1});
+    CHECK(smallest.to_vector<int64_t>() == (std::vector<int64_t>{lo64, 3}));
+    CHECK(where_smallest.to_vector<int64_t>() == (std::vector<int64_t>{1, 2}));
+    CHECK(i32.max().to_vector<int32_t>() == std::vector<int32_t>{5});
+
+    Tensor nan_and_zero = Tensor::from_vector(std::vector<float>{NAN, 0.0f});
+    CHECK_ALL_NEAR(ivals(nan_and_zero.cast(DType::BOOL)), (std::vector<int>{1, 0}), 0);
+    CHECK_ALL_NEAR(ivals(Tensor::full({2}, NAN).cast(DType::BOOL)), (std::vector<int>{1, 1}), 0);
+
+    Tensor flat = Tensor::from_vector(std::vector<float>{2, 2, 2});
+    flat.requires_grad();
+    Tensor deviation = flat.std();
+    deviation.backward();
+    CHECK_EQ(deviation.item(), 0.0);
+    CHECK_ALL_NEAR(vals(flat.grad()), (Vec{0, 0, 0}), 0);
+    Tensor varied = Tensor::from_vector(std::vector<float>{1, 2, 4});
+    varied.requires_grad();
+    varied.std().backward();   // (x - mean) / ((n - 1)·std) elsewhere
+    const double sd = std::sqrt(7.0 / 3);
+    CHECK_ALL_NEAR(vals(varied.grad()), (Vec{(-4.0 / 3) / (2 * sd), (-1.0 / 3) / (2 * sd),
+                                             (5.0 / 3) / (2 * sd)}), F32);
+
+    Tensor clamped = Tensor::from_vector(std::vector<float>{NAN, -3, 0.5f, 3});
+    clamped.requires_grad();
+    Tensor c = clamped.clamp(-1.0, 1.0);
+    c.sum().backward();
+    Vec cv = vals(c);
+    CHECK(std::isnan(cv[0]));
+    CHECK_ALL_NEAR((Vec{cv[1], cv[2], cv[3]}), (Vec{-1, 0.5, 1}), 0);
+    CHECK_ALL_NEAR(vals(clamped.grad()), (Vec{0, 0, 1, 0}), 0);
+    Vec crossed = vals(clamped.detach().clamp(1.0, -1.0));   // min > max: max, NaN stays
+    CHECK(std::isnan(crossed[0]));
+    CHECK_ALL_NEAR((Vec{crossed[1], crossed[2], crossed[3]}), (Vec{-1, -1, -1}), 0);
+
+    for (const Tensor& empty : {Tensor::zeros({3, 0}).softmax(-1),
+                                Tensor::zeros({3, 0}).log_softmax(1)}) {
+        CHECK(empty.shape() == (Shape{3, 0}));
+        CHECK(vals(empty).empty());
+    }
+
+    Tensor mask = Tensor::from_vector(std::vector<float>{1, -1}) > 0;
+    Tensor counted = mask + 1, scaled = mask * 1, still_bool = mask + true;
+    CHECK(counted.dtype() == DType::INT64);
+    CHECK(scaled.dtype() == DType::INT64);
+    CHECK(still_bool.dtype() == DType::BOOL);
+    CHECK_ALL_NEAR(ivals(counted), (std::vector<int>{2, 1}), 0);
+    CHECK_ALL_NEAR(ivals(scaled), (std::vector<int>{1, 0}), 0);
+    CHECK_ALL_NEAR(ivals(still_bool), (std::vector<int>{1, 1}), 0);
+
+    namespace F = tg::nn::functional;
+    Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0});
+    CHECK_ALL_NEAR(ivals(F::one_hot(ids, 3)), (std::vector<int>{0, 0, 1, 1, 0, 0}), 0);
+    for (int64_t bad : {3, -1}) {
+        Tensor out_of_range = Tensor::from_vector(std::vector<int64_t>{0, bad});
+        CHECK_THROWS(F::one_hot(out_of_range, 3).realize(), "index out of range [0, 3)",
+                     "test_ops.cpp:");
+    }
+}
+
 TEST(ops_cast) {
     Tensor f = Tensor::from_vector(std::vector<float>{-1.7f, -0.5f, 0.5f, 1.7f, 2.999f, -0.0f, 100.25f});
     Tensor fi = f.cast(DType::INT32), fb = f.cast(DType::BOOL), fd = f.cast(DType::FLOAT64);
