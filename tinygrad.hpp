@@ -777,6 +777,67 @@ struct GELU : Module {
     Tensor forward(const Tensor& x) override { return x.gelu(tanh_approximation); }
     bool tanh_approximation;
 };
+struct Flatten : Module {                   // axes start..end as one, as x.flatten
+    explicit Flatten(int start_axis = 1, int end_axis = -1) : start(start_axis), end(end_axis) {}
+    Tensor forward(const Tensor& x) override { return x.flatten(start, end); }
+    int start, end;
+};
+
+// A convolution's or pooling's kernel, stride, padding or dilation along the spatial axes, as
+// PyTorch takes them: one size for every axis (3), or one per axis ({3, 5}).
+struct SpatialSizes {
+    SpatialSizes() = default;   // a pooling's stride: its kernel's
+    SpatialSizes(int64_t every) : sizes{every} {}
+    SpatialSizes(std::initializer_list<int64_t> each) : sizes(each) {}
+    std::vector<int64_t> sizes;
+};
+// functional::conv1d (Conv1d) or conv2d (Conv2d) with weight [out, in / groups, *kernel] and
+// bias [out]; PyTorch's init: U(-1/√fan_in, 1/√fan_in) for both, fan_in = in / groups · the
+// kernel's size
+struct ConvNd : Module {
+    ConvNd(int spatial_axes, int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
+           SpatialSizes stride, SpatialSizes padding, SpatialSizes dilation, int64_t groups,
+           bool bias);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    int spatial_axes;
+    int64_t in_channels, out_channels, groups;
+    std::vector<int64_t> kernel_size, stride, padding, dilation;
+    bool has_bias;
+    Tensor weight, bias;
+};
+struct Conv1d : ConvNd {
+    Conv1d(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
+           SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+           int64_t groups = 1, bool bias = true)
+        : ConvNd(1, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                 bias) {}
+};
+struct Conv2d : ConvNd {
+    Conv2d(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
+           SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+           int64_t groups = 1, bool bias = true)
+        : ConvNd(2, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                 bias) {}
+};
+// functional::max_pool2d and avg_pool2d as layers
+struct MaxPool2d : Module {
+    explicit MaxPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
+                       SpatialSizes padding = 0, SpatialSizes dilation = 1)
+        : kernel_size(kernel_size), stride(stride), padding(padding), dilation(dilation) {}
+    Tensor forward(const Tensor& x) override;
+    SpatialSizes kernel_size, stride, padding, dilation;
+};
+struct AvgPool2d : Module {
+    explicit AvgPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
+                       SpatialSizes padding = 0, bool count_include_pad = true)
+        : kernel_size(kernel_size), stride(stride), padding(padding),
+          count_include_pad(count_include_pad) {}
+    Tensor forward(const Tensor& x) override;
+    SpatialSizes kernel_size, stride, padding;
+    bool count_include_pad;
+};
 
 // Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
 struct ModuleList : Module {
@@ -894,6 +955,34 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // is_causal: query i sees keys j <= i only (a mask that fuses into the softmax)
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, Loc loc = Loc::here());
+// Convolution as PyTorch's (a cross-correlation: the kernel is not flipped) of x [N, C_in,
+// *spatial] (or [C_in, *spatial]) with weight [C_out, C_in / groups, *kernel], plus bias
+// [C_out] where given: [N, C_out, *out], out = (spatial + 2·padding - dilation·(kernel - 1) -
+// 1) / stride + 1 along each axis. Composed: the sum, over the kernel's positions, of the
+// products of that position's weights with x seen through strided views (no copies of x).
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              int64_t groups = 1, Loc loc = Loc::here());
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              int64_t groups = 1, Loc loc = Loc::here());
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              int64_t groups = 1, Loc loc = Loc::here());
+// The largest value of each window of x [N, C, *spatial] (or [C, *spatial]; floating point),
+// its gradient to the first largest in the window (NaN above all), as PyTorch's; the padding
+// is -∞, at most half the kernel; stride {}: the kernel
+Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, SpatialSizes dilation = 1, Loc loc = Loc::here());
+Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, SpatialSizes dilation = 1, Loc loc = Loc::here());
+// The mean of each window, the padding 0 and counted (count_include_pad) or not
+Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, bool count_include_pad = true,
+                  Loc loc = Loc::here());
+Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, bool count_include_pad = true,
+                  Loc loc = Loc::here());
 // rows of weight [num, dim] picked by int32 or int64 ids
 inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here()) {
     return weight[Operand(ids, loc)];
@@ -10184,6 +10273,237 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     detail::UserLocScope at(loc);
     return detail::attention_weights(q, k, is_causal, loc).matmul(v);
 }
+
+// Convolution and pooling read x through one strided view per position of the kernel: the
+// view at position (k_1, ...) holds, for every window, the element of x at that position in
+// the window, so a window's elements are the same element of each view. A convolution is then
+// a sum over positions of products (each position's weights with its view: the loop compiler
+// joins them into one product); pooling takes the largest or the mean of each window's
+// elements, gathered along a last axis (pooling_windows). Along an axis, window o starts at
+// o·stride and its position k is at k·dilation.
+namespace {
+// sizes for each of `axes` spatial axes, each at least `least`
+std::vector<int64_t> per_axis(const SpatialSizes& given, size_t axes, const char* op,
+                              const char* what, int64_t least) {
+    std::vector<int64_t> sizes = given.sizes;
+    if (sizes.size() == 1) sizes.assign(axes, sizes[0]);
+    bool fits = sizes.size() == axes;
+    for (int64_t n : sizes) fits = fits && n >= least;
+    if (!fits)
+        detail::fail(strf("%s: %s must be %zu size%s, each at least %lld (one for every axis "
+                          "or one per axis), got %s",
+                          op, what, axes, axes > 1 ? "s" : "", (long long)least,
+                          shape_str(given.sizes).c_str()));
+    return sizes;
+}
+struct Windows {
+    std::vector<Tensor> views;   // one per position of the kernel, in row-major order
+    Shape counts;                // windows along each spatial axis
+};
+// The windows along x's last kernel.size() axes, padded already
+Shape window_counts(const Tensor& x, const std::vector<int64_t>& kernel,
+                    const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation,
+                    const char* op, const Shape& unpadded) {
+    const size_t axes = kernel.size(), first = size_t(x.ndim()) - axes;
+    Shape counts;
+    for (size_t a = 0; a < axes; a++) {
+        int64_t span = dilation[a] * (kernel[a] - 1) + 1;
+        if (x.shape()[first + a] < span)
+            detail::fail(strf("%s: input %s, padded %s, is smaller than the kernel %s (dilated "
+                              "%s)", op, shape_str(unpadded).c_str(),
+                              shape_str(x.shape()).c_str(), shape_str(kernel).c_str(),
+                              shape_str(dilation).c_str()));
+        counts.push_back((x.shape()[first + a] - span) / stride[a] + 1);
+    }
+    return counts;
+}
+Windows windows_of(const Tensor& x, const std::vector<int64_t>& kernel,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation,
+                   const char* op, const Shape& unpadded) {
+    const size_t axes = kernel.size(), first = size_t(x.ndim()) - axes;
+    Windows w;
+    w.counts = window_counts(x, kernel, stride, dilation, op, unpadded);
+    int64_t positions = 1;
+    for (int64_t k : kernel) positions *= k;
+    for (int64_t p = 0; p < positions; p++) {
+        Tensor view = x;
+        for (size_t a = axes, rest = size_t(p); a-- > 0; rest /= size_t(kernel[a])) {
+            int64_t start = int64_t(rest % size_t(kernel[a])) * dilation[a];
+            view = view.slice(int(first + a), start, start + (w.counts[a] - 1) * stride[a] + 1,
+                              stride[a]);
+        }
+        w.views.push_back(view);
+    }
+    return w;
+}
+// x padded by `padding` on both sides of its last padding.size() axes
+Tensor pad_spatial(const Tensor& x, const std::vector<int64_t>& padding, double value) {
+    std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+    for (size_t a = 0; a < padding.size(); a++)
+        pads[pads.size() - padding.size() + a] = {padding[a], padding[a]};
+    return x.pad(pads, value);
+}
+Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tensor& weight,
+                   const Tensor& bias, const SpatialSizes& stride_given,
+                   const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
+                   int64_t groups, Loc loc) {
+    detail::UserLocScope at(loc);
+    auto shapes = [&] {
+        return strf("input %s, weight %s", shape_str(input.shape()).c_str(),
+                    shape_str(weight.shape()).c_str());
+    };
+    bool batched = size_t(input.ndim()) == axes + 2;
+    if (!batched && size_t(input.ndim()) != axes + 1)
+        detail::fail(strf("%s: input must be [N, C_in, %zu spatial axes] or [C_in, ...]; %s", op,
+                          axes, shapes().c_str()));
+    if (size_t(weight.ndim()) != axes + 2)
+        detail::fail(strf("%s: weight must be [C_out, C_in / groups, %zu kernel axes]; %s", op,
+                          axes, shapes().c_str()));
+    Tensor x = batched ? input : input.unsqueeze(0);
+    const int64_t n = x.size(0), c_in = x.size(1), c_out = weight.size(0);
+    if (groups < 1 || c_in % groups || c_out % groups || weight.size(1) != c_in / groups)
+        detail::fail(strf("%s: %s, groups %lld: C_in and C_out must divide by groups, and the "
+                          "weight's axis 1 be C_in / groups", op, shapes().c_str(),
+                          (long long)groups));
+    if (bias.defined() && bias.shape() != Shape{c_out})
+        detail::fail(strf("%s: bias must be [C_out] = [%lld], got %s", op, (long long)c_out,
+                          shape_str(bias.shape()).c_str()));
+    std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
+    for (int64_t k : kernel)
+        if (k < 1) detail::fail(strf("%s: the kernel is empty; %s", op, shapes().c_str()));
+    std::vector<int64_t> stride = per_axis(stride_given, axes, op, "stride", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
+    std::vector<int64_t> dilation = per_axis(dilation_given, axes, op, "dilation", 1);
+    Windows w = windows_of(pad_spatial(x, padding, 0), kernel, stride, dilation, op, x.shape());
+    // each position's product: x [n, group, c, *windows] · w [group, o, c]
+    const std::string spatial = std::string("xyz").substr(0, axes);
+    const std::string spec = "ngc" + spatial + ",goc->ngo" + spatial;
+    Shape grouped = {n, groups, c_in / groups};
+    grouped.insert(grouped.end(), w.counts.begin(), w.counts.end());
+    const int64_t positions = int64_t(w.views.size());
+    Tensor by_position = weight.reshape({c_out, c_in / groups, positions});
+    Tensor y;
+    for (int64_t p = 0; p < positions; p++) {
+        Tensor term = einsum(spec, {w.views[size_t(p)].reshape(grouped),
+                                    by_position.slice(2, p, p + 1)
+                                        .reshape({groups, c_out / groups, c_in / groups})});
+        y = p ? y + term : term;
+    }
+    Shape out = {n, c_out};
+    out.insert(out.end(), w.counts.begin(), w.counts.end());
+    y = y.reshape(out);
+    if (bias.defined()) {
+        Shape along_channels(axes + 2, 1);
+        along_channels[1] = c_out;
+        y = y + bias.reshape(along_channels);
+    }
+    return batched ? y : y.squeeze(0);
+}
+// The windows of a pooling over x's last `axes` axes, padded with pad_value: [..., *windows,
+// the kernel's positions]. Windows apart from each other (each stride at least its kernel, no
+// dilation: 2 x 2 windows of stride 2) are one view of x: each axis cut into rows of a
+// stride, of which the first kernel elements count, the kernel's axes then moved last and
+// joined. Others are the views of the kernel's positions, stacked (a gradient through them
+// adds as many padded copies as the kernel has positions).
+Tensor pooling_windows(const char* op, size_t axes, const Tensor& x,
+                        const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
+                        const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
+                        double pad_value) {
+    if (size_t(x.ndim()) != axes + 1 && size_t(x.ndim()) != axes + 2)
+        detail::fail(strf("%s: input must be [N, C, %zu spatial axes] or [C, ...], got %s", op,
+                          axes, shape_str(x.shape()).c_str()));
+    if (!dtype_is_float(x.dtype()))
+        detail::fail(strf("%s: input must be floating point, got %s", op,
+                          dtype_name(x.dtype())));
+    std::vector<int64_t> kernel = per_axis(kernel_given, axes, op, "kernel_size", 1);
+    std::vector<int64_t> stride = stride_given.sizes.empty()
+                                      ? kernel
+                                      : per_axis(stride_given, axes, op, "stride", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
+    std::vector<int64_t> dilation = per_axis(dilation_given, axes, op, "dilation", 1);
+    for (size_t a = 0; a < axes; a++)
+        if (2 * padding[a] > kernel[a])   // else a window could lie in the padding alone
+            detail::fail(strf("%s: padding %s must be at most half the kernel %s", op,
+                              shape_str(padding).c_str(), shape_str(kernel).c_str()));
+    Tensor padded = pad_spatial(x, padding, pad_value);
+    bool apart = true;
+    for (size_t a = 0; a < axes; a++) apart = apart && dilation[a] == 1 && stride[a] >= kernel[a];
+    if (!apart)
+        return stack(windows_of(padded, kernel, stride, dilation, op, x.shape()).views, -1);
+    Shape counts = window_counts(padded, kernel, stride, dilation, op, x.shape());
+    const int lead = int(x.ndim() - int64_t(axes));
+    Tensor cut = padded;
+    for (int a = int(axes) - 1; a >= 0; a--) {   // the axes after a keep their places
+        const int at = lead + a;
+        const int64_t rows = counts[size_t(a)] * stride[size_t(a)], size = cut.size(at);
+        std::vector<std::pair<int64_t, int64_t>> fit(size_t(cut.ndim()), {0, 0});
+        fit[size_t(at)] = {0, rows - size};   // the last row's end lies past every window
+        if (rows < size) cut = cut.slice(at, 0, rows);
+        if (rows > size) cut = cut.pad(fit, pad_value);
+        Shape split = cut.shape();
+        split[size_t(at)] = stride[size_t(a)];
+        split.insert(split.begin() + at, counts[size_t(a)]);
+        cut = cut.reshape(split).slice(at + 1, 0, kernel[size_t(a)]);
+    }
+    std::vector<int> order;   // [..., w0, k0, w1, k1, ...] to [..., w0, w1, ..., k0, k1, ...]
+    for (int i = 0; i < lead; i++) order.push_back(i);
+    for (int odd = 0; odd < 2; odd++)
+        for (int a = 0; a < int(axes); a++) order.push_back(lead + 2 * a + odd);
+    Shape joined(x.shape().begin(), x.shape().begin() + lead);
+    joined.insert(joined.end(), counts.begin(), counts.end());
+    joined.push_back(-1);
+    return cut.permute(order).reshape(joined);
+}
+Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
+                const SpatialSizes& stride, const SpatialSizes& padding,
+                const SpatialSizes& dilation, Loc loc) {
+    detail::UserLocScope at(loc);
+    Tensor windows = pooling_windows(op, axes, x, kernel, stride, padding, dilation, -INFINITY);
+    // picked by index, so that the gradient goes to one element, as PyTorch's
+    return windows.gather(-1, windows.argmax(-1, true)).squeeze(-1);
+}
+Tensor avg_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
+                const SpatialSizes& stride, const SpatialSizes& padding,
+                bool count_include_pad, Loc loc) {
+    detail::UserLocScope at(loc);
+    Tensor windows = pooling_windows(op, axes, x, kernel, stride, padding, 1, 0);
+    if (count_include_pad) return windows.mean(-1);
+    // each window's count of elements of x: the same windows over ones padded with zeros
+    Shape one_channel = {1};
+    one_channel.insert(one_channel.end(), x.shape().end() - int64_t(axes), x.shape().end());
+    Tensor ones = Tensor::ones(one_channel, x.dtype());
+    return windows.sum(-1) / pooling_windows(op, axes, ones, kernel, stride, padding, 1, 0).sum(-1);
+}
+}  // namespace
+
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
+              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+    return convolution("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, loc);
+}
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
+              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+    return convolution("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, loc);
+}
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
+              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+    return convolution("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, loc);
+}
+Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, SpatialSizes dilation, Loc loc) {
+    return max_pool("max_pool1d", 1, x, kernel_size, stride, padding, dilation, loc);
+}
+Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, SpatialSizes dilation, Loc loc) {
+    return max_pool("max_pool2d", 2, x, kernel_size, stride, padding, dilation, loc);
+}
+Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, bool count_include_pad, Loc loc) {
+    return avg_pool("avg_pool1d", 1, x, kernel_size, stride, padding, count_include_pad, loc);
+}
+Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, bool count_include_pad, Loc loc) {
+    return avg_pool("avg_pool2d", 2, x, kernel_size, stride, padding, count_include_pad, loc);
+}
 Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
     detail::UserLocScope at(loc);
     if (ids.dtype() != DType::INT32 && ids.dtype() != DType::INT64)
@@ -10202,6 +10522,49 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc)
     return dropout_mask(x, p, Tensor::rand_like(x, seed));
 }
 }  // namespace functional
+
+ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
+               SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_)
+    : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
+    const char* name = axes == 1 ? "Conv1d" : "Conv2d";
+    if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
+        detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
+                          "%lld, groups %lld", name, (long long)in, (long long)out,
+                          (long long)groups));
+    kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
+    stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
+    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
+    dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
+    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
+                              : std::vector<uint64_t>{Tensor::next_seed()});
+}
+void ConvNd::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    Shape shape = {out_channels, in_channels / groups};
+    shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
+    int64_t fan_in = 1;
+    for (size_t a = 1; a < shape.size(); a++) fan_in *= shape[a];
+    double b = 1 / std::sqrt(double(fan_in));
+    weight = init::uniform(shape, -b, b, s.at(0)).requires_grad();
+    if (has_bias) bias = init::uniform({out_channels}, -b, b, s.at(1)).requires_grad();
+}
+Tensor ConvNd::forward(const Tensor& x) {
+    Tensor b = has_bias ? bias : Tensor();
+    SpatialSizes st, pad, dil;
+    st.sizes = stride, pad.sizes = padding, dil.sizes = dilation;
+    return spatial_axes == 1 ? functional::conv1d(x, weight, b, st, pad, dil, groups)
+                             : functional::conv2d(x, weight, b, st, pad, dil, groups);
+}
+Module::Named ConvNd::named_parameters() {
+    if (!has_bias) return {{"weight", weight}};
+    return {{"weight", weight}, {"bias", bias}};
+}
+Tensor MaxPool2d::forward(const Tensor& x) {
+    return functional::max_pool2d(x, kernel_size, stride, padding, dilation);
+}
+Tensor AvgPool2d::forward(const Tensor& x) {
+    return functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
+}
 
 ModuleList& ModuleList::add(std::shared_ptr<Module> layer) {
     if (!layer) detail::fail("ModuleList: add of an empty layer pointer");

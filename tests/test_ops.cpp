@@ -1977,6 +1977,240 @@ TEST(ops_remainder_floor_ceil_trunc) {
 }
 
 // tg::nn::functional: PyTorch's F., the same values as the methods and layers
+// A convolution or pooling by loops in double, over x [N, C, *spatial] with windows of the
+// given kernel: for each output element, its window's positions that lie inside x (a position
+// in the padding is skipped: 0 for a convolution, -inf for max). visit(out, in_x, position)
+// is called for each, out and in_x flat indices.
+struct Window {
+    Idx kernel, stride, padding, dilation;
+    Shape out_of(const Shape& x) const {
+        Shape out;
+        for (size_t a = 0; a < kernel.size(); a++)
+            out.push_back((x[a + 2] + 2 * padding[a] - dilation[a] * (kernel[a] - 1) - 1) /
+                              stride[a] + 1);
+        return out;
+    }
+    // for each output [n, c, *out] of x's shape and each kernel position: visit
+    template <typename F> void each(const Shape& x, int64_t channels_out, F visit) const {
+        Shape out = out_of(x), full = {x[0], channels_out};
+        full.insert(full.end(), out.begin(), out.end());
+        Shape positions(kernel.begin(), kernel.end());
+        for (int64_t o = 0; o < count(full); o++) {
+            Idx oi = unravel(o, full);
+            for (int64_t p = 0; p < count(positions); p++) {
+                Idx pi = unravel(p, positions), xi = {oi[0], 0};
+                bool inside = true;
+                for (size_t a = 0; a < kernel.size(); a++) {
+                    int64_t at = oi[a + 2] * stride[a] + pi[a] * dilation[a] - padding[a];
+                    inside = inside && at >= 0 && at < x[a + 2];
+                    xi.push_back(at);
+                }
+                visit(o, oi, xi, p, inside);
+            }
+        }
+    }
+};
+// y = conv(x, w) + b and, for the loss Σ y·r, the gradients of x, w and b
+struct ConvRef {
+    Vec y, dx, dw, db;
+    Shape y_shape;
+};
+ConvRef ref_conv(const Vec& x, const Shape& xs, const Vec& w, const Shape& ws, const Vec& b,
+                 const Vec& r, const Window& win, int64_t groups) {
+    ConvRef ref;
+    const int64_t c_group = ws[1], o_group = ws[0] / groups;
+    ref.y_shape = {xs[0], ws[0]};
+    for (int64_t n : win.out_of(xs)) ref.y_shape.push_back(n);
+    ref.y.assign(size_t(count(ref.y_shape)), 0);
+    ref.dx.assign(x.size(), 0);
+    ref.dw.assign(w.size(), 0);
+    ref.db.assign(b.size(), 0);
+    Shape positions(win.kernel.begin(), win.kernel.end());
+    win.each(xs, ws[0], [&](int64_t o, const Idx& oi, Idx xi, int64_t p, bool inside) {
+        if (p == 0 && !b.empty()) {
+            ref.y[size_t(o)] += b[size_t(oi[1])];
+            ref.db[size_t(oi[1])] += r[size_t(o)];
+        }
+        if (!inside) return;
+        for (int64_t c = 0; c < c_group; c++) {
+            xi[1] = oi[1] / o_group * c_group + c;
+            Idx wi = {oi[1], c};
+            for (int64_t k : unravel(p, positions)) wi.push_back(k);
+            size_t xf = size_t(ravel(xi, xs)), wf = size_t(ravel(wi, ws));
+            ref.y[size_t(o)] += x[xf] * w[wf];
+            ref.dx[xf] += r[size_t(o)] * w[wf];
+            ref.dw[wf] += r[size_t(o)] * x[xf];
+        }
+    });
+    return ref;
+}
+
+TEST(ops_conv_matches_loops_values_and_gradients) {
+    namespace F = tg::nn::functional;
+    struct Case {
+        Shape x, w;
+        Idx stride, padding, dilation;
+        int64_t groups;
+        bool bias;
+    };
+    const std::vector<Case> cases = {
+        {{2, 3, 9}, {4, 3, 3}, {1}, {0}, {1}, 1, true},                      // conv1d
+        {{2, 4, 10}, {6, 2, 3}, {2}, {1}, {2}, 2, false},                    // strided, grouped
+        {{2, 3, 7, 6}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},       // conv2d, "same"
+        {{1, 2, 9, 8}, {4, 2, 3, 2}, {2, 3}, {1, 0}, {2, 1}, 1, true},       // per-axis sizes
+        {{2, 6, 5, 5}, {6, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 6, true},       // depthwise
+        {{1, 2, 4, 5, 4}, {3, 2, 2, 3, 2}, {1, 2, 1}, {0, 1, 1}, {1, 1, 2}, 1, true},   // 3d
+    };
+    for (size_t i = 0; i < cases.size(); i++) {
+        const Case& c = cases[i];
+        const size_t axes = c.x.size() - 2;
+        std::vector<float> xv = randf(size_t(count(c.x)), 300 + i),
+                           wv = randf(size_t(count(c.w)), 310 + i),
+                           bv = c.bias ? randf(size_t(c.w[0]), 320 + i) : std::vector<float>{};
+        Window win{Idx(c.w.begin() + 2, c.w.end()), c.stride, c.padding, c.dilation};
+        Shape ys = {c.x[0], c.w[0]};
+        for (int64_t n : win.out_of(c.x)) ys.push_back(n);
+        std::vector<float> rv = randf(size_t(count(ys)), 330 + i);
+        ConvRef ref = ref_conv(D(xv), c.x, D(wv), c.w, D(bv), D(rv), win, c.groups);
+        Tensor x = Tensor::from_vector(xv, c.x), w = Tensor::from_vector(wv, c.w);
+        Tensor b = c.bias ? Tensor::from_vector(bv, {c.w[0]}) : Tensor();
+        x.requires_grad();
+        w.requires_grad();
+        if (c.bias) b.requires_grad();
+        auto sizes = [](const Idx& v) {
+            tg::nn::SpatialSizes s;
+            s.sizes = v;
+            return s;
+        };
+        auto conv = axes == 1 ? F::conv1d : axes == 2 ? F::conv2d : F::conv3d;
+        Tensor y = conv(x, w, b, sizes(c.stride), sizes(c.padding), sizes(c.dilation), c.groups,
+                        tg::Loc::here());
+        (y * Tensor::from_vector(rv, ys)).sum().backward();
+        CHECK(y.shape() == ref.y_shape);
+        CHECK_ALL_NEAR(vals(y), ref.y, F32);
+        CHECK_ALL_NEAR(vals(x.grad()), ref.dx, F32);
+        CHECK_ALL_NEAR(vals(w.grad()), ref.dw, F32);
+        if (c.bias) CHECK_ALL_NEAR(vals(b.grad()), ref.db, F32);
+        if (th::failures()) std::fprintf(stderr, "  in case %zu\n", i);
+    }
+    // one size for every axis; an input without its batch axis
+    std::vector<float> xv = randf(2 * 6 * 6, 341), wv = randf(3 * 2 * 3 * 3, 342);
+    Tensor x = Tensor::from_vector(xv, {2, 6, 6}), w = Tensor::from_vector(wv, {3, 2, 3, 3});
+    Tensor unbatched = F::conv2d(x, w, Tensor(), 2, 1);
+    CHECK(unbatched.shape() == S({3, 3, 3}));
+    CHECK_ALL_NEAR(vals(unbatched),
+                   vals(F::conv2d(x.unsqueeze(0), w, Tensor(), {2, 2}, {1, 1}).squeeze(0)), 0);
+}
+
+TEST(ops_pooling_matches_loops_values_and_gradients) {
+    namespace F = tg::nn::functional;
+    struct Case {
+        Shape x;
+        Idx kernel, stride, padding, dilation;
+        bool max, count_pad;
+    };
+    const std::vector<Case> cases = {
+        {{2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true, true},
+        {{1, 2, 7, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true, true},
+        {{1, 2, 9, 7}, {3, 2}, {1, 2}, {1, 0}, {2, 1}, true, true},
+        {{2, 3, 10}, {3}, {2}, {1}, {1}, true, true},   // 1d
+        {{2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false, true},
+        {{1, 2, 7, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false, true},
+        {{1, 2, 7, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false},
+        {{2, 3, 10}, {4}, {3}, {2}, {1}, false, false},   // 1d
+    };
+    for (size_t i = 0; i < cases.size(); i++) {
+        const Case& c = cases[i];
+        const size_t axes = c.x.size() - 2;
+        std::vector<float> xv = randf(size_t(count(c.x)), 350 + i);
+        // ties in some windows: the gradient goes to the first of them, as PyTorch's
+        for (size_t k = 0; k < xv.size(); k += 5) xv[k] = 0.5f;
+        Window win{c.kernel, c.stride, c.padding, c.dilation};
+        Shape ys = {c.x[0], c.x[1]};
+        for (int64_t n : win.out_of(c.x)) ys.push_back(n);
+        std::vector<float> rv = randf(size_t(count(ys)), 360 + i);
+        Vec y(size_t(count(ys)), c.max ? -INFINITY : 0), dx(xv.size(), 0), counts(y.size(), 0);
+        std::vector<int64_t> best(y.size(), -1);
+        win.each(c.x, c.x[1], [&](int64_t o, const Idx& oi, Idx xi, int64_t, bool inside) {
+            if (!c.max && c.count_pad) counts[size_t(o)] += 1;
+            if (!inside) return;
+            xi[1] = oi[1];
+            int64_t f = ravel(xi, c.x);
+            if (!c.max) {
+                counts[size_t(o)] += c.count_pad ? 0 : 1;
+                y[size_t(o)] += xv[size_t(f)];
+            } else if (xv[size_t(f)] > y[size_t(o)]) {
+                y[size_t(o)] = xv[size_t(f)];
+                best[size_t(o)] = f;
+            }
+        });
+        for (size_t o = 0; o < y.size(); o++) {
+            if (c.max) {
+                dx[size_t(best[o])] += rv[o];
+                continue;
+            }
+            y[o] /= counts[o];
+        }
+        if (!c.max)   // each window's elements get r / count
+            win.each(c.x, c.x[1], [&](int64_t o, const Idx& oi, Idx xi, int64_t, bool inside) {
+                xi[1] = oi[1];
+                if (inside) dx[size_t(ravel(xi, c.x))] += rv[size_t(o)] / counts[size_t(o)];
+            });
+        Tensor x = Tensor::from_vector(xv, c.x);
+        x.requires_grad();
+        auto sizes = [](const Idx& v) {
+            tg::nn::SpatialSizes s;
+            s.sizes = v;
+            return s;
+        };
+        Tensor out;
+        if (c.max)
+            out = (axes == 1 ? F::max_pool1d : F::max_pool2d)(
+                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), sizes(c.dilation),
+                tg::Loc::here());
+        else
+            out = (axes == 1 ? F::avg_pool1d : F::avg_pool2d)(
+                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), c.count_pad,
+                tg::Loc::here());
+        (out * Tensor::from_vector(rv, ys)).sum().backward();
+        CHECK(out.shape() == ys);
+        CHECK_ALL_NEAR(vals(out), y, F32);
+        CHECK_ALL_NEAR(vals(x.grad()), dx, F32);
+        if (th::failures()) std::fprintf(stderr, "  in case %zu\n", i);
+    }
+    // the stride is the kernel's by default; NaN is the largest
+    Tensor x = Tensor::from_vector(std::vector<float>{1, NAN, 3, 4, 5, 6}, {1, 6});
+    Vec pooled = vals(F::max_pool1d(x, 2));
+    CHECK(pooled.size() == 3 && std::isnan(pooled[0]));
+    CHECK_ALL_NEAR((Vec{pooled[1], pooled[2]}), (Vec{4, 6}), 0);
+    CHECK_ALL_NEAR(vals(F::avg_pool1d(x.slice(1, 2, 6), 2)), (Vec{3.5, 5.5}), 0);
+}
+
+TEST(ops_conv_and_pooling_errors_name_the_shapes) {
+    namespace F = tg::nn::functional;
+    Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
+    CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 2, 3, 3})), "conv2d", "[2,3,8,8]", "[4,2,3,3]",
+                 "groups 1", "test_ops.cpp:");
+    CHECK_THROWS(F::conv2d(x, w, Tensor(), 1, 0, 1, 2), "conv2d", "groups 2");
+    CHECK_THROWS(F::conv2d(x, w, Tensor::zeros({3})), "conv2d: bias must be [C_out] = [4]",
+                 "[3]");
+    CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 3, 3})), "conv2d: weight must be", "[4,3,3]");
+    CHECK_THROWS(F::conv1d(x, w), "conv1d: input must be", "[2,3,8,8]");
+    CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 3, 9, 3})), "conv2d", "smaller than the kernel",
+                 "[9,3]");
+    CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 3, 0, 3})), "conv2d: the kernel is empty");
+    CHECK_THROWS(F::conv2d(x, w, Tensor(), 0), "conv2d: stride must be 2 sizes", "[0]");
+    CHECK_THROWS(F::conv2d(x, w, Tensor(), {1, 1, 1}), "conv2d: stride", "[1,1,1]");
+    CHECK_THROWS(F::conv2d(x, w, Tensor(), 1, -1), "conv2d: padding", "at least 0");
+    CHECK_THROWS(F::max_pool2d(x, 2, 2, 2), "max_pool2d: padding [2,2]",
+                 "at most half the kernel [2,2]");
+    CHECK_THROWS(F::avg_pool2d(x.cast(DType::INT32), 2), "avg_pool2d", "floating point",
+                 "int32");
+    CHECK_THROWS(F::max_pool2d(Tensor::zeros({8}), 2), "max_pool2d: input must be", "[8]");
+    CHECK_THROWS(tg::nn::Conv2d(3, 4, 3, 1, 0, 1, 2), "Conv2d", "groups 2");
+    CHECK_THROWS(tg::nn::Conv2d(3, 4, {3, 3, 3}), "Conv2d: kernel_size must be 2 sizes");
+}
+
 TEST(ops_functional_and_dropout) {
     namespace F = tg::nn::functional;
     std::vector<float> xv = randf(24, 161, -2, 2);

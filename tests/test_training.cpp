@@ -1516,6 +1516,64 @@ TEST(training_moons_mlp_sgd_under_jit_fits) {
     if (accuracy < 0.95) std::fprintf(stderr, "    accuracy %.4f, loss %.4f -> %.4f\n", accuracy, first, last);
 }
 
+// Conv2d's parameters: shapes, names and PyTorch's init range (fan_in = in / groups · kernel)
+TEST(nn_conv2d_parameters_and_init_range) {
+    tg::manual_seed(5);
+    nn::Conv2d conv(8, 16, {3, 5}, 1, {1, 2}, 1, 2);
+    CHECK_EQ(conv.weight.shape(), (Shape{16, 4, 3, 5}));
+    CHECK_EQ(conv.bias.shape(), (Shape{16}));
+    nn::Module::Named named = conv.named_parameters();
+    CHECK(named.size() == 2 && named[0].first == "weight" && named[1].first == "bias");
+    const double bound = 1 / std::sqrt(4.0 * 3 * 5);
+    Moments m = moments(vals(conv.weight));
+    CHECK(m.min >= -bound && m.max <= bound && m.max > 0.9 * bound && m.min < -0.9 * bound);
+    for (double b : vals(conv.bias)) CHECK(b >= -bound && b <= bound);
+    CHECK_EQ(conv(Tensor::zeros({2, 8, 6, 7})).shape(), (Shape{2, 16, 6, 7}));   // "same"
+    nn::Conv1d line(3, 2, 4, 2, 0, 1, 1, false);
+    CHECK_EQ(line.named_parameters().size(), size_t(1));
+    CHECK_EQ(line(Tensor::zeros({5, 3, 10})).shape(), (Shape{5, 2, 4}));
+    CHECK_EQ(nn::Flatten()(Tensor::zeros({2, 3, 4, 5})).shape(), (Shape{2, 60}));
+}
+
+// A small convolutional network learns which half of an 8 x 8 image holds a bright 2 x 2 spot,
+// jitted: Conv2d, ReLU, MaxPool2d, AvgPool2d, Flatten, Linear.
+TEST(training_cnn_under_jit_finds_the_spot) {
+    const int64_t n = 64;
+    std::vector<float> pixels(size_t(n) * 64);
+    std::vector<int64_t> labels(static_cast<size_t>(n));
+    th::Lcg rng(11);
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t p = 0; p < 64; p++) pixels[size_t(i * 64 + p)] = float(rng.next()) * 0.3f;
+        int64_t row = int64_t(rng.next() * 7), col = int64_t(rng.next() * 3);
+        labels[size_t(i)] = i % 2;
+        if (i % 2) col += 4;   // the right half
+        for (int64_t a = 0; a < 2; a++)
+            for (int64_t b = 0; b < 2; b++) pixels[size_t(i * 64 + (row + a) * 8 + col + b)] = 1;
+    }
+    Tensor images = Tensor::from_vector(pixels, {n, 1, 8, 8});
+    Tensor classes = Tensor::from_vector(labels, {n});
+    tg::manual_seed(3);
+    nn::Sequential cnn(nn::Conv2d(1, 4, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2),
+                       nn::AvgPool2d(2), nn::Flatten(), nn::Linear(4 * 2 * 2, 2));
+    optim::Adam opt(cnn.parameters(), 0.05);
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::cross_entropy(cnn(in[0]), in[1]);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+    });
+    double first = step({images, classes}).item(), last = first;
+    for (int i = 0; i < 40; i++) last = step({images, classes}).item();
+    CHECK_EQ(step.replays(), int64_t(40));
+    Tensor predicted = cnn(images).argmax(1);
+    double accuracy = (predicted == classes).cast(DType::FLOAT32).mean().item();
+    CHECK(last < 0.5 * first);
+    CHECK(accuracy >= 0.95);
+    if (accuracy < 0.95 || last >= 0.5 * first)
+        std::fprintf(stderr, "    accuracy %.4f, loss %.4f -> %.4f\n", accuracy, first, last);
+}
+
 // ---- transformers: the GPT of tests/data/make_gpt_tiny.py ----------------------------------
 namespace {
 const int64_t GV = 11, GCTX = 8, GD = 16, GHEADS = 2, GLAYERS = 2, GSTEPS = 8;
