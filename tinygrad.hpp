@@ -807,20 +807,15 @@ struct ConvNd : Module {
     bool has_bias;
     Tensor weight, bias;
 };
-struct Conv1d : ConvNd {
-    Conv1d(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
-           SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
-           int64_t groups = 1, bool bias = true)
-        : ConvNd(1, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                 bias) {}
+template <int SpatialAxes> struct Conv : ConvNd {
+    Conv(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
+         SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+         int64_t groups = 1, bool bias = true)
+        : ConvNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                 groups, bias) {}
 };
-struct Conv2d : ConvNd {
-    Conv2d(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
-           SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
-           int64_t groups = 1, bool bias = true)
-        : ConvNd(2, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                 bias) {}
-};
+using Conv1d = Conv<1>;
+using Conv2d = Conv<2>;
 // functional::max_pool2d and avg_pool2d as layers
 struct MaxPool2d : Module {
     explicit MaxPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
@@ -914,9 +909,11 @@ Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tens
 }  // namespace init
 
 enum class Reduction { MEAN, SUM, NONE };
-// logits [N, C] (or [..., C]), target int32 [N] (or [...]): -log softmax(logits)[target]
+// logits [N, C] (or [..., C]), target int32 [N] (or [...]): -log softmax(logits)[target]; a
+// target equal to ignore_index (PyTorch's -100) adds 0 and no gradient, and the mean is over
+// the others
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN,
-                     Loc loc = Loc::here());
+                     int64_t ignore_index = -100, Loc loc = Loc::here());
 // max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction r = Reduction::MEAN, Loc loc = Loc::here());
@@ -10637,7 +10634,8 @@ static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
         detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(),
                           shape_str(b.shape()).c_str()));
 }
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, Loc loc) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
+                     int64_t ignore_index, Loc loc) {
     detail::UserLocScope at(loc);
     if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
         detail::fail(strf("cross_entropy: targets must be int32 or int64 class indices, got %s",
@@ -10647,8 +10645,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, Lo
         detail::fail(strf("cross_entropy: logits %s need targets of shape %s, got %s",
                           shape_str(logits.shape()).c_str(), shape_str(lead).c_str(),
                           shape_str(target.shape()).c_str()));
-    Tensor picked = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
-    return reduce_loss(-picked, r);
+    // an ignored target picks class 0, whose loss is then replaced by 0
+    Tensor kept = target != ignore_index, picks = where(kept, target, 0);
+    Tensor picked = logits.log_softmax(-1).gather(-1, picks.unsqueeze(-1)).squeeze(-1);
+    Tensor loss = where(kept, -picked, 0.0f);
+    return r == Reduction::MEAN ? loss.sum() / kept.sum() : reduce_loss(loss, r);
 }
 // (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
 // min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.

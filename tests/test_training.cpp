@@ -524,6 +524,37 @@ TEST(loss_cross_entropy_matches_loop) {
             gwant.push_back((std::exp(logits[size_t(n * C + c)] - mx) / s - (c == target[size_t(n)])) / double(N));
     }
     CHECK_ALL_NEAR(g, gwant, F32);
+    // ignored targets (PyTorch's -100, or another ignore_index) add 0 and no gradient; the mean
+    // is over the rest, and every other target out of range is still an error
+    for (int64_t ignore : {int64_t(-100), int64_t(target[1])}) {
+        std::vector<int32_t> some = target;
+        some[1] = some[4] = int32_t(ignore);
+        std::vector<bool> ignored(static_cast<size_t>(N));
+        Vec per_kept;
+        for (int64_t n = 0; n < N; n++) {
+            ignored[size_t(n)] = some[size_t(n)] == ignore;
+            per_kept.push_back(ignored[size_t(n)] ? 0 : per[size_t(n)]);
+        }
+        double kept_sum = 0, kept = 0;
+        for (int64_t n = 0; n < N; n++)
+            if (!ignored[size_t(n)]) kept_sum += per[size_t(n)], kept += 1;
+        Tensor S = Tensor::from_vector(some);
+        CHECK_ALL_NEAR(vals(nn::cross_entropy(L, S, nn::Reduction::NONE, ignore)), per_kept, F32);
+        CHECK_NEAR(nn::cross_entropy(L, S, nn::Reduction::SUM, ignore).item(), kept_sum, F32);
+        Tensor Lk = fv(logits, {N, C}).requires_grad();
+        Tensor mean_kept = nn::cross_entropy(Lk, S, nn::Reduction::MEAN, ignore);
+        Vec gk = vals(tg::gradients(mean_kept, {Lk})[0]);
+        CHECK_NEAR(mean_kept.item(), kept_sum / kept, F32);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                size_t at = size_t(n * C + c);
+                double want = ignored[size_t(n)] ? 0 : gwant[at] * double(N) / kept;
+                CHECK_NEAR(gk[at], want, F32);
+            }
+    }
+    std::vector<int32_t> below = target;
+    below[0] = -1;
+    CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(below)).item(), "index out of range");
     // errors
     CHECK_THROWS(nn::cross_entropy(L, fv({0, 1, 2, 3, 4, 0})), "cross_entropy", "int32", "float32");
     CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(std::vector<int32_t>{0, 1, 2})), "cross_entropy",
