@@ -2738,6 +2738,7 @@ Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, Loc l
     Tensor y = detach();   // NaN fails both tests and stays
     if (min) y = where(y < *min, *min, y, loc);
     if (max) y = where(y > *max, *max, y, loc);   // after min: min > max gives max
+    if (!tracks_grad()) return y;
     // x itself, with its gradient, where min <= x <= max (not at NaN)
     Tensor inside = const_like(*this, 1, DType::BOOL, loc);
     if (min) inside = inside.minimum(*this >= *min, loc);
