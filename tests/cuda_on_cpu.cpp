@@ -695,8 +695,8 @@ int nvrtcCompileProgram(void* program, int count, const char* const* options) {
         p.log = "cuda_on_cpu: mkdtemp failed";
         return 6;
     }
-    std::string dir = dir_template, cpp = dir + "/kernels.cpp", so = dir + "/kernels.so",
-                log = dir + "/log";
+    std::string dir = dir_template, cpp = dir + "/kernels.cpp", obj = dir + "/kernels.o",
+                so = dir + "/kernels.so", log = dir + "/log";
     std::string unit = std::string(PRELUDE) + "#line 1 \"" + p.name + "\"\n" + p.source + "\n";
     for (auto& [name, syncs] : kernels_of(p.source))
         unit += "extern \"C\" void tg_cpu_run_" + name + "(void **p) { tg_cpu_call(" + name +
@@ -707,16 +707,20 @@ int nvrtcCompileProgram(void* program, int count, const char* const* options) {
     FILE* f = std::fopen(cpp.c_str(), "wb");
     bool ok = f && std::fwrite(unit.data(), 1, unit.size(), f) == unit.size();
     if (f) std::fclose(f);
-    const char* cxx = std::getenv("TG_CUDA_ON_CPU_CXX");
-    std::string command = std::string(cxx ? cxx : "c++") + " -std=c++17 -O0 -w -fPIC -shared " +
+    const char* cxx_env = std::getenv("TG_CUDA_ON_CPU_CXX");
+    std::string cxx = cxx_env ? cxx_env : "c++";
+    // compiled, then linked without -fsanitize=alignment: with it, g++ links libubsan, which
+    // trapping on the error never calls (a program's build took 0.27 s, now 0.17)
+    std::string command = cxx + " -std=c++17 -O0 -w -fPIC -c " +
                           "-fsanitize=alignment -fsanitize-undefined-trap-on-error " +
-                          (STAND_IN_ASAN_FLAG) +
-                          (debug ? "-g " : "") + "-o " + so + " " + cpp + " -lm 2>" + log;
+                          STAND_IN_ASAN_FLAG + (debug ? "-g " : "") + "-o " + obj + " " + cpp +
+                          " 2>" + log + " && " + cxx + " -shared " + STAND_IN_ASAN_FLAG + "-o " +
+                          so + " " + obj + " -lm 2>>" + log;
     ok = ok && std::system(command.c_str()) == 0;
     std::string library;
     if (!read_all(log, p.log)) p.log.clear();
     ok = ok && read_all(so, library);
-    for (const std::string& file : {cpp, so, log}) unlink(file.c_str());
+    for (const std::string& file : {cpp, obj, so, log}) unlink(file.c_str());
     rmdir(dir.c_str());
     if (!ok) {
         if (p.log.empty()) p.log = "cuda_on_cpu: " + command + " failed";
