@@ -173,10 +173,10 @@ test-asan-oracle: asan-programs
 	    STAND_IN=1 SEED=80700 COUNT=100 >$$out/cuda 2>&1 & cuda=$$!; \
 	rc=0; wait $$cpu || rc=1; wait $$cuda || rc=1; \
 	cat $$out/cpu $$out/cuda; rm -rf $$out; exit $$rc
-# the sanitized programs of test-asan-subset and test-asan-oracle, one compile at a time (CI
-# builds them beside make test, whose gaps they fill)
+# the sanitized programs of test-asan-subset and test-asan-oracle (CI builds them beside make
+# test, one compile at a time: make -j1 asan-programs, which fills make test's idle moments)
 asan-programs:
-	$(MAKE) --no-print-directory -j1 build-asan/tinygrad.o build-asan/run_tests_subset \
+	$(MAKE) --no-print-directory build-asan/tinygrad.o build-asan/run_tests_subset \
 	    build-asan/oracle build-asan/cuda_on_cpu.so BUILD=build-asan CXXFLAGS="$(ASAN_CXXFLAGS)"
 
 # libFuzzer (clang) with ASan and UBSan, each target run with a scratch corpus directory first:
