@@ -1195,8 +1195,12 @@ struct Block {
     // rows > 0 (tile_products): a matrix product rendered as register tiles of rows × cols
     // sums over packed operands, the columns in panels of panel_cols and the rows in blocks
     // of row_block; its tasks (other output loops × panels × row blocks) are what the
-    // parallel chunks cut
-    struct Tiles { int rows = 0, cols = 0; int64_t panel_cols = 0, row_block = 0, tasks = 0; };
+    // parallel chunks cut; piece_terms > 0: a sum too long for one panel is packed and
+    // summed a piece of at most that many terms at a time (tree_pieces)
+    struct Tiles {
+        int rows = 0, cols = 0;
+        int64_t panel_cols = 0, row_block = 0, tasks = 0, piece_terms = 0;
+    };
     Tiles tile;
 };
 
@@ -5108,8 +5112,12 @@ static std::string program_listing(const Program& p) {
     for (const Block& b : p.blocks) {
         out += b.title + (b.origin.empty() ? "" : "   (" + b.origin + ")");
         if (b.tile.rows)
-            out += strf("   [tiles: %d x %d, panels of %lld columns, %lld tasks]", b.tile.rows,
-                        b.tile.cols, (long long)b.tile.panel_cols, (long long)b.tile.tasks);
+            out += strf("   [tiles: %d x %d, panels of %lld columns, %lld tasks%s]", b.tile.rows,
+                        b.tile.cols, (long long)b.tile.panel_cols, (long long)b.tile.tasks,
+                        b.tile.piece_terms
+                            ? strf(", sums in pieces of %lld terms",
+                                   (long long)b.tile.piece_terms).c_str()
+                            : "");
         if (b.parallel_chunks)
             out += strf("   [parallel: %lld chunks]", (long long)b.parallel_chunks);
         out += "\n";
@@ -5527,7 +5535,10 @@ static int64_t parallel_min_work(int64_t usual) {
 // added in the same order, so the tiled nest gives the bits of the loops it replaces: what
 // changes is only how many sums are in flight at once, which is what lets the C compiler use
 // vector instructions without reordering any one sum (it may not, without -ffast-math).
-// Elementwise nests after a product join it as its epilogue (fuse_epilogue, in fuse_loops).
+// A sum too long for its panel of packed columns to stay in the cache (a convolution's weight
+// gradient: a sum over batch and image) runs in pieces, its partial sums kept in memory
+// between them (tree_pieces): in order, so in the same bits. Elementwise nests after a product
+// join it as its epilogue (fuse_epilogue, in fuse_loops).
 struct ProductMatch {
     std::vector<int> loops;                     // output loop variables, outermost first
     int rows = -1, cols = -1;                   // the axes x and y run along
@@ -5541,6 +5552,7 @@ static const int64_t TILE_LANES = 16;        // floats in a vector: 64 bytes, AV
                                              // (compilers split it where vectors are narrower)
 static const int TILE_MIN_WORK = 1 << 15;   // multiply-adds; fewer stay loops (TG_TILE_MIN_WORK)
 static const int64_t PANEL_BYTES = int64_t(1) << 18;     // packed columns: about half an L2
+static const int64_t CARRY_BYTES = int64_t(1) << 18;     // a row block's sums between pieces
 // multiply-adds below which a tiled nest runs on the calling thread: about 30 µs of a core,
 // against the microseconds of handing chunks to the pool (W2's products: 1.3M at most; on
 // threads its step took 500 µs, on one 330-380)
@@ -5763,6 +5775,64 @@ static bool match_product(const Block& b, ProductMatch& m) {
     }
     return false;
 }
+// The sum trees in pieces of at most `limit` terms, in their order: runs of statements, or
+// iterations of a loop `chunk` at a time, or a loop too long for that run iteration by
+// iteration around pieces of its body. Between pieces a tile's sums set at those levels
+// (`carried`) wait in memory, which keeps every sum's order and so its bits. False where a
+// statement that is no loop has too many terms, or the epilogue reads a sum not carried.
+struct TreePiece {
+    std::vector<Stmt> stmts;          // a run of statements, or one loop chunked or around
+    int64_t chunk = 0;                // > 0: the loop, this many iterations at a time
+    std::vector<TreePiece> inner;     // not empty: the loop, around these pieces of its body
+    int64_t terms = 0;                // packed at a time (a chunk's: a whole chunk's)
+};
+static bool cut_trees(const std::vector<Stmt>& body, const std::vector<int64_t>& extents,
+                      int64_t limit, std::vector<TreePiece>& pieces, std::vector<int>& carried) {
+    for (const Stmt& st : body)
+        if (st.kind == SK::ACC_INIT) carried.push_back(st.id);
+    TreePiece run;
+    for (const Stmt& st : body) {
+        std::vector<ExprP> terms;
+        int64_t count = 0;
+        sum_trees({st}, extents, terms, count);
+        if (run.terms + count <= limit) {
+            run.stmts.push_back(st);
+            run.terms += count;
+            continue;
+        }
+        if (!run.stmts.empty()) pieces.push_back(std::move(run));
+        run = TreePiece{{st}, 0, {}, count};
+        if (count <= limit) continue;
+        if (st.kind != SK::LOOP) return false;
+        int64_t each = count / extents[size_t(st.id)];
+        if (each <= limit) {
+            run.chunk = limit / each;
+            run.terms = run.chunk * each;
+        } else {
+            if (!cut_trees(st.body, extents, limit, run.inner, carried)) return false;
+            run.terms = 0;
+            for (const TreePiece& piece : run.inner) run.terms = std::max(run.terms, piece.terms);
+        }
+        pieces.push_back(std::move(run));
+        run = TreePiece{};
+    }
+    if (!run.stmts.empty()) pieces.push_back(std::move(run));
+    return true;
+}
+static bool tree_pieces(const ProductMatch& m, const std::vector<int64_t>& extents,
+                        int64_t limit, std::vector<TreePiece>& pieces,
+                        std::vector<int>& carried) {
+    pieces.clear();
+    carried.clear();
+    if (!cut_trees(m.trees, extents, limit, pieces, carried)) return false;
+    std::unordered_set<int> read, set;
+    accs_read(m.epilogue, read);
+    accs_set(m.trees, set);
+    for (int acc : read)
+        if (set.count(acc) && std::find(carried.begin(), carried.end(), acc) == carried.end())
+            return false;
+    return !carried.empty();
+}
 // Tile sizes: 4 vectors of columns by 4 rows, 2 by 8 or 1 by 8, so that the innermost sums fill
 // about half the 32 vector registers (the level above them takes the rest, then spills); 2 by 8
 // where it computes fewer padding columns and rows than 4 by 4 (W2's 200 columns are 256 in
@@ -5770,8 +5840,8 @@ static bool match_product(const Block& b, ProductMatch& m) {
 // and with its 27 columns by 32 rows in tiles of 8 rows, not 6, 97-98 us). Tasks, what threads
 // share: panels of columns (at most PANEL_BYTES packed), narrowed to give PARALLEL_CHUNKS
 // tasks where they can (one task for a nest that runs on the calling thread), then blocks of
-// at least MIN_ROW_BLOCK rows; each task packs its own
-// operands, so the packing is a small part of its work.
+// at least MIN_ROW_BLOCK rows (fewer where a sum in pieces keeps more than CARRY_BYTES of
+// partial sums); each task packs its own operands, so the packing is a small part of its work.
 static const int64_t MIN_ROW_BLOCK = 64;
 static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     int64_t rows = m.rows >= 0 ? b.extents[size_t(m.rows)] : 1;
@@ -5786,7 +5856,15 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
         if (vectors == 0) return false;
     } else {
         while (vectors > 1 && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) vectors /= 2;
-        if (m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) return false;
+    }
+    // a sum too long for a panel: in pieces, each row block's sums waiting in CARRY_BYTES
+    int64_t panel_terms = m.terms;
+    std::vector<TreePiece> pieces;
+    std::vector<int> carried;
+    if (!m.column_products && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) {
+        t.piece_terms = PANEL_BYTES / (vectors * TILE_LANES * 4);
+        if (!tree_pieces(m, b.extents, t.piece_terms, pieces, carried)) return false;
+        panel_terms = t.piece_terms;
     }
     auto padded = [&](int64_t v, int64_t r) {   // the columns and rows that tiles compute
         int64_t w = v * TILE_LANES;
@@ -5798,12 +5876,17 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     bool threads = outer * rows * cols * m.terms >= parallel_min_work(TILE_PARALLEL_MIN_WORK);
     int64_t wanted = threads ? PARALLEL_CHUNKS : 1;
     int64_t col_tiles = (cols + t.cols - 1) / t.cols;
-    int64_t panels = std::max((col_tiles * t.cols * m.terms * 4 + PANEL_BYTES - 1) / PANEL_BYTES,
-                              std::min(col_tiles, (wanted + outer - 1) / outer));
+    int64_t panels = std::max((col_tiles * t.cols * panel_terms * 4 + PANEL_BYTES - 1) /
+                                  PANEL_BYTES, std::min(col_tiles, (wanted + outer - 1) / outer));
     t.panel_cols = (col_tiles + panels - 1) / panels * t.cols;
     panels = (cols + t.panel_cols - 1) / t.panel_cols;
     int64_t blocks = std::min((rows + MIN_ROW_BLOCK - 1) / MIN_ROW_BLOCK,
                               (wanted + outer * panels - 1) / (outer * panels));
+    if (!pieces.empty()) {
+        int64_t carry_rows = CARRY_BYTES / (4 * t.panel_cols * int64_t(carried.size()));
+        if (carry_rows < t.rows) return false;
+        blocks = std::max(blocks, (rows + carry_rows - 1) / (carry_rows / t.rows * t.rows));
+    }
     t.row_block = blocks == 1 ? rows
                               : ((rows + blocks - 1) / blocks + t.rows - 1) / t.rows * t.rows;
     t.tasks = outer * panels * ((rows + t.row_block - 1) / t.row_block);
@@ -7479,15 +7562,26 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
 // along the columns and no tile is partial); else it is packed: y for the panel (ys[c / W][n]
 // [c % W] is term n of column col0 + c), x for the tile (xs[n][r]), in the order of the terms,
 // rows and columns past the end as 0. The epilogue then runs for each element of the tile.
+// Sums too long for a panel run in pieces (tree_pieces), each packed and summed over the row
+// block in turn; the sums of the levels cut wait between them in carry arrays, and the
+// epilogue runs over the block after the last piece.
 static std::string c_tiled_product(const Block& b) {
     ProductMatch m;
     if (!match_product(b, m)) fail("render: a nest tiled as a product is no longer one");
     const Block::Tiles& t = b.tile;
-    long long R = t.rows, W = t.cols, V = t.cols / TILE_LANES, NT = m.terms;
-    long long PC = t.panel_cols, RB = t.row_block;
+    std::vector<TreePiece> pieces;
+    std::vector<int> carried;
+    if (t.piece_terms && !tree_pieces(m, b.extents, t.piece_terms, pieces, carried))
+        fail("render: a product tiled in pieces can no longer be cut into them");
+    bool in_pieces = !pieces.empty();
+    if (!in_pieces) pieces.push_back(TreePiece{m.trees, 0, {}, m.terms});
+    long long R = t.rows, W = t.cols, V = t.cols / TILE_LANES, NT = 0;   // NT: a panel's terms
+    for (const TreePiece& piece : pieces) NT = std::max<long long>(NT, piece.terms);
+    long long PC = t.panel_cols, RB = t.row_block, RBP = (RB + R - 1) / R * R;
     long long M = m.rows >= 0 ? b.extents[size_t(m.rows)] : 1, N = b.extents[size_t(m.cols)];
     long long panels = (N + PC - 1) / PC, blocks = (M + RB - 1) / RB;
     int rows = m.rows, cols = m.cols, next_tmp = 0;
+    int chunked_loop = -1;   // the loop that runs over [k0, k1) in this piece
     const std::vector<Stmt> &trees = m.trees, &epilogue = m.epilogue;
     std::string out;
     // an operand's C with the rows' or columns' variable written as `as`
@@ -7504,8 +7598,12 @@ static std::string c_tiled_product(const Block& b) {
         std::string pad(size_t(depth) * 4, ' ');
         for (const Stmt& st : body) {
             if (st.kind == SK::LOOP) {
-                out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(), st.id,
-                            st.id, (long long)b.extents[size_t(st.id)], st.id);
+                if (st.id == chunked_loop)
+                    out += strf("%sfor (int64_t i%d = k0; i%d < k1; i%d++) {\n", pad.c_str(),
+                                st.id, st.id, st.id);
+                else
+                    out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(),
+                                st.id, st.id, (long long)b.extents[size_t(st.id)], st.id);
                 walk(st.body, depth + 1, term);
                 out += pad + "}\n";
                 continue;
@@ -7578,6 +7676,9 @@ static std::string c_tiled_product(const Block& b) {
     out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
                 "       vector registers (%lld vectors of %lld floats a row) for each level of\n"
                 "       a sum's tree */\n", R, W, R * V, V, (long long)TILE_LANES);
+    if (in_pieces)
+        out += strf("    /* its sums in %zu pieces of at most %lld terms, the row block's sums\n"
+                    "       kept between them in carry arrays */\n", pieces.size(), NT);
     x_direct = x_direct || !products;
     if (!x_direct)
         out += strf("    float xs[%lld] __attribute__((aligned(64)));   /* a tile's rows */\n",
@@ -7585,6 +7686,8 @@ static std::string c_tiled_product(const Block& b) {
     if (!y_direct)
         out += strf("    float ys[%lld] __attribute__((aligned(64)));   /* a panel's columns */\n",
                     NT * PC);
+    for (int acc : carried)
+        out += strf("    float carry%d[%lld] __attribute__((aligned(64)));\n", acc, RBP * PC);
     out += "    for (int64_t task = lo; task < hi; task++) {\n";
     out += blocks > 1 ? strf("        int64_t row0 = task %% %lld * %lld;\n", blocks, RB)
                       : "        int64_t row0 = 0;\n";
@@ -7603,97 +7706,172 @@ static std::string c_tiled_product(const Block& b) {
                 M);
     out += strf("        int64_t col_end = col0 + %lld < %lld ? col0 + %lld : %lld;\n", PC, N, PC,
                 N);
-    // the last panel's columns past the end are 0, stored term by term along each row of it
-    // (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
-    if (!y_direct) {
-        out += strf("        if ((col_end - col0) %% %lld) {\n", W);
-        out += strf("            float *pad = ys + (col_end - col0) / %lld * %lld;\n", W, NT * W);
-        out += strf("            for (int64_t n = 0; n < %lld; n++)\n", NT);
-        out += strf("                for (int64_t c = (col_end - col0) %% %lld; c < %lld; c++) "
-                    "pad[n * %lld + c] = 0;\n", W, W, W);
-        out += "        }\n";
-    }
-    // the panel, 16 columns at a time for each term: the loads of a term's 16 columns and the
-    // stores of 16 terms' columns each stay in a few cache lines, across or along them. Where
-    // every y is read along the columns, a term's 16 are a memcpy of a size the C compiler
-    // knows (moved as a vector), apart from the panel's last, shorter one: in a loop they
-    // were a call of memcpy each (5-7% of W2's step). Read across the columns, they stay a loop
-    // of a count the compiler does not know: knowing it, it unrolls 16 scalar moves, slower.
-    if (!y_direct) {
-        out += "        for (int64_t cb = 0; cb < col_end - col0; cb += 16) {\n";
-        out += strf("            float *to = ys + cb / %lld * %lld + cb %% %lld;\n", W, NT * W, W);
-        const char* count = "16";
-        Term copy = [&](const ExprP&, const ExprP& y, const std::string& pad) {
-            out += pad + "__builtin_memcpy(to, &" + operand(y, cols, "(col0 + cb)") + ", " +
-                   count + " * sizeof(float));\n" + pad + strf("to += %lld;\n", W);
-        };
-        Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
-            out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
-            out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
-            assign(pad + "    ", "to[c - cb]", y);
-            out += pad + "}\n" + pad + strf("to += %lld;\n", W);
-        };
-        if (y_along) {
-            out += "            if (cb + 16 <= col_end - col0) {\n";
-            walk(trees, 4, &copy);
-            out += "            } else {\n";
-            count = "(col_end - col0 - cb)";
-            walk(trees, 4, &copy);
-            out += "            }\n";
-        } else {
-            out += "            int64_t ce = cb + 16 < col_end - col0 ? cb + 16 : "
-                   "col_end - col0;\n";
-            walk(trees, 3, &pack);
+    // a piece's code inside the task loop: the panel packed, then each tile's sums
+    auto indented = [](const std::string& code) {
+        std::string more;
+        for (size_t at = 0, end; at < code.size(); at = end + 1) {
+            end = code.find('\n', at);
+            more += "    " + code.substr(at, end - at + 1);
         }
-        out += "        }\n";
+        return more;
+    };
+    std::function<std::string(const TreePiece&)> emit = [&](const TreePiece& piece) {
+        const std::vector<Stmt>& part = piece.stmts;
+        std::string before = std::move(out);
+        out.clear();
+        if (!piece.inner.empty()) {   // the loop, iteration by iteration, around its pieces
+            std::string code;
+            for (const TreePiece& inner : piece.inner) code += emit(inner);
+            out = std::move(before);
+            int v = part[0].id;
+            return strf("        for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", v, v,
+                        (long long)b.extents[size_t(v)], v) + indented(code) + "        }\n";
+        }
+        long long NP = piece.terms;   // the terms this piece packs
+        chunked_loop = piece.chunk ? part[0].id : -1;
+        // the last panel's columns past the end are 0, stored term by term along each row of
+        // it (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
+        if (!y_direct && NP) {
+            out += strf("        if ((col_end - col0) %% %lld) {\n", W);
+            out += strf("            float *pad = ys + (col_end - col0) / %lld * %lld;\n", W,
+                        NT * W);
+            out += strf("            for (int64_t n = 0; n < %lld; n++)\n", NP);
+            out += strf("                for (int64_t c = (col_end - col0) %% %lld; c < %lld; c++) "
+                        "pad[n * %lld + c] = 0;\n", W, W, W);
+            out += "        }\n";
+        }
+        // the panel, 16 columns at a time for each term: the loads of a term's 16 columns and
+        // the stores of 16 terms' columns each stay in a few cache lines, across or along them.
+        // Where every y is read along the columns, a term's 16 are a memcpy of a size the C
+        // compiler knows (moved as a vector), apart from the panel's last, shorter one: in a
+        // loop they were a call of memcpy each (5-7% of W2's step). Read across the columns,
+        // they stay a loop of a count the compiler does not know: knowing it, it unrolls 16
+        // scalar moves, slower.
+        if (!y_direct && NP) {
+            out += "        for (int64_t cb = 0; cb < col_end - col0; cb += 16) {\n";
+            out += strf("            float *to = ys + cb / %lld * %lld + cb %% %lld;\n", W,
+                        NT * W, W);
+            const char* count = "16";
+            Term copy = [&](const ExprP&, const ExprP& y, const std::string& pad) {
+                out += pad + "__builtin_memcpy(to, &" + operand(y, cols, "(col0 + cb)") + ", " +
+                       count + " * sizeof(float));\n" + pad + strf("to += %lld;\n", W);
+            };
+            Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
+                out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
+                out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
+                assign(pad + "    ", "to[c - cb]", y);
+                out += pad + "}\n" + pad + strf("to += %lld;\n", W);
+            };
+            if (y_along) {
+                out += "            if (cb + 16 <= col_end - col0) {\n";
+                walk(part, 4, &copy);
+                out += "            } else {\n";
+                count = "(col_end - col0 - cb)";
+                walk(part, 4, &copy);
+                out += "            }\n";
+            } else {
+                out += "            int64_t ce = cb + 16 < col_end - col0 ? cb + 16 : "
+                       "col_end - col0;\n";
+                walk(part, 3, &pack);
+            }
+            out += "        }\n";
+        }
+        out += strf("        for (int64_t r0 = row0; r0 < row_end; r0 += %lld) {\n", R);
+        if (x_direct && rows >= 0) {
+            out += strf("            int64_t row[%lld];\n", R);
+            out += strf("            for (int r = 0; r < %lld; r++) row[r] = r0 + r < row_end ? "
+                        "r0 + r : row_end - 1;\n", R);
+        } else if (!x_direct && NP) {
+            out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
+            out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = "
+                        "0;\n", NP, R);
+        }
+        if (!x_direct && NP) {   // the tile's rows for each term
+            out += "            {\n                float *to = xs;\n";
+            Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
+                if (!x) return;
+                out += pad + strf("for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
+                out += pad + strf("    int64_t i%d = r0 + r;\n", rows);
+                assign(pad + "    ", "to[r]", x);
+                out += pad + "}\n" + pad + strf("to += %lld;\n", R);
+            };
+            walk(part, 4, &pack);
+            out += "            }\n";
+        }
+        out += strf("            for (int64_t c0 = col0; c0 < col_end; c0 += %lld) {\n", W);
+        if (!x_direct) out += "                const float *x = xs;\n";
+        if (!y_direct)
+            out += strf("                const float *y = ys + (c0 - col0) / %lld * %lld;\n", W,
+                        NT * W);
+        // the sums of this piece, and the carried ones that earlier pieces left
+        std::unordered_set<int> set, read, started;
+        accs_set(part, set);
+        accs_read(part, read);
+        read.insert(set.begin(), set.end());
+        for (const Stmt& st : part)
+            if (st.kind == SK::ACC_INIT) started.insert(st.id);
+        std::vector<int> loaded, stored;
+        for (int acc : carried) {
+            if (read.count(acc) && !started.count(acc)) loaded.push_back(acc);
+            if (set.count(acc)) stored.push_back(acc);
+        }
+        std::set<int> sums(set.begin(), set.end());
+        sums.insert(loaded.begin(), loaded.end());
+        for (int acc : sums) out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
+        std::string tile_carry = strf("carry%%d + (r0 - row0 + r) * %lld + (c0 - col0)", PC);
+        for (int acc : loaded)
+            out += strf("                TG_TILE(%lld, %lld) sum%d[r][v] = TG_VEC(%s, v);\n", R,
+                        V, acc, strf(tile_carry.c_str(), acc).c_str());
+        walk(part, 4, nullptr);
+        for (int acc : stored)
+            out += strf("                TG_TILE(%lld, %lld) *(tg_vf *)(%s + v * 16) = "
+                        "sum%d[r][v];\n", R, V, strf(tile_carry.c_str(), acc).c_str(), acc);
+        if (!in_pieces) {   // the epilogue: loops of known bounds, which the C compiler vectorizes
+            out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : "
+                        "%lld;\n", R, R);
+            out += strf("                int64_t cn = col_end - c0 < %lld ? col_end - c0 : "
+                        "%lld;\n", W, W);
+            out += "                for (int64_t r = 0; r < rn; r++) {\n";
+            if (rows >= 0) out += strf("                    int64_t i%d = r0 + r;\n", rows);
+            out += "                    for (int64_t c = 0; c < cn; c++) {\n";
+            out += strf("                        int64_t i%d = c0 + c;\n", cols);
+            std::unordered_set<int> final_read;
+            accs_read(epilogue, final_read);
+            for (int acc : sums)
+                if (final_read.count(acc))
+                    out += strf("                        float acc%d = ((const float *)"
+                                "sum%d[r])[c];\n", acc, acc);
+            c_stmts(epilogue, b.extents, {}, 6, next_tmp, out);
+            out += "                    }\n                }\n";
+        }
+        out += "            }\n        }\n";
+        if (piece.chunk) {   // the piece again for each chunk of its loop's iterations
+            long long E = b.extents[size_t(chunked_loop)], C = piece.chunk;
+            out = strf("        for (int64_t k0 = 0; k0 < %lld; k0 += %lld) {\n", E, C) +
+                  strf("            int64_t k1 = k0 + %lld < %lld ? k0 + %lld : %lld;\n", C, E,
+                       C, E) +
+                  indented(out) + "        }\n";
+        }
+        std::string code = std::move(out);
+        out = std::move(before);
+        return code;
+    };
+    for (const TreePiece& piece : pieces) out += emit(piece);
+    if (in_pieces) {   // the epilogue, each element's sums from the carry arrays
+        std::unordered_set<int> final_read;
+        accs_read(epilogue, final_read);
+        out += "        for (int64_t r = row0; r < row_end; r++) {\n";
+        if (rows >= 0) out += strf("            int64_t i%d = r;\n", rows);
+        out += "            for (int64_t c = col0; c < col_end; c++) {\n";
+        out += strf("                int64_t i%d = c;\n", cols);
+        for (int acc : carried)
+            if (final_read.count(acc))
+                out += strf("                float acc%d = carry%d[(r - row0) * %lld + c - "
+                            "col0];\n", acc, acc, PC);
+        c_stmts(epilogue, b.extents, {}, 4, next_tmp, out);
+        out += "            }\n        }\n";
     }
-    out += strf("        for (int64_t r0 = row0; r0 < row_end; r0 += %lld) {\n", R);
-    if (x_direct && rows >= 0) {
-        out += strf("            int64_t row[%lld];\n", R);
-        out += strf("            for (int r = 0; r < %lld; r++) row[r] = r0 + r < row_end ? r0 + r "
-                    ": row_end - 1;\n", R);
-    } else if (!x_direct) {
-        out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
-        out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = 0;\n",
-                    NT, R);
-    }
-    if (!x_direct) {   // the tile's rows for each term
-        out += "            {\n                float *to = xs;\n";
-        Term pack = [&](const ExprP& x, const ExprP&, const std::string& pad) {
-            if (!x) return;
-            out += pad + strf("for (int64_t r = 0; r < %lld && r0 + r < row_end; r++) {\n", R);
-            out += pad + strf("    int64_t i%d = r0 + r;\n", rows);
-            assign(pad + "    ", "to[r]", x);
-            out += pad + "}\n" + pad + strf("to += %lld;\n", R);
-        };
-        walk(trees, 4, &pack);
-        out += "            }\n";
-    }
-    out += strf("            for (int64_t c0 = col0; c0 < col_end; c0 += %lld) {\n", W);
-    if (!x_direct) out += "                const float *x = xs;\n";
-    if (!y_direct)
-        out += strf("                const float *y = ys + (c0 - col0) / %lld * %lld;\n", W,
-                    NT * W);
-    std::unordered_set<int> set, read;
-    accs_set(trees, set);
-    accs_read(epilogue, read);
-    std::vector<int> sums(set.begin(), set.end());
-    std::sort(sums.begin(), sums.end());
-    for (int acc : sums) out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
-    walk(trees, 4, nullptr);
-    // the epilogue: loops of known bounds, which the C compiler vectorizes
-    out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : %lld;\n", R, R);
-    out += strf("                int64_t cn = col_end - c0 < %lld ? col_end - c0 : %lld;\n", W, W);
-    out += "                for (int64_t r = 0; r < rn; r++) {\n";
-    if (rows >= 0) out += strf("                    int64_t i%d = r0 + r;\n", rows);
-    out += "                    for (int64_t c = 0; c < cn; c++) {\n";
-    out += strf("                        int64_t i%d = c0 + c;\n", cols);
-    for (int acc : sums)
-        if (read.count(acc))
-            out += strf("                        float acc%d = ((const float *)sum%d[r])[c];\n",
-                        acc, acc);
-    c_stmts(epilogue, b.extents, {}, 6, next_tmp, out);
-    out += "                    }\n                }\n            }\n        }\n    }\n";
+    out += "    }\n";
     return out;
 }
 

@@ -435,6 +435,17 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
         // columns that step by one and jump every 8 (a slice of a wider array, reshaped)
         {data({37, 53}), data({53, 8, 9}, 10).slice(2, 0, 8).reshape({53, 64}), 1, 37, 53, 64,
          true},
+        // sums too long for a panel, in pieces: runs of its levels of blocks of 16 terms
+        // (5000: 4096 + 768 + 128 + 8), or a level's blocks a chunk at a time (13000: its 3 x
+        // 4096 first); columns packed, read where they lie, and rows packed (random values: a
+        // sum in another order has other bits)
+        {Tensor::randn({19, 13000}, 1), Tensor::randn({13000, 23}, 2), 1, 19, 13000, 23, true},
+        {Tensor::randn({19, 5000}, 3), Tensor::randn({5000, 32}, 4), 1, 19, 5000, 32, true},
+        {Tensor::randn({19, 13000}, 5) * 2.0f, Tensor::randn({13000, 23}, 6), 1, 19, 13000, 23,
+         true},
+        // a level too long for chunks (3 x 65536 terms), iteration by iteration around chunks
+        // of the level below
+        {Tensor::randn({3, 196608}, 7), Tensor::randn({196608, 5}, 8), 1, 3, 196608, 5, true},
         {data({1, 64}), data({64, 64}, 7), 1, 1, 64, 64, false},                 // one row
         {data({4, 0}), data({0, 5}, 8), 1, 4, 0, 5, false},                      // empty sums
     };
@@ -442,6 +453,7 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
         Tensor y = c.a.matmul(c.b);
         std::string ir = optimized({y * 1.0f}, "all");
         CHECK_EQ(ir.find("[tiles: ") != std::string::npos, c.tiled);
+        CHECK_EQ(ir.find("sums in pieces") != std::string::npos, c.k > 4096);
         std::vector<float> tiled = values({y}, "all")[0];
         CHECK(tiled == values({y}, "none")[0]);
         std::vector<double> want = product_f64((c.a * 1.0f).to_vector(), (c.b * 1.0f).to_vector(),
@@ -452,6 +464,17 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
             CHECK(values({y}, "all")[0] == tiled);
         }
     }
+    // two such sums in one nest, each a piece at a time (a convolution's weight gradient: one
+    // for each of the kernel's positions)
+    Tensor y = Tensor::randn({24, 13000}, 7).matmul(Tensor::randn({13000, 20}, 8)) +
+               Tensor::randn({24, 13000}, 9).matmul(Tensor::randn({13000, 20}, 10));
+    std::string ir = optimized({y * 1.0f}, "all");
+    CHECK_EQ(th::count_of(ir, "[tiles: "), 1);
+    CHECK(ir.find("sums in pieces") != std::string::npos);
+    std::vector<float> tiled = values({y}, "all")[0];
+    CHECK(tiled == values({y}, "none")[0]);
+    th::EnvGuard env("TG_THREADS", "3");
+    CHECK(values({y}, "all")[0] == tiled);
 }
 
 // The elementwise ops after a product (bias, activation; a weight's update after its
