@@ -425,8 +425,8 @@ TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
     CHECK(r.programs.size() >= 3);
     // NVRTC's fastest compile (-Ofc, CUDA 12.8 on) and ptxas unoptimized: each kernel is
     // still compiled and assembled for sm_90, its registers and shared memory checked, in
-    // less than half the time of full optimization (this run's 16 largest programs, one by
-    // one: 25.2 s, then 10.0 s; ptxas unoptimized alone took a quarter less than full)
+    // less than half the time of ptxas unoptimized alone (the 16 largest programs of a run,
+    // one by one: 25.2 s, then 10.0 s), which took a quarter less than full optimization
     const char* quick_flags = "-Ofc=max -Xptxas -O0";
     {
         EnvGuard probe("TG_NVRTC_FLAGS", quick_flags);
