@@ -5860,7 +5860,7 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     // a sum too long for a panel: in pieces, each row block's sums waiting in CARRY_BYTES
     int64_t panel_terms = m.terms;
     std::vector<TreePiece> pieces;
-    std::vector<int> carried;
+    std::vector<int> carried;   // their count bounds the row block
     if (!m.column_products && m.terms * vectors * TILE_LANES * 4 > PANEL_BYTES) {
         t.piece_terms = PANEL_BYTES / (vectors * TILE_LANES * 4);
         if (!tree_pieces(m, b.extents, t.piece_terms, pieces, carried)) return false;
@@ -5882,7 +5882,7 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     panels = (cols + t.panel_cols - 1) / t.panel_cols;
     int64_t blocks = std::min((rows + MIN_ROW_BLOCK - 1) / MIN_ROW_BLOCK,
                               (wanted + outer * panels - 1) / (outer * panels));
-    if (!pieces.empty()) {
+    if (t.piece_terms) {
         int64_t carry_rows = CARRY_BYTES / (4 * t.panel_cols * int64_t(carried.size()));
         if (carry_rows < t.rows) return false;
         blocks = std::max(blocks, (rows + carry_rows - 1) / (carry_rows / t.rows * t.rows));
@@ -7583,6 +7583,8 @@ static std::string c_tiled_product(const Block& b) {
     int rows = m.rows, cols = m.cols, next_tmp = 0;
     int chunked_loop = -1;   // the loop that runs over [k0, k1) in this piece
     const std::vector<Stmt> &trees = m.trees, &epilogue = m.epilogue;
+    std::unordered_set<int> final_read;   // the sums the epilogue reads
+    accs_read(epilogue, final_read);
     std::string out;
     // an operand's C with the rows' or columns' variable written as `as`
     auto operand = [&](const ExprP& e, int var, const std::string& as) {
@@ -7804,28 +7806,30 @@ static std::string c_tiled_product(const Block& b) {
             out += strf("                const float *y = ys + (c0 - col0) / %lld * %lld;\n", W,
                         NT * W);
         // the sums of this piece, and the carried ones that earlier pieces left
-        std::unordered_set<int> set, read, started;
+        std::unordered_set<int> set, touched, started;
         accs_set(part, set);
-        accs_read(part, read);
-        read.insert(set.begin(), set.end());
+        accs_read(part, touched);
+        touched.insert(set.begin(), set.end());
         for (const Stmt& st : part)
             if (st.kind == SK::ACC_INIT) started.insert(st.id);
         std::vector<int> loaded, stored;
         for (int acc : carried) {
-            if (read.count(acc) && !started.count(acc)) loaded.push_back(acc);
+            if (touched.count(acc) && !started.count(acc)) loaded.push_back(acc);
             if (set.count(acc)) stored.push_back(acc);
         }
         std::set<int> sums(set.begin(), set.end());
         sums.insert(loaded.begin(), loaded.end());
         for (int acc : sums) out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
-        std::string tile_carry = strf("carry%%d + (r0 - row0 + r) * %lld + (c0 - col0)", PC);
+        auto tile_carry = [&](int acc) {   // the tile's row r in acc's carry array
+            return strf("carry%d + (r0 - row0 + r) * %lld + (c0 - col0)", acc, PC);
+        };
         for (int acc : loaded)
             out += strf("                TG_TILE(%lld, %lld) sum%d[r][v] = TG_VEC(%s, v);\n", R,
-                        V, acc, strf(tile_carry.c_str(), acc).c_str());
+                        V, acc, tile_carry(acc).c_str());
         walk(part, 4, nullptr);
         for (int acc : stored)
             out += strf("                TG_TILE(%lld, %lld) *(tg_vf *)(%s + v * 16) = "
-                        "sum%d[r][v];\n", R, V, strf(tile_carry.c_str(), acc).c_str(), acc);
+                        "sum%d[r][v];\n", R, V, tile_carry(acc).c_str(), acc);
         if (!in_pieces) {   // the epilogue: loops of known bounds, which the C compiler vectorizes
             out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : "
                         "%lld;\n", R, R);
@@ -7835,8 +7839,6 @@ static std::string c_tiled_product(const Block& b) {
             if (rows >= 0) out += strf("                    int64_t i%d = r0 + r;\n", rows);
             out += "                    for (int64_t c = 0; c < cn; c++) {\n";
             out += strf("                        int64_t i%d = c0 + c;\n", cols);
-            std::unordered_set<int> final_read;
-            accs_read(epilogue, final_read);
             for (int acc : sums)
                 if (final_read.count(acc))
                     out += strf("                        float acc%d = ((const float *)"
@@ -7858,8 +7860,6 @@ static std::string c_tiled_product(const Block& b) {
     };
     for (const TreePiece& piece : pieces) out += emit(piece);
     if (in_pieces) {   // the epilogue, each element's sums from the carry arrays
-        std::unordered_set<int> final_read;
-        accs_read(epilogue, final_read);
         out += "        for (int64_t r = row0; r < row_end; r++) {\n";
         if (rows >= 0) out += strf("            int64_t i%d = r;\n", rows);
         out += "            for (int64_t c = col0; c < col_end; c++) {\n";
