@@ -104,7 +104,8 @@
    jit       tg::Jit records every realize of a step function into one program and replays
              it on new inputs, building no graph. A learning rate or step count that changes
              lives in a tensor, so replays see it; so does nn::Dropout's count of masks drawn
-             (the RAND op adds an optional integer source to its seed).
+             (the RAND op adds an optional integer source to its seed), and nn::BatchNorm's
+             running statistics, assigned and realized in its forward.
    device    where a tensor lives and is computed: CPU, INTERP or, with cuda_backend.hpp,
              CUDA. A tensor is made on the default device ($TG_DEVICE) and an op runs on its
              operands' device; a constant goes where it is used; operands on two devices are
@@ -442,6 +443,12 @@ public:
     Tensor sigmoid(Loc loc = Loc::here()) const;
     Tensor relu(Loc loc = Loc::here()) const;
     Tensor gelu(bool tanh_approximation = false, Loc loc = Loc::here()) const;
+    Tensor silu(Loc loc = Loc::here()) const;          // x·σ(x), also called swish
+    Tensor leaky_relu(double negative_slope = 0.01, Loc loc = Loc::here()) const;
+    Tensor elu(double alpha = 1, Loc loc = Loc::here()) const;   // α(e^x - 1) where x <= 0
+    // ln(1 + e^(βx)) / β, and x itself where βx > threshold, as PyTorch's
+    Tensor softplus(double beta = 1, double threshold = 20, Loc loc = Loc::here()) const;
+    Tensor sign(Loc loc = Loc::here()) const;          // -1, 0 or 1 (NaN: 0); no gradient
     Tensor abs(Loc loc = Loc::here()) const;
     Tensor square(Loc loc = Loc::here()) const;
     Tensor trunc(Loc loc = Loc::here()) const;         // toward 0; integers as they are
@@ -484,6 +491,17 @@ public:
     // index first, NaN above +∞. k passes over the axis: meant for a small k
     ValuesIndices topk(int64_t k, int axis = -1, bool largest = true,
                        Loc loc = Loc::here()) const;
+    // ln Σ e^x over the axes (none given: all) without overflow; its gradient is the softmax
+    Tensor logsumexp(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor logsumexp(const std::vector<int>& axes, bool keepdim = false,
+                     Loc loc = Loc::here()) const;
+    // bool: whether any (every) element is nonzero, NaN too; false (true) over nothing
+    Tensor any(Loc loc = Loc::here()) const;
+    Tensor any(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor any(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor all(Loc loc = Loc::here()) const;
+    Tensor all(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor all(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
     // y_i = x_0 + ... + x_i along the axis; integers sum in int64
     Tensor cumsum(int axis, Loc loc = Loc::here()) const;
     Tensor argmax(Loc loc = Loc::here()) const;       // int64 index into the flattened tensor
@@ -523,6 +541,10 @@ public:
     Tensor unsqueeze(int axis, Loc loc = Loc::here()) const;
     Tensor flatten(int start_axis = 0, int end_axis = -1, Loc loc = Loc::here()) const;
     Tensor contiguous(Loc loc = Loc::here()) const;   // forces its own buffer when realized
+    // the lower (upper) triangle of the last two axes: element [i, j] where j - i <= diagonal
+    // (>= diagonal), 0 elsewhere
+    Tensor tril(int64_t diagonal = 0, Loc loc = Loc::here()) const;
+    Tensor triu(int64_t diagonal = 0, Loc loc = Loc::here()) const;
     // x.repeat({2, 3}): tiles of x, repeats.size() >= ndim (new leading axes), as PyTorch's
     Tensor repeat(const std::vector<int64_t>& repeats, Loc loc = Loc::here()) const;
     // pieces along an axis: chunk(n) of ceil(size / n) each (the last smaller, maybe fewer
@@ -616,6 +638,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::here());
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::here());
+// bool, elementwise and broadcast: nonzero (NaN too) is true
+Tensor logical_and(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor logical_or(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor logical_xor(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor cat(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
 Tensor stack(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
 // "ij,jk->ik", implicit output ("ij,jk"), "..." for broadcast batch axes, "ii->i" diagonals
@@ -712,13 +738,15 @@ struct Module {
     virtual std::vector<std::pair<std::string, Module*>> children() { return {}; }
     virtual Named named_parameters();                 // the children's, "child.name"
     virtual std::vector<Tensor> parameters();         // the tensors of named_parameters()
+    // tensors a layer keeps that no optimizer updates (BatchNorm's running statistics)
+    virtual Named named_buffers();                    // the children's, "child.name"
     virtual void reset_parameters(const std::vector<uint64_t>& new_seeds);
     Tensor operator()(const Tensor& x, Loc loc = Loc::here());
     // training (the default) or evaluating, with every child: Dropout acts only while training
     virtual void train(bool on = true);
     void eval() { train(false); }
-    // the parameters by name; tg::safetensors::save(path, m.state_dict()) writes a file that
-    // PyTorch's load_state_dict reads for a model of the same structure, and back
+    // the parameters and buffers by name; tg::safetensors::save(path, m.state_dict()) writes a
+    // file that PyTorch's load_state_dict reads for a model of the same structure, and back
     std::map<std::string, Tensor> state_dict();
     // copies each tensor into the parameter of its name (cast to its dtype, moved to its
     // device), all in one program. Checked first: a shape that differs, or with strict a name
@@ -754,6 +782,41 @@ struct LayerNorm : Module {                 // over the last axis: (x - mean)/�
     double eps;
     Tensor weight, bias;
 };
+// x [N, C, *] in num_groups groups of C / num_groups channels, each normalized over its
+// channels and positions, then · weight + bias per channel (affine: ones and zeros to start)
+struct GroupNorm : Module {
+    GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    int64_t num_groups, num_channels;
+    double eps;
+    Tensor weight, bias;
+};
+// Each channel of x [N, C, *spatial] normalized, then · weight + bias per channel (affine).
+// While training: by its mean and biased variance over the batch and positions, and the
+// running mean and unbiased variance move toward those, r = (1 - momentum)·r + momentum·batch's
+// (updated in forward, with x computed in the same program; in a jitted step, in its program).
+// In eval(): by the running statistics. Buffers: running_mean, running_var and
+// num_batches_tracked, as PyTorch's state_dict names them.
+struct BatchNormNd : Module {
+    BatchNormNd(int spatial_axes, int64_t num_features, double eps, double momentum,
+                bool affine);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    Named named_buffers() override;
+    int spatial_axes;   // BatchNorm1d takes [N, C] too
+    int64_t num_features;
+    double eps, momentum;
+    Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+template <int SpatialAxes> struct BatchNorm : BatchNormNd {
+    explicit BatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true)
+        : BatchNormNd(SpatialAxes, num_features, eps, momentum, affine) {}
+};
+using BatchNorm1d = BatchNorm<1>;
+using BatchNorm2d = BatchNorm<2>;
+using BatchNorm3d = BatchNorm<3>;
 struct Lambda : Module {                    // any function as a layer
     explicit Lambda(std::function<Tensor(const Tensor&)> f) : fn(std::move(f)) {}
     Tensor forward(const Tensor& x) override { return fn(x); }
@@ -776,6 +839,22 @@ struct GELU : Module {
     explicit GELU(bool tanh_approximation = false) : tanh_approximation(tanh_approximation) {}
     Tensor forward(const Tensor& x) override { return x.gelu(tanh_approximation); }
     bool tanh_approximation;
+};
+struct SiLU : Module { Tensor forward(const Tensor& x) override { return x.silu(); } };
+struct LeakyReLU : Module {
+    explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+    Tensor forward(const Tensor& x) override { return x.leaky_relu(negative_slope); }
+    double negative_slope;
+};
+struct ELU : Module {
+    explicit ELU(double alpha = 1) : alpha(alpha) {}
+    Tensor forward(const Tensor& x) override { return x.elu(alpha); }
+    double alpha;
+};
+struct Softplus : Module {
+    explicit Softplus(double beta = 1, double threshold = 20) : beta(beta), threshold(threshold) {}
+    Tensor forward(const Tensor& x) override { return x.softplus(beta, threshold); }
+    double beta, threshold;
 };
 struct Flatten : Module {                   // axes start..end as one, as x.flatten
     explicit Flatten(int start_axis = 1, int end_axis = -1) : start(start_axis), end(end_axis) {}
@@ -914,11 +993,22 @@ enum class Reduction { MEAN, SUM, NONE };
 // the others
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN,
                      int64_t ignore_index = -100, Loc loc = Loc::here());
+// -log_probs[target], as cross_entropy after log_softmax (classes on the last axis)
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::MEAN,
+                int64_t ignore_index = -100, Loc loc = Loc::here());
 // max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction r = Reduction::MEAN, Loc loc = Loc::here());
 Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
                 Loc loc = Loc::here());
+Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
+               Loc loc = Loc::here());   // |prediction - target|
+// d = |prediction - target|: d²/(2β) where d < β, else d - β/2 (β = 0: l1_loss)
+Tensor smooth_l1_loss(const Tensor& prediction, const Tensor& target,
+                      Reduction r = Reduction::MEAN, double beta = 1, Loc loc = Loc::here());
+// d²/2 where d <= δ, else δ(d - δ/2): smooth_l1_loss times δ (with β = δ)
+Tensor huber_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
+                  double delta = 1, Loc loc = Loc::here());
 // relu(1 - y·score) with labels y = ±1: the margin loss of a support vector machine
 Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN,
                   Loc loc = Loc::here());
@@ -936,6 +1026,17 @@ inline Tensor gelu(const Tensor& x, bool tanh_approximation = false, Loc loc = L
 }
 inline Tensor sigmoid(const Tensor& x, Loc loc = Loc::here()) { return x.sigmoid(loc); }
 inline Tensor tanh(const Tensor& x, Loc loc = Loc::here()) { return x.tanh(loc); }
+inline Tensor silu(const Tensor& x, Loc loc = Loc::here()) { return x.silu(loc); }
+inline Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01, Loc loc = Loc::here()) {
+    return x.leaky_relu(negative_slope, loc);
+}
+inline Tensor elu(const Tensor& x, double alpha = 1, Loc loc = Loc::here()) {
+    return x.elu(alpha, loc);
+}
+inline Tensor softplus(const Tensor& x, double beta = 1, double threshold = 20,
+                       Loc loc = Loc::here()) {
+    return x.softplus(beta, threshold, loc);
+}
 inline Tensor softmax(const Tensor& x, int axis = -1, Loc loc = Loc::here()) {
     return x.softmax(axis, loc);
 }
@@ -987,6 +1088,17 @@ inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::
 // (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
 Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
+// x [N, C, *] normalized over groups of C / groups channels (as nn::GroupNorm), then
+// · weight + bias per channel where given
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5, Loc loc = Loc::here());
+// x [N, C, *] normalized per channel (as nn::BatchNorm's forward): training, by the batch's
+// statistics, moving running_mean and running_var (where given) toward them; else by
+// running_mean and running_var
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                  bool training = false, double momentum = 0.1, double eps = 1e-5,
+                  Loc loc = Loc::here());
 // int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
 // an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
@@ -996,7 +1108,11 @@ Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
 using nn::binary_cross_entropy_with_logits;
 using nn::cross_entropy;
 using nn::hinge_loss;
+using nn::huber_loss;
+using nn::l1_loss;
 using nn::mse_loss;
+using nn::nll_loss;
+using nn::smooth_l1_loss;
 }  // namespace functional
 }  // namespace nn
 
@@ -2735,6 +2851,38 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     Tensor erf = where(z < 0, neg(erf_abs, loc), erf_abs, loc);
     return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
 }
+Tensor Tensor::silu(Loc loc) const {
+    Tensor x = as_float(*this, loc);
+    return mul(x, x.sigmoid(loc), loc);
+}
+// the slope's side at 0 and for NaN, as PyTorch's
+Tensor Tensor::leaky_relu(double negative_slope, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc);
+    return where(x > 0, x, mul_c(x, negative_slope, loc), loc);
+}
+// The exponential sees min(x, 0) (and softplus βx at most its threshold): a where passes the
+// side it did not pick a zero gradient, and 0 · e^x would be NaN where e^x overflows.
+Tensor Tensor::elu(double alpha, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc), positive = x > 0;
+    Tensor below = where(positive, 0, x, loc).expm1(loc);   // + 0: -0 gives 0, as PyTorch's
+    return where(positive, x, add_c(mul_c(below, alpha, loc), 0, loc), loc);
+}
+Tensor Tensor::softplus(double beta, double threshold, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc), bx = mul_c(x, beta, loc), linear = bx > threshold;
+    Tensor smooth = mul_c(add_c(where(linear, 0, bx, loc).exp(loc), 1, loc).log(loc), 1 / beta,
+                          loc);
+    return where(linear, x, smooth, loc);
+}
+// (x > 0) - (x < 0), as PyTorch's: NaN and -0 give 0; bool stays bool
+Tensor Tensor::sign(Loc loc) const {
+    if (dtype() == DType::BOOL) return *this;
+    UserLocScope at(loc);
+    Tensor x = detach();
+    return where(x > 0, 1, where(x < 0, -1, const_like(x, 0, x.dtype(), loc), loc), loc);
+}
 // |x| = max(x, -x) + 0: the + 0 turns -0 into +0 (max(-0, +0) may be either); |x|'(0) = 0
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
@@ -3040,6 +3188,50 @@ Tensor Tensor::cumsum(int axis, Loc loc) const {
     return cumsum_last(x.transpose(ax, -1, loc), loc).transpose(ax, -1, loc);
 }
 
+Tensor Tensor::logsumexp(int axis, bool keepdim, Loc loc) const {
+    return logsumexp(std::vector<int>{axis}, keepdim, loc);
+}
+// m + ln Σ e^(x - m) with m the largest, detached as in softmax; an infinite m is taken as 0
+// (all -∞: ln 0 = -∞; a +∞: ∞), and nothing to reduce gives ln 0 = -∞, as PyTorch's
+Tensor Tensor::logsumexp(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc);
+    if (x.numel() == 0) return x.exp(loc).sum(axes, keepdim, loc).log(loc);
+    Tensor m = x.max(axes, true, loc).detach();
+    m = where(m.abs(loc) == INFINITY, 0, m, loc);
+    Tensor lse = add((x - m).exp(loc).sum(axes, true, loc).log(loc), m, loc);
+    return keepdim ? lse : lse.reshape(x.sum(axes, false, loc).shape(), loc);
+}
+// Counts, not max and min: over nothing they give false and true, as PyTorch's
+Tensor Tensor::any(Loc loc) const { return any(std::vector<int>{}, false, loc); }
+Tensor Tensor::any(int axis, bool keepdim, Loc loc) const {
+    return any(std::vector<int>{axis}, keepdim, loc);
+}
+Tensor Tensor::any(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    UserLocScope at(loc);
+    return (*this != 0).sum(axes, keepdim, loc) > 0;
+}
+Tensor Tensor::all(Loc loc) const { return all(std::vector<int>{}, false, loc); }
+Tensor Tensor::all(int axis, bool keepdim, Loc loc) const {
+    return all(std::vector<int>{axis}, keepdim, loc);
+}
+Tensor Tensor::all(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    UserLocScope at(loc);
+    return (*this == 0).sum(axes, keepdim, loc) == 0;
+}
+Tensor logical_and(const Tensor& a, const Tensor& b, Loc loc) {
+    UserLocScope at(loc);
+    return (a != 0).minimum(b != 0, loc);
+}
+Tensor logical_or(const Tensor& a, const Tensor& b, Loc loc) {
+    UserLocScope at(loc);
+    return (a != 0).maximum(b != 0, loc);
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b, Loc loc) {
+    UserLocScope at(loc);
+    return (a != 0) != (b != 0);
+}
+
 Tensor Tensor::var(Loc loc) const { return var(std::vector<int>{}, 1, false, loc); }
 Tensor Tensor::var(int axis, int64_t correction, bool keepdim, Loc loc) const {
     return var(std::vector<int>{axis}, correction, keepdim, loc);
@@ -3197,6 +3389,23 @@ Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
     return reshape(out, loc);
 }
 Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc); }
+// a select on two aranges, which fuses into whatever reads it: no mask is stored
+static Tensor triangle(const Tensor& x, int64_t diagonal, bool lower, const char* op, Loc loc) {
+    if (x.ndim() < 2)
+        fail(strf("%s: x %s needs at least 2 axes", op, shape_str(x.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    int64_t rows = x.size(-2), cols = x.size(-1);
+    diagonal = std::clamp<int64_t>(diagonal, -rows - 1, cols + 1);   // i + diagonal fits int32
+    Tensor i = add_c(Tensor::arange(rows, loc), double(diagonal), loc).reshape({rows, 1}, loc);
+    Tensor j = Tensor::arange(cols, loc).reshape({1, cols}, loc);
+    return where(lower ? j <= i : j >= i, x, const_like(x, 0, x.dtype(), loc), loc);
+}
+Tensor Tensor::tril(int64_t diagonal, Loc loc) const {
+    return triangle(*this, diagonal, true, "tril", loc);
+}
+Tensor Tensor::triu(int64_t diagonal, Loc loc) const {
+    return triangle(*this, diagonal, false, "triu", loc);
+}
 Tensor Tensor::clone(Loc loc) const { return contiguous(loc); }
 // x as [1, d0, 1, d1, ...] (leading 1s for new axes), expanded to [r0, d0, r1, d1, ...] and
 // merged to [r0·d0, r1·d1, ...]
@@ -10281,6 +10490,12 @@ Module::Named Module::named_parameters() {
         for (auto& [n, t] : child->named_parameters()) out.push_back({name + "." + n, t});
     return out;
 }
+Module::Named Module::named_buffers() {
+    Named out;
+    for (auto& [name, child] : children())
+        for (auto& [n, t] : child->named_buffers()) out.push_back({name + "." + n, t});
+    return out;
+}
 std::vector<Tensor> Module::parameters() {
     std::vector<Tensor> out;
     for (auto& [name, t] : named_parameters()) out.push_back(t);
@@ -10308,13 +10523,16 @@ void Module::train(bool on) {
 std::map<std::string, Tensor> Module::state_dict() {
     std::map<std::string, Tensor> out;
     for (auto& [name, t] : named_parameters()) out[name] = t;
+    for (auto& [name, t] : named_buffers()) out[name] = t;
     return out;
 }
 void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
     std::vector<std::pair<Tensor, Tensor>> copies;   // (parameter, value)
     std::string missing, unexpected;
     std::set<std::string> known;
-    for (auto& [name, p] : named_parameters()) {
+    Named targets = named_parameters(), buffers = named_buffers();
+    targets.insert(targets.end(), buffers.begin(), buffers.end());
+    for (auto& [name, p] : targets) {
         known.insert(name);
         auto it = state.find(name);
         if (it == state.end()) {
@@ -10448,6 +10666,94 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
     if (weight.defined()) y = y * weight;
     return bias.defined() ? y + bias : y;
+}
+// weight and bias [C] seen as [C, 1, ...] against x [N, C, *]
+static Tensor per_channel_affine(const char* op, const Tensor& y, const Tensor& weight,
+                                 const Tensor& bias) {
+    Shape channel(size_t(y.ndim()), 1);
+    channel[1] = y.size(1);
+    Tensor out = y;
+    for (const Tensor* t : {&weight, &bias}) {
+        if (!t->defined()) continue;
+        if (t->shape() != Shape{y.size(1)})
+            detail::fail(strf("%s: %s is %s; x %s has %lld channels", op,
+                              t == &weight ? "weight" : "bias", shape_str(t->shape()).c_str(),
+                              shape_str(y.shape()).c_str(), (long long)y.size(1)));
+        out = t == &weight ? out * t->reshape(channel) : out + t->reshape(channel);
+    }
+    return out;
+}
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (x.ndim() < 2 || groups <= 0 || x.size(1) % groups != 0)
+        detail::fail(strf("group_norm: x %s needs [N, C, *] with C a multiple of groups %lld",
+                          shape_str(x.shape()).c_str(), (long long)groups));
+    int64_t per_group = x.numel() / std::max<int64_t>(1, x.size(0) * groups);
+    Tensor g = x.reshape({x.size(0), groups, per_group});
+    Tensor centered = g - g.mean(-1, true);
+    Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
+    return per_channel_affine("group_norm", y.reshape(x.shape()), weight, bias);
+}
+// The running statistics' updates (and the count's) are realized at once, with x: they must
+// not wait for the output, which may never be realized, and x would be computed twice apart.
+// count (int64, realized; nn::BatchNorm's) gains 1 while training.
+static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
+                                 const Tensor& running_var, const Tensor& weight,
+                                 const Tensor& bias, bool training, double momentum,
+                                 double eps, const Tensor& count, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (x.ndim() < 2 || !dtype_is_float(x.dtype()))
+        detail::fail(strf("batch_norm: x %s %s needs a float [N, C, *]", dtype_name(x.dtype()),
+                          shape_str(x.shape()).c_str()));
+    int64_t channels = x.size(1), per_channel = x.numel() / std::max<int64_t>(1, channels);
+    for (const Tensor* t : {&running_mean, &running_var})
+        if (t->defined() && t->shape() != Shape{channels})
+            detail::fail(strf("batch_norm: %s is %s; x %s has %lld channels",
+                              t == &running_mean ? "running_mean" : "running_var",
+                              shape_str(t->shape()).c_str(), shape_str(x.shape()).c_str(),
+                              (long long)channels));
+    Shape channel(size_t(x.ndim()), 1);
+    channel[1] = channels;
+    if (!training) {
+        if (!running_mean.defined() || !running_var.defined())
+            detail::fail("batch_norm: evaluating needs running_mean and running_var");
+        Tensor y = (x - running_mean.reshape(channel)) * (running_var.reshape(channel) + eps).rsqrt();
+        return per_channel_affine("batch_norm", y, weight, bias);
+    }
+    if (per_channel <= 1)
+        detail::fail(strf("batch_norm: training needs more than 1 value per channel, x is %s",
+                          shape_str(x.shape()).c_str()));
+    std::vector<int> axes;
+    for (int a = 0; a < x.ndim(); a++)
+        if (a != 1) axes.push_back(a);
+    Tensor mean = x.mean(axes, true), centered = x - mean;
+    Tensor var = (centered * centered).mean(axes, true);
+    Tensor y = per_channel_affine("batch_norm", centered * (var + eps).rsqrt(), weight, bias);
+    std::vector<Tensor> updates;
+    {
+        NoGrad no_grad;
+        double unbiased = double(per_channel) / double(per_channel - 1);
+        if (running_mean.defined())
+            updates.push_back(running_mean.assign(running_mean * (1 - momentum) +
+                                                  mean.detach().reshape({channels}) * momentum));
+        if (running_var.defined())
+            updates.push_back(running_var.assign(
+                running_var * (1 - momentum) +
+                var.detach().reshape({channels}) * (momentum * unbiased)));
+        if (count.defined()) updates.push_back(count.assign(count + 1));
+    }
+    if (!updates.empty()) {
+        updates.push_back(x);
+        tg::realize(updates);
+    }
+    return y;
+}
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps, Loc loc) {
+    return batch_norm_counted(x, running_mean, running_var, weight, bias, training, momentum,
+                              eps, Tensor(), loc);
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal, Loc loc) {
@@ -10704,6 +11010,64 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc)
 }
 }  // namespace functional
 
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double e, bool affine)
+    : num_groups(groups), num_channels(channels), eps(e) {
+    if (groups <= 0 || channels <= 0 || channels % groups != 0)
+        detail::fail(strf("GroupNorm: %lld channels do not split into %lld groups",
+                          (long long)channels, (long long)groups));
+    if (affine) {
+        weight = Tensor::ones({channels}).requires_grad();
+        bias = Tensor::zeros({channels}).requires_grad();
+    }
+}
+Tensor GroupNorm::forward(const Tensor& x) {
+    if (x.ndim() < 2 || x.size(1) != num_channels)
+        detail::fail(strf("GroupNorm: x %s needs [N, %lld, *]", shape_str(x.shape()).c_str(),
+                          (long long)num_channels));
+    return functional::group_norm(x, num_groups, weight, bias, eps);
+}
+Module::Named GroupNorm::named_parameters() {
+    if (!weight.defined()) return {};
+    return {{"weight", weight}, {"bias", bias}};
+}
+
+// The buffers are realized from the start: a constant would fold into a jitted step's program.
+BatchNormNd::BatchNormNd(int axes, int64_t features, double e, double m, bool affine)
+    : spatial_axes(axes), num_features(features), eps(e), momentum(m) {
+    if (features <= 0)
+        detail::fail(strf("BatchNorm%dd: num_features must be positive, got %lld", axes,
+                          (long long)features));
+    if (affine) {
+        weight = Tensor::ones({features}).requires_grad();
+        bias = Tensor::zeros({features}).requires_grad();
+    }
+    running_mean = Tensor::from_vector(std::vector<float>(size_t(features), 0.f));
+    running_var = Tensor::from_vector(std::vector<float>(size_t(features), 1.f));
+    num_batches_tracked = Tensor::from_vector(std::vector<int64_t>{0}, {});
+}
+Tensor BatchNormNd::forward(const Tensor& x) {
+    bool fits = x.ndim() == spatial_axes + 2 || (spatial_axes == 1 && x.ndim() == 2);
+    if (!fits || x.size(1) != num_features) {
+        long long c = num_features;
+        std::string want = spatial_axes == 1 ? strf("[N, %lld] or [N, %lld, L]", c, c)
+                           : spatial_axes == 2 ? strf("[N, %lld, H, W]", c)
+                                               : strf("[N, %lld, D, H, W]", c);
+        detail::fail(strf("BatchNorm%dd: x %s needs %s", spatial_axes,
+                          shape_str(x.shape()).c_str(), want.c_str()));
+    }
+    return functional::batch_norm_counted(x, running_mean, running_var, weight, bias, training,
+                                          momentum, eps, num_batches_tracked, Loc::here());
+}
+Module::Named BatchNormNd::named_parameters() {
+    if (!weight.defined()) return {};
+    return {{"weight", weight}, {"bias", bias}};
+}
+Module::Named BatchNormNd::named_buffers() {
+    return {{"running_mean", running_mean},
+            {"running_var", running_var},
+            {"num_batches_tracked", num_batches_tracked}};
+}
+
 ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
                SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_)
     : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
@@ -10818,22 +11182,33 @@ static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
         detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(),
                           shape_str(b.shape()).c_str()));
 }
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
-                     int64_t ignore_index, Loc loc) {
+// -scores[target] over the last axis (after log_softmax for cross_entropy)
+static Tensor picked_loss(const char* op, const char* input, const Tensor& scores,
+                          const Tensor& target, Reduction r, int64_t ignore_index,
+                          bool log_softmax, Loc loc) {
     detail::UserLocScope at(loc);
     if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
-        detail::fail(strf("cross_entropy: targets must be int32 or int64 class indices, got %s",
+        detail::fail(strf("%s: targets must be int32 or int64 class indices, got %s", op,
                           dtype_name(target.dtype())));
-    Shape lead(logits.shape().begin(), logits.shape().end() - (logits.ndim() ? 1 : 0));
-    if (logits.ndim() == 0 || target.shape() != lead)
-        detail::fail(strf("cross_entropy: logits %s need targets of shape %s, got %s",
-                          shape_str(logits.shape()).c_str(), shape_str(lead).c_str(),
+    Shape lead(scores.shape().begin(), scores.shape().end() - (scores.ndim() ? 1 : 0));
+    if (scores.ndim() == 0 || target.shape() != lead)
+        detail::fail(strf("%s: %s %s need targets of shape %s, got %s", op, input,
+                          shape_str(scores.shape()).c_str(), shape_str(lead).c_str(),
                           shape_str(target.shape()).c_str()));
     // an ignored target picks class 0, whose loss is then replaced by 0
     Tensor kept = target != ignore_index, picks = where(kept, target, 0);
-    Tensor picked = logits.log_softmax(-1).gather(-1, picks.unsqueeze(-1)).squeeze(-1);
+    Tensor log_probs = log_softmax ? scores.log_softmax(-1) : scores;
+    Tensor picked = log_probs.gather(-1, picks.unsqueeze(-1)).squeeze(-1);
     Tensor loss = where(kept, -picked, 0.0f);
     return r == Reduction::MEAN ? loss.sum() / kept.sum() : reduce_loss(loss, r);
+}
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
+                     int64_t ignore_index, Loc loc) {
+    return picked_loss("cross_entropy", "logits", logits, target, r, ignore_index, true, loc);
+}
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r,
+                int64_t ignore_index, Loc loc) {
+    return picked_loss("nll_loss", "log_probs", log_probs, target, r, ignore_index, false, loc);
 }
 // (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
 // min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.
@@ -10850,6 +11225,26 @@ Tensor mse_loss(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
     check_same_shape("mse_loss", p, t);
     Tensor d = p - t;
     return reduce_loss(d * d, r);
+}
+Tensor l1_loss(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("l1_loss", p, t);
+    return reduce_loss((p - t).abs(), r);
+}
+Tensor smooth_l1_loss(const Tensor& p, const Tensor& t, Reduction r, double beta, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("smooth_l1_loss", p, t);
+    if (!(beta >= 0)) detail::fail(strf("smooth_l1_loss: beta must be >= 0, got %g", beta));
+    Tensor d = (p - t).abs();
+    if (beta == 0) return reduce_loss(d, r);
+    return reduce_loss(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), r);
+}
+Tensor huber_loss(const Tensor& p, const Tensor& t, Reduction r, double delta, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("huber_loss", p, t);
+    if (!(delta > 0)) detail::fail(strf("huber_loss: delta must be > 0, got %g", delta));
+    Tensor d = (p - t).abs();
+    return reduce_loss(where(d <= delta, d * d * 0.5, (d - 0.5 * delta) * delta), r);
 }
 Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);

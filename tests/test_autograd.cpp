@@ -1052,3 +1052,54 @@ TEST(autograd_float32) {
     CHECK(y.grad().dtype() == DType::FLOAT32);
     CHECK_ALL_NEAR(vals(y.grad()), (Vec{2, 3}), 1e-6);
 }
+
+TEST(autograd_activations_logsumexp_triangles_norms_and_losses) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    In a = rnd({2, 3}, 301, -2, 2), nz = rnd({2, 3}, 302, 0.3, 2, true);
+    gc.add1("silu", [](const Tensor& x) { return x.silu(); }, a);
+    gc.add1("leaky_relu", [](const Tensor& x) { return x.leaky_relu(0.1); }, nz);
+    gc.add1("elu", [](const Tensor& x) { return x.elu(1.5); }, nz);
+    // βx on both sides of the threshold (2 · 2.6 > 5), never at it; and where e^(βx) overflows
+    gc.add1("softplus", [](const Tensor& x) { return x.softplus(2, 5); },
+            In{{-3, -0.4, 0.2, 1.1, 2.6, 400}, {2, 3}});
+    gc.add1("logsumexp (an axis)", [](const Tensor& x) { return x.logsumexp(1); }, a);
+    gc.add1("logsumexp (all, keepdim)", [](const Tensor& x) { return x.logsumexp({0, 1}, true); },
+            rnd({2, 3}, 303, -30, 30));
+    gc.add1("tril, triu", [](const Tensor& x) { return x.tril(-1) * 2 + x.triu(1); },
+            rnd({2, 3, 3}, 304));
+    gc.add1("group_norm", [](const Tensor& x) { return F::group_norm(x, 2); }, rnd({2, 4, 3}, 305));
+    In w = rnd({4}, 306, 0.5, 2), b = rnd({4}, 307);
+    gc.add("group_norm (weight, bias)",
+           [](const std::vector<Tensor>& v) { return F::group_norm(v[0], 1, v[1], v[2], 1e-3); },
+           {rnd({2, 4, 2}, 308), w, b});
+    gc.add("batch_norm (training)",
+           [](const std::vector<Tensor>& v) {
+               return F::batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true);
+           },
+           {rnd({3, 4, 2}, 309), w, b});
+    Tensor mean = T(rnd({4}, 310).data, {4}), var = T(rnd({4}, 311, 0.5, 2).data, {4});
+    gc.add("batch_norm (evaluating)",
+           [mean, var](const std::vector<Tensor>& v) {
+               return F::batch_norm(v[0], mean, var, v[1], v[2], false);
+           },
+           {rnd({3, 4}, 312), w, b});
+    using tg::nn::Reduction;
+    In p = rnd({2, 3}, 313, -2, 2), q = rnd({2, 3}, 314, -2, 2);   // |p - q| is never 0 or 1
+    gc.add2("l1_loss", [](const Tensor& x, const Tensor& y) { return tg::nn::l1_loss(x, y); }, p, q);
+    gc.add2("smooth_l1_loss",
+            [](const Tensor& x, const Tensor& y) {
+                return tg::nn::smooth_l1_loss(x, y, Reduction::SUM, 0.9);
+            },
+            p, q);
+    gc.add2("huber_loss",
+            [](const Tensor& x, const Tensor& y) {
+                return tg::nn::huber_loss(x, y, Reduction::NONE, 0.9);
+            },
+            p, q);
+    Tensor target = I32({2, -100, 0}, {3});
+    gc.add1("nll_loss (an ignored target)",
+            [target](const Tensor& x) { return tg::nn::nll_loss(x.log_softmax(-1), target); },
+            rnd({3, 4}, 315, -2, 2));
+    gc.run();
+}

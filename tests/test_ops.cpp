@@ -2331,3 +2331,93 @@ TEST(ops_functional_and_dropout) {
     CHECK_THROWS(list(x), "ModuleList", "no forward");
     CHECK_THROWS(tg::nn::Dropout(0.5)(Tensor::ones({2}, DType::INT32)), "Dropout", "int32");
 }
+
+// activations, logsumexp, any/all, triangles and logical ops against loops in double, with
+// PyTorch's edge values (-0, NaN, ±∞, the thresholds)
+TEST(ops_activations_logsumexp_any_all_triangles) {
+    Vec xv = {-30, -2, -0.5, -0.0, 0, 0.5, 2, 2.6, 30, NAN, INFINITY, -INFINITY};
+    Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()));
+    Tensor silu = x.silu(), leaky = x.leaky_relu(0.2), elu = x.elu(2), soft = x.softplus(2, 5);
+    Tensor sign = x.sign();
+    tg::realize({silu, leaky, elu, soft, sign});
+    auto soft_ref = [](double v) { return 2 * v > 5 ? v : std::log1p(std::exp(2 * v)) / 2; };
+    CHECK_ALL_NEAR(vals(silu), ref_unary(xv, [](double v) { return v * sigmoid(v); }), F32);
+    CHECK_ALL_NEAR(vals(leaky), ref_unary(xv, [](double v) { return v > 0 ? v : 0.2 * v; }), F32);
+    CHECK_ALL_NEAR(vals(elu), ref_unary(xv, [](double v) { return v > 0 ? v : 2 * std::expm1(v); }),
+                   F32);
+    CHECK_ALL_NEAR(vals(soft), ref_unary(xv, soft_ref), F32);
+    Vec sv = vals(sign);
+    CHECK_ALL_NEAR(sv, (Vec{-1, -1, -1, 0, 0, 1, 1, 1, 1, 0, 1, -1}), 0);
+    CHECK(!std::signbit(sv[3]) && !std::signbit(vals(elu)[3]));   // -0 gives 0, as PyTorch's
+    CHECK(x.silu().shape() == x.shape() && Tensor::from_vector({-2, 0, 3}).sign().dtype() == DType::INT32);
+    CHECK(ivals(Tensor::from_vector({-2, 0, 3}).sign()) == (std::vector<int>{-1, 0, 1}));
+    CHECK(Tensor::from_vector({true, false}).sign().dtype() == DType::BOOL);
+    namespace F = tg::nn::functional;
+    CHECK_ALL_NEAR(vals(F::silu(x) + F::leaky_relu(x) + F::elu(x) + F::softplus(x)),
+                   vals(x.silu() + x.leaky_relu(0.01) + x.elu(1) + x.softplus(1, 20)), 0);
+    CHECK_ALL_NEAR(vals(tg::nn::LeakyReLU(0.3)(x) + tg::nn::ELU(0.5)(x) + tg::nn::SiLU()(x) +
+                        tg::nn::Softplus(3, 4)(x)),
+                   vals(x.leaky_relu(0.3) + x.elu(0.5) + x.silu() + x.softplus(3, 4)), 0);
+
+    // logsumexp: finite rows, a row of -∞ (-∞), a row with +∞ (∞), keepdim, several axes
+    std::vector<float> lv = randf(24, 181, -40, 40);
+    lv[4] = lv[5] = -INFINITY;   // row 1 of [.., 4]: two of four
+    for (int i = 8; i < 12; i++) lv[size_t(i)] = -INFINITY;
+    lv[13] = INFINITY;
+    Tensor l = Tensor::from_vector(lv, {2, 3, 4});
+    Vec want_rows, want_cols(8, 0.0);
+    for (int r = 0; r < 6; r++) {
+        double top = -INFINITY, total = 0;
+        for (int c = 0; c < 4; c++) top = std::max(top, double(lv[size_t(r * 4 + c)]));
+        for (int c = 0; c < 4; c++) total += std::exp(lv[size_t(r * 4 + c)] - top);
+        want_rows.push_back(std::isinf(top) ? top : top + std::log(total));
+    }
+    Tensor rows = l.logsumexp(-1), kept = l.logsumexp(-1, true), both = l.logsumexp({0, 2});
+    tg::realize({rows, kept, both});
+    CHECK(rows.shape() == S({2, 3}) && kept.shape() == S({2, 3, 1}) && both.shape() == S({3}));
+    CHECK_ALL_NEAR(vals(rows), want_rows, F32);
+    CHECK_ALL_NEAR(vals(kept), want_rows, F32);
+    for (int j = 0; j < 3; j++) {   // over axes 0 and 2: rows j and 3 + j together
+        double a = want_rows[size_t(j)], b = want_rows[size_t(3 + j)], top = std::max(a, b);
+        CHECK_NEAR(vals(both)[size_t(j)],
+                   std::isinf(top) ? top : top + std::log(std::exp(a - top) + std::exp(b - top)), F32);
+    }
+    CHECK_NEAR(Tensor::from_vector({1.0, 2.0, 3.0}).logsumexp(0).item(),
+               std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)), F64);
+    Tensor none = Tensor::zeros({0, 3}).logsumexp(0);
+    CHECK(none.shape() == S({3}) && vals(none) == Vec(3, -INFINITY));
+
+    // any / all over axes, NaN is true, nothing gives false / true
+    Tensor b = Tensor::from_vector({0.f, 0.f, NAN, 0.f, 2.f, 1.f}, {2, 3});
+    CHECK(b.any().dtype() == DType::BOOL && b.any().item() == 1 && b.all().item() == 0);
+    CHECK(ivals(b.any(1)) == (std::vector<int>{1, 1}) && ivals(b.all(1)) == (std::vector<int>{0, 0}));
+    CHECK(ivals(b.any(0)) == (std::vector<int>{0, 1, 1}) && ivals(b.all(0)) == (std::vector<int>{0, 0, 1}));
+    CHECK(b.any(0, true).shape() == S({1, 3}) && b.all({0, 1}, true).shape() == S({1, 1}));
+    CHECK(Tensor::zeros({0}).any().item() == 0 && Tensor::zeros({0}).all().item() == 1);
+    CHECK(ivals(Tensor::from_vector({1, 0, 3}, {3}).all(0, true)) == (std::vector<int>{0}));
+
+    // tril / triu on a batch, diagonals below, on and above, bool too
+    std::vector<float> tv = randf(2 * 3 * 4, 182);
+    Tensor t = Tensor::from_vector(tv, {2, 3, 4});
+    for (int64_t k : {-5, -1, 0, 2, 9}) {
+        Vec lower, upper;
+        for (int bi = 0; bi < 2; bi++)
+            for (int64_t i = 0; i < 3; i++)
+                for (int64_t j = 0; j < 4; j++) {
+                    double v = tv[size_t((bi * 3 + i) * 4 + j)];
+                    lower.push_back(j - i <= k ? v : 0);
+                    upper.push_back(j - i >= k ? v : 0);
+                }
+        CHECK_ALL_NEAR(vals(t.tril(k)), lower, 0);
+        CHECK_ALL_NEAR(vals(t.triu(k)), upper, 0);
+    }
+    CHECK(ivals(Tensor::ones({2, 2}, DType::BOOL).tril()) == (std::vector<int>{1, 0, 1, 1}));
+    CHECK_THROWS(Tensor::ones({3}).triu(), "triu", "[3]", "2 axes");
+
+    // logical ops broadcast, nonzero is true
+    Tensor p = Tensor::from_vector({0.f, 1.f, NAN}, {3, 1}), q = Tensor::from_vector({0, 5}, {2});
+    CHECK(tg::logical_and(p, q).shape() == S({3, 2}));
+    CHECK(ivals(tg::logical_and(p, q)) == (std::vector<int>{0, 0, 0, 1, 0, 1}));
+    CHECK(ivals(tg::logical_or(p, q)) == (std::vector<int>{0, 1, 1, 1, 1, 1}));
+    CHECK(ivals(tg::logical_xor(p, q)) == (std::vector<int>{0, 1, 1, 0, 1, 0}));
+}

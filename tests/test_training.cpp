@@ -1756,3 +1756,152 @@ TEST(training_checkpoint_resumes_bit_identically) {
     for (size_t i = 0; i < all.size(); i++) CHECK_EQ(head[i], all[i]);   // the same bits
     std::system(("rm -rf " + std::string(dir)).c_str());
 }
+
+// GroupNorm and BatchNorm against loops in double; BatchNorm's running statistics, eval(),
+// its steps in a jit, its buffers in state_dict, and the errors it promises
+TEST(nn_group_norm_and_batch_norm) {
+    const int64_t n = 3, c = 4, hw = 5;
+    std::vector<float> xs = randf(size_t(n * c * hw), 40, -2, 3);
+    for (size_t i = 0; i < xs.size(); i++) xs[i] = xs[i] * float(1 + (i / hw) % c) + float((i / hw) % c);
+    Tensor x = fv(xs, {n, c, hw});
+    auto at = [&](int64_t b, int64_t ch, int64_t p) { return double(xs[size_t((b * c + ch) * hw + p)]); };
+
+    // GroupNorm(2 groups of 2 channels) with a weight and a bias
+    nn::GroupNorm gn(2, c);
+    std::vector<float> w = randf(size_t(c), 41, 0.5, 2), bb = randf(size_t(c), 42);
+    gn.weight = fv(w).requires_grad();
+    gn.bias = fv(bb).requires_grad();
+    Vec want(xs.size());
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t g = 0; g < 2; g++) {
+            double mean = 0, var = 0;
+            for (int64_t ch = 2 * g; ch < 2 * g + 2; ch++)
+                for (int64_t p = 0; p < hw; p++) mean += at(b, ch, p) / double(2 * hw);
+            for (int64_t ch = 2 * g; ch < 2 * g + 2; ch++)
+                for (int64_t p = 0; p < hw; p++) var += (at(b, ch, p) - mean) * (at(b, ch, p) - mean) / double(2 * hw);
+            for (int64_t ch = 2 * g; ch < 2 * g + 2; ch++)
+                for (int64_t p = 0; p < hw; p++)
+                    want[size_t((b * c + ch) * hw + p)] =
+                        (at(b, ch, p) - mean) / std::sqrt(var + 1e-5) * w[size_t(ch)] + bb[size_t(ch)];
+        }
+    CHECK_ALL_NEAR(vals(gn(x)), want, F32);
+    CHECK_EQ(gn.parameters().size(), size_t(2));
+    CHECK_EQ(nn::GroupNorm(2, c, 1e-5, false).parameters().size(), size_t(0));
+    CHECK_THROWS(nn::GroupNorm(3, c), "GroupNorm", "4 channels", "3 groups");
+    CHECK_THROWS(gn(fv(xs, {n, hw, c})), "GroupNorm", "[3,5,4]", "[N, 4, *]");
+
+    // BatchNorm1d on [N, C, L]: per channel over batch and positions
+    nn::BatchNorm1d bn(c, 0.1, 0.25);   // an eps that shows
+    Vec mean(size_t(c), 0.0), var(size_t(c), 0.0);
+    for (int64_t ch = 0; ch < c; ch++) {
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t p = 0; p < hw; p++) mean[size_t(ch)] += at(b, ch, p) / double(n * hw);
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t p = 0; p < hw; p++)
+                var[size_t(ch)] += (at(b, ch, p) - mean[size_t(ch)]) * (at(b, ch, p) - mean[size_t(ch)]) / double(n * hw);
+    }
+    auto normalized = [&](const Vec& m, const Vec& v) {
+        Vec out(xs.size());
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t ch = 0; ch < c; ch++)
+                for (int64_t p = 0; p < hw; p++)
+                    out[size_t((b * c + ch) * hw + p)] = (at(b, ch, p) - m[size_t(ch)]) / std::sqrt(v[size_t(ch)] + 0.1);
+        return out;
+    };
+    CHECK_ALL_NEAR(vals(bn(x)), normalized(mean, var), F32);
+    // running statistics after two steps: r = 0.75 r + 0.25 batch's, the variance unbiased
+    bn(x);
+    Vec rm(size_t(c), 0.0), rv(size_t(c), 0.0);
+    double unbiased = double(n * hw) / double(n * hw - 1);
+    for (size_t ch = 0; ch < size_t(c); ch++) {
+        rm[ch] = 0.25 * mean[ch] + 0.75 * 0.25 * mean[ch];
+        rv[ch] = 0.75 * (0.75 * 1 + 0.25 * var[ch] * unbiased) + 0.25 * var[ch] * unbiased;
+    }
+    CHECK_ALL_NEAR(vals(bn.running_mean), rm, F32);
+    CHECK_ALL_NEAR(vals(bn.running_var), rv, F32);
+    CHECK_EQ(bn.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{2});
+    bn.eval();   // the running statistics, nothing updated
+    CHECK_ALL_NEAR(vals(bn(x)), normalized(rm, rv), F32);
+    CHECK_EQ(bn.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{2});
+    CHECK_ALL_NEAR(vals(bn.running_mean), rm, F32);
+    // [N, C] too, and gradients reach the input and the affine parameters
+    nn::BatchNorm1d flat(c);
+    Tensor x2 = fv(randf(size_t(5 * c), 43), {5, c}).requires_grad();
+    (flat(x2) * fv(randf(size_t(5 * c), 44), {5, c})).sum().backward();
+    CHECK(x2.grad().defined() && flat.weight.grad().defined() && flat.bias.grad().defined());
+    CHECK_NEAR(vals(x2.grad().sum(0)).at(1), 0, 1e-5);   // a normalized column's gradient sums to 0
+
+    // jitted training steps update the running statistics as eager ones do
+    nn::BatchNorm2d eager(c), jitted(c);
+    Tensor img = fv(randf(size_t(2 * c * 3 * 3), 45, -1, 2), {2, c, 3, 3});
+    tg::Jit step([&](const std::vector<Tensor>& in) { return jitted(in[0] * 2).sum(); });
+    for (int i = 0; i < 3; i++) {
+        Tensor scaled = img * float(i + 1);
+        eager(scaled * 2).sum().realize();
+        step({scaled});
+    }
+    CHECK(step.replays() == 2);
+    CHECK_ALL_NEAR(vals(jitted.running_mean), vals(eager.running_mean), 1e-6);
+    CHECK_ALL_NEAR(vals(jitted.running_var), vals(eager.running_var), 1e-6);
+    CHECK_EQ(jitted.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{3});
+
+    // state_dict holds the buffers under PyTorch's names, and load_state_dict restores them
+    std::map<std::string, Tensor> state = eager.state_dict();
+    std::vector<std::string> names;
+    for (auto& [name, t] : state) names.push_back(name);
+    CHECK(names == (std::vector<std::string>{"bias", "num_batches_tracked", "running_mean",
+                                             "running_var", "weight"}));
+    nn::Sequential seq{nn::BatchNorm2d(c)};
+    CHECK(seq.state_dict().count("0.running_var") && seq.parameters().size() == 2);
+    nn::BatchNorm2d fresh(c);
+    fresh.load_state_dict(state);
+    CHECK_ALL_NEAR(vals(fresh.running_var), vals(eager.running_var), 0);
+    CHECK_EQ(fresh.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{3});
+
+    CHECK_THROWS(bn(fv(xs, {n, c * hw})), "BatchNorm1d", "[3,20]", "[N, 4] or [N, 4, L]");
+    CHECK_THROWS(eager(x), "BatchNorm2d", "[3,4,5]", "[N, 4, H, W]");
+    nn::BatchNorm1d one(c);
+    CHECK_THROWS(one(fv(randf(size_t(c), 46), {1, c})), "batch_norm", "more than 1 value",
+                 "[1,4]");
+    CHECK_EQ(one.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{0});
+    CHECK_THROWS(nn::functional::batch_norm(x, Tensor(), Tensor()), "batch_norm",
+                 "running_mean and running_var");
+    CHECK_THROWS(nn::functional::batch_norm(x, bn.running_mean, fv({1, 1}), Tensor(), Tensor()),
+                 "batch_norm", "running_var", "[2]", "4 channels");
+    CHECK_THROWS(nn::functional::group_norm(x, 1, fv({1, 1})), "group_norm", "weight", "[2]");
+}
+
+// l1, smooth L1, Huber and NLL losses against loops in double
+TEST(loss_l1_smooth_l1_huber_nll_match_loop) {
+    std::vector<float> p = randf(12, 50, -2, 2), t = randf(12, 51, -2, 2);
+    Tensor P = fv(p, {3, 4}), T = fv(t, {3, 4});
+    Vec l1, smooth, huber;
+    for (size_t i = 0; i < p.size(); i++) {
+        double d = std::fabs(double(p[i]) - double(t[i]));
+        l1.push_back(d);
+        smooth.push_back(d < 0.7 ? d * d / (2 * 0.7) : d - 0.35);
+        huber.push_back(d <= 0.7 ? d * d / 2 : 0.7 * (d - 0.35));
+    }
+    auto mean = [](const Vec& v) { double s = 0; for (double e : v) s += e; return s / double(v.size()); };
+    CHECK_ALL_NEAR(vals(nn::l1_loss(P, T, nn::Reduction::NONE)), l1, F32);
+    CHECK_NEAR(nn::l1_loss(P, T).item(), mean(l1), F32);
+    CHECK_ALL_NEAR(vals(nn::smooth_l1_loss(P, T, nn::Reduction::NONE, 0.7)), smooth, F32);
+    CHECK_NEAR(nn::smooth_l1_loss(P, T, nn::Reduction::SUM, 0.7).item(), mean(smooth) * 12, F32);
+    CHECK_NEAR(nn::smooth_l1_loss(P, T, nn::Reduction::MEAN, 0).item(), mean(l1), F32);
+    CHECK_ALL_NEAR(vals(nn::huber_loss(P, T, nn::Reduction::NONE, 0.7)), huber, F32);
+    CHECK_NEAR(nn::huber_loss(P, T, nn::Reduction::MEAN, 0.7).item(), mean(huber), F32);
+    CHECK_THROWS(nn::l1_loss(P, fv(t)), "l1_loss", "[3,4]", "[12]");
+    CHECK_THROWS(nn::smooth_l1_loss(P, T, nn::Reduction::MEAN, -1), "smooth_l1_loss", "beta", "-1");
+    CHECK_THROWS(nn::huber_loss(P, T, nn::Reduction::MEAN, 0), "huber_loss", "delta", "0");
+
+    // nll_loss of log_softmax is cross_entropy, ignored targets too
+    Tensor logits = fv(randf(12, 52, -3, 3), {3, 4}), target = Tensor::from_vector({3, -100, 1});
+    Tensor lp = logits.log_softmax(-1);
+    Vec lpv = vals(lp);
+    CHECK_NEAR(nn::nll_loss(lp, target).item(), -(lpv[3] + lpv[9]) / 2, F32);
+    CHECK_NEAR(nn::nll_loss(lp, target).item(), nn::cross_entropy(logits, target).item(), F32);
+    CHECK_ALL_NEAR(vals(nn::nll_loss(lp, target, nn::Reduction::NONE)), (Vec{-lpv[3], 0, -lpv[9]}), F32);
+    CHECK_THROWS(nn::nll_loss(lp, fv({1, 2, 3})), "nll_loss", "int32 or int64", "float32");
+    CHECK_THROWS(nn::nll_loss(lp, Tensor::from_vector({1, 2})), "nll_loss", "log_probs", "[3,4]", "[3]", "[2]");
+    CHECK_THROWS(nn::cross_entropy(logits, Tensor::from_vector({1, 2})), "cross_entropy", "logits");
+}
