@@ -519,6 +519,12 @@ public:
                Loc loc = Loc::here()) const;
     Tensor std(const std::vector<int>& axes, int64_t correction = 1, bool keepdim = false,
                Loc loc = Loc::here()) const;
+    // (Σ|x|^p)^(1/p) over the axes (none given: all), p > 0; p = INFINITY: the largest |x|.
+    // Its gradient is 0 where the norm is 0, as PyTorch's
+    Tensor norm(double p = 2, Loc loc = Loc::here()) const;
+    Tensor norm(double p, int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    Tensor norm(double p, const std::vector<int>& axes, bool keepdim = false,
+                Loc loc = Loc::here()) const;
 
     // movement: views of the same data, nothing is copied until a kernel reads them
     Tensor reshape(const Shape& shape, Loc loc = Loc::here()) const;    // one -1 is inferred
@@ -913,6 +919,13 @@ struct AvgPool2d : Module {
     bool count_include_pad;
 };
 
+// functional::adaptive_avg_pool2d as a layer: AdaptiveAvgPool2d(1) before a classifier's head
+struct AdaptiveAvgPool2d : Module {
+    explicit AdaptiveAvgPool2d(SpatialSizes output_size) : output_size(output_size) {}
+    Tensor forward(const Tensor& x) override;
+    SpatialSizes output_size;
+};
+
 // Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
 struct ModuleList : Module {
     ModuleList& add(std::shared_ptr<Module> layer);
@@ -996,6 +1009,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = R
 // -log_probs[target], as cross_entropy after log_softmax (classes on the last axis)
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::MEAN,
                 int64_t ignore_index = -100, Loc loc = Loc::here());
+// -(t·ln p + (1 - t)·ln(1 - p)) for probabilities p, each logarithm at least -100 as
+// PyTorch's (a p outside [0, 1] gives NaN); binary_cross_entropy_with_logits is steadier
+Tensor binary_cross_entropy(const Tensor& probabilities, const Tensor& target,
+                           Reduction r = Reduction::MEAN, Loc loc = Loc::here());
 // max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction r = Reduction::MEAN, Loc loc = Loc::here());
@@ -1099,12 +1116,23 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   bool training = false, double momentum = 0.1, double eps = 1e-5,
                   Loc loc = Loc::here());
+// x / max(‖x‖_p, eps) along the axis
+Tensor normalize(const Tensor& x, double p = 2, int axis = 1, double eps = 1e-12,
+                 Loc loc = Loc::here());
+// x1·x2 / (max(‖x1‖, eps) · max(‖x2‖, eps)) along the axis, x1 and x2 broadcast
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis = 1, double eps = 1e-8,
+                         Loc loc = Loc::here());
+// The mean of each of output_size bins along each spatial axis of x [N, C, *spatial] (or
+// [C, *spatial]): bin i of n inputs covers [⌊i·n/out⌋, ⌈(i + 1)·n/out⌉), as PyTorch's
+Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 // int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
 // an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
 // as nn::Dropout while training, with a mask drawn from seed; x itself when not training
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
                uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+using nn::binary_cross_entropy;
 using nn::binary_cross_entropy_with_logits;
 using nn::cross_entropy;
 using nn::hinge_loss;
@@ -1171,6 +1199,32 @@ protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> m, v;
+};
+// v = α v + (1-α) g² (centered: minus the square of the mean g kept alike), then
+// d = g/(√v + eps) and, with momentum, b = μ b + d, d = b; p -= lr·d; weight_decay adds wd·p
+// to g, as PyTorch's
+class RMSprop : public Optimizer {
+public:
+    RMSprop(std::vector<Tensor> params, double lr = 1e-2, double alpha = 0.99, double eps = 1e-8,
+            double weight_decay = 0, double momentum = 0, bool centered = false);
+    double alpha, eps, weight_decay, momentum;
+    bool centered;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> square_avg, grad_avg, buffers;
+};
+// s = s + g², p -= lr_t·g/(√s + eps) with lr_t = lr / (1 + (t - 1)·lr_decay); s starts at
+// initial_accumulator_value; weight_decay adds wd·p to g, as PyTorch's
+class Adagrad : public Optimizer {
+public:
+    Adagrad(std::vector<Tensor> params, double lr = 1e-2, double lr_decay = 0,
+            double weight_decay = 0, double initial_accumulator_value = 0, double eps = 1e-10);
+    double lr_decay, weight_decay, eps;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> sums;
 };
 class AdamW : public Adam {
 public:
@@ -3262,6 +3316,21 @@ Tensor Tensor::std(int axis, int64_t correction, bool keepdim, Loc loc) const {
 Tensor Tensor::std(const std::vector<int>& axes, int64_t correction, bool keepdim,
                    Loc loc) const {
     return deviation_of(var(axes, correction, keepdim, loc), loc);
+}
+Tensor Tensor::norm(double p, Loc loc) const { return norm(p, std::vector<int>{}, false, loc); }
+Tensor Tensor::norm(double p, int axis, bool keepdim, Loc loc) const {
+    return norm(p, std::vector<int>{axis}, keepdim, loc);
+}
+// The root of a zero sum is taken of 1 and replaced by 0, as in std: its gradient is 0 there.
+Tensor Tensor::norm(double p, const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    if (!(p > 0)) fail(strf("norm: p must be > 0 or INFINITY, got %g", p), loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc);
+    if (p == INFINITY) return x.abs(loc).max(axes, keepdim, loc);
+    if (p == 1) return x.abs(loc).sum(axes, keepdim, loc);
+    if (p == 2) return deviation_of(mul(x, x, loc).sum(axes, keepdim, loc), loc);
+    Tensor sum = x.abs(loc).pow(p, loc).sum(axes, keepdim, loc), zero = sum == 0;
+    return where(zero, 0, where(zero, 1, sum, loc).pow(1 / p, loc), loc);
 }
 
 // -- movement
@@ -10991,6 +11060,48 @@ Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride
                   SpatialSizes padding, bool count_include_pad, Loc loc) {
     return avg_pool("avg_pool2d", 2, x, kernel_size, stride, padding, count_include_pad, loc);
 }
+// Along each spatial axis, x seen as [..., out, n] where mask says which of the n inputs are in
+// each bin (j is in bin i when i·n < (j + 1)·out and j·out < (i + 1)·n: integers, no division),
+// summed and divided by the bin's count. A select, not a product with a 0/1 matrix: an ∞ in
+// one bin stays out of the others.
+static Tensor adaptive_avg_pool(const char* op, size_t axes, const Tensor& x,
+                                const SpatialSizes& output_size, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (size_t(x.ndim()) != axes + 1 && size_t(x.ndim()) != axes + 2)
+        detail::fail(strf("%s: input must be [N, C, %zu spatial axes] or [C, ...], got %s", op,
+                          axes, shape_str(x.shape()).c_str()));
+    if (!dtype_is_float(x.dtype()))
+        detail::fail(strf("%s: input must be floating point, got %s", op,
+                          dtype_name(x.dtype())));
+    std::vector<int64_t> outs = per_axis(output_size, axes, op, "output_size", 1);
+    Tensor y = x;
+    for (size_t a = 0; a < axes; a++) {
+        int axis = x.ndim() - int(axes) + int(a);
+        int64_t n = x.size(axis), out = outs[a];
+        Tensor i = Tensor::arange(out).reshape({out, 1}), j = Tensor::arange(n).reshape({1, n});
+        Tensor mask = (i * n < (j + 1) * out).minimum(j * out < (i + 1) * n);
+        Tensor along = y.transpose(axis, -1).unsqueeze(-2);
+        Tensor sums = where(mask, along, 0).sum(-1) / mask.sum(-1).cast(x.dtype());
+        y = sums.transpose(axis, -1);
+    }
+    return y;
+}
+Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_avg_pool("adaptive_avg_pool1d", 1, x, output_size, loc);
+}
+Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_avg_pool("adaptive_avg_pool2d", 2, x, output_size, loc);
+}
+Tensor normalize(const Tensor& x, double p, int axis, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x / x.norm(p, axis, true).clamp(eps);
+}
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    Shape both = broadcast_shape(x1.shape(), x2.shape(), "cosine_similarity", loc);
+    Tensor a = x1.expand(both), b = x2.expand(both);
+    return (a * b).sum(axis) / (a.norm(2, axis).clamp(eps) * b.norm(2, axis).clamp(eps));
+}
 Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
     detail::UserLocScope at(loc);
     if (ids.dtype() != DType::INT32 && ids.dtype() != DType::INT64)
@@ -11107,6 +11218,9 @@ Module::Named ConvNd::named_parameters() {
 Tensor MaxPool2d::forward(const Tensor& x) {
     return functional::max_pool2d(x, kernel_size, stride, padding, dilation);
 }
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+    return functional::adaptive_avg_pool2d(x, output_size);
+}
 Tensor AvgPool2d::forward(const Tensor& x) {
     return functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
 }
@@ -11209,6 +11323,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r,
                 int64_t ignore_index, Loc loc) {
     return picked_loss("nll_loss", "log_probs", log_probs, target, r, ignore_index, false, loc);
+}
+Tensor binary_cross_entropy(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("binary_cross_entropy", p, t);
+    Tensor log_p = p.log().clamp(-100), log_not_p = (1.0f - p).log().clamp(-100);
+    return reduce_loss(-(t * log_p + (1.0f - t) * log_not_p), r);
 }
 // (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
 // min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.
@@ -11410,6 +11530,75 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
     for (size_t i = 0; i < params.size(); i++)
         out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}});
+    return out;
+}
+
+RMSprop::RMSprop(std::vector<Tensor> ps, double learning_rate, double a, double e, double wd,
+                 double mom, bool c)
+    : Optimizer(std::move(ps), learning_rate),
+      alpha(a),
+      eps(e),
+      weight_decay(wd),
+      momentum(mom),
+      centered(c) {
+    for (const Tensor& p : params) {
+        square_avg.push_back(Tensor::zeros_like(p).realize());
+        if (centered) grad_avg.push_back(Tensor::zeros_like(p).realize());
+        if (momentum != 0) buffers.push_back(Tensor::zeros_like(p).realize());
+    }
+}
+std::vector<Tensor> RMSprop::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        if (!g.defined()) continue;
+        if (weight_decay != 0) g = g + p * float(weight_decay);
+        Tensor v = square_avg[i].assign(square_avg[i] * float(alpha) + g * g * float(1 - alpha));
+        out.push_back(v);
+        if (centered) {
+            Tensor mean = grad_avg[i].assign(grad_avg[i] * float(alpha) + g * float(1 - alpha));
+            out.push_back(mean);
+            v = v - mean * mean;
+        }
+        Tensor d = g / (v.sqrt() + float(eps));
+        if (momentum != 0) {
+            d = buffers[i].assign(buffers[i] * float(momentum) + d);
+            out.push_back(d);
+        }
+        out.push_back(p.assign(p - step_lr * d));
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> RMSprop::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out(params.size());
+    for (size_t i = 0; i < params.size(); i++) {
+        out[i] = {{"square_avg", square_avg[i]}};
+        if (centered) out[i].push_back({"grad_avg", grad_avg[i]});
+        if (momentum != 0) out[i].push_back({"momentum_buffer", buffers[i]});
+    }
+    return out;
+}
+
+Adagrad::Adagrad(std::vector<Tensor> ps, double learning_rate, double decay, double wd,
+                 double initial, double e)
+    : Optimizer(std::move(ps), learning_rate), lr_decay(decay), weight_decay(wd), eps(e) {
+    for (const Tensor& p : params) sums.push_back(Tensor::full_like(p, initial).realize());
+}
+std::vector<Tensor> Adagrad::updates() {
+    std::vector<Tensor> out;
+    Tensor lr_t = step_lr / ((step_t - 1.0f) * float(lr_decay) + 1.0f);
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        if (!g.defined()) continue;
+        if (weight_decay != 0) g = g + p * float(weight_decay);
+        Tensor sum = sums[i].assign(sums[i] + g * g);
+        out.insert(out.end(), {sum, p.assign(p - lr_t * (g / (sum.sqrt() + float(eps))))});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> Adagrad::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (const Tensor& sum : sums) out.push_back({{"sum", sum}});
     return out;
 }
 }  // namespace optim

@@ -1103,3 +1103,27 @@ TEST(autograd_activations_logsumexp_triangles_norms_and_losses) {
             rnd({3, 4}, 315, -2, 2));
     gc.run();
 }
+
+TEST(autograd_norm_normalize_cosine_pool_bce) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    In a = rnd({2, 3}, 321, 0.2, 2, true);
+    gc.add1("norm (p 2, an axis)", [](const Tensor& x) { return x.norm(2, 1); }, a);
+    gc.add1("norm (p 3, all)", [](const Tensor& x) { return x.norm(3); }, a);
+    gc.add1("norm (p 1, keepdim)", [](const Tensor& x) { return x.norm(1, 0, true); }, a);
+    gc.add1("normalize", [](const Tensor& x) { return F::normalize(x, 2, 1); }, a);
+    gc.add2("cosine_similarity",
+            [](const Tensor& x, const Tensor& y) { return F::cosine_similarity(x, y, 1); },
+            rnd({2, 3}, 322), rnd({1, 3}, 323));
+    gc.add1("adaptive_avg_pool2d", [](const Tensor& x) { return F::adaptive_avg_pool2d(x, {2, 3}); },
+            rnd({2, 5, 4}, 324));
+    Tensor t = T({0, 1, 0.25, 1, 0, 0.5}, {2, 3});
+    gc.add1("binary_cross_entropy",
+            [t](const Tensor& p) { return tg::nn::binary_cross_entropy(p, t); },
+            rnd({2, 3}, 325, 0.05, 0.95));
+    gc.run();
+    // at a zero vector the gradient of a norm is 0, not NaN, as PyTorch's
+    Tensor zero = Tensor::zeros({3}, DType::FLOAT64).requires_grad();
+    (zero.norm() + zero.norm(3)).backward();
+    CHECK_ALL_NEAR(vals(zero.grad()), Vec(3, 0.0), 0);
+}

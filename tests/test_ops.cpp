@@ -2421,3 +2421,99 @@ TEST(ops_activations_logsumexp_any_all_triangles) {
     CHECK(ivals(tg::logical_or(p, q)) == (std::vector<int>{0, 1, 1, 1, 1, 1}));
     CHECK(ivals(tg::logical_xor(p, q)) == (std::vector<int>{0, 1, 1, 0, 1, 0}));
 }
+
+// norms, normalize, cosine similarity and adaptive average pooling against loops in double
+TEST(ops_norm_normalize_cosine_adaptive_pool) {
+    namespace F = tg::nn::functional;
+    std::vector<float> xv = randf(2 * 3 * 4, 191, -3, 3);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 4});
+    auto norm_ref = [&](double p, int axis) {   // along axis 1 or 2 of [2, 3, 4]
+        Vec out;
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < (axis == 1 ? 4 : 3); b++) {
+                double s = 0, top = 0;
+                for (int k = 0; k < (axis == 1 ? 3 : 4); k++) {
+                    double e = std::fabs(xv[size_t(axis == 1 ? (a * 3 + k) * 4 + b : (a * 3 + b) * 4 + k)]);
+                    s += std::pow(e, p);
+                    top = std::max(top, e);
+                }
+                out.push_back(std::isinf(p) ? top : std::pow(s, 1 / p));
+            }
+        return out;
+    };
+    for (double p : {1.0, 2.0, 3.0, double(INFINITY)}) {
+        CHECK_ALL_NEAR(vals(x.norm(p, 2)), norm_ref(p, 2), F32);
+        CHECK_ALL_NEAR(vals(x.norm(p, 1, true)), norm_ref(p, 1), F32);
+    }
+    CHECK(x.norm(2, 1, true).shape() == S({2, 1, 4}) && x.norm().shape() == S({}));
+    double total = 0;
+    for (float e : xv) total += double(e) * e;
+    CHECK_NEAR(x.norm().item(), std::sqrt(total), F32);
+    CHECK_NEAR(Tensor::from_vector({3, 4}).norm().item(), 5, F32);   // ints as float
+    CHECK_THROWS(x.norm(0), "norm", "p must be > 0", "0");
+    CHECK_THROWS(x.norm(-1, 1), "norm", "-1");
+
+    // normalize: x / max(‖x‖, eps); a zero row stays zero
+    Vec n2 = norm_ref(2, 1), got = vals(F::normalize(x));
+    for (int a = 0; a < 2; a++)
+        for (int k = 0; k < 3; k++)
+            for (int b = 0; b < 4; b++) {
+                size_t at = size_t((a * 3 + k) * 4 + b);
+                CHECK_NEAR(got[at], xv[at] / n2[size_t(a * 4 + b)], F32);
+            }
+    CHECK_ALL_NEAR(vals(F::normalize(Tensor::zeros({2, 3}), 2, -1)), Vec(6, 0.0), 0);
+    CHECK_ALL_NEAR(vals(F::normalize(x, 1, 2).abs().sum(2)), Vec(6, 1.0), F32);
+
+    // cosine similarity along the last axis, the second operand broadcast
+    std::vector<float> yv = randf(4, 192, -3, 3);
+    Tensor y = Tensor::from_vector(yv, {4});
+    Vec cs = vals(F::cosine_similarity(x, y, -1)), want;
+    for (int r = 0; r < 6; r++) {
+        double dot = 0, nx = 0, ny = 0;
+        for (int k = 0; k < 4; k++) {
+            dot += double(xv[size_t(r * 4 + k)]) * yv[size_t(k)];
+            nx += double(xv[size_t(r * 4 + k)]) * xv[size_t(r * 4 + k)];
+            ny += double(yv[size_t(k)]) * yv[size_t(k)];
+        }
+        want.push_back(dot / std::sqrt(nx) / std::sqrt(ny));
+    }
+    CHECK_ALL_NEAR(cs, want, F32);
+    CHECK(F::cosine_similarity(x, y, -1).shape() == S({2, 3}));
+    CHECK_ALL_NEAR(vals(F::cosine_similarity(Tensor::zeros({2, 3}), Tensor::ones({2, 3}))),
+                   Vec(2, 0.0), 0);
+    CHECK_THROWS(F::cosine_similarity(x, Tensor::ones({3})), "cosine_similarity", "[2,3,4]", "[3]");
+
+    // adaptive average pooling: bins that overlap (7 -> 3), more bins than inputs (3 -> 5),
+    // and one bin; an ∞ stays in its bins
+    std::vector<float> pv = randf(2 * 7 * 3, 193, -2, 2);
+    pv[0] = INFINITY;   // [0, 0, 0]
+    Tensor px = Tensor::from_vector(pv, {2, 7, 3});
+    auto bins = [](int64_t n, int64_t out) {
+        std::vector<std::pair<int64_t, int64_t>> b;
+        for (int64_t i = 0; i < out; i++) b.push_back({i * n / out, ((i + 1) * n + out - 1) / out});
+        return b;
+    };
+    for (auto [oh, ow] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {1, 1}, {7, 3}, {4, 2}}) {
+        Vec ref;
+        for (int c = 0; c < 2; c++)
+            for (auto [h0, h1] : bins(7, oh))
+                for (auto [w0, w1] : bins(3, ow)) {
+                    double s = 0;
+                    for (int64_t h = h0; h < h1; h++)
+                        for (int64_t w = w0; w < w1; w++) s += pv[size_t((c * 7 + h) * 3 + w)];
+                    ref.push_back(s / double((h1 - h0) * (w1 - w0)));
+                }
+        Tensor pooled = F::adaptive_avg_pool2d(px, {oh, ow});
+        CHECK(pooled.shape() == S({2, oh, ow}));
+        CHECK_ALL_NEAR(vals(pooled), ref, F32);
+    }
+    CHECK_ALL_NEAR(vals(tg::nn::AdaptiveAvgPool2d(1)(px.unsqueeze(0))),
+                   vals(px.mean({1, 2}, true).unsqueeze(0)), F32);
+    Vec one = vals(F::adaptive_avg_pool1d(px, 2));
+    CHECK(F::adaptive_avg_pool1d(px, 2).shape() == S({2, 7, 2}));
+    CHECK_NEAR(one[1], (pv[1] + pv[2]) / 2.0, F32);   // row 0: bins [0, 2) and [1, 3)
+    CHECK_THROWS(F::adaptive_avg_pool2d(px.reshape({42}), 2), "adaptive_avg_pool2d", "[42]");
+    CHECK_THROWS(F::adaptive_avg_pool2d(px, {2, 0}), "adaptive_avg_pool2d", "output_size");
+    CHECK_THROWS(F::adaptive_avg_pool1d(Tensor::ones({2, 3}, DType::INT32), 2),
+                 "adaptive_avg_pool1d", "int32");
+}

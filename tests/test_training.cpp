@@ -1905,3 +1905,85 @@ TEST(loss_l1_smooth_l1_huber_nll_match_loop) {
     CHECK_THROWS(nn::nll_loss(lp, Tensor::from_vector({1, 2})), "nll_loss", "log_probs", "[3,4]", "[3]", "[2]");
     CHECK_THROWS(nn::cross_entropy(logits, Tensor::from_vector({1, 2})), "cross_entropy", "logits");
 }
+
+namespace {
+// PyTorch's RMSprop and Adagrad, in double
+Vec rmsprop_reference(const Quadratic& q, int steps, double lr, double alpha, double eps, double wd,
+                      double momentum, bool centered) {
+    Vec p = D(q.p0), v(p.size(), 0.0), mean(p.size(), 0.0), buf(p.size(), 0.0);
+    for (int t = 1; t <= steps; t++) {
+        Vec next = p;
+        for (size_t i = 0; i < p.size(); i++) {
+            double g = q.grad(p, i) + wd * p[i];
+            v[i] = alpha * v[i] + (1 - alpha) * g * g;
+            double avg = v[i];
+            if (centered) {
+                mean[i] = alpha * mean[i] + (1 - alpha) * g;
+                avg -= mean[i] * mean[i];
+            }
+            double d = g / (std::sqrt(avg) + eps);
+            if (momentum != 0) d = buf[i] = momentum * buf[i] + d;
+            next[i] = p[i] - lr * d;
+        }
+        p = next;
+    }
+    return p;
+}
+Vec adagrad_reference(const Quadratic& q, int steps, double lr, double lr_decay, double wd,
+                      double initial, double eps) {
+    Vec p = D(q.p0), sum(p.size(), initial);
+    for (int t = 1; t <= steps; t++) {
+        Vec next = p;
+        for (size_t i = 0; i < p.size(); i++) {
+            double g = q.grad(p, i) + wd * p[i];
+            sum[i] += g * g;
+            next[i] = p[i] - lr / (1 + (t - 1) * lr_decay) * g / (std::sqrt(sum[i]) + eps);
+        }
+        p = next;
+    }
+    return p;
+}
+}  // namespace
+
+TEST(optim_rmsprop_and_adagrad_three_steps_match_reference) {
+    Quadratic q(6, 80);
+    {
+        Tensor p = quad_param(q);
+        optim::RMSprop opt({p}, 0.01);
+        for (int s = 1; s <= 3; s++) {
+            quad_step(q, p, opt);
+            CHECK_ALL_NEAR(vals(p), rmsprop_reference(q, s, 0.01, 0.99, 1e-8, 0, 0, false), 1e-5);
+        }
+    }
+    {   // centered, with momentum and weight decay; its state by PyTorch's names
+        Tensor p = quad_param(q);
+        optim::RMSprop opt({p}, 0.02, 0.9, 1e-6, 0.1, 0.5, true);
+        for (int s = 1; s <= 3; s++) quad_step(q, p, opt);
+        CHECK_ALL_NEAR(vals(p), rmsprop_reference(q, 3, 0.02, 0.9, 1e-6, 0.1, 0.5, true), 1e-5);
+        std::map<std::string, Tensor> state = opt.state_dict();
+        CHECK(state.count("state.0.square_avg") && state.count("state.0.grad_avg") &&
+              state.count("state.0.momentum_buffer"));
+    }
+    for (double lr_decay : {0.0, 0.3}) {
+        Tensor p = quad_param(q);
+        optim::Adagrad opt({p}, 0.1, lr_decay, 0.05, 0.2);
+        for (int s = 1; s <= 3; s++) {
+            quad_step(q, p, opt);
+            CHECK_ALL_NEAR(vals(p), adagrad_reference(q, s, 0.1, lr_decay, 0.05, 0.2, 1e-10), 1e-5);
+        }
+        CHECK(opt.state_dict().count("state.0.sum"));
+    }
+}
+
+TEST(loss_binary_cross_entropy_matches_loop) {
+    std::vector<float> p = {0, 0.3f, 0.9f, 1, 0.5f, 1e-30f}, t = {0, 1, 0.5f, 0, 1, 1};
+    Vec want;
+    for (size_t i = 0; i < p.size(); i++)
+        want.push_back(-(t[i] * std::max(std::log(double(p[i])), -100.0) +
+                         (1 - t[i]) * std::max(std::log1p(-double(p[i])), -100.0)));
+    CHECK_ALL_NEAR(vals(nn::binary_cross_entropy(fv(p), fv(t), nn::Reduction::NONE)), want, F32);
+    double mean = 0;
+    for (double w : want) mean += w / double(want.size());
+    CHECK_NEAR(nn::binary_cross_entropy(fv(p), fv(t)).item(), mean, F32);
+    CHECK_THROWS(nn::binary_cross_entropy(fv(p), fv({1, 0})), "binary_cross_entropy", "[6]", "[2]");
+}
