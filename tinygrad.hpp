@@ -901,6 +901,33 @@ template <int SpatialAxes> struct Conv : ConvNd {
 };
 using Conv1d = Conv<1>;
 using Conv2d = Conv<2>;
+// functional::conv_transpose1d (ConvTranspose1d) or conv_transpose2d (ConvTranspose2d) with
+// weight [in, out / groups, *kernel] and bias [out]; PyTorch's init: U(-1/√fan_in, 1/√fan_in),
+// fan_in = out / groups · the kernel's size (the weight's axis 1 and on)
+struct ConvTransposeNd : Module {
+    ConvTransposeNd(int spatial_axes, int64_t in_channels, int64_t out_channels,
+                    SpatialSizes kernel_size, SpatialSizes stride, SpatialSizes padding,
+                    SpatialSizes output_padding, int64_t groups, bool bias,
+                    SpatialSizes dilation);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    int spatial_axes;
+    int64_t in_channels, out_channels, groups;
+    std::vector<int64_t> kernel_size, stride, padding, output_padding, dilation;
+    bool has_bias;
+    Tensor weight, bias;
+};
+template <int SpatialAxes> struct ConvTranspose : ConvTransposeNd {
+    ConvTranspose(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
+                  SpatialSizes stride = 1, SpatialSizes padding = 0,
+                  SpatialSizes output_padding = 0, int64_t groups = 1, bool bias = true,
+                  SpatialSizes dilation = 1)
+        : ConvTransposeNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding,
+                          output_padding, groups, bias, dilation) {}
+};
+using ConvTranspose1d = ConvTranspose<1>;
+using ConvTranspose2d = ConvTranspose<2>;
 // functional::max_pool2d and avg_pool2d as layers
 struct MaxPool2d : Module {
     explicit MaxPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
@@ -1084,6 +1111,20 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
               int64_t groups = 1, Loc loc = Loc::here());
+// The transposed convolution (conv's gradient with respect to its input), as PyTorch's: x
+// [N, C_in, *spatial] (or [C_in, *spatial]) with weight [C_in, C_out / groups, *kernel], plus
+// bias [C_out]: [N, C_out, *out], out = (spatial - 1)·stride - 2·padding + dilation·(kernel -
+// 1) + output_padding + 1. Composed: x with stride - 1 zeros between its elements, padded by
+// dilation·(kernel - 1) - padding, convolved with the kernel flipped (which multiplies the
+// inserted zeros too: stride^axes times the products of a scatter).
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        SpatialSizes stride = 1, SpatialSizes padding = 0,
+                        SpatialSizes output_padding = 0, int64_t groups = 1,
+                        SpatialSizes dilation = 1, Loc loc = Loc::here());
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        SpatialSizes stride = 1, SpatialSizes padding = 0,
+                        SpatialSizes output_padding = 0, int64_t groups = 1,
+                        SpatialSizes dilation = 1, Loc loc = Loc::here());
 // The largest value of each window of x [N, C, *spatial] (or [C, *spatial]; floating point),
 // its gradient to the first largest in the window (NaN above all), as PyTorch's; the padding
 // is -∞, at most half the kernel; stride {}: the kernel
@@ -11044,6 +11085,84 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, Spatial
               SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
     return convolution("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, loc);
 }
+static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& input,
+                                     const Tensor& weight, const Tensor& bias,
+                                     const SpatialSizes& stride_given,
+                                     const SpatialSizes& padding_given,
+                                     const SpatialSizes& output_padding_given, int64_t groups,
+                                     const SpatialSizes& dilation_given, Loc loc) {
+    detail::UserLocScope at(loc);
+    auto shapes = [&] {
+        return strf("input %s, weight %s", shape_str(input.shape()).c_str(),
+                    shape_str(weight.shape()).c_str());
+    };
+    bool batched = size_t(input.ndim()) == axes + 2;
+    if (!batched && size_t(input.ndim()) != axes + 1)
+        detail::fail(strf("%s: input must be [N, C_in, %zu spatial axes] or [C_in, ...]; %s", op,
+                          axes, shapes().c_str()));
+    if (size_t(weight.ndim()) != axes + 2)
+        detail::fail(strf("%s: weight must be [C_in, C_out / groups, %zu kernel axes]; %s", op,
+                          axes, shapes().c_str()));
+    Tensor x = batched ? input : input.unsqueeze(0);
+    const int64_t c_in = x.size(1), c_out = weight.size(1) * groups;
+    if (groups < 1 || c_in % groups || weight.size(0) != c_in)
+        detail::fail(strf("%s: %s, groups %lld: the weight's axis 0 must be C_in, and C_in "
+                          "divide by groups", op, shapes().c_str(), (long long)groups));
+    std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
+    std::vector<int64_t> stride = per_axis(stride_given, axes, op, "stride", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
+    std::vector<int64_t> extra = per_axis(output_padding_given, axes, op, "output_padding", 0);
+    std::vector<int64_t> dilation = per_axis(dilation_given, axes, op, "dilation", 1);
+    std::vector<int> flipped;
+    for (size_t a = 0; a < axes; a++) {
+        int axis = int(2 + a);
+        int64_t n = x.size(axis), k = kernel[a], s = stride[a], d = dilation[a];
+        if (extra[a] >= std::max(s, d))
+            detail::fail(strf("%s: output_padding %s must be less than the stride %s or the "
+                              "dilation %s", op, shape_str(extra).c_str(),
+                              shape_str(stride).c_str(), shape_str(dilation).c_str()));
+        if ((n - 1) * s - 2 * padding[a] + d * (k - 1) + extra[a] + 1 < 1 || k < 1)
+            detail::fail(strf("%s: %s, stride %s, padding %s: the output would be empty", op,
+                              shapes().c_str(), shape_str(stride).c_str(),
+                              shape_str(padding).c_str()));
+        if (s > 1 && n > 1) {   // s - 1 zeros after each element, the last one's cut off
+            std::vector<std::pair<int64_t, int64_t>> after(size_t(x.ndim()) + 1, {0, 0});
+            after[size_t(axis) + 1] = {0, s - 1};
+            Shape merged = x.shape();
+            merged[size_t(axis)] = n * s;
+            x = x.unsqueeze(axis + 1).pad(after).reshape(merged).slice(axis, 0, (n - 1) * s + 1);
+        }
+        // each side by dilation·(kernel - 1) - padding (+ output_padding after); below 0: cut
+        int64_t before = d * (k - 1) - padding[a], behind = before + extra[a];
+        std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+        pads[size_t(axis)] = {std::max<int64_t>(before, 0), std::max<int64_t>(behind, 0)};
+        x = x.pad(pads);
+        x = x.slice(axis, std::max<int64_t>(-before, 0),
+                    x.size(axis) - std::max<int64_t>(-behind, 0));
+        flipped.push_back(axis);
+    }
+    // [C_in, C_out / g, *k] as g groups of [C_out / g, C_in / g, *k], the kernel flipped
+    Shape grouped = {groups, c_in / groups, c_out / groups}, as_conv = {c_out, c_in / groups};
+    grouped.insert(grouped.end(), kernel.begin(), kernel.end());
+    as_conv.insert(as_conv.end(), kernel.begin(), kernel.end());
+    Tensor w = weight.reshape(grouped).transpose(1, 2).reshape(as_conv).flip(flipped);
+    SpatialSizes dilation_sizes;
+    dilation_sizes.sizes = dilation;
+    Tensor y = convolution(op, axes, x, w, bias, 1, 0, dilation_sizes, groups, loc);
+    return batched ? y : y.squeeze(0);
+}
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        SpatialSizes stride, SpatialSizes padding, SpatialSizes output_padding,
+                        int64_t groups, SpatialSizes dilation, Loc loc) {
+    return transposed_convolution("conv_transpose1d", 1, x, weight, bias, stride, padding,
+                                  output_padding, groups, dilation, loc);
+}
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        SpatialSizes stride, SpatialSizes padding, SpatialSizes output_padding,
+                        int64_t groups, SpatialSizes dilation, Loc loc) {
+    return transposed_convolution("conv_transpose2d", 2, x, weight, bias, stride, padding,
+                                  output_padding, groups, dilation, loc);
+}
 Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, SpatialSizes dilation, Loc loc) {
     return max_pool("max_pool1d", 1, x, kernel_size, stride, padding, dilation, loc);
@@ -11179,14 +11298,26 @@ Module::Named BatchNormNd::named_buffers() {
             {"num_batches_tracked", num_batches_tracked}};
 }
 
+static void check_conv_channels(const char* layer, int64_t in, int64_t out, int64_t groups) {
+    if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
+        detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
+                          "%lld, groups %lld", layer, (long long)in, (long long)out,
+                          (long long)groups));
+}
+// PyTorch's: weight and bias U(-1/√fan_in, 1/√fan_in), fan_in the weight's axis 1 and on
+static void draw_conv_parameters(const Shape& shape, int64_t out_channels, bool has_bias,
+                                 const std::vector<uint64_t>& s, Tensor& weight, Tensor& bias) {
+    int64_t fan_in = 1;
+    for (size_t a = 1; a < shape.size(); a++) fan_in *= shape[a];
+    double b = 1 / std::sqrt(double(fan_in));
+    weight = init::uniform(shape, -b, b, s.at(0)).requires_grad();
+    if (has_bias) bias = init::uniform({out_channels}, -b, b, s.at(1)).requires_grad();
+}
 ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
                SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_)
     : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
     const char* name = axes == 1 ? "Conv1d" : "Conv2d";
-    if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
-        detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
-                          "%lld, groups %lld", name, (long long)in, (long long)out,
-                          (long long)groups));
+    check_conv_channels(name, in, out, groups);
     kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
     stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
     padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
@@ -11198,11 +11329,7 @@ void ConvNd::reset_parameters(const std::vector<uint64_t>& s) {
     seeds = s;
     Shape shape = {out_channels, in_channels / groups};
     shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
-    int64_t fan_in = 1;
-    for (size_t a = 1; a < shape.size(); a++) fan_in *= shape[a];
-    double b = 1 / std::sqrt(double(fan_in));
-    weight = init::uniform(shape, -b, b, s.at(0)).requires_grad();
-    if (has_bias) bias = init::uniform({out_channels}, -b, b, s.at(1)).requires_grad();
+    draw_conv_parameters(shape, out_channels, has_bias, s, weight, bias);
 }
 Tensor ConvNd::forward(const Tensor& x) {
     Tensor b = has_bias ? bias : Tensor();
@@ -11212,6 +11339,40 @@ Tensor ConvNd::forward(const Tensor& x) {
                              : functional::conv2d(x, weight, b, st, pad, dil, groups);
 }
 Module::Named ConvNd::named_parameters() {
+    if (!has_bias) return {{"weight", weight}};
+    return {{"weight", weight}, {"bias", bias}};
+}
+ConvTransposeNd::ConvTransposeNd(int axes, int64_t in, int64_t out, SpatialSizes kernel,
+                                 SpatialSizes stride_, SpatialSizes padding_,
+                                 SpatialSizes output_padding_, int64_t groups_, bool bias_,
+                                 SpatialSizes dilation_)
+    : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
+    const char* name = axes == 1 ? "ConvTranspose1d" : "ConvTranspose2d";
+    check_conv_channels(name, in, out, groups);
+    kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
+    stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
+    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
+    output_padding =
+        functional::per_axis(output_padding_, size_t(axes), name, "output_padding", 0);
+    dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
+    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
+                              : std::vector<uint64_t>{Tensor::next_seed()});
+}
+void ConvTransposeNd::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    Shape shape = {in_channels, out_channels / groups};
+    shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
+    draw_conv_parameters(shape, out_channels, has_bias, s, weight, bias);
+}
+Tensor ConvTransposeNd::forward(const Tensor& x) {
+    Tensor b = has_bias ? bias : Tensor();
+    SpatialSizes st, pad, extra, dil;
+    st.sizes = stride, pad.sizes = padding, extra.sizes = output_padding, dil.sizes = dilation;
+    return spatial_axes == 1
+               ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
+               : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
+}
+Module::Named ConvTransposeNd::named_parameters() {
     if (!has_bias) return {{"weight", weight}};
     return {{"weight", weight}, {"bias", bias}};
 }

@@ -1127,3 +1127,14 @@ TEST(autograd_norm_normalize_cosine_pool_bce) {
     (zero.norm() + zero.norm(3)).backward();
     CHECK_ALL_NEAR(vals(zero.grad()), Vec(3, 0.0), 0);
 }
+
+TEST(autograd_conv_transpose) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    gc.add("conv_transpose2d (stride, padding, output_padding, groups)",
+           [](const std::vector<Tensor>& v) {
+               return F::conv_transpose2d(v[0], v[1], v[2], 2, 1, 1, 2);
+           },
+           {rnd({1, 2, 2, 3}, 331), rnd({2, 2, 3, 2}, 332), rnd({4}, 333)});
+    gc.run();
+}

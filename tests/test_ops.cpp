@@ -2517,3 +2517,97 @@ TEST(ops_norm_normalize_cosine_adaptive_pool) {
     CHECK_THROWS(F::adaptive_avg_pool1d(Tensor::ones({2, 3}, DType::INT32), 2),
                  "adaptive_avg_pool1d", "int32");
 }
+
+// conv_transpose against a scatter in double: x[n, c, i] · w[c, o, k] lands on output
+// i·stride - padding + k·dilation; the gradients of Σ y·r likewise
+TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
+    namespace F = tg::nn::functional;
+    struct Case {
+        Shape x, w;
+        Idx stride, padding, output_padding, dilation;
+        int64_t groups;
+        bool bias;
+    };
+    const std::vector<Case> cases = {
+        {{2, 3, 5}, {3, 4, 3}, {1}, {0}, {0}, {1}, 1, true},                      // 1d
+        {{2, 4, 4}, {4, 2, 3}, {2}, {1}, {1}, {1}, 2, false},                     // grouped
+        {{2, 3, 4, 3}, {3, 2, 3, 3}, {2, 2}, {1, 1}, {1, 0}, {1, 1}, 1, true},    // 2d
+        {{1, 2, 3, 4}, {2, 3, 2, 3}, {3, 1}, {0, 2}, {2, 0}, {1, 2}, 1, true},    // per axis
+        {{1, 2, 3, 3}, {2, 1, 3, 2}, {1, 3}, {3, 2}, {0, 1}, {2, 1}, 2, true},    // cut padding
+    };
+    for (size_t i = 0; i < cases.size(); i++) {
+        const Case& c = cases[i];
+        const size_t axes = c.x.size() - 2;
+        const int64_t c_out = c.w[1] * c.groups, in_group = c.x[1] / c.groups;
+        Shape ys = {c.x[0], c_out};
+        for (size_t a = 0; a < axes; a++)
+            ys.push_back((c.x[a + 2] - 1) * c.stride[a] - 2 * c.padding[a] +
+                         c.dilation[a] * (c.w[a + 2] - 1) + c.output_padding[a] + 1);
+        std::vector<float> xv = randf(size_t(count(c.x)), 350 + i), wv = randf(size_t(count(c.w)), 360 + i),
+                           bv = c.bias ? randf(size_t(c_out), 370 + i) : std::vector<float>{},
+                           rv = randf(size_t(count(ys)), 380 + i);
+        Vec y(size_t(count(ys)), 0.0), dx(xv.size(), 0.0), dw(wv.size(), 0.0), db(bv.size(), 0.0);
+        for (int64_t o = 0; o < count(ys); o++)
+            if (c.bias) {
+                int64_t ch = unravel(o, ys)[1];
+                y[size_t(o)] += bv[size_t(ch)];
+                db[size_t(ch)] += rv[size_t(o)];
+            }
+        Shape kernel(c.w.begin() + 2, c.w.end());
+        for (int64_t xf = 0; xf < count(c.x); xf++) {
+            Idx xi = unravel(xf, c.x);
+            for (int64_t oc = 0; oc < c.w[1]; oc++)
+                for (int64_t p = 0; p < count(kernel); p++) {
+                    Idx k = unravel(p, kernel), yi = {xi[0], xi[1] / in_group * c.w[1] + oc}, wi = {xi[1], oc};
+                    bool inside = true;
+                    for (size_t a = 0; a < axes; a++) {
+                        int64_t at = xi[a + 2] * c.stride[a] - c.padding[a] + k[a] * c.dilation[a];
+                        inside = inside && at >= 0 && at < ys[a + 2];
+                        yi.push_back(at);
+                        wi.push_back(k[a]);
+                    }
+                    if (!inside) continue;
+                    size_t yf = size_t(ravel(yi, ys)), wf = size_t(ravel(wi, c.w));
+                    y[yf] += double(xv[size_t(xf)]) * wv[wf];
+                    dx[size_t(xf)] += double(rv[yf]) * wv[wf];
+                    dw[wf] += double(rv[yf]) * xv[size_t(xf)];
+                }
+        }
+        Tensor x = Tensor::from_vector(xv, c.x).requires_grad(), w = Tensor::from_vector(wv, c.w).requires_grad();
+        Tensor b = c.bias ? Tensor::from_vector(bv, {c_out}).requires_grad() : Tensor();
+        auto sizes = [](const Idx& v) {
+            tg::nn::SpatialSizes s;
+            s.sizes = v;
+            return s;
+        };
+        auto convt = axes == 1 ? F::conv_transpose1d : F::conv_transpose2d;
+        Tensor out = convt(x, w, b, sizes(c.stride), sizes(c.padding), sizes(c.output_padding), c.groups,
+                           sizes(c.dilation), tg::Loc::here());
+        (out * Tensor::from_vector(rv, ys)).sum().backward();
+        CHECK(out.shape() == ys);
+        CHECK_ALL_NEAR(vals(out), y, F32);
+        CHECK_ALL_NEAR(vals(x.grad()), dx, F32);
+        CHECK_ALL_NEAR(vals(w.grad()), dw, F32);
+        if (c.bias) CHECK_ALL_NEAR(vals(b.grad()), db, F32);
+        if (th::failures()) std::fprintf(stderr, "  in case %zu\n", i);
+    }
+    // without the batch axis; the layer is the function with its parameters
+    Tensor x = Tensor::randn({2, 3, 3}), w = Tensor::randn({2, 4, 2, 2});
+    CHECK_ALL_NEAR(vals(F::conv_transpose2d(x, w, Tensor(), 2)),
+                   vals(F::conv_transpose2d(x.unsqueeze(0), w, Tensor(), 2).squeeze(0)), 0);
+    tg::nn::ConvTranspose2d layer(2, 6, 3, 2, 1, 1, 2);
+    CHECK(layer.weight.shape() == S({2, 3, 3, 3}) && layer.bias.shape() == S({6}));
+    Vec wl = vals(layer.weight);
+    double bound = 1 / std::sqrt(27.0);   // fan_in: out / groups · 3 · 3
+    CHECK(*std::max_element(wl.begin(), wl.end()) <= bound && *std::min_element(wl.begin(), wl.end()) >= -bound);
+    CHECK(layer(x.unsqueeze(0)).shape() == S({1, 6, 6, 6}));
+    CHECK_ALL_NEAR(vals(layer(x.unsqueeze(0))),
+                   vals(F::conv_transpose2d(x.unsqueeze(0), layer.weight, layer.bias, 2, 1, 1, 2)), 0);
+    CHECK_THROWS(F::conv_transpose2d(x, Tensor::randn({3, 4, 2, 2})), "conv_transpose2d",
+                 "[2,3,3]", "[3,4,2,2]", "axis 0 must be C_in");
+    CHECK_THROWS(F::conv_transpose2d(x, w, Tensor(), 2, 0, 2), "conv_transpose2d", "output_padding",
+                 "less than the stride");
+    CHECK_THROWS(F::conv_transpose2d(x, w, Tensor(), 1, 3), "conv_transpose2d", "empty");
+    CHECK_THROWS(F::conv_transpose1d(x, w), "conv_transpose1d", "weight must be [C_in, C_out / groups, 1");
+    CHECK_THROWS(tg::nn::ConvTranspose1d(3, 4, 2, 1, 0, 0, 2), "ConvTranspose1d", "groups 2");
+}
