@@ -464,6 +464,9 @@ public:
                 Loc loc = Loc::here()) const;
     Tensor masked_fill(const Tensor& mask, Scalar value,
                        Loc loc = Loc::here()) const;   // value where the bool mask holds
+    // x + weight·(end - x), exact at weight 0 and 1 as PyTorch's
+    Tensor lerp(const Tensor& end, const Tensor& weight, Loc loc = Loc::here()) const;
+    Tensor lerp(const Tensor& end, double weight, Loc loc = Loc::here()) const;
     Tensor pow(const Tensor& exponent, Loc loc = Loc::here()) const;
     Tensor pow(Scalar exponent, Loc loc = Loc::here()) const;
     Tensor maximum(const Tensor& other, Loc loc = Loc::here()) const;
@@ -551,6 +554,10 @@ public:
     // (>= diagonal), 0 elsewhere
     Tensor tril(int64_t diagonal = 0, Loc loc = Loc::here()) const;
     Tensor triu(int64_t diagonal = 0, Loc loc = Loc::here()) const;
+    // y[i] = x[(i - shift) mod n] along each axis given (shifts and axes in pairs)
+    Tensor roll(int64_t shift, int axis, Loc loc = Loc::here()) const;
+    Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int>& axes,
+                Loc loc = Loc::here()) const;
     // x.repeat({2, 3}): tiles of x, repeats.size() >= ndim (new leading axes), as PyTorch's
     Tensor repeat(const std::vector<int64_t>& repeats, Loc loc = Loc::here()) const;
     // pieces along an axis: chunk(n) of ceil(size / n) each (the last smaller, maybe fewer
@@ -953,6 +960,18 @@ struct AdaptiveAvgPool2d : Module {
     SpatialSizes output_size;
 };
 
+// functional::interpolate to ⌊in·scale_factor⌋ along each spatial axis of x [N, C, *spatial],
+// reading at o / scale_factor as PyTorch's nn.Upsample does
+struct Upsample : Module {
+    explicit Upsample(double scale_factor, std::string mode = "nearest",
+                      bool align_corners = false)
+        : scale_factor(scale_factor), mode(std::move(mode)), align_corners(align_corners) {}
+    Tensor forward(const Tensor& x) override;
+    double scale_factor;
+    std::string mode;
+    bool align_corners;
+};
+
 // Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
 struct ModuleList : Module {
     ModuleList& add(std::shared_ptr<Module> layer);
@@ -1167,6 +1186,13 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis = 1, doubl
 // [C, *spatial]): bin i of n inputs covers [⌊i·n/out⌋, ⌈(i + 1)·n/out⌉), as PyTorch's
 Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+// x [N, C, *spatial] (or [C, *spatial]) resized along its spatial axes to size, as PyTorch's
+// interpolate. Output o of an axis reads input ⌊o·in/out⌋ ("nearest") or ⌊(o + 1/2)·in/out⌋
+// ("nearest-exact"), or weighs the two inputs around (o + 1/2)·in/out - 1/2 ("linear",
+// "bilinear": one or two axes; clamped at 0), around o·(in - 1)/(out - 1) with align_corners;
+// "area" is adaptive_avg_pool
+Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode = "nearest",
+                   bool align_corners = false, Loc loc = Loc::here());
 // int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
 // an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
@@ -1193,6 +1219,17 @@ using Schedule = std::function<Tensor(const Tensor& t)>;
 // linear warm-up from peak/warmup to peak over the first warmup steps, then half a cosine down
 // to min_lr at step total (min_lr after it), as nanoGPT's
 Schedule warmup_cosine(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+// PyTorch's schedulers in closed form, for one scheduler.step() after each optimizer step:
+// step t uses the rate they give after t - 1 of those. StepLR: lr·gamma^⌊(t - 1)/step_size⌋
+Schedule step_lr(double lr, int64_t step_size, double gamma = 0.1);
+// ExponentialLR: lr·gamma^(t - 1)
+Schedule exponential_lr(double lr, double gamma);
+// CosineAnnealingLR: eta_min + (lr - eta_min)·(1 + cos(π·(t - 1)/t_max))/2
+Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min = 0);
+// LinearLR: lr times a factor going linearly from start_factor to end_factor over total_iters
+// steps, then end_factor
+Schedule linear_lr(double lr, double start_factor = 1.0 / 3, double end_factor = 1.0,
+                   int64_t total_iters = 5);
 
 class Optimizer {
 public:
@@ -2995,6 +3032,17 @@ Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max, Loc l
 Tensor Tensor::clip(std::optional<Scalar> min, std::optional<Scalar> max, Loc loc) const {
     return clamp(min, max, loc);
 }
+// weight < 1/2: x + w·(end - x); else end - (1 - w)·(end - x)
+Tensor Tensor::lerp(const Tensor& end, const Tensor& weight, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor d = end - *this;
+    return where(weight.abs(loc) < 0.5, *this + weight * d, end - (1.0 - weight) * d, loc);
+}
+Tensor Tensor::lerp(const Tensor& end, double weight, Loc loc) const {
+    UserLocScope at(loc);
+    Tensor d = end - *this;
+    return std::fabs(weight) < 0.5 ? *this + d * weight : end - d * (1 - weight);
+}
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
     if (mask.dtype() != DType::BOOL)
         fail(strf("masked_fill: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
@@ -3509,6 +3557,25 @@ static Tensor triangle(const Tensor& x, int64_t diagonal, bool lower, const char
     Tensor i = add_c(Tensor::arange(rows, loc), double(diagonal), loc).reshape({rows, 1}, loc);
     Tensor j = Tensor::arange(cols, loc).reshape({1, cols}, loc);
     return where(lower ? j <= i : j >= i, x, const_like(x, 0, x.dtype(), loc), loc);
+}
+Tensor Tensor::roll(int64_t shift, int axis, Loc loc) const {
+    return roll(std::vector<int64_t>{shift}, std::vector<int>{axis}, loc);
+}
+// the last shift elements, then the others: two slices joined
+Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int>& axes,
+                    Loc loc) const {
+    if (shifts.size() != axes.size())
+        fail(strf("roll: %zu shifts for %zu axes", shifts.size(), axes.size()), loc);
+    Tensor y = *this;
+    for (size_t a = 0; a < axes.size(); a++) {
+        int axis = normalize_axis(axes[a], shape().size(), "roll", shape(), loc);
+        int64_t n = size(axis);
+        int64_t s = n ? ((shifts[a] % n) + n) % n : 0;
+        if (s)
+            y = cat({y.slice(axis, n - s, n, 1, loc), y.slice(axis, 0, n - s, 1, loc)}, axis,
+                    loc);
+    }
+    return y;
 }
 Tensor Tensor::tril(int64_t diagonal, Loc loc) const {
     return triangle(*this, diagonal, true, "tril", loc);
@@ -11211,6 +11278,65 @@ Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc) {
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc) {
     return adaptive_avg_pool("adaptive_avg_pool2d", 2, x, output_size, loc);
 }
+// One axis at a time (for bilinear: the last, then the one before, as PyTorch weighs them),
+// through index_select of whole rows. scale: in/out, or 1/scale_factor where one was given.
+static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>& sizes,
+                     const std::vector<double>& scales, const std::string& mode,
+                     bool align_corners, Loc loc) {
+    detail::UserLocScope at(loc);
+    const size_t axes = sizes.size();
+    bool linear = mode == "linear" || mode == "bilinear";
+    bool nearest = mode == "nearest" || mode == "nearest-exact";
+    if (!linear && !nearest && mode != "area")
+        detail::fail(strf("%s: mode \"%s\" is not one of nearest, nearest-exact, linear, "
+                          "bilinear, area", op, mode.c_str()));
+    if ((mode == "linear" && axes != 1) || (mode == "bilinear" && axes != 2))
+        detail::fail(strf("%s: mode %s needs %s spatial axes, x %s has %zu", op, mode.c_str(),
+                          mode == "linear" ? "1" : "2", shape_str(x.shape()).c_str(), axes));
+    if (align_corners && !linear)
+        detail::fail(strf("%s: align_corners is for linear and bilinear, not %s", op,
+                          mode.c_str()));
+    if (mode == "area") {
+        SpatialSizes out;
+        out.sizes = sizes;
+        return adaptive_avg_pool(op, axes, x, out, loc);
+    }
+    if (!dtype_is_float(x.dtype()))
+        detail::fail(strf("%s: input must be floating point, got %s", op, dtype_name(x.dtype())));
+    Tensor y = x;
+    for (size_t a = axes; a-- > 0;) {
+        int axis = x.ndim() - int(axes) + int(a);
+        int64_t in = x.size(axis), out = sizes[a];
+        double scale = align_corners ? (out > 1 ? double(in - 1) / double(out - 1) : 0.0)
+                                     : scales[a] > 0 ? 1 / scales[a] : double(in) / double(out);
+        Tensor o = Tensor::arange(out).cast(x.dtype());   // positions in x's precision
+        if (nearest) {
+            Tensor src = mode == "nearest" ? o * scale : (o + 0.5) * scale;
+            Tensor index = src.floor().cast(DType::INT64).minimum(in - 1);
+            y = y.index_select(axis, index);
+            continue;
+        }
+        Tensor src = align_corners ? o * scale : ((o + 0.5) * scale - 0.5).maximum(0.0);
+        Tensor low = src.floor().cast(DType::INT64).minimum(in - 1);
+        Tensor high = (low + 1).minimum(in - 1);
+        Shape along(size_t(x.ndim()), 1);
+        along[size_t(axis)] = out;
+        Tensor w_high = (src - low.cast(x.dtype())).reshape(along), w_low = 1.0 - w_high;
+        y = y.index_select(axis, low) * w_low + y.index_select(axis, high) * w_high;
+    }
+    return y;
+}
+Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode,
+                   bool align_corners, Loc loc) {
+    const size_t axes = size_t(std::max(x.ndim() - 2, 1));
+    if (x.ndim() < 2 || (size.sizes.size() > 1 && size.sizes.size() + 2 != size_t(x.ndim())))
+        detail::fail(strf("interpolate: x %s needs [N, C, *spatial], one size for each spatial "
+                          "axis (or one for all), got %s", shape_str(x.shape()).c_str(),
+                          shape_str(size.sizes).c_str()));
+    std::vector<int64_t> sizes = per_axis(size, axes, "interpolate", "size", 1);
+    return resize("interpolate", x, sizes, std::vector<double>(axes, 0.0), mode, align_corners,
+                  loc);
+}
 Tensor normalize(const Tensor& x, double p, int axis, double eps, Loc loc) {
     detail::UserLocScope at(loc);
     return x / x.norm(p, axis, true).clamp(eps);
@@ -11378,6 +11504,17 @@ Module::Named ConvTransposeNd::named_parameters() {
 }
 Tensor MaxPool2d::forward(const Tensor& x) {
     return functional::max_pool2d(x, kernel_size, stride, padding, dilation);
+}
+Tensor Upsample::forward(const Tensor& x) {
+    if (x.ndim() < 3 || !(scale_factor > 0))
+        detail::fail(strf("Upsample: x %s needs [N, C, *spatial] and scale_factor %g > 0",
+                          shape_str(x.shape()).c_str(), scale_factor));
+    std::vector<int64_t> sizes;
+    for (int a = 2; a < x.ndim(); a++)
+        sizes.push_back(std::max<int64_t>(1, int64_t(std::floor(double(x.size(a)) * scale_factor))));
+    return functional::resize("Upsample", x, sizes,
+                              std::vector<double>(sizes.size(), scale_factor), mode,
+                              align_corners, Loc::here());
 }
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
     return functional::adaptive_avg_pool2d(x, output_size);
@@ -11556,6 +11693,42 @@ Schedule warmup_cosine(double peak, int64_t warmup, int64_t total, double min_lr
         Tensor falling = ((done * float(detail::PI)).cos() + 1.0f) * float((peak - min_lr) / 2) +
                          float(min_lr);
         return where(t <= float(warmup), rising, falling);
+    };
+}
+
+// gamma^k = 2^(k·log2 gamma): k stays a tensor (gamma > 0)
+static Tensor power_of(double gamma, const Tensor& k) {
+    return (k * float(std::log2(gamma))).exp2();
+}
+Schedule step_lr(double lr, int64_t step_size, double gamma) {
+    if (step_size < 1 || !(gamma > 0))
+        detail::fail(strf("step_lr: need step_size >= 1 and gamma > 0, got step_size %lld, "
+                          "gamma %g", (long long)step_size, gamma));
+    return [=](const Tensor& t) {
+        return power_of(gamma, ((t - 1.0f) * float(1.0 / double(step_size))).floor()) * float(lr);
+    };
+}
+Schedule exponential_lr(double lr, double gamma) {
+    if (!(gamma > 0)) detail::fail(strf("exponential_lr: need gamma > 0, got %g", gamma));
+    return [=](const Tensor& t) { return power_of(gamma, t - 1.0f) * float(lr); };
+}
+Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min) {
+    if (t_max < 1) detail::fail(strf("cosine_annealing_lr: need t_max >= 1, got %lld",
+                                     (long long)t_max));
+    return [=](const Tensor& t) {
+        Tensor angle = (t - 1.0f) * float(detail::PI / double(t_max));
+        return (angle.cos() + 1.0f) * float((lr - eta_min) / 2) + float(eta_min);
+    };
+}
+Schedule linear_lr(double lr, double start_factor, double end_factor, int64_t total_iters) {
+    if (total_iters < 1 || !(start_factor > 0 && start_factor <= 1) ||
+        !(end_factor >= 0 && end_factor <= 1))
+        detail::fail(strf("linear_lr: need 0 < start_factor <= 1, 0 <= end_factor <= 1 and "
+                          "total_iters >= 1, got %g, %g, %lld", start_factor, end_factor,
+                          (long long)total_iters));
+    return [=](const Tensor& t) {
+        Tensor done = ((t - 1.0f) * float(1.0 / double(total_iters))).clamp(0.0, 1.0);
+        return (done * float(end_factor - start_factor) + float(start_factor)) * float(lr);
     };
 }
 

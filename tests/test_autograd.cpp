@@ -1138,3 +1138,15 @@ TEST(autograd_conv_transpose) {
            {rnd({1, 2, 2, 3}, 331), rnd({2, 2, 3, 2}, 332), rnd({4}, 333)});
     gc.run();
 }
+
+TEST(autograd_interpolate) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    gc.add1("interpolate (bilinear)", [](const Tensor& x) { return F::interpolate(x, {5, 3}, "bilinear"); },
+            rnd({1, 2, 3, 4}, 341));
+    gc.add1("interpolate (bilinear, align_corners)",
+            [](const Tensor& x) { return F::interpolate(x, {4, 7}, "bilinear", true); }, rnd({1, 1, 3, 4}, 342));
+    gc.add1("interpolate (nearest)", [](const Tensor& x) { return F::interpolate(x, {5, 2}); },
+            rnd({1, 2, 3, 4}, 343));
+    gc.run();
+}

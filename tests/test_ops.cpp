@@ -2611,3 +2611,108 @@ TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
     CHECK_THROWS(F::conv_transpose1d(x, w), "conv_transpose1d", "weight must be [C_in, C_out / groups, 1");
     CHECK_THROWS(tg::nn::ConvTranspose1d(3, 4, 2, 1, 0, 0, 2), "ConvTranspose1d", "groups 2");
 }
+
+// the schedules against PyTorch's closed forms, steps 1..12 at once; roll and lerp
+TEST(ops_lr_schedules_roll_lerp) {
+    namespace O = tg::optim;
+    Tensor t = Tensor::arange(1, 13).cast(DType::FLOAT32);
+    Vec step = vals(O::step_lr(0.5, 4, 0.1)(t)), expo = vals(O::exponential_lr(0.5, 0.9)(t));
+    Vec cosine = vals(O::cosine_annealing_lr(0.5, 10, 0.05)(t));
+    Vec linear = vals(O::linear_lr(0.5, 0.25, 1.0, 6)(t));
+    for (int i = 0; i < 12; i++) {   // step i + 1 after i scheduler steps
+        CHECK_NEAR(step[size_t(i)], 0.5 * std::pow(0.1, i / 4), 1e-6);
+        CHECK_NEAR(expo[size_t(i)], 0.5 * std::pow(0.9, i), 1e-6);
+        CHECK_NEAR(cosine[size_t(i)], 0.05 + 0.45 * (1 + std::cos(M_PI * i / 10)) / 2, 1e-6);
+        CHECK_NEAR(linear[size_t(i)], 0.5 * (0.25 + 0.75 * std::min(i, 6) / 6.0), 1e-6);
+    }
+    CHECK_THROWS(O::step_lr(0.1, 0), "step_lr", "step_size 0");
+    CHECK_THROWS(O::exponential_lr(0.1, 0), "exponential_lr", "gamma > 0");
+    CHECK_THROWS(O::cosine_annealing_lr(0.1, 0), "cosine_annealing_lr", "t_max >= 1");
+    CHECK_THROWS(O::linear_lr(0.1, 0), "linear_lr", "start_factor");
+
+    Tensor x = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+    CHECK(ivals(x.roll(1, 1)) == (std::vector<int>{3, 1, 2, 6, 4, 5}));
+    CHECK(ivals(x.roll(-4, -1)) == (std::vector<int>{2, 3, 1, 5, 6, 4}));   // -4 mod 3 = 2
+    CHECK(ivals(x.roll({1, 2}, {0, 1})) == (std::vector<int>{5, 6, 4, 2, 3, 1}));
+    CHECK(ivals(x.roll(3, 1)) == ivals(x));
+    CHECK_THROWS(x.roll({1}, {0, 1}), "roll", "1 shifts for 2 axes");
+    CHECK_THROWS(x.roll(1, 2), "roll");
+
+    Tensor a = Tensor::from_vector({1.f, -2.f, 1e8f}), b = Tensor::from_vector({3.f, 5.f, 1.f});
+    Tensor w = Tensor::from_vector({0.25f, 1.f, 1.f});
+    CHECK_ALL_NEAR(vals(a.lerp(b, w)), (Vec{1.5, 5, 1}), 0);   // exact at weight 1
+    CHECK_ALL_NEAR(vals(a.lerp(b, 0.75)), (Vec{2.5, 3.25, 1e8 * 0.25 + 0.75}), F32);
+    CHECK_ALL_NEAR(vals(a.lerp(b, 1.0)), (Vec{3, 5, 1}), 0);
+}
+
+// interpolate and Upsample against loops in double: each output reads one input (nearest) or
+// weighs two (linear), one axis at a time
+TEST(ops_interpolate_and_upsample) {
+    namespace F = tg::nn::functional;
+    using Taps = std::vector<std::vector<std::pair<int64_t, double>>>;   // per output: (input, weight)
+    auto taps = [](int64_t in, int64_t out, double scale, const std::string& mode, bool corners) {
+        Taps t{size_t(out)};
+        if (corners) scale = out > 1 ? double(in - 1) / double(out - 1) : 0;
+        for (int64_t o = 0; o < out; o++) {
+            if (mode == "nearest" || mode == "nearest-exact") {
+                double src = mode == "nearest" ? o * scale : (o + 0.5) * scale;
+                t[size_t(o)] = {{std::min<int64_t>(int64_t(std::floor(src)), in - 1), 1.0}};
+                continue;
+            }
+            double src = corners ? o * scale : std::max(0.0, (o + 0.5) * scale - 0.5);
+            int64_t low = std::min<int64_t>(int64_t(std::floor(src)), in - 1);
+            double w = src - double(low);
+            t[size_t(o)] = {{low, 1 - w}, {std::min(low + 1, in - 1), w}};
+        }
+        return t;
+    };
+    std::vector<float> xv = randf(2 * 3 * 5 * 4, 401, -2, 2);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 5, 4});
+    auto ref2d = [&](const Taps& th_, const Taps& tw) {
+        Vec y;
+        for (int nc = 0; nc < 6; nc++)
+            for (const auto& hs : th_)
+                for (const auto& ws : tw) {
+                    double acc = 0;
+                    for (auto [h, wh] : hs)
+                        for (auto [w, ww] : ws) acc += wh * ww * xv[size_t((nc * 5 + h) * 4 + w)];
+                    y.push_back(acc);
+                }
+        return y;
+    };
+    struct Case { int64_t h, w; const char* mode; bool corners; };
+    for (Case c : {Case{7, 9, "nearest", false}, Case{3, 3, "nearest", false},
+                   Case{7, 9, "nearest-exact", false}, Case{7, 9, "bilinear", false},
+                   Case{3, 2, "bilinear", false}, Case{7, 9, "bilinear", true},
+                   Case{1, 1, "bilinear", true}}) {
+        Tensor y = F::interpolate(x, {c.h, c.w}, c.mode, c.corners);
+        CHECK(y.shape() == S({2, 3, c.h, c.w}));
+        CHECK_ALL_NEAR(vals(y), ref2d(taps(5, c.h, 5.0 / double(c.h), c.mode, c.corners),
+                                      taps(4, c.w, 4.0 / double(c.w), c.mode, c.corners)), F32);
+        if (th::failures()) std::fprintf(stderr, "  in %s %lldx%lld\n", c.mode, (long long)c.h, (long long)c.w);
+    }
+    CHECK_ALL_NEAR(vals(F::interpolate(x, {2, 3}, "area")), vals(F::adaptive_avg_pool2d(x, {2, 3})), 0);
+    // Upsample reads at o / scale_factor (not in / out): 5 * 1.7 -> 8, 4 * 1.7 -> 6
+    CHECK_ALL_NEAR(vals(tg::nn::Upsample(1.7)(x)),
+                   ref2d(taps(5, 8, 1 / 1.7, "nearest", false), taps(4, 6, 1 / 1.7, "nearest", false)), F32);
+    CHECK_ALL_NEAR(vals(tg::nn::Upsample(2.5, "bilinear")(x)),
+                   ref2d(taps(5, 12, 1 / 2.5, "bilinear", false), taps(4, 10, 1 / 2.5, "bilinear", false)),
+                   F32);
+    // one axis: linear, a float64 input keeps its precision
+    Vec lv = randd(2 * 20, 402);
+    Taps tl = taps(20, 31, 20.0 / 31, "linear", false);
+    Vec want;
+    for (int r = 0; r < 2; r++)
+        for (const auto& ts : tl) {
+            double acc = 0;
+            for (auto [i, w] : ts) acc += w * lv[size_t(r * 20 + i)];
+            want.push_back(acc);
+        }
+    CHECK_ALL_NEAR(vals(F::interpolate(Tensor::from_vector(lv, {1, 2, 20}), 31, "linear")), want, 1e-12);
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "bicubic"), "interpolate", "bicubic", "bilinear");
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "linear"), "interpolate", "linear needs 1", "[2,3,5,4]");
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "nearest", true), "interpolate", "align_corners");
+    CHECK_THROWS(F::interpolate(x, {7, 9, 2}), "interpolate", "[2,3,5,4]", "[7,9,2]");
+    CHECK_THROWS(F::interpolate(x, {0, 2}), "interpolate", "size");
+    CHECK_THROWS(tg::nn::Upsample(0)(x), "Upsample", "scale_factor 0");
+}
