@@ -884,19 +884,21 @@ struct SpatialSizes {
     std::vector<int64_t> sizes;
 };
 // functional::conv1d (Conv1d) or conv2d (Conv2d) with weight [out, in / groups, *kernel] and
-// bias [out]; PyTorch's init: U(-1/√fan_in, 1/√fan_in) for both, fan_in = in / groups · the
-// kernel's size
+// bias [out]; transposed: conv_transpose1d (ConvTranspose1d) or conv_transpose2d
+// (ConvTranspose2d) with weight [in, out / groups, *kernel]. PyTorch's init: U(-1/√fan_in,
+// 1/√fan_in) for both, fan_in = the weight's size from axis 1 on (in / groups, or out / groups,
+// times the kernel's size)
 struct ConvNd : Module {
     ConvNd(int spatial_axes, int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
            SpatialSizes stride, SpatialSizes padding, SpatialSizes dilation, int64_t groups,
-           bool bias);
+           bool bias, bool transposed = false, SpatialSizes output_padding = 0);
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     int spatial_axes;
     int64_t in_channels, out_channels, groups;
-    std::vector<int64_t> kernel_size, stride, padding, dilation;
-    bool has_bias;
+    std::vector<int64_t> kernel_size, stride, padding, dilation, output_padding;
+    bool has_bias, transposed;
     Tensor weight, bias;
 };
 template <int SpatialAxes> struct Conv : ConvNd {
@@ -908,30 +910,13 @@ template <int SpatialAxes> struct Conv : ConvNd {
 };
 using Conv1d = Conv<1>;
 using Conv2d = Conv<2>;
-// functional::conv_transpose1d (ConvTranspose1d) or conv_transpose2d (ConvTranspose2d) with
-// weight [in, out / groups, *kernel] and bias [out]; PyTorch's init: U(-1/√fan_in, 1/√fan_in),
-// fan_in = out / groups · the kernel's size (the weight's axis 1 and on)
-struct ConvTransposeNd : Module {
-    ConvTransposeNd(int spatial_axes, int64_t in_channels, int64_t out_channels,
-                    SpatialSizes kernel_size, SpatialSizes stride, SpatialSizes padding,
-                    SpatialSizes output_padding, int64_t groups, bool bias,
-                    SpatialSizes dilation);
-    Tensor forward(const Tensor& x) override;
-    Named named_parameters() override;
-    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
-    int spatial_axes;
-    int64_t in_channels, out_channels, groups;
-    std::vector<int64_t> kernel_size, stride, padding, output_padding, dilation;
-    bool has_bias;
-    Tensor weight, bias;
-};
-template <int SpatialAxes> struct ConvTranspose : ConvTransposeNd {
+template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order of arguments
     ConvTranspose(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
                   SpatialSizes stride = 1, SpatialSizes padding = 0,
                   SpatialSizes output_padding = 0, int64_t groups = 1, bool bias = true,
                   SpatialSizes dilation = 1)
-        : ConvTransposeNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding,
-                          output_padding, groups, bias, dilation) {}
+        : ConvNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                 groups, bias, true, output_padding) {}
 };
 using ConvTranspose1d = ConvTranspose<1>;
 using ConvTranspose2d = ConvTranspose<2>;
@@ -10895,7 +10880,8 @@ static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
     if (!training) {
         if (!running_mean.defined() || !running_var.defined())
             detail::fail("batch_norm: evaluating needs running_mean and running_var");
-        Tensor y = (x - running_mean.reshape(channel)) * (running_var.reshape(channel) + eps).rsqrt();
+        Tensor y = (x - running_mean.reshape(channel)) *
+                   (running_var.reshape(channel) + eps).rsqrt();
         return per_channel_affine("batch_norm", y, weight, bias);
     }
     if (per_channel <= 1)
@@ -11007,23 +10993,31 @@ Tensor pad_spatial(const Tensor& x, const std::vector<int64_t>& padding, double 
         pads[pads.size() - padding.size() + a] = {padding[a], padding[a]};
     return x.pad(pads, value);
 }
+std::string conv_shapes(const Tensor& input, const Tensor& weight) {
+    return strf("input %s, weight %s", shape_str(input.shape()).c_str(),
+                shape_str(weight.shape()).c_str());
+}
+// input [N, C_in, *spatial] (N added where it is missing) and weight [a, b, *kernel] checked;
+// the message names the weight's first axes (weight_axes)
+Tensor conv_input(const char* op, size_t axes, const Tensor& input, const Tensor& weight,
+                  const char* weight_axes) {
+    bool batched = size_t(input.ndim()) == axes + 2;
+    if (!batched && size_t(input.ndim()) != axes + 1)
+        detail::fail(strf("%s: input must be [N, C_in, %zu spatial axes] or [C_in, ...]; %s", op,
+                          axes, conv_shapes(input, weight).c_str()));
+    if (size_t(weight.ndim()) != axes + 2)
+        detail::fail(strf("%s: weight must be [%s, %zu kernel axes]; %s", op, weight_axes, axes,
+                          conv_shapes(input, weight).c_str()));
+    return batched ? input : input.unsqueeze(0);
+}
 Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tensor& weight,
                    const Tensor& bias, const SpatialSizes& stride_given,
                    const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
                    int64_t groups, Loc loc) {
     detail::UserLocScope at(loc);
-    auto shapes = [&] {
-        return strf("input %s, weight %s", shape_str(input.shape()).c_str(),
-                    shape_str(weight.shape()).c_str());
-    };
-    bool batched = size_t(input.ndim()) == axes + 2;
-    if (!batched && size_t(input.ndim()) != axes + 1)
-        detail::fail(strf("%s: input must be [N, C_in, %zu spatial axes] or [C_in, ...]; %s", op,
-                          axes, shapes().c_str()));
-    if (size_t(weight.ndim()) != axes + 2)
-        detail::fail(strf("%s: weight must be [C_out, C_in / groups, %zu kernel axes]; %s", op,
-                          axes, shapes().c_str()));
-    Tensor x = batched ? input : input.unsqueeze(0);
+    auto shapes = [&] { return conv_shapes(input, weight); };
+    Tensor x = conv_input(op, axes, input, weight, "C_out, C_in / groups");
+    bool batched = x.ndim() == input.ndim();
     const int64_t n = x.size(0), c_in = x.size(1), c_out = weight.size(0);
     if (groups < 1 || c_in % groups || c_out % groups || weight.size(1) != c_in / groups)
         detail::fail(strf("%s: %s, groups %lld: C_in and C_out must divide by groups, and the "
@@ -11069,16 +11063,19 @@ Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tenso
 // stride, of which the first kernel elements count, the kernel's axes then moved last and
 // joined. Others are the views of the kernel's positions, stacked (a gradient through them
 // adds as many padded copies as the kernel has positions).
-Tensor pooling_windows(const char* op, size_t axes, const Tensor& x,
-                        const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
-                        const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
-                        double pad_value) {
+void check_pooling_input(const char* op, size_t axes, const Tensor& x) {
     if (size_t(x.ndim()) != axes + 1 && size_t(x.ndim()) != axes + 2)
         detail::fail(strf("%s: input must be [N, C, %zu spatial axes] or [C, ...], got %s", op,
                           axes, shape_str(x.shape()).c_str()));
     if (!dtype_is_float(x.dtype()))
         detail::fail(strf("%s: input must be floating point, got %s", op,
                           dtype_name(x.dtype())));
+}
+Tensor pooling_windows(const char* op, size_t axes, const Tensor& x,
+                        const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
+                        const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
+                        double pad_value) {
+    check_pooling_input(op, axes, x);
     std::vector<int64_t> kernel = per_axis(kernel_given, axes, op, "kernel_size", 1);
     std::vector<int64_t> stride = stride_given.sizes.empty()
                                       ? kernel
@@ -11159,18 +11156,9 @@ static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& 
                                      const SpatialSizes& output_padding_given, int64_t groups,
                                      const SpatialSizes& dilation_given, Loc loc) {
     detail::UserLocScope at(loc);
-    auto shapes = [&] {
-        return strf("input %s, weight %s", shape_str(input.shape()).c_str(),
-                    shape_str(weight.shape()).c_str());
-    };
-    bool batched = size_t(input.ndim()) == axes + 2;
-    if (!batched && size_t(input.ndim()) != axes + 1)
-        detail::fail(strf("%s: input must be [N, C_in, %zu spatial axes] or [C_in, ...]; %s", op,
-                          axes, shapes().c_str()));
-    if (size_t(weight.ndim()) != axes + 2)
-        detail::fail(strf("%s: weight must be [C_in, C_out / groups, %zu kernel axes]; %s", op,
-                          axes, shapes().c_str()));
-    Tensor x = batched ? input : input.unsqueeze(0);
+    auto shapes = [&] { return conv_shapes(input, weight); };
+    Tensor x = conv_input(op, axes, input, weight, "C_in, C_out / groups");
+    bool batched = x.ndim() == input.ndim();
     const int64_t c_in = x.size(1), c_out = weight.size(1) * groups;
     if (groups < 1 || c_in % groups || weight.size(0) != c_in)
         detail::fail(strf("%s: %s, groups %lld: the weight's axis 0 must be C_in, and C_in "
@@ -11253,12 +11241,7 @@ Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride
 static Tensor adaptive_avg_pool(const char* op, size_t axes, const Tensor& x,
                                 const SpatialSizes& output_size, Loc loc) {
     detail::UserLocScope at(loc);
-    if (size_t(x.ndim()) != axes + 1 && size_t(x.ndim()) != axes + 2)
-        detail::fail(strf("%s: input must be [N, C, %zu spatial axes] or [C, ...], got %s", op,
-                          axes, shape_str(x.shape()).c_str()));
-    if (!dtype_is_float(x.dtype()))
-        detail::fail(strf("%s: input must be floating point, got %s", op,
-                          dtype_name(x.dtype())));
+    check_pooling_input(op, axes, x);
     std::vector<int64_t> outs = per_axis(output_size, axes, op, "output_size", 1);
     Tensor y = x;
     for (size_t a = 0; a < axes; a++) {
@@ -11424,81 +11407,53 @@ Module::Named BatchNormNd::named_buffers() {
             {"num_batches_tracked", num_batches_tracked}};
 }
 
-static void check_conv_channels(const char* layer, int64_t in, int64_t out, int64_t groups) {
+ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
+               SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_,
+               bool transposed_, SpatialSizes output_padding_)
+    : spatial_axes(axes),
+      in_channels(in),
+      out_channels(out),
+      groups(groups_),
+      has_bias(bias_),
+      transposed(transposed_) {
+    const char* name = transposed ? (axes == 1 ? "ConvTranspose1d" : "ConvTranspose2d")
+                                  : (axes == 1 ? "Conv1d" : "Conv2d");
     if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
         detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
-                          "%lld, groups %lld", layer, (long long)in, (long long)out,
+                          "%lld, groups %lld", name, (long long)in, (long long)out,
                           (long long)groups));
+    kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
+    stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
+    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
+    dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
+    output_padding =
+        functional::per_axis(output_padding_, size_t(axes), name, "output_padding", 0);
+    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
+                              : std::vector<uint64_t>{Tensor::next_seed()});
 }
-// PyTorch's: weight and bias U(-1/√fan_in, 1/√fan_in), fan_in the weight's axis 1 and on
-static void draw_conv_parameters(const Shape& shape, int64_t out_channels, bool has_bias,
-                                 const std::vector<uint64_t>& s, Tensor& weight, Tensor& bias) {
+void ConvNd::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    Shape shape = transposed ? Shape{in_channels, out_channels / groups}
+                             : Shape{out_channels, in_channels / groups};
+    shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
     int64_t fan_in = 1;
     for (size_t a = 1; a < shape.size(); a++) fan_in *= shape[a];
     double b = 1 / std::sqrt(double(fan_in));
     weight = init::uniform(shape, -b, b, s.at(0)).requires_grad();
     if (has_bias) bias = init::uniform({out_channels}, -b, b, s.at(1)).requires_grad();
 }
-ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
-               SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_)
-    : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
-    const char* name = axes == 1 ? "Conv1d" : "Conv2d";
-    check_conv_channels(name, in, out, groups);
-    kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
-    stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
-    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
-    dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
-    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
-                              : std::vector<uint64_t>{Tensor::next_seed()});
-}
-void ConvNd::reset_parameters(const std::vector<uint64_t>& s) {
-    seeds = s;
-    Shape shape = {out_channels, in_channels / groups};
-    shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
-    draw_conv_parameters(shape, out_channels, has_bias, s, weight, bias);
-}
 Tensor ConvNd::forward(const Tensor& x) {
     Tensor b = has_bias ? bias : Tensor();
-    SpatialSizes st, pad, dil;
-    st.sizes = stride, pad.sizes = padding, dil.sizes = dilation;
+    SpatialSizes st, pad, dil, extra;
+    st.sizes = stride, pad.sizes = padding, dil.sizes = dilation, extra.sizes = output_padding;
+    if (transposed)
+        return spatial_axes == 1
+                   ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
+                   : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
     return spatial_axes == 1 ? functional::conv1d(x, weight, b, st, pad, dil, groups)
                              : functional::conv2d(x, weight, b, st, pad, dil, groups);
 }
 Module::Named ConvNd::named_parameters() {
-    if (!has_bias) return {{"weight", weight}};
-    return {{"weight", weight}, {"bias", bias}};
-}
-ConvTransposeNd::ConvTransposeNd(int axes, int64_t in, int64_t out, SpatialSizes kernel,
-                                 SpatialSizes stride_, SpatialSizes padding_,
-                                 SpatialSizes output_padding_, int64_t groups_, bool bias_,
-                                 SpatialSizes dilation_)
-    : spatial_axes(axes), in_channels(in), out_channels(out), groups(groups_), has_bias(bias_) {
-    const char* name = axes == 1 ? "ConvTranspose1d" : "ConvTranspose2d";
-    check_conv_channels(name, in, out, groups);
-    kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
-    stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
-    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
-    output_padding =
-        functional::per_axis(output_padding_, size_t(axes), name, "output_padding", 0);
-    dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
-    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
-                              : std::vector<uint64_t>{Tensor::next_seed()});
-}
-void ConvTransposeNd::reset_parameters(const std::vector<uint64_t>& s) {
-    seeds = s;
-    Shape shape = {in_channels, out_channels / groups};
-    shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
-    draw_conv_parameters(shape, out_channels, has_bias, s, weight, bias);
-}
-Tensor ConvTransposeNd::forward(const Tensor& x) {
-    Tensor b = has_bias ? bias : Tensor();
-    SpatialSizes st, pad, extra, dil;
-    st.sizes = stride, pad.sizes = padding, extra.sizes = output_padding, dil.sizes = dilation;
-    return spatial_axes == 1
-               ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
-               : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
-}
-Module::Named ConvTransposeNd::named_parameters() {
     if (!has_bias) return {{"weight", weight}};
     return {{"weight", weight}, {"bias", bias}};
 }
@@ -11511,7 +11466,8 @@ Tensor Upsample::forward(const Tensor& x) {
                           shape_str(x.shape()).c_str(), scale_factor));
     std::vector<int64_t> sizes;
     for (int a = 2; a < x.ndim(); a++)
-        sizes.push_back(std::max<int64_t>(1, int64_t(std::floor(double(x.size(a)) * scale_factor))));
+        sizes.push_back(
+            std::max<int64_t>(1, int64_t(std::floor(double(x.size(a)) * scale_factor))));
     return functional::resize("Upsample", x, sizes,
                               std::vector<double>(sizes.size(), scale_factor), mode,
                               align_corners, Loc::here());

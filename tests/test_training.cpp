@@ -1568,8 +1568,12 @@ TEST(nn_conv2d_parameters_and_init_range) {
 
 // A small convolutional network learns which half of an 8 x 8 image holds a bright 2 x 2 spot,
 // jitted: Conv2d, ReLU, MaxPool2d, AvgPool2d, Flatten, Linear.
-TEST(training_cnn_under_jit_finds_the_spot) {
-    const int64_t n = 64;
+namespace {
+// 8 x 8 images of noise with a 2 x 2 bright spot, in the left half (class 0) or the right (1)
+struct Spots {
+    Tensor images, classes;
+};
+Spots spot_images(int64_t n) {
     std::vector<float> pixels(size_t(n) * 64);
     std::vector<int64_t> labels(static_cast<size_t>(n));
     th::Lcg rng(11);
@@ -1581,24 +1585,53 @@ TEST(training_cnn_under_jit_finds_the_spot) {
         for (int64_t a = 0; a < 2; a++)
             for (int64_t b = 0; b < 2; b++) pixels[size_t(i * 64 + (row + a) * 8 + col + b)] = 1;
     }
-    Tensor images = Tensor::from_vector(pixels, {n, 1, 8, 8});
-    Tensor classes = Tensor::from_vector(labels, {n});
-    tg::manual_seed(3);
-    nn::Sequential cnn(nn::Conv2d(1, 4, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2),
-                       nn::AvgPool2d(2), nn::Flatten(), nn::Linear(4 * 2 * 2, 2));
-    optim::Adam opt(cnn.parameters(), 0.05);
+    return {Tensor::from_vector(pixels, {n, 1, 8, 8}), Tensor::from_vector(labels, {n})};
+}
+// trains net for 41 jitted Adam steps on the spots; the losses of the first and last
+double train_on_spots(nn::Module& net, const Spots& data, double* last) {
+    optim::Adam opt(net.parameters(), 0.05);
     tg::Jit step([&](const std::vector<Tensor>& in) {
-        Tensor loss = nn::cross_entropy(cnn(in[0]), in[1]);
+        Tensor loss = nn::cross_entropy(net(in[0]), in[1]);
         opt.zero_grad();
         loss.backward();
         opt.step();
         return loss;
     });
-    double first = step({images, classes}).item(), last = first;
-    for (int i = 0; i < 40; i++) last = step({images, classes}).item();
+    double first = step({data.images, data.classes}).item();
+    for (int i = 0; i < 40; i++) *last = step({data.images, data.classes}).item();
     CHECK_EQ(step.replays(), int64_t(40));
+    return first;
+}
+}  // namespace
+
+TEST(training_cnn_under_jit_finds_the_spot) {
+    const int64_t n = 64;
+    Spots data = spot_images(n);
+    Tensor images = data.images, classes = data.classes;
+    tg::manual_seed(3);
+    nn::Sequential cnn(nn::Conv2d(1, 4, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2),
+                       nn::AvgPool2d(2), nn::Flatten(), nn::Linear(4 * 2 * 2, 2));
+    double last = 0, first = train_on_spots(cnn, data, &last);
     Tensor predicted = cnn(images).argmax(1);
     double accuracy = (predicted == classes).cast(DType::FLOAT32).mean().item();
+    CHECK(last < 0.5 * first);
+    CHECK(accuracy >= 0.95);
+    if (accuracy < 0.95 || last >= 0.5 * first)
+        std::fprintf(stderr, "    accuracy %.4f, loss %.4f -> %.4f\n", accuracy, first, last);
+}
+
+// the same with batch normalization (classifying in eval(), with its running statistics),
+// SiLU and adaptive pooling into the two halves
+TEST(training_cnn_with_batch_norm_under_jit_finds_the_spot) {
+    Spots data = spot_images(64);
+    tg::manual_seed(4);
+    nn::Sequential cnn(nn::Conv2d(1, 4, 3, 1, 1), nn::BatchNorm2d(4), nn::SiLU(),
+                       nn::AdaptiveAvgPool2d({1, 2}), nn::Flatten(), nn::Linear(8, 2));
+    double last = 0, first = train_on_spots(cnn, data, &last);
+    auto& bn = cnn.at<nn::BatchNorm2d>(1);
+    CHECK_EQ(bn.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{41});
+    cnn.eval();
+    double accuracy = (cnn(data.images).argmax(1) == data.classes).cast(DType::FLOAT32).mean().item();
     CHECK(last < 0.5 * first);
     CHECK(accuracy >= 0.95);
     if (accuracy < 0.95 || last >= 0.5 * first)
