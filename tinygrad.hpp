@@ -1171,6 +1171,11 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis = 1, doubl
 // [C, *spatial]): bin i of n inputs covers [⌊i·n/out⌋, ⌈(i + 1)·n/out⌉), as PyTorch's
 Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+// PyTorch's F.pad: pads holds (before, after) pairs from the last axis backward; mode
+// "constant" (value; a negative size cuts), "reflect" (mirrored about the edge, which is not
+// repeated), "replicate" (the edge repeated) or "circular" (wrapped around)
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads,
+           const std::string& mode = "constant", double value = 0, Loc loc = Loc::here());
 // x [N, C, *spatial] (or [C, *spatial]) resized along its spatial axes to size, as PyTorch's
 // interpolate. Output o of an axis reads input ⌊o·in/out⌋ ("nearest") or ⌊(o + 1/2)·in/out⌋
 // ("nearest-exact"), or weighs the two inputs around (o + 1/2)·in/out - 1/2 ("linear",
@@ -11319,6 +11324,50 @@ Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode,
     std::vector<int64_t> sizes = per_axis(size, axes, "interpolate", "size", 1);
     return resize("interpolate", x, sizes, std::vector<double>(axes, 0.0), mode, align_corners,
                   loc);
+}
+// Reflect, replicate and circular read x through index_select along each padded axis, the
+// source of output o (input position o - before) computed from an arange
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string& mode,
+           double value, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (pads.size() % 2 || pads.size() / 2 > size_t(x.ndim()))
+        detail::fail(strf("pad: %zu sizes for x %s: (before, after) pairs, the last axis first, "
+                          "for at most its %d axes", pads.size(), shape_str(x.shape()).c_str(),
+                          x.ndim()));
+    bool constant = mode == "constant";
+    if (!constant && mode != "reflect" && mode != "replicate" && mode != "circular")
+        detail::fail(strf("pad: mode \"%s\" is not one of constant, reflect, replicate, "
+                          "circular", mode.c_str()));
+    Tensor y = x;
+    for (size_t a = 0; a < pads.size() / 2; a++) {
+        int axis = x.ndim() - 1 - int(a);
+        int64_t n = x.size(axis), before = pads[2 * a], after = pads[2 * a + 1];
+        if (constant) {   // pad what grows, then cut what shrinks
+            std::vector<std::pair<int64_t, int64_t>> grow(size_t(x.ndim()), {0, 0});
+            grow[size_t(axis)] = {std::max<int64_t>(before, 0), std::max<int64_t>(after, 0)};
+            y = y.pad(grow, value);
+            if (n + before + after < 0)
+                detail::fail(strf("pad: %s cut axis %d of x %s below nothing",
+                                  shape_str(pads).c_str(), axis, shape_str(x.shape()).c_str()));
+            y = y.slice(axis, std::max<int64_t>(-before, 0),
+                        y.size(axis) - std::max<int64_t>(-after, 0));
+            continue;
+        }
+        int64_t most = mode == "reflect" ? n - 1 : mode == "circular" ? n : INT64_MAX;
+        if (before < 0 || after < 0 || before > most || after > most || n == 0)
+            detail::fail(strf("pad: %s pads of %s along axis %d of x %s must be at least 0 and "
+                              "at most %s", mode.c_str(), shape_str(pads).c_str(), axis,
+                              shape_str(x.shape()).c_str(),
+                              mode == "reflect" ? "the axis's size - 1"
+                              : mode == "circular" ? "the axis's size"
+                                                   : "any (the axis not empty)"));
+        Tensor from = Tensor::arange(n + before + after) - before;
+        Tensor source = mode == "replicate" ? from.clamp(0, n - 1)
+                        : mode == "circular" ? from % n
+                                              : (n - 1) - ((n - 1) - from.abs()).abs();
+        y = y.index_select(axis, source);
+    }
+    return y;
 }
 Tensor normalize(const Tensor& x, double p, int axis, double eps, Loc loc) {
     detail::UserLocScope at(loc);

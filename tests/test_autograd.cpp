@@ -1150,3 +1150,14 @@ TEST(autograd_interpolate) {
             rnd({1, 2, 3, 4}, 343));
     gc.run();
 }
+
+TEST(autograd_pad_modes) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    for (const char* mode : {"reflect", "replicate", "circular"})
+        gc.add1(mode, [mode](const Tensor& x) { return F::pad(x, {2, 1, 1, 2}, mode); },
+                rnd({1, 3, 3}, 351));
+    gc.add1("constant, cut", [](const Tensor& x) { return F::pad(x, {-1, 2}, "constant", 3); },
+            rnd({2, 3}, 352));
+    gc.run();
+}

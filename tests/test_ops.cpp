@@ -2716,3 +2716,42 @@ TEST(ops_interpolate_and_upsample) {
     CHECK_THROWS(F::interpolate(x, {0, 2}), "interpolate", "size");
     CHECK_THROWS(tg::nn::Upsample(0)(x), "Upsample", "scale_factor 0");
 }
+
+// F.pad's modes against loops: output o of a padded axis reads input o - before, mirrored,
+// clamped or wrapped
+TEST(ops_pad_modes) {
+    namespace F = tg::nn::functional;
+    std::vector<float> xv = randf(2 * 3 * 4, 411);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 4});
+    auto source = [](const std::string& mode, int64_t i, int64_t n) {
+        if (mode == "replicate") return std::clamp<int64_t>(i, 0, n - 1);
+        if (mode == "circular") return ((i % n) + n) % n;
+        if (i < 0) i = -i;                              // reflect
+        return i >= n ? 2 * (n - 1) - i : i;
+    };
+    for (std::string mode : {"constant", "reflect", "replicate", "circular"}) {
+        Vec want;   // pads {1, 2, 2, 1}: last axis 1 before, 2 after; axis 1 2 before, 1 after
+        for (int64_t b = 0; b < 2; b++)
+            for (int64_t i = -2; i < 4; i++)
+                for (int64_t j = -1; j < 6; j++) {
+                    bool inside = i >= 0 && i < 3 && j >= 0 && j < 4;
+                    if (mode == "constant")
+                        want.push_back(inside ? xv[size_t((b * 3 + i) * 4 + j)] : 7.0);
+                    else
+                        want.push_back(xv[size_t((b * 3 + source(mode, i, 3)) * 4 + source(mode, j, 4))]);
+                }
+        Tensor y = F::pad(x, {1, 2, 2, 1}, mode, 7);
+        CHECK(y.shape() == S({2, 6, 7}));
+        CHECK_ALL_NEAR(vals(y), want, 0);
+        if (th::failures()) std::fprintf(stderr, "  in mode %s\n", mode.c_str());
+    }
+    // constant: a negative size cuts; one pair pads the last axis only
+    CHECK_ALL_NEAR(vals(F::pad(x, {-1, 2, 0, -2}, "constant", 5)),
+                   vals(x.slice(1, 0, 1).slice(2, 1, 4).pad({{0, 0}, {0, 0}, {0, 2}}, 5)), 0);
+    CHECK(F::pad(x, {3, 0}, "reflect").shape() == S({2, 3, 7}));
+    CHECK_THROWS(F::pad(x, {4, 0}, "reflect"), "pad", "reflect", "at most the axis's size - 1");
+    CHECK_THROWS(F::pad(x, {5, 0}, "circular"), "pad", "circular", "[5,0]");
+    CHECK_THROWS(F::pad(x, {1, 1, 1}), "pad", "3 sizes", "[2,3,4]");
+    CHECK_THROWS(F::pad(x, {1, 1}, "mirror"), "pad", "mirror", "reflect");
+    CHECK_THROWS(F::pad(x, {-3, -2}), "pad", "[-3,-2]", "below nothing");
+}
