@@ -3332,8 +3332,8 @@ Tensor Tensor::logsumexp(const std::vector<int>& axes, bool keepdim, Loc loc) co
     if (x.numel() == 0) return x.exp(loc).sum(axes, keepdim, loc).log(loc);
     Tensor m = x.max(axes, true, loc).detach();
     m = where(m.abs(loc) == INFINITY, 0, m, loc);
-    Tensor lse = add((x - m).exp(loc).sum(axes, true, loc).log(loc), m, loc);
-    return keepdim ? lse : lse.reshape(x.sum(axes, false, loc).shape(), loc);
+    Tensor sum = (x - m).exp(loc).sum(axes, keepdim, loc);
+    return add(sum.log(loc), m.reshape(sum.shape(), loc), loc);
 }
 // Counts, not max and min: over nothing they give false and true, as PyTorch's
 Tensor Tensor::any(Loc loc) const { return any(std::vector<int>{}, false, loc); }
