@@ -1576,6 +1576,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 #include <iostream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <mutex>
 #include <condition_variable>
 #include <sstream>
@@ -5508,7 +5509,9 @@ TG_COLD_END
 // picks which run (default all; none runs the IR as lowered, to bisect a wrong result):
 //   simplify          constant folding and index algebra. It knows the range of every loop
 //                     variable, so the / and % that views produce fold away whenever they are
-//                     no-ops ((i0*16 + i1) / 16 → i0 when i1 < 16), pad conditions that always
+//                     no-ops ((i0*16 + i1) / 16 → i0 when i1 < 16) or divide by a shared
+//                     factor ((i0*32 + i1) / 64 → i0 / 2), a pad's edge is a comparison of
+//                     its variable (i0 / 2 + 1 < 2 → i0 < 2), pad conditions that always
 //                     hold disappear, bounds checks that cannot fail and loops of one iteration
 //                     go. Sums are kept in a canonical order (variables by number), so the C
 //                     reads like strided code written by hand.
@@ -5683,6 +5686,36 @@ struct Linear {
 
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo);
 
+static int64_t floor_div(int64_t a, int64_t b) {   // b > 0
+    return a / b - (a % b < 0);
+}
+// An index compared with a constant, s·x + k < c (s > 0), as x alone against a constant,
+// and x / d < c (x >= 0) as x < c·d: a pad's edge read through a reshape (i / 2 + 1 < 2)
+// becomes a comparison of the loop variable (i < 2), which narrows the variable's range in
+// the select's branches (range_in) and is an edge split_at_edges finds. Null: nothing to do.
+static ExprP compared_alone(const ExprP& e, SimplifyMemo& memo) {
+    const auto& s = e->src;
+    if (s[0]->dtype != DType::INDEX || s[1]->kind != EK::CONST) return nullptr;
+    Linear lin;
+    lin.add(1, s[0]);
+    if (lin.terms.size() != 1 || lin.terms[0].first <= 0) return nullptr;
+    const int64_t scale = lin.terms[0].first;
+    ExprP x = lin.terms[0].second;
+    // s·x + k < c ⇔ x < ⌈(c - k) / s⌉
+    int64_t bound = floor_div(int64_t(s[1]->num) - lin.constant + scale - 1, scale);
+    bool changed = scale != 1 || lin.constant != 0;
+    if (x->kind == EK::ALU && x->op == Op::IDIV && x->src[1]->kind == EK::CONST &&
+        x->src[1]->num > 0) {
+        Range r = range_of(x->src[0], *memo.extents);
+        if (r.known && r.lo >= 0) {
+            bound *= int64_t(x->src[1]->num);
+            x = x->src[0];
+            changed = true;
+        }
+    }
+    return changed ? ix_lt(x, bound) : nullptr;
+}
+
 static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     auto again = [&](const ExprP& x) { return simplify(x, memo); };
     if (e->kind == EK::CHECK) {
@@ -5712,7 +5745,8 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
         Range a = range_of(s[0], *memo.extents), b = range_of(s[1], *memo.extents);
         if (a.known && b.known && a.hi < b.lo) return ex_const(1, DType::BOOL);
         if (a.known && b.known && a.lo >= b.hi) return ex_const(0, DType::BOOL);
-        return e;
+        ExprP alone = compared_alone(e, memo);
+        return alone ? again(alone) : e;
     }
     default: break;
     }
@@ -5753,6 +5787,34 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     quotient.constant = lin.constant >= 0 ? lin.constant / c : 0;
     rest.constant = lin.constant >= 0 ? lin.constant % c : lin.constant;
     bool moved = !quotient.terms.empty() || quotient.constant != 0;
+    if (!moved) {
+        // (g·q + s) / c = q / (c/g) and (g·q + s) % c = (q % (c/g))·g + s, where g divides
+        // c and 0 <= s < g: a row of 32 read in pairs of rows, (i·32 + j) / 64, is i / 2
+        int64_t best = 1;
+        Linear multiple, small;
+        for (auto& t : lin.terms) {
+            int64_t g = std::gcd(t.first, c);
+            if (g <= best) continue;
+            Linear m, sm;
+            for (auto& u : lin.terms) {
+                if (u.first % g == 0) m.terms.push_back({u.first / g, u.second});
+                else sm.terms.push_back(u);
+            }
+            m.constant = floor_div(lin.constant, g);
+            sm.constant = lin.constant - g * m.constant;
+            Range sr = range_of(sm.build(), *memo.extents);
+            if (!sr.known || sr.lo < 0 || sr.hi >= g) continue;
+            best = g;
+            multiple = m;
+            small = sm;
+        }
+        if (best > 1) {
+            ExprP q = multiple.build(), n = ix(c / best);
+            if (e->op == Op::IDIV) return again(ex_alu(Op::IDIV, DType::INDEX, {q, n}));
+            ExprP remainder = ex_alu(Op::MOD, DType::INDEX, {q, n});
+            return again(ix_add(ix_mul(remainder, best), small.build()));
+        }
+    }
     ExprP rest_e = rest.build();
     Range rr = range_of(rest_e, *memo.extents);
     if (!moved || !rr.known || rr.lo < 0) return e;

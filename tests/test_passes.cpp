@@ -280,6 +280,36 @@ TEST(simplify_splits_a_padded_index_by_the_range_its_select_allows) {
     check_same_values({y});
 }
 
+// Rows of 64 read as rows of 32 through a permute: (i·32 + j) / 64 is i / 2 and
+// (i·32 + j) % 64 is (i % 2)·32 + j, as j < 32, so no index divides by 64.
+TEST(simplify_divides_an_index_by_the_factor_its_terms_share) {
+    Tensor x = data({2, 4, 64});
+    Tensor y = x.permute({1, 0, 2}).reshape({4, 4, 32}) * 2.0f;
+    std::string ir = optimized({y}, "simplify");
+    CHECK(ir.find("(i1 / 2)*256 + (i1 % 2)*32") != std::string::npos);
+    CHECK(ir.find("/ 64") == std::string::npos);
+    CHECK(ir.find("% 64") == std::string::npos);
+    check_same_values({y});
+}
+
+// A padded row upsampled by 2 reads its pad where i / 2 < 1, which simplify compares as
+// i < 2: the select's other side knows i >= 2, and split_at_edges splits the loop there.
+TEST(simplify_compares_the_variable_of_a_divided_index) {
+    Tensor p = data({4, 15}).pad({{0, 0}, {1, 0}});
+    Tensor up = p.reshape({4, 16, 1}).expand({4, 16, 2}).reshape({4, 32}) * 2.0f;
+    std::string ir = optimized({up}, "simplify");
+    CHECK(ir.find("t0 = (i1 < 2)") != std::string::npos);
+    std::string split = optimized({up}, "simplify,split_at_edges");
+    CHECK(split.find("for i3 < 30:") != std::string::npos);
+    CHECK(split.find("buf1[(i0*15 + (i3 / 2))]") != std::string::npos);
+    CHECK(split.find("where") == std::string::npos);
+    check_same_values({up});
+    Tensor odd = data({4, 5}).pad({{0, 0}, {2, 3}}).reshape({4, 10, 1}).expand({4, 10, 3});
+    check_same_values({odd.reshape({4, 30}) + 1.0f, odd.reshape({40, 3}).sum(1)});
+    // every third element from the pad of 2 on: 3·i < 2 is i < 1
+    check_same_values({data({4, 7}).pad({{0, 0}, {2, 0}}).slice(1, 0, 9, 3) + 1.0f});
+}
+
 // A maximum that simplify proves unused loses its accumulator, but its gather's bounds check
 // stays (the C once kept the loop and lost the accumulator's declaration).
 TEST(dead_stores_keep_the_bounds_checks_of_what_they_drop) {
