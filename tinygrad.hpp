@@ -1118,9 +1118,10 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // The transposed convolution (conv's gradient with respect to its input), as PyTorch's: x
 // [N, C_in, *spatial] (or [C_in, *spatial]) with weight [C_in, C_out / groups, *kernel], plus
 // bias [C_out]: [N, C_out, *out], out = (spatial - 1)·stride - 2·padding + dilation·(kernel -
-// 1) + output_padding + 1. Composed: x with stride - 1 zeros between its elements, padded by
-// dilation·(kernel - 1) - padding, convolved with the kernel flipped (which multiplies the
-// inserted zeros too: stride^axes times the products of a scatter).
+// 1) + output_padding + 1. Composed: with dilation 1, one convolution of x for each phase of
+// the output (o + padding) mod stride, with the kernel's taps of that phase flipped, the
+// phases interleaved (the products of a scatter, no more); with other dilations, x with
+// stride - 1 zeros between its elements convolved with the kernel flipped.
 Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         SpatialSizes stride = 1, SpatialSizes padding = 0,
                         SpatialSizes output_padding = 0, int64_t groups = 1,
@@ -11216,6 +11217,56 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, Spatial
               SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
     return convolution("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, loc);
 }
+// A transposed convolution puts x[i]·w[k] at output i·stride - padding + k·dilation. With
+// dilation 1, the outputs of one phase (o + padding) mod stride = r take the taps k ≡ r
+// alone, at i = m - j for output m·stride + r - padding and tap r + j·stride: an ordinary
+// convolution of x with those taps reversed, over m. Each combination of phases is one such
+// convolution, and the outputs of the phases are interleaved (stack, reshape) and cut to
+// the output's size. Nothing is multiplied by a zero, as it would be in the convolution of x
+// with stride - 1 zeros between its elements, which dilations other than 1 still use.
+static Tensor convolution_by_phases(const char* op, const Tensor& x, const Tensor& w,
+                                    const std::vector<int64_t>& stride,
+                                    const std::vector<int64_t>& padding,
+                                    const std::vector<int64_t>& out_size, int64_t groups,
+                                    Loc loc) {
+    const size_t axes = stride.size();
+    std::vector<int64_t> kernel(w.shape().begin() + 2, w.shape().end()), rows(axes);
+    for (size_t a = 0; a < axes; a++)   // rows m of every phase, covering padding + out_size
+        rows[a] = (padding[a] + out_size[a] + stride[a] - 1) / stride[a];
+    std::vector<int64_t> phase(axes);
+    std::function<Tensor(size_t)> interleaved = [&](size_t a) -> Tensor {
+        if (a < axes) {   // the phases of axis a side by side: [..., rows, stride, ...] merged
+            std::vector<Tensor> parts;
+            for (phase[a] = 0; phase[a] < stride[a]; phase[a]++)
+                parts.push_back(interleaved(a + 1));
+            if (parts.size() == 1) return parts[0];
+            Tensor joined = stack(parts, int(a) + 3, loc);
+            Shape merged = parts[0].shape();
+            merged[a + 2] *= stride[a];
+            return joined.reshape(merged, loc);
+        }
+        Shape out = {x.size(0), w.size(0)};
+        out.insert(out.end(), rows.begin(), rows.end());
+        Tensor taps = w;
+        std::vector<std::pair<int64_t, int64_t>> pads(axes + 2, {0, 0});
+        std::vector<int> spatial;
+        for (size_t b = 0; b < axes; b++) {
+            int at = int(b) + 2;
+            if (phase[b] >= kernel[b]) return Tensor::zeros(out, x.dtype(), loc);   // no taps
+            taps = taps.slice(at, phase[b], kernel[b], stride[b], loc);
+            pads[size_t(at)] = {taps.size(at) - 1, std::max<int64_t>(rows[b] - x.size(at), 0)};
+            spatial.push_back(at);
+        }
+        Tensor y = convolution(op, axes, x.pad(pads, 0, loc), taps.flip(spatial, loc), Tensor(),
+                               1, 0, 1, groups, loc);
+        for (size_t b = 0; b < axes; b++) y = y.slice(int(b) + 2, 0, rows[b], 1, loc);
+        return y;
+    };
+    Tensor y = interleaved(0);
+    for (size_t a = 0; a < axes; a++)
+        y = y.slice(int(a) + 2, padding[a], padding[a] + out_size[a], 1, loc);
+    return y;
+}
 static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& input,
                                      const Tensor& weight, const Tensor& bias,
                                      const SpatialSizes& stride_given,
@@ -11230,47 +11281,66 @@ static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& 
     if (groups < 1 || c_in % groups || weight.size(0) != c_in)
         detail::fail(strf("%s: %s, groups %lld: the weight's axis 0 must be C_in, and C_in "
                           "divide by groups", op, shapes().c_str(), (long long)groups));
+    if (bias.defined() && bias.shape() != Shape{c_out})
+        detail::fail(strf("%s: bias must be [C_out] = [%lld], got %s", op, (long long)c_out,
+                          shape_str(bias.shape()).c_str()));
     std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
     std::vector<int64_t> stride = per_axis(stride_given, axes, op, "stride", 1);
     std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
     std::vector<int64_t> extra = per_axis(output_padding_given, axes, op, "output_padding", 0);
     std::vector<int64_t> dilation = per_axis(dilation_given, axes, op, "dilation", 1);
-    std::vector<int> flipped;
+    std::vector<int64_t> out_size;
     for (size_t a = 0; a < axes; a++) {
-        int axis = int(2 + a);
-        int64_t n = x.size(axis), k = kernel[a], s = stride[a], d = dilation[a];
+        int64_t n = x.size(int(a) + 2), k = kernel[a], s = stride[a], d = dilation[a];
         if (extra[a] >= std::max(s, d))
             detail::fail(strf("%s: output_padding %s must be less than the stride %s or the "
                               "dilation %s", op, shape_str(extra).c_str(),
                               shape_str(stride).c_str(), shape_str(dilation).c_str()));
-        if ((n - 1) * s - 2 * padding[a] + d * (k - 1) + extra[a] + 1 < 1 || k < 1)
+        out_size.push_back((n - 1) * s - 2 * padding[a] + d * (k - 1) + extra[a] + 1);
+        if (out_size.back() < 1 || k < 1)
             detail::fail(strf("%s: %s, stride %s, padding %s: the output would be empty", op,
                               shapes().c_str(), shape_str(stride).c_str(),
                               shape_str(padding).c_str()));
-        if (s > 1 && n > 1) {   // s - 1 zeros after each element, the last one's cut off
-            std::vector<std::pair<int64_t, int64_t>> after(size_t(x.ndim()) + 1, {0, 0});
-            after[size_t(axis) + 1] = {0, s - 1};
-            Shape merged = x.shape();
-            merged[size_t(axis)] = n * s;
-            x = x.unsqueeze(axis + 1).pad(after).reshape(merged).slice(axis, 0, (n - 1) * s + 1);
-        }
-        // each side by dilation·(kernel - 1) - padding (+ output_padding after); below 0: cut
-        int64_t before = d * (k - 1) - padding[a], behind = before + extra[a];
-        std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
-        pads[size_t(axis)] = {std::max<int64_t>(before, 0), std::max<int64_t>(behind, 0)};
-        x = x.pad(pads);
-        x = x.slice(axis, std::max<int64_t>(-before, 0),
-                    x.size(axis) - std::max<int64_t>(-behind, 0));
-        flipped.push_back(axis);
     }
-    // [C_in, C_out / g, *k] as g groups of [C_out / g, C_in / g, *k], the kernel flipped
+    // [C_in, C_out / g, *k] as g groups of [C_out / g, C_in / g, *k]: a convolution's weight
     Shape grouped = {groups, c_in / groups, c_out / groups}, as_conv = {c_out, c_in / groups};
     grouped.insert(grouped.end(), kernel.begin(), kernel.end());
     as_conv.insert(as_conv.end(), kernel.begin(), kernel.end());
-    Tensor w = weight.reshape(grouped).transpose(1, 2).reshape(as_conv).flip(flipped);
-    SpatialSizes dilation_sizes;
-    dilation_sizes.sizes = dilation;
-    Tensor y = convolution(op, axes, x, w, bias, 1, 0, dilation_sizes, groups, loc);
+    Tensor w = weight.reshape(grouped).transpose(1, 2).reshape(as_conv);
+    Tensor y;
+    if (std::all_of(dilation.begin(), dilation.end(), [](int64_t d) { return d == 1; })) {
+        y = convolution_by_phases(op, x, w, stride, padding, out_size, groups, loc);
+    } else {
+        std::vector<int> flipped;
+        for (size_t a = 0; a < axes; a++) {
+            int axis = int(2 + a);
+            int64_t n = x.size(axis), s = stride[a];
+            if (s > 1 && n > 1) {   // s - 1 zeros after each element, the last one's cut off
+                std::vector<std::pair<int64_t, int64_t>> after(size_t(x.ndim()) + 1, {0, 0});
+                after[size_t(axis) + 1] = {0, s - 1};
+                Shape merged = x.shape();
+                merged[size_t(axis)] = n * s;
+                x = x.unsqueeze(axis + 1).pad(after).reshape(merged);
+                x = x.slice(axis, 0, (n - 1) * s + 1);
+            }
+            // each side by dilation·(kernel - 1) - padding (+ output_padding after); below 0: cut
+            int64_t before = dilation[a] * (kernel[a] - 1) - padding[a], behind = before + extra[a];
+            std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+            pads[size_t(axis)] = {std::max<int64_t>(before, 0), std::max<int64_t>(behind, 0)};
+            x = x.pad(pads);
+            x = x.slice(axis, std::max<int64_t>(-before, 0),
+                        x.size(axis) - std::max<int64_t>(-behind, 0));
+            flipped.push_back(axis);
+        }
+        SpatialSizes dilation_sizes;
+        dilation_sizes.sizes = dilation;
+        y = convolution(op, axes, x, w.flip(flipped), Tensor(), 1, 0, dilation_sizes, groups, loc);
+    }
+    if (bias.defined()) {
+        Shape along_channels(axes + 2, 1);
+        along_channels[1] = c_out;
+        y = y + bias.reshape(along_channels);
+    }
     return batched ? y : y.squeeze(0);
 }
 Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias,

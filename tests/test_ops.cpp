@@ -2534,6 +2534,11 @@ TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
         {{2, 3, 4, 3}, {3, 2, 3, 3}, {2, 2}, {1, 1}, {1, 0}, {1, 1}, 1, true},    // 2d
         {{1, 2, 3, 4}, {2, 3, 2, 3}, {3, 1}, {0, 2}, {2, 0}, {1, 2}, 1, true},    // per axis
         {{1, 2, 3, 3}, {2, 1, 3, 2}, {1, 3}, {3, 2}, {0, 1}, {2, 1}, 2, true},    // cut padding
+        // dilation 1, by phases: a phase without taps (kernel 2 < stride 3), a padding past
+        // the first phase, the common 4 x 4 kernel of stride 2
+        {{2, 2, 4, 3}, {2, 3, 4, 2}, {2, 3}, {1, 0}, {0, 2}, {1, 1}, 1, true},
+        {{1, 2, 3, 4}, {2, 2, 3, 5}, {2, 2}, {2, 3}, {1, 0}, {1, 1}, 2, false},
+        {{2, 3, 5, 5}, {3, 2, 4, 4}, {2, 2}, {1, 1}, {0, 0}, {1, 1}, 1, true},
     };
     for (size_t i = 0; i < cases.size(); i++) {
         const Case& c = cases[i];
