@@ -23,8 +23,8 @@ done
 python3 - "$out" "$rounds" <<'PY'
 import re, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-# "W3 mlp  0.40 ms/step median ...", "W4 matmul  17012.3 GFLOP/s median ... n 4096"
-line = re.compile(r"^(W\d\w*)\s+(\S+)\s+([\d.]+)\s+(\S+)")
+# "W3 mlp  0.40 ms/step median ...", "W4 matmul  17012.3 GFLOP/s median ... n 4096", "C1 cnn ..."
+line = re.compile(r"^([WC]\d\w*)\s+(\S+)\s+([\d.]+)\s+(\S+)")
 figures = {}   # (workload, unit) -> side -> values
 for side in "AB":
     for r in range(1, rounds + 1):

@@ -7,7 +7,8 @@
 // reference_torch.py run on the same machine in the same session, as a ratio (make bench
 // COMPARE=1). Beside each time: the step program's loop nests and temporary bytes
 // (tg::last_program()). W6 is W2's first step as a whole new process (cold and warm compile
-// cache); M1 sums up the temporaries of W3 and W5, unplanned and planned.
+// cache); M1 sums up the temporaries of W3 and W5, unplanned and planned. C1, a small CNN, is
+// a workload of our own, beside bench/reference_cnn.py.
 //
 // TG_DEVICE=CUDA runs them on the GPU (W4 then also at n = 4096; W7, the larger GPT, runs when
 // TG_BENCH names it). Compare with reference_torch_gpu.py, run on that machine in the same call.
@@ -346,6 +347,34 @@ static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t
     if (std::string(name) == "W5 gpt") w5_program = program;
 }
 
+// C1: a small CNN of our own (not in WORKLOADS.md; bench/reference_cnn.py is PyTorch's
+// side): Conv2d(3, 32, 3, padding 1), ReLU, MaxPool2d(2), Conv2d(32, 64, 3, padding 1), ReLU,
+// MaxPool2d(2), Linear(64·8·8, 10), batch 64 of 3 x 32 x 32 from a pool of 1024 random images
+// with random labels, cross-entropy, SGD lr 0.01; 3 warm-up steps, 5 blocks of 3 steps
+static const int64_t C1_POOL = 1024, C1_BATCH = 64, C1_CLASSES = 10;
+static void c1() {
+    std::mt19937 rng(1337);
+    std::normal_distribution<float> normal;
+    std::uniform_int_distribution<int32_t> label(0, int32_t(C1_CLASSES - 1));
+    std::vector<float> xs(size_t(C1_POOL * 3 * 32 * 32));
+    std::vector<int32_t> ys(static_cast<size_t>(C1_POOL));
+    for (auto& x : xs) x = normal(rng);
+    for (auto& y : ys) y = label(rng);
+    Tensor X = Tensor::from_vector(xs, {C1_POOL, 3, 32, 32}), Y = Tensor::from_vector(ys, {C1_POOL});
+    tg::manual_seed(1337);
+    nn::Sequential cnn(nn::Conv2d(3, 32, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2),
+                       nn::Conv2d(32, 64, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+                       nn::Linear(64 * 8 * 8, C1_CLASSES));
+    tg::optim::SGD opt(cnn.parameters(), 0.01);
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        return nn::cross_entropy(cnn(X[idx]), Y[idx]);
+    });
+    Tensor last;
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, C1_POOL, C1_BATCH))}); };
+    auto [t, program] = trace_and_time(one, 3, 3, 5);
+    print_line("C1 cnn", t, true, "final loss", last.item(), program);
+}
+
 // TG_BENCH=w2,w5 runs those workloads only (all by default)
 static bool enabled(const char* workload) {
     const char* only = std::getenv("TG_BENCH");
@@ -392,6 +421,7 @@ int main() {
     if (enabled("w5")) gpt("W5 gpt", 64, 64, 128, 4, 2, 16, 7);
     if (enabled("w6")) w6();
     if (std::getenv("TG_BENCH") && enabled("w7")) gpt("W7 gpt", 256, 256, 512, 8, 6, 32, 5);
+    if (enabled("c1") && !cuda) c1();
     if (enabled("w3") && enabled("w5")) m1();
     return 0;
 }
