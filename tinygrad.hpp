@@ -6187,19 +6187,23 @@ static bool match_product(const Block& b, ProductMatch& m) {
     // took the tokens as columns, so their GELU epilogues stored across the columns);
     // without rows, only sums of columns that are read along them (elsewhere packing them
     // would cost what tiling saves)
+    // columns narrower than half a vector (a weight gradient's 3 input channels) come last
     ExprP x, y;
     int x_at = 0;
-    for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c)
-        for (auto r = m.loops.rbegin(); r != m.loops.rend(); ++r) {
-            bool fits = *r != *c, products = false;
-            for (const ExprP& t : terms) {
-                fits = fits && split_term(t, *r, *c, x, y, x_at);
-                products = products || x;
+    for (int narrow = 0; narrow < 2; narrow++)
+        for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c) {
+            if ((b.extents[size_t(*c)] < TILE_LANES / 2) != bool(narrow)) continue;
+            for (auto r = m.loops.rbegin(); r != m.loops.rend(); ++r) {
+                bool fits = *r != *c, products = false;
+                for (const ExprP& t : terms) {
+                    fits = fits && split_term(t, *r, *c, x, y, x_at);
+                    products = products || x;
+                }
+                if (!fits || !products) continue;
+                m.rows = *r;
+                m.cols = *c;
+                return true;
             }
-            if (!fits || !products) continue;
-            m.rows = *r;
-            m.cols = *c;
-            return true;
         }
     for (auto c = m.loops.rbegin(); c != m.loops.rend(); ++c) {
         bool along = true, products = false;

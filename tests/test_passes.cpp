@@ -570,6 +570,19 @@ TEST(tile_products_merge_batch_loops_into_rows) {
     CHECK(values({x.matmul(w)}, "all")[0] == values({x.matmul(w)}, "none")[0]);
 }
 
+// A product with 3 output columns (a convolution's weight gradient over 3 input channels)
+// takes its 32 rows as the vectors' columns: tiles of 3 rows, all lanes used, where columns
+// of 3 would leave 13 of each vector's 16 lanes idle. The bits stay the loops'.
+TEST(tile_products_take_narrow_columns_as_rows) {
+    th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
+    Tensor a = data({32, 300}), b = data({300, 3}, 1);
+    CHECK(optimized({a.matmul(b)}, "all").find("[tiles: 3 x 32,") != std::string::npos);
+    CHECK(values({a.matmul(b)}, "all")[0] == values({a.matmul(b)}, "none")[0]);
+    Tensor wide = data({300, 8}, 2);   // 8 columns, half a vector: columns as lowered
+    CHECK(optimized({a.matmul(wide)}, "all").find("[tiles: 8 x 16,") != std::string::npos);
+    CHECK(values({a.matmul(wide)}, "all")[0] == values({a.matmul(wide)}, "none")[0]);
+}
+
 // Tiles of 4 rows by 64 columns, or of 8 rows by 32 where those pad fewer columns and rows:
 // 200 columns are 256 in tiles of 64 and 224 in tiles of 32 (W2's hidden layer). The tile's
 // shape changes only how many sums are in flight, never a sum's order: the bits of the loops.
