@@ -360,7 +360,8 @@ static void c1() {
     std::vector<int32_t> ys(static_cast<size_t>(C1_POOL));
     for (auto& x : xs) x = normal(rng);
     for (auto& y : ys) y = label(rng);
-    Tensor X = Tensor::from_vector(xs, {C1_POOL, 3, 32, 32}), Y = Tensor::from_vector(ys, {C1_POOL});
+    Tensor X = Tensor::from_vector(xs, {C1_POOL, 3, 32, 32});
+    Tensor Y = Tensor::from_vector(ys, {C1_POOL});
     tg::manual_seed(1337);
     nn::Sequential cnn(nn::Conv2d(3, 32, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2),
                        nn::Conv2d(32, 64, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
