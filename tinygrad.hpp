@@ -11082,6 +11082,16 @@ Tensor conv_input(const char* op, size_t axes, const Tensor& input, const Tensor
                           conv_shapes(input, weight).c_str()));
     return batched ? input : input.unsqueeze(0);
 }
+// y [N, C_out, *spatial] plus bias [C_out] along its channels, where a bias is given
+Tensor plus_channel_bias(const char* op, const Tensor& y, const Tensor& bias) {
+    if (!bias.defined()) return y;
+    if (bias.shape() != Shape{y.size(1)})
+        detail::fail(strf("%s: bias must be [C_out] = [%lld], got %s", op, (long long)y.size(1),
+                          shape_str(bias.shape()).c_str()));
+    Shape along_channels(size_t(y.ndim()), 1);
+    along_channels[1] = y.size(1);
+    return y + bias.reshape(along_channels);
+}
 Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tensor& weight,
                    const Tensor& bias, const SpatialSizes& stride_given,
                    const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
@@ -11095,9 +11105,6 @@ Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tenso
         detail::fail(strf("%s: %s, groups %lld: C_in and C_out must divide by groups, and the "
                           "weight's axis 1 be C_in / groups", op, shapes().c_str(),
                           (long long)groups));
-    if (bias.defined() && bias.shape() != Shape{c_out})
-        detail::fail(strf("%s: bias must be [C_out] = [%lld], got %s", op, (long long)c_out,
-                          shape_str(bias.shape()).c_str()));
     std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
     for (int64_t k : kernel)
         if (k < 1) detail::fail(strf("%s: the kernel is empty; %s", op, shapes().c_str()));
@@ -11121,12 +11128,7 @@ Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tenso
     }
     Shape out = {n, c_out};
     out.insert(out.end(), w.counts.begin(), w.counts.end());
-    y = y.reshape(out);
-    if (bias.defined()) {
-        Shape along_channels(axes + 2, 1);
-        along_channels[1] = c_out;
-        y = y + bias.reshape(along_channels);
-    }
+    y = plus_channel_bias(op, y.reshape(out), bias);
     return batched ? y : y.squeeze(0);
 }
 // The windows of a pooling over x's last `axes` axes, padded with pad_value: [..., *windows,
@@ -11285,9 +11287,6 @@ static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& 
     if (groups < 1 || c_in % groups || weight.size(0) != c_in)
         detail::fail(strf("%s: %s, groups %lld: the weight's axis 0 must be C_in, and C_in "
                           "divide by groups", op, shapes().c_str(), (long long)groups));
-    if (bias.defined() && bias.shape() != Shape{c_out})
-        detail::fail(strf("%s: bias must be [C_out] = [%lld], got %s", op, (long long)c_out,
-                          shape_str(bias.shape()).c_str()));
     std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
     std::vector<int64_t> stride = per_axis(stride_given, axes, op, "stride", 1);
     std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
@@ -11340,11 +11339,7 @@ static Tensor transposed_convolution(const char* op, size_t axes, const Tensor& 
         dilation_sizes.sizes = dilation;
         y = convolution(op, axes, x, w.flip(flipped), Tensor(), 1, 0, dilation_sizes, groups, loc);
     }
-    if (bias.defined()) {
-        Shape along_channels(axes + 2, 1);
-        along_channels[1] = c_out;
-        y = y + bias.reshape(along_channels);
-    }
+    y = plus_channel_bias(op, y, bias);
     return batched ? y : y.squeeze(0);
 }
 Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
