@@ -2185,6 +2185,14 @@ TEST(ops_pooling_matches_loops_values_and_gradients) {
     Vec pooled = vals(F::max_pool1d(x, 2));
     CHECK(pooled.size() == 3 && std::isnan(pooled[0]));
     CHECK_ALL_NEAR((Vec{pooled[1], pooled[2]}), (Vec{4, 6}), 0);
+    // a NaN before a window's largest number is picked, and takes the gradient
+    Tensor nan_first = Tensor::from_vector(std::vector<float>{NAN, 2, 3, NAN}, {1, 4});
+    nan_first.requires_grad();
+    Tensor nan_pooled = F::max_pool1d(nan_first, 2);
+    nan_pooled.sum().backward();
+    Vec firsts = vals(nan_pooled);
+    CHECK(firsts.size() == 2 && std::isnan(firsts[0]) && std::isnan(firsts[1]));
+    CHECK_ALL_NEAR(vals(nan_first.grad()), (Vec{1, 0, 0, 1}), 0);
     CHECK_ALL_NEAR(vals(F::avg_pool1d(x.slice(1, 2, 6), 2)), (Vec{3.5, 5.5}), 0);
 }
 
