@@ -576,6 +576,15 @@ public:
     Tensor log_softmax(int axis = -1, Loc loc = Loc::here()) const;
     Tensor gather(int axis, const Tensor& index, Loc loc = Loc::here()) const;  // torch.gather
     Tensor index_select(int axis, const Tensor& index, Loc loc = Loc::here()) const;
+    // gather's adjoint, as torch.scatter_add: this with src[i][j] added at [index[i][j]][j]
+    // (axis 0). index has this's rank and is no longer than src along any axis, nor than this
+    // along the others; repeated indices add up, in index order (the same bits every run)
+    Tensor scatter_add(int axis, const Tensor& index, const Tensor& src,
+                       Loc loc = Loc::here()) const;
+    // as torch.index_add: source's slice i along the axis, times alpha, added at slice
+    // index[i] of this (index 1-D, one per slice of source)
+    Tensor index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha = 1,
+                     Loc loc = Loc::here()) const;
     Tensor operator[](Operand index) const;            // rows: C[X], X [B,T] → [B,T,E]
     Tensor operator[](Index i) const;                  // x[i]: drops the first axis
 
@@ -1101,6 +1110,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // is_causal: query i sees keys j <= i only (a mask that fuses into the softmax)
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, Loc loc = Loc::here());
+// the same with PyTorch's other arguments, in its order: attn_mask broadcast to [..., L, S],
+// bool (true: the key takes part) or of q's dtype (added to the scores), not with
+// is_causal; dropout_p: dropout of the weights (always, as PyTorch's functional form);
+// scale: the scores' factor in place of 1/√d
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p = 0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt,
+                                    Loc loc = Loc::here());
 // Convolution as PyTorch's (a cross-correlation: the kernel is not flipped) of x [N, C_in,
 // *spatial] (or [C_in, *spatial]) with weight [C_out, C_in / groups, *kernel], plus bias
 // [C_out] where given: [N, C_out, *out], out = (spatial + 2·padding - dilation·(kernel - 1) -
@@ -3711,17 +3729,34 @@ Tensor Tensor::log_softmax(int axis, Loc loc) const {
 namespace detail {
 // softmax(q kᵀ / √d) over the keys; causal: key j > query i gets -∞ through a select on two
 // aranges, which fuses into the kernels of the softmax
-static Tensor attention_weights(const Tensor& q, const Tensor& k, bool causal, Loc loc) {
+// mask (where defined): bool, true where a key takes part, or added to the scores
+static Tensor attention_weights(const Tensor& q, const Tensor& k, bool causal, Loc loc,
+                                const Tensor& mask = Tensor(),
+                                std::optional<double> scale = std::nullopt) {
     UserLocScope at(loc);   // for the operators below
     if (q.ndim() < 2 || k.ndim() < 2 || q.size(-1) != k.size(-1))
         fail(strf("attention: queries %s and keys %s need the shapes [..., L, d] and [..., S, d]",
                   shape_str(q.shape()).c_str(), shape_str(k.shape()).c_str()), loc);
     int64_t L = q.size(-2), S = k.size(-2);
-    Tensor scores = q.matmul(k.mT(loc), loc) * (1.0 / std::sqrt(double(q.size(-1))));
+    Tensor scores = q.matmul(k.mT(loc), loc) * scale.value_or(1 / std::sqrt(double(q.size(-1))));
     if (causal) {
         Tensor i = Tensor::arange(L, loc).reshape({L, 1}, loc);
         Tensor j = Tensor::arange(S, loc).reshape({1, S}, loc);
         scores = where(j > i, -INFINITY, scores, loc);
+    }
+    if (mask.defined()) {
+        bool fits = mask.ndim() <= scores.ndim() &&
+                    (mask.dtype() == DType::BOOL || mask.dtype() == q.dtype());
+        for (int d = 1; fits && d <= mask.ndim(); d++)
+            fits = mask.size(-d) == 1 || mask.size(-d) == scores.size(-d);
+        if (!fits)
+            fail(strf("attention: attn_mask %s %s must be bool or %s and broadcast to the "
+                      "scores %s (queries %s, keys %s)", dtype_name(mask.dtype()),
+                      shape_str(mask.shape()).c_str(), dtype_name(q.dtype()),
+                      shape_str(scores.shape()).c_str(), shape_str(q.shape()).c_str(),
+                      shape_str(k.shape()).c_str()), loc);
+        scores = mask.dtype() == DType::BOOL ? where(mask, scores, -INFINITY, loc)
+                                             : add(scores, mask, loc);
     }
     return scores.softmax(-1, loc);
 }
@@ -3754,6 +3789,47 @@ Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     Shape along(size_t(ndim()), 1), out = shape();
     along[size_t(ax)] = out[size_t(ax)] = index.numel();
     return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
+}
+Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
+    check_index(*this, index, "scatter_add", loc);
+    int ax = normalize_axis(axis, shape().size(), "scatter_add", shape(), loc, false);
+    auto shapes = [&] {
+        return strf("self %s %s, index %s, src %s %s", dtype_name(dtype()),
+                    shape_str(shape()).c_str(), shape_str(index.shape()).c_str(),
+                    dtype_name(src.dtype()), shape_str(src.shape()).c_str());
+    };
+    if (src.dtype() != dtype() || dtype() == DType::BOOL)
+        fail("scatter_add: self and src must have one dtype, not bool; " + shapes(), loc);
+    bool fits = index.ndim() == ndim() && src.ndim() == ndim();
+    for (int d = 0; fits && d < ndim(); d++)
+        fits = index.size(d) <= src.size(d) && (d == ax || index.size(d) <= size(d));
+    if (!fits)
+        fail(strf("scatter_add: index must have self's rank and be no longer than src along "
+                  "every axis, nor than self but along axis %d; ", ax) + shapes(), loc);
+    std::vector<std::pair<int64_t, int64_t>> used;   // src's elements that index picks
+    for (int64_t n : index.shape()) used.push_back({0, n});
+    NodeP added = node_make(Op::SCATTER_ADD, dtype(), shape(),
+                            {src.shrink(used, loc).node(), index.node()}, loc, {ax});
+    return add(*this, wrap(added), loc);
+}
+Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha,
+                         Loc loc) const {
+    check_index(*this, index, "index_add", loc);
+    int ax = normalize_axis(axis, shape().size(), "index_add", shape(), loc, false);
+    Shape expected = shape();
+    if (ax < int(expected.size())) expected[size_t(ax)] = index.numel();
+    if (index.ndim() != 1 || source.shape() != expected)
+        fail(strf("index_add: index must be 1-D and source this's shape but along axis %d "
+                  "(%s); self %s, index %s, source %s", ax, shape_str(expected).c_str(),
+                  shape_str(shape()).c_str(), shape_str(index.shape()).c_str(),
+                  shape_str(source.shape()).c_str()), loc);
+    Shape along(size_t(ndim()), 1);
+    along[size_t(ax)] = index.numel();
+    if (!dtype_is_float(source.dtype()) && alpha.is_float)
+        fail(strf("index_add: alpha %g must be an integer for %s source", alpha.value,
+                  dtype_name(source.dtype())), loc);
+    Tensor scaled = alpha.value == 1 ? source : mul_c(source, alpha.value, loc);
+    return scatter_add(ax, index.reshape(along, loc).expand(expected, loc), scaled, loc);
 }
 Tensor Tensor::operator[](Operand index) const {
     const Tensor& ix = index.tensor;
@@ -4987,7 +5063,9 @@ struct Lowering {
 
     // A gradient's scatter_add carries its gather's line: the error points at the indexing.
     int check_site(Node* n, const Node* src, size_t axis) {
-        const char* what = n->op == Op::SCATTER_ADD ? "gather (computing its gradient)" : "gather";
+        const char* what = n->op == Op::GATHER          ? "gather"
+                           : n->phase == Phase::BACKWARD ? "gather (computing its gradient)"
+                                                         : "scatter_add";
         prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s", what,
                                     (long long)src->shape[axis], shape_str(src->shape).c_str()),
                                n->loc});
@@ -10995,6 +11073,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     detail::UserLocScope at(loc);
     return detail::attention_weights(q, k, is_causal, loc).matmul(v);
 }
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (attn_mask.defined() && is_causal)
+        detail::fail("scaled_dot_product_attention: attn_mask and is_causal together; the "
+                     "mask can hold the causal one", loc);
+    Tensor weights = detail::attention_weights(q, k, is_causal, loc, attn_mask, scale);
+    return dropout(weights, dropout_p, true, Tensor::next_seed(), loc).matmul(v);
+}
 
 // Convolution and pooling read x through one strided view per position of the kernel: the
 // view at position (k_1, ...) holds, for every window, the element of x at that position in
@@ -11210,7 +11298,7 @@ Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes
     // first NaN), as PyTorch's. The index is found elementwise over the kernel's positions, a
     // view of x each (a row of windows is a strided row of x, so the loops vectorize), not
     // as an argmax along the windows' last axis (two passes over each window's few
-    // elements): C1's step took 30.2 ms with the argmax, 28.1 so.
+    // elements): C1's step took 31.1 ms with the argmax, 28.5 so (bench/HISTORY.md).
     Pooling p = pooling_input(op, axes, x, kernel, stride, padding, dilation, -INFINITY);
     std::vector<Tensor> views =
         windows_of(p.padded, p.kernel, p.stride, p.dilation, op, x.shape()).views;

@@ -525,6 +525,18 @@ TEST(autograd_gather_index_select_embedding) {
     gc.add1("embedding C[X] inside a computation",
             [ids](const Tensor& t) { return (t[ids] * t[ids]).sum(-1).tanh(); }, src);
 
+    // scatter_add and index_add: self's gradient passes, src's is gathered at the index
+    In self = rnd({3, 4}, 113), more = rnd({3, 5}, 114);
+    Tensor into = I32({1, 1, 0, 2, 0, 2, 2, 1}, {2, 4}), cols = I32({3, 0, 3}, {3});
+    gc.add2("scatter_add(0) with repeats, src longer than the index",
+            [into](const Tensor& a, const Tensor& b) { return a.scatter_add(0, into, b); },
+            self, more);
+    gc.add2("index_add(1) with repeats, alpha 3",
+            [cols](const Tensor& a, const Tensor& b) {
+                return a.index_add(1, cols, b.slice(1, 0, 3), 3).tanh();
+            },
+            self, more);
+
     // exact: each row's gradient counts how often it is read
     Tensor c = T(randd(12, 112), {4, 3}).requires_grad();
     c[I32({0, 2, 2, 2, 0, 3}, {3, 2})].sum().backward();

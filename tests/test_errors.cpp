@@ -152,6 +152,30 @@ TEST(errors_gather_index_out_of_range_at_run_time) {
     CHECK_ALL_NEAR(ok.to_vector(), (std::vector<double>{8, 5, 2, 11}), 0);
 }
 
+TEST(errors_scatter_add_and_index_add) {
+    Tensor self = zeros({3, 4}), src = zeros({2, 4});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(self.scatter_add(0, ints({0, 1, 2}), src), "scatter_add", "rank", "[3,4]",
+                 "[3]", "[2,4]", here.c_str());
+    CHECK_THROWS(self.scatter_add(0, ints(std::vector<int32_t>(10, 0), {2, 5}), src),
+                 "scatter_add", "[2,5]", "[2,4]");
+    CHECK_THROWS(self.scatter_add(0, ints({0, 1}, {1, 2}), src.cast(tg::DType::FLOAT64)),
+                 "scatter_add", "one dtype", "float32", "float64");
+    CHECK_THROWS(self.scatter_add(0, Tensor::zeros({1, 2}), src), "scatter_add", "int32",
+                 "float32");
+    CHECK_THROWS(self.index_add(1, ints({0, 1}, {1, 2}), zeros({3, 2})), "index_add", "1-D",
+                 "[1,2]");
+    CHECK_THROWS(self.index_add(1, ints({0, 1}), zeros({3, 3})), "index_add", "[3,2]", "[3,3]");
+    CHECK_THROWS(ints({1, 2}).index_add(0, ints({0}), ints({5}), 0.5), "index_add",
+                 "alpha 0.5", "int32");
+    // an index out of range is found when the program runs, and named with the user's line
+    Tensor far = self.scatter_add(1, ints({0, 4}, {1, 2}), src);
+    here = at(__LINE__ - 1);
+    CHECK_THROWS(far.to_vector(), "scatter_add", "out of range", "[3,4]", "got 4", here.c_str());
+    CHECK_THROWS(self.index_add(0, ints({-1, 0}), src).realize(), "scatter_add",
+                 "out of range", "got -1");
+}
+
 TEST(errors_pad_shrink_slice) {
     Tensor x = zeros({3, 4});
     std::string here = at(__LINE__ + 1);

@@ -1467,6 +1467,45 @@ TEST(ops_gather) {
     CHECK_ALL_NEAR(vals(g3), w3, 0);
 }
 
+TEST(ops_scatter_add_index_add) {
+    // scatter_add along each axis of a [3, 4, 2] self, with a src longer than the index along
+    // every axis (only the part the index covers is added) and repeated indices
+    std::vector<float> base = randf(24, 151), sv = randf(4 * 5 * 3, 152);
+    for (int axis = 0; axis < 3; axis++) {
+        Shape idx_shape = {2, 3, 2};
+        const int64_t along[] = {3, 4, 2};
+        std::vector<int32_t> iv = randi(12, 153 + axis, 0, int32_t(along[axis]) - 1);
+        Tensor out = Tensor::from_vector(base, {3, 4, 2})
+                         .scatter_add(axis, Tensor::from_vector(iv, idx_shape),
+                                      Tensor::from_vector(sv, {4, 5, 3}));
+        Vec want(base.begin(), base.end());
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 3; b++)
+                for (int c = 0; c < 2; c++) {
+                    int at[] = {a, b, c};
+                    at[axis] = iv[size_t((a * 3 + b) * 2 + c)];
+                    want[size_t((at[0] * 4 + at[1]) * 2 + at[2])] +=
+                        sv[size_t((a * 5 + b) * 3 + c)];
+                }
+        CHECK(out.shape() == S({3, 4, 2}));
+        CHECK_ALL_NEAR(vals(out), want, F32);
+    }
+    // integers, and index_add with alpha along the last axis
+    Tensor counts = Tensor::zeros({4}, DType::INT32).scatter_add(
+        0, Tensor::from_vector(std::vector<int32_t>{3, 1, 3, 3}),
+        Tensor::ones({4}, DType::INT32));
+    CHECK(counts.dtype() == DType::INT32);
+    CHECK_ALL_NEAR(vals(counts), (Vec{0, 1, 0, 3}), 0);
+    std::vector<float> xv = randf(2 * 3, 154), srcv = randf(2 * 4, 155);
+    std::vector<int32_t> rows = {2, 0, 2, 1};
+    Tensor added = Tensor::from_vector(xv, {2, 3}).index_add(
+        -1, Tensor::from_vector(rows), Tensor::from_vector(srcv, {2, 4}), -2.0);
+    Vec want(xv.begin(), xv.end());
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) want[size_t(i * 3 + rows[size_t(j)])] -= 2 * srcv[size_t(i * 4 + j)];
+    CHECK_ALL_NEAR(vals(added), want, F32);
+}
+
 TEST(ops_index_select_embedding) {
     std::vector<float> sv = randf(20, 141);
     Tensor src = Tensor::from_vector(sv, {4, 5});
@@ -2275,6 +2314,57 @@ TEST(ops_functional_and_dropout) {
         CHECK_ALL_NEAR(vals(F::scaled_dot_product_attention(q, k, v, causal)), want, F32);
     }
     CHECK_THROWS(F::scaled_dot_product_attention(q, v, v), "attention", "[2,5,4]", "[2,6,3]");
+    // PyTorch's other arguments: a bool mask (broadcast over the batch), an additive one of
+    // q's dtype, a scale of our own
+    std::vector<float> addv = randf(2 * 5 * 6, 174);
+    std::vector<int32_t> keepv = randi(5 * 6, 175, 0, 3);
+    for (size_t i = 0; i < keepv.size(); i += 6) keepv[i] = 1;   // each query sees a key
+    Tensor keep = Tensor::from_vector(keepv, {5, 6}) != 0;
+    Tensor added = Tensor::from_vector(addv, {2, 5, 6});
+    for (int bool_mask = 0; bool_mask < 2; bool_mask++) {
+        Vec want;
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 5; i++) {
+                Vec w(6);
+                double top = -INFINITY, total = 0;
+                for (int j = 0; j < 6; j++) {
+                    double dot = 0;
+                    for (int c = 0; c < 4; c++) dot += double(qv[size_t((b * 5 + i) * 4 + c)]) *
+                                                       kv[size_t((b * 6 + j) * 4 + c)];
+                    w[size_t(j)] = bool_mask ? (keepv[size_t(i * 6 + j)] ? dot * 0.3 : -INFINITY)
+                                             : dot * 0.3 + addv[size_t((b * 5 + i) * 6 + j)];
+                    top = std::max(top, w[size_t(j)]);
+                }
+                for (double& e : w) total += e = std::exp(e - top);
+                for (int c = 0; c < 3; c++) {
+                    double y = 0;
+                    for (int j = 0; j < 6; j++) y += w[size_t(j)] / total * vv[size_t((b * 6 + j) * 3 + c)];
+                    want.push_back(y);
+                }
+            }
+        Tensor out = F::scaled_dot_product_attention(q, k, v, bool_mask ? keep : added, 0, false,
+                                                     0.3);
+        CHECK_ALL_NEAR(vals(out), want, F32);
+    }
+    // dropout of the weights: each kept weight doubled at p = 0.5, so rows of ones average 1
+    Tensor many = Tensor::randn({64, 8, 4}, 176), unit = Tensor::ones({64, 8, 1});
+    Vec dropped = vals(F::scaled_dot_product_attention(many, many, unit, Tensor(), 0.5));
+    double mean = 0;
+    bool some_changed = false;
+    for (double y : dropped) {
+        mean += y / double(dropped.size());
+        some_changed = some_changed || std::fabs(y - 1) > 1e-3;
+    }
+    CHECK(some_changed);
+    CHECK(std::fabs(mean - 1) < 0.1);
+    std::string here = std::to_string(__LINE__ + 1);
+    CHECK_THROWS(F::scaled_dot_product_attention(q, k, v, keep, 0, true), "attn_mask",
+                 "is_causal", here.c_str());
+    CHECK_THROWS(F::scaled_dot_product_attention(q, k, v, Tensor::zeros({5, 5})), "attn_mask",
+                 "[5,5]", "[2,5,6]");
+    CHECK_THROWS(F::scaled_dot_product_attention(q, k, v, Tensor::zeros({5, 6}, DType::INT32)),
+                 "attn_mask", "int32");
+    CHECK_THROWS(F::scaled_dot_product_attention(q, k, v, Tensor(), 1.5), "dropout", "1.5");
 
     // warm-up then cosine, against the formula; clip_grad_norm_ scales to the norm asked
     tg::optim::Schedule lr = tg::optim::warmup_cosine(0.1, 4, 12, 0.01);
