@@ -233,18 +233,18 @@ TEST(example_06_gpt_resumes_bit_for_bit) {
     CHECK(has(rest, "06_gpt: cannot resume: ") && has(rest, "missing.safetensors"));
 }
 
-// The header (with cuda_backend.hpp after it) compiles alone with the implementation, as C++17
-// and C++20, with g++ and clang++.
+// The header (with cuda_backend.hpp after it) compiles alone with the implementation and no
+// warning, by g++ as C++17 (the Makefile's standard) and by clang++ as C++20: each compiler
+// and each standard once, in half the time of all four pairs (37 s of make test's cases)
 TEST(header_compiles_alone_cxx17_cxx20) {
-    for (const char* cxx : {"g++", "clang++"}) {
+    for (auto [cxx, std] : {std::pair<const char*, const char*>{"g++", "-std=c++17"},
+                            {"clang++", "-std=c++20"}}) {
         std::string probe = std::string("command -v ") + cxx + " >/dev/null 2>&1";
         if (std::system(probe.c_str()) != 0) continue;
-        for (const char* std : {"-std=c++17", "-std=c++20"}) {
-            std::string cmd = std::string("printf '#define TINYGRAD_IMPLEMENTATION\\n"
-                                          "#include \"tinygrad.hpp\"\\n"
-                                          "#include \"cuda_backend.hpp\"\\n' | ") + cxx +
-                              " " + std + " -Wall -Wextra -Werror -fsyntax-only -I. -x c++ - 2>&1";
-            CHECK(std::system(cmd.c_str()) == 0);
-        }
+        std::string cmd = std::string("printf '#define TINYGRAD_IMPLEMENTATION\\n"
+                                      "#include \"tinygrad.hpp\"\\n"
+                                      "#include \"cuda_backend.hpp\"\\n' | ") + cxx + " " +
+                          std + " -Wall -Wextra -Werror -fsyntax-only -I. -x c++ - 2>&1";
+        CHECK(std::system(cmd.c_str()) == 0);
     }
 }
