@@ -494,6 +494,10 @@ public:
     // index first, NaN above +∞. k passes over the axis: meant for a small k
     ValuesIndices topk(int64_t k, int axis = -1, bool largest = true,
                        Loc loc = Loc::here()) const;
+    // Π x over the axis (none given: all), as torch.prod; integers and bool in int64. A tree
+    // of pairwise products (log2 n elementwise levels, no division: a zero has its gradient)
+    Tensor prod(Loc loc = Loc::here()) const;
+    Tensor prod(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     // ln Σ e^x over the axes (none given: all) without overflow; its gradient is the softmax
     Tensor logsumexp(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor logsumexp(const std::vector<int>& axes, bool keepdim = false,
@@ -3354,6 +3358,25 @@ Tensor Tensor::logsumexp(const std::vector<int>& axes, bool keepdim, Loc loc) co
     m = where(m.abs(loc) == INFINITY, 0, m, loc);
     Tensor sum = (x - m).exp(loc).sum(axes, keepdim, loc);
     return add(sum.log(loc), m.reshape(sum.shape(), loc), loc);
+}
+Tensor Tensor::prod(Loc loc) const {
+    return (ndim() == 0 ? *this : flatten(0, -1, loc).prod(0, false, loc)).reshape({}, loc);
+}
+Tensor Tensor::prod(int axis, bool keepdim, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, shape().size(), "prod", shape(), loc);
+    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    if (ndim() == 0) return x;
+    Tensor row = x.transpose(ax, -1, loc);   // the axis last, padded with ones to 2^k
+    int64_t n = row.size(-1), width = 1;
+    while (width < n) width *= 2;
+    std::vector<std::pair<int64_t, int64_t>> ones(size_t(ndim()), {0, 0});
+    ones.back() = {0, width - n};
+    row = row.pad(ones, 1, loc);
+    for (; width > 1; width /= 2)
+        row = row.slice(-1, 0, width / 2, 1, loc) * row.slice(-1, width / 2, width, 1, loc);
+    Tensor y = row.transpose(ax, -1, loc);
+    return keepdim ? y : y.squeeze(ax, loc);
 }
 // Counts, not max and min: over nothing they give false and true, as PyTorch's
 Tensor Tensor::any(Loc loc) const { return any(std::vector<int>{}, false, loc); }

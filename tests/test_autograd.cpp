@@ -398,6 +398,12 @@ TEST(autograd_sum_mean) {
     gc.add1("mean(1, keepdim)", [](const Tensor& t) { return t.mean(1, true); }, x);
     gc.add1("mean({1,2})", [](const Tensor& t) { return t.mean({1, 2}); }, x);
     gc.add1("mean({0,1}, keepdim)", [](const Tensor& t) { return t.mean({0, 1}, true); }, x);
+    // products, with a row holding one zero and a row holding two (their gradients are the
+    // product of the others, and zero)
+    In zeros = {{0.5, 0, -1.5, 2, 0.7, 1.1, 0, -0.8, 0, 1.3, -0.4, 0.9}, {3, 4}};
+    gc.add1("prod(1) with zeros", [](const Tensor& t) { return t.prod(1); }, zeros);
+    gc.add1("prod(0, keepdim) with zeros", [](const Tensor& t) { return t.prod(0, true); }, zeros);
+    gc.add1("prod()", [](const Tensor& t) { return t.prod(); }, rnd({2, 3}, 52, 0.5, 1.5, true));
     gc.add1("sum({-1,0}) (negative axis in a list)", [](const Tensor& t) { return t.sum({-1, 0}); }, x);
     gc.add1("mean({0,1,2}, keepdim)", [](const Tensor& t) { return t.mean({0, 1, 2}, true); }, x);
     gc.add1("x * sum(x, keepdim) (reduce and broadcast back)",

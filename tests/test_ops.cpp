@@ -754,6 +754,38 @@ TEST(ops_reduce_sum_mean) {
     CHECK_NEAR(rs[0].t.item(), ref_reduce(X, s, {0, 1, 2}, Red::SUM)[0], F32);
 }
 
+TEST(ops_reduce_prod) {
+    // along each axis of [3, 4, 5] (5 and 3 are no powers of two), with zeros and negatives
+    std::vector<float> xv = randf(60, 76, -1.5, 1.5);
+    xv[7] = 0;
+    Shape s = {3, 4, 5};
+    Tensor x = Tensor::from_vector(xv, s);
+    for (int axis = 0; axis < 3; axis++) {
+        Shape kept = s;
+        kept[size_t(axis)] = 1;
+        Vec want(size_t(count(kept)), 1.0);
+        for (int64_t i = 0; i < 60; i++) {
+            int64_t at[] = {i / 20, i / 5 % 4, i % 5};
+            at[axis] = 0;
+            want[size_t((at[0] * kept[1] + at[1]) * kept[2] + at[2])] *= xv[size_t(i)];
+        }
+        Tensor p = x.prod(axis, true);
+        CHECK(p.shape() == kept);
+        CHECK_ALL_NEAR(vals(p), want, F32);
+        CHECK_ALL_NEAR(vals(x.prod(axis - 3)), want, F32);   // the axis dropped
+    }
+    CHECK(x.prod(1).shape() == S({3, 5}));
+    double all = 1;
+    for (size_t i = 0; i < 12; i++) all *= xv[i + 1];
+    CHECK_NEAR(x.flatten().slice(0, 1, 13).prod().item(), all, F32);
+    // integers multiply in int64, as PyTorch's; over nothing the product is 1
+    Tensor big = Tensor::from_vector(std::vector<int32_t>{100000, 100000, -3}).prod();
+    CHECK(big.dtype() == DType::INT64 && big.shape() == S({}));
+    CHECK_EQ(big.to_vector<int64_t>()[0], int64_t(-30000000000));
+    CHECK_ALL_NEAR(vals(Tensor::zeros({2, 0}).prod(1)), (Vec{1, 1}), 0);
+    CHECK_THROWS(x.prod(3), "prod", "axis 3", "[3,4,5]");
+}
+
 TEST(ops_reduce_max_min) {
     std::vector<float> xv = randf(60, 72, -2, 2);
     Shape s = {3, 4, 5};
