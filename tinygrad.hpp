@@ -498,6 +498,11 @@ public:
     // of pairwise products (log2 n elementwise levels, no division: a zero has its gradient)
     Tensor prod(Loc loc = Loc::here()) const;
     Tensor prod(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    // x in order along the axis and where each value was (int64), as torch.sort(stable=True):
+    // equal values keep their order, NaN sorts above +∞. A bitonic network over the axis
+    // padded to 2^k: k(k + 1)/2 elementwise passes, each element against one other
+    ValuesIndices sort(int axis = -1, bool descending = false, Loc loc = Loc::here()) const;
+    Tensor argsort(int axis = -1, bool descending = false, Loc loc = Loc::here()) const;
     // ln Σ e^x over the axes (none given: all) without overflow; its gradient is the softmax
     Tensor logsumexp(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor logsumexp(const std::vector<int>& axes, bool keepdim = false,
@@ -3312,6 +3317,70 @@ ValuesIndices Tensor::topk(int64_t k, int axis, bool largest, Loc loc) const {
     Tensor values = x.gather(ax, indices, loc);
     if (ndim() == 0) return {values.reshape({}, loc), indices.reshape({}, loc)};
     return {values, indices};
+}
+
+// Each element of the row (the axis moved last, padded to 2^k) carries its tier (0, NaN 1,
+// padding 2), its key (NaN: 0) and its index; (tier, key, index) orders them with no ties.
+// Pass (size, half) of the network pairs element i with i ^ half, by viewing the row as
+// [2^k / (2·half), 2, half] and flipping the middle axis; the first of a pair keeps the
+// smaller where i & size is 0 (an ascending block), the larger elsewhere. The values are
+// then x gathered at the indices, so the gradient goes back to where each value came from.
+ValuesIndices Tensor::sort(int axis, bool descending, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, shape().size(), "sort", shape(), loc);
+    Tensor x = ndim() == 0 ? reshape({1}, loc) : transpose(ax, -1, loc);
+    const int64_t n = x.size(-1);
+    int64_t width = 1;
+    while (width < n) width *= 2;
+    std::vector<std::pair<int64_t, int64_t>> tail(size_t(x.ndim()), {0, 0});
+    tail.back() = {0, width - n};
+    Tensor key = dtype_is_float(dtype()) ? x.detach() : x.cast(DType::INT64, loc), tier;
+    if (descending) key = reversed_order(key, loc);
+    if (dtype_is_float(dtype())) {
+        Tensor nan = key != key;
+        tier = where(nan, descending ? -1 : 1, const_like(nan, 0, DType::INT32, loc), loc);
+        key = where(nan, 0, key, loc);
+    } else {
+        tier = const_like(key, 0, DType::INT32, loc);
+    }
+    tier = tier.pad(tail, 2, loc);
+    key = key.pad(tail, 0, loc);
+    Shape row_shape = key.shape();
+    Tensor index = Tensor::arange(width, loc).cast(DType::INT64, loc).expand(row_shape, loc);
+    for (int64_t size = 2; size <= width; size *= 2)
+        for (int64_t half = size / 2; half >= 1; half /= 2) {
+            Shape pairs(row_shape.begin(), row_shape.end() - 1);
+            for (int64_t d : {width / (2 * half), int64_t(2), half}) pairs.push_back(d);
+            auto paired = [&](const Tensor& t) {
+                Tensor mine = t.reshape(pairs, loc);
+                return std::pair<Tensor, Tensor>{mine, mine.flip(-2, loc)};
+            };
+            auto [tier_a, tier_b] = paired(tier);
+            auto [key_a, key_b] = paired(key);
+            auto [index_a, index_b] = paired(index);
+            Tensor below = tier_a < tier_b;
+            below = below.maximum((tier_a == tier_b).minimum(
+                (key_a < key_b).maximum((key_a == key_b).minimum(index_a < index_b, loc), loc),
+                loc), loc);
+            // block b of pairs starts at i = b·2·half: bit `size` of i is bit `blocks` of b
+            const int64_t blocks = size / (2 * half);
+            Tensor block = Tensor::arange(width / (2 * half), loc).reshape({-1, 1, 1}, loc);
+            Tensor ascending = block % (2 * blocks) < blocks;
+            Tensor first = Tensor::arange(2, loc).reshape({2, 1}, loc) == 0;
+            Tensor keep = below == (first == ascending);
+            // stored after each pass: inlined, a pass would compute the ones before it for
+            // each of its two reads (2^passes times over)
+            tier = where(keep, tier_a, tier_b, loc).reshape(row_shape, loc).contiguous(loc);
+            key = where(keep, key_a, key_b, loc).reshape(row_shape, loc).contiguous(loc);
+            index = where(keep, index_a, index_b, loc).reshape(row_shape, loc).contiguous(loc);
+        }
+    Tensor order = index.slice(-1, 0, n, 1, loc);
+    Tensor values = x.gather(-1, order, loc);
+    if (ndim() == 0) return {values.reshape({}, loc), order.reshape({}, loc)};
+    return {values.transpose(ax, -1, loc), order.transpose(ax, -1, loc)};
+}
+Tensor Tensor::argsort(int axis, bool descending, Loc loc) const {
+    return sort(axis, descending, loc).indices;
 }
 
 // Along the last axis: a row of up to 256 sums a triangle of x (n² work); a longer row is cut

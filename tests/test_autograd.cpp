@@ -282,6 +282,9 @@ TEST(autograd_max_min_topk_cumsum_remainder_functional) {
     gc.add1("min(0, keepdim)", [](const Tensor& x) { return x.min(0, true) * x; }, a);
     gc.add1("topk(2)", [](const Tensor& x) { return x.topk(2, 1).values * 3.0; }, a);
     gc.add1("topk smallest", [](const Tensor& x) { return x.topk(3, 0, false).values; }, a);
+    gc.add1("sort(1)", [](const Tensor& x) { return x.sort(1).values * x; }, a);
+    gc.add1("sort(0, descending)", [](const Tensor& x) { return x.sort(0, true).values.tanh(); },
+            a);
     gc.add1("cumsum(1)", [](const Tensor& x) { return x.cumsum(1) * x; }, a);
     gc.add1("cumsum(0)", [](const Tensor& x) { return x.cumsum(0).square(); }, a);
     gc.add1("cumsum of 300 (blocks)", [](const Tensor& x) { return x.cumsum(0) * x; },

@@ -1890,6 +1890,57 @@ TEST(ops_print_summarized) {
     CHECK_EQ(Tensor::from_vector(ones).to_string(), std::string("tensor([1., 1., 1.,  ..., 1., 1., 1.])"));
 }
 
+// sort and argsort against std::stable_sort: ties keep their order, NaN above +∞ (first when
+// descending); along a middle axis of odd length (padded inside), of floats and of integers
+TEST(ops_sort_argsort) {
+    std::vector<float> xv = randf(3 * 13 * 2, 181, -2, 2);
+    for (size_t i = 0; i < xv.size(); i += 4) xv[i] = 0.5f;   // ties
+    xv[5] = NAN;
+    xv[9] = -INFINITY;
+    xv[16] = INFINITY;
+    std::vector<int32_t> iv = randi(3 * 13 * 2, 182, -4, 4);
+    for (bool ints : {false, true})
+        for (bool descending : {false, true}) {
+            Tensor x = ints ? Tensor::from_vector(iv, {3, 13, 2})
+                            : Tensor::from_vector(xv, {3, 13, 2});
+            auto [values, indices] = x.sort(1, descending);
+            CHECK(values.shape() == S({3, 13, 2}) && values.dtype() == x.dtype());
+            CHECK(indices.dtype() == DType::INT64);
+            std::vector<int64_t> got = indices.to_vector<int64_t>();
+            CHECK(got == x.argsort(-2, descending).to_vector<int64_t>());
+            Vec got_values = vals(values), want_values;
+            std::vector<int64_t> want;
+            for (int a = 0; a < 3; a++)
+                for (int c = 0; c < 2; c++) {
+                    auto at = [&](int64_t j) {
+                        size_t k = size_t((a * 13 + j) * 2 + c);
+                        return ints ? double(iv[k]) : double(xv[k]);
+                    };
+                    auto rank = [&](int64_t j) {   // NaN the largest
+                        double v = at(j);
+                        return std::isnan(v) ? INFINITY : descending ? -v : v;
+                    };
+                    auto tier = [&](int64_t j) { return std::isnan(at(j)) ? (descending ? -1 : 1) : 0; };
+                    std::vector<int64_t> order(13);
+                    for (int64_t j = 0; j < 13; j++) order[size_t(j)] = j;
+                    std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) {
+                        return tier(p) != tier(q) ? tier(p) < tier(q) : rank(p) < rank(q);
+                    });
+                    for (int64_t j = 0; j < 13; j++) {
+                        size_t k = size_t((a * 13 + j) * 2 + c);
+                        CHECK_EQ(got[k], order[size_t(j)]);
+                        double g = got_values[k], w = at(order[size_t(j)]);
+                        CHECK(g == w || (std::isnan(g) && std::isnan(w)));
+                    }
+                }
+        }
+    // a 0-d tensor, and a bool row
+    CHECK_EQ(Tensor::full({}, 3.0).sort().indices.to_vector<int64_t>()[0], int64_t(0));
+    Tensor flags = Tensor::from_vector(std::vector<int32_t>{1, 0, 1, 0}) != 0;
+    CHECK(flags.argsort().to_vector<int64_t>() == (std::vector<int64_t>{1, 3, 0, 2}));
+    CHECK_THROWS(Tensor::zeros({2, 3}).sort(2), "sort", "axis 2", "[2,3]");
+}
+
 // x.max(axis) / x.min(axis) give values and indices (torch.return_types); topk in order
 TEST(ops_max_min_indices_topk) {
     std::vector<float> xv = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
