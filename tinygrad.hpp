@@ -4386,8 +4386,9 @@ TG_COLD_BEGIN   // to [LOOPIR]: once per new program, compiled unoptimized (Part
 // so does a value broadcast back over the rows it came from (sched.once): lowering computes
 // it once per value, in the innermost loop its index depends on (softmax's row max and sum in
 // the row loop, before the loop over the row), and where it cannot (the value would be
-// recomputed inside a loop it does not depend on) it asks for a buffer and the program is
-// planned again (plan_program). An ASSIGN stores into its target's buffer: kernels that read
+// recomputed inside a loop it does not depend on, or by consecutive iterations that read it
+// at i / 2, as a max pool's gradient reads its windows') it asks for a buffer and the
+// program is planned again (plan_program). An ASSIGN stores into its target's buffer: kernels that read
 // the target's old value run before it, and a value that reads the target through a view is
 // computed into a temporary first.
 // Tests: tests/test_schedule.cpp (kernel counts for canonical graphs).
@@ -5018,6 +5019,20 @@ static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
         if (part->kind == EK::VAR) vars.insert(part->id);
     });
 }
+// The variables that e reads only divided by a constant (i / 2 but not i itself): e is the
+// same for consecutive values of them.
+static void vars_only_divided(const ExprP& e, std::unordered_set<int>& vars) {
+    std::unordered_set<int> divided, plain;
+    std::function<void(const ExprP&, bool)> walk = [&](const ExprP& part, bool under) {
+        if (part->kind == EK::VAR) (under ? divided : plain).insert(part->id);
+        bool divides = part->kind == EK::ALU && part->op == Op::IDIV &&
+                       part->src[1]->kind == EK::CONST && part->src[1]->num > 1;
+        for (const ExprP& src : part->src) walk(src, under || divides);
+    };
+    walk(e, false);
+    for (int v : divided)
+        if (!plain.count(v)) vars.insert(v);
+}
 
 // -- what a block reads and writes: the analysis the passes and the renderers share
 struct Access {
@@ -5327,8 +5342,14 @@ struct Lowering {
         int level = -1;   // position in open_loops of the innermost loop idx depends on
         for (size_t p = 0; p < open_loops.size(); p++)
             if (used.count(open_loops[p])) level = int(p);
+        // wasted: computed again in a loop it does not depend on, or for each of consecutive
+        // iterations that share it (read at i / 2: a max pool's gradient, from its window)
+        std::unordered_set<int> divided;
+        for (const ExprP& e : idx) vars_only_divided(e, divided);
         bool waste = false;
-        for (int p = 0; p < level; p++) waste = waste || !used.count(open_loops[size_t(p)]);
+        for (int p = 0; p <= level; p++)
+            waste = waste || !used.count(open_loops[size_t(p)]) ||
+                    divided.count(open_loops[size_t(p)]);
         bool reduces = op_kind(n->op) == OpKind::REDUCE;
         auto [seen, first] = first_index.emplace(n, where);
         // Only the outermost such value is noted: stored, it takes the ones it reads out of this

@@ -389,6 +389,27 @@ TEST(product_gradient_through_gelu_stores_the_sum_not_its_parts) {
     CHECK_EQ(th::count_of(sched, "(not computable once per value inside)"), 2);
 }
 
+// A costly value read at i / 2 (each element by two consecutive iterations: a nearest 2x
+// upsampling; a max pool's gradient read from its windows) would be computed twice over
+// inside its reader's loops: lowering asks to store it, and its kernel computes it once.
+TEST(value_read_at_a_divided_index_is_stored) {
+    Tensor a = data({4, 8, 8}), b = data({4, 8, 8});
+    Tensor costly = (a * 0.1f).exp() + (b * 0.2f).sin();
+    Tensor up = costly.reshape({4, 8, 1, 8, 1}).expand({4, 8, 2, 8, 2}).reshape({4, 16, 16});
+    Tensor y = up * data({4, 16, 16});
+    std::string sched = tg::inspect({y}).schedule;
+    CHECK_EQ(kernels(y), 2);
+    CHECK_EQ(th::count_of(sched, "(not computable once per value inside)"), 1);
+    std::vector<float> got = y.to_vector(), small = costly.to_vector();
+    std::vector<float> other = data({4, 16, 16}).to_vector();
+    std::vector<float> want(got.size());
+    for (size_t i = 0; i < want.size(); i++) {
+        size_t n = i / 256, r = i / 16 % 16, c = i % 16;
+        want[i] = small[n * 64 + r / 2 * 8 + c / 2] * other[i];
+    }
+    CHECK_ALL_NEAR(got, want, 1e-6);
+}
+
 // A Linear's x Wᵀ + b read by several products (attention's q, k and v: slices of one
 // Linear's output, read by the forward and backward products) is stored with its + b, by the
 // product's kernel (in place of x Wᵀ, which only it reads), rather than x Wᵀ stored and + b
