@@ -3270,6 +3270,17 @@ Tensor Tensor::argmin(int axis, bool keepdim, Loc loc) const {
     if (dtype() == DType::BOOL) return logical_not(loc).argmax(axis, keepdim, loc);
     return reversed_order(*this, loc).argmax(axis, keepdim, loc);
 }
+// x's order as (tier, key), compared tier first: a float's NaN is tier 1 (above +∞) with
+// key 0, the rest tier 0 with key x (no gradient); an integer's key is x in int64. reversed:
+// the order turned around (keys reversed_order, NaN tier -1)
+static std::pair<Tensor, Tensor> ordered_keys(const Tensor& x, bool reversed, Loc loc) {
+    Tensor key = dtype_is_float(x.dtype()) ? x.detach() : x.cast(DType::INT64, loc);
+    if (reversed) key = reversed_order(key, loc);
+    if (!dtype_is_float(x.dtype())) return {const_like(key, 0, DType::INT32, loc), key};
+    Tensor nan = key != key;
+    return {where(nan, reversed ? -1 : 1, const_like(nan, 0, DType::INT32, loc), loc),
+            where(nan, 0, key, loc)};
+}
 // Round i takes, of the elements not taken yet, the first with the largest key. A float's key is
 // (tier, value): NaN has tier 1 for the largest (above +∞) and -1 for the smallest (after +∞).
 // The values are gathered from x, so the gradient goes to the elements picked.
@@ -3287,14 +3298,8 @@ ValuesIndices Tensor::topk(int64_t k, int axis, bool largest, Loc loc) const {
     Tensor position = arange(n, loc).reshape(along, loc);
     Tensor rev = add_c(neg(position, loc), double(n), loc);
     bool is_float = dtype_is_float(dtype());
-    Tensor key = is_float ? x.detach() : x.cast(DType::INT64, loc), tier;
-    if (!largest) key = reversed_order(key, loc);
+    auto [tier, key] = ordered_keys(x, !largest, loc);
     double lowest = is_float ? -INFINITY : double(INT64_MIN);
-    if (is_float) {
-        Tensor nan = key != key;
-        tier = where(nan, largest ? 1 : -1, const_like(nan, 0, DType::INT32, loc), loc);
-        key = where(nan, 0, key, loc);
-    }
     Tensor taken = const_like(x, 0, DType::BOOL, loc);
     std::vector<Tensor> picked;
     for (int64_t i = 0; i < k; i++) {
@@ -3334,15 +3339,7 @@ ValuesIndices Tensor::sort(int axis, bool descending, Loc loc) const {
     while (width < n) width *= 2;
     std::vector<std::pair<int64_t, int64_t>> tail(size_t(x.ndim()), {0, 0});
     tail.back() = {0, width - n};
-    Tensor key = dtype_is_float(dtype()) ? x.detach() : x.cast(DType::INT64, loc), tier;
-    if (descending) key = reversed_order(key, loc);
-    if (dtype_is_float(dtype())) {
-        Tensor nan = key != key;
-        tier = where(nan, descending ? -1 : 1, const_like(nan, 0, DType::INT32, loc), loc);
-        key = where(nan, 0, key, loc);
-    } else {
-        tier = const_like(key, 0, DType::INT32, loc);
-    }
+    auto [tier, key] = ordered_keys(x, descending, loc);
     tier = tier.pad(tail, 2, loc);
     key = key.pad(tail, 0, loc);
     Shape row_shape = key.shape();
@@ -4388,9 +4385,9 @@ TG_COLD_BEGIN   // to [LOOPIR]: once per new program, compiled unoptimized (Part
 // the row loop, before the loop over the row), and where it cannot (the value would be
 // recomputed inside a loop it does not depend on, or by consecutive iterations that read it
 // at i / 2, as a max pool's gradient reads its windows') it asks for a buffer and the
-// program is planned again (plan_program). An ASSIGN stores into its target's buffer: kernels that read
-// the target's old value run before it, and a value that reads the target through a view is
-// computed into a temporary first.
+// program is planned again (plan_program). An ASSIGN stores into its target's buffer:
+// kernels that read the target's old value run before it, and a value that reads the target
+// through a view is computed into a temporary first.
 // Tests: tests/test_schedule.cpp (kernel counts for canonical graphs).
 
 struct Kernel {
