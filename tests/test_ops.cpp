@@ -2374,7 +2374,8 @@ TEST(ops_functional_and_dropout) {
     std::vector<float> qv = randf(2 * 5 * 4, 171), kv = randf(2 * 6 * 4, 172), vv = randf(2 * 6 * 3, 173);
     Tensor q = Tensor::from_vector(qv, {2, 5, 4}), k = Tensor::from_vector(kv, {2, 6, 4});
     Tensor v = Tensor::from_vector(vv, {2, 6, 3});
-    for (bool causal : {false, true}) {
+    // softmax over the keys j of score(b, i, j, q_i·k_j), times v
+    auto attention_loops = [&](const std::function<double(int, int, int, double)>& score) {
         Vec want;
         for (int b = 0; b < 2; b++)
             for (int i = 0; i < 5; i++) {
@@ -2384,7 +2385,7 @@ TEST(ops_functional_and_dropout) {
                     double dot = 0;
                     for (int c = 0; c < 4; c++) dot += double(qv[size_t((b * 5 + i) * 4 + c)]) *
                                                        kv[size_t((b * 6 + j) * 4 + c)];
-                    w[size_t(j)] = causal && j > i ? -INFINITY : dot / 2;
+                    w[size_t(j)] = score(b, i, j, dot);
                     top = std::max(top, w[size_t(j)]);
                 }
                 for (double& e : w) total += e = std::exp(e - top);
@@ -2394,6 +2395,12 @@ TEST(ops_functional_and_dropout) {
                     want.push_back(y);
                 }
             }
+        return want;
+    };
+    for (bool causal : {false, true}) {
+        Vec want = attention_loops([&](int, int i, int j, double dot) {
+            return causal && j > i ? -INFINITY : dot / 2;
+        });
         CHECK_ALL_NEAR(vals(F::scaled_dot_product_attention(q, k, v, causal)), want, F32);
     }
     CHECK_THROWS(F::scaled_dot_product_attention(q, v, v), "attention", "[2,5,4]", "[2,6,3]");
@@ -2405,26 +2412,10 @@ TEST(ops_functional_and_dropout) {
     Tensor keep = Tensor::from_vector(keepv, {5, 6}) != 0;
     Tensor added = Tensor::from_vector(addv, {2, 5, 6});
     for (int bool_mask = 0; bool_mask < 2; bool_mask++) {
-        Vec want;
-        for (int b = 0; b < 2; b++)
-            for (int i = 0; i < 5; i++) {
-                Vec w(6);
-                double top = -INFINITY, total = 0;
-                for (int j = 0; j < 6; j++) {
-                    double dot = 0;
-                    for (int c = 0; c < 4; c++) dot += double(qv[size_t((b * 5 + i) * 4 + c)]) *
-                                                       kv[size_t((b * 6 + j) * 4 + c)];
-                    w[size_t(j)] = bool_mask ? (keepv[size_t(i * 6 + j)] ? dot * 0.3 : -INFINITY)
-                                             : dot * 0.3 + addv[size_t((b * 5 + i) * 6 + j)];
-                    top = std::max(top, w[size_t(j)]);
-                }
-                for (double& e : w) total += e = std::exp(e - top);
-                for (int c = 0; c < 3; c++) {
-                    double y = 0;
-                    for (int j = 0; j < 6; j++) y += w[size_t(j)] / total * vv[size_t((b * 6 + j) * 3 + c)];
-                    want.push_back(y);
-                }
-            }
+        Vec want = attention_loops([&](int b, int i, int j, double dot) {
+            return bool_mask ? (keepv[size_t(i * 6 + j)] ? dot * 0.3 : -INFINITY)
+                             : dot * 0.3 + addv[size_t((b * 5 + i) * 6 + j)];
+        });
         Tensor out = F::scaled_dot_product_attention(q, k, v, bool_mask ? keep : added, 0, false,
                                                      0.3);
         CHECK_ALL_NEAR(vals(out), want, F32);
