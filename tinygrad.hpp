@@ -516,6 +516,10 @@ public:
     Tensor all(const std::vector<int>& axes, bool keepdim = false, Loc loc = Loc::here()) const;
     // y_i = x_0 + ... + x_i along the axis; integers sum in int64
     Tensor cumsum(int axis, Loc loc = Loc::here()) const;
+    // y_i = x_0 · ... · x_i along the axis; integers in int64. log2 n passes, each the row
+    // times itself shifted on by 2^pass (ones shifted in): no division, so a zero has its
+    // gradient
+    Tensor cumprod(int axis, Loc loc = Loc::here()) const;
     Tensor argmax(Loc loc = Loc::here()) const;       // int64 index into the flattened tensor
     Tensor argmax(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor argmin(Loc loc = Loc::here()) const;
@@ -3409,6 +3413,22 @@ Tensor Tensor::cumsum(int axis, Loc loc) const {
     if (ndim() == 0) return dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
     Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
     return cumsum_last(x.transpose(ax, -1, loc), loc).transpose(ax, -1, loc);
+}
+
+Tensor Tensor::cumprod(int axis, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, shape().size(), "cumprod", shape(), loc);
+    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    if (ndim() == 0) return x;
+    Tensor row = x.transpose(ax, -1, loc);
+    const int64_t n = row.size(-1);
+    std::vector<std::pair<int64_t, int64_t>> ones(size_t(ndim()), {0, 0});
+    for (int64_t shift = 1; shift < n; shift *= 2) {
+        ones.back() = {shift, 0};
+        // stored after each pass: inlined, each pass would compute the ones before it twice
+        row = (row * row.pad(ones, 1, loc).slice(-1, 0, n, 1, loc)).contiguous(loc);
+    }
+    return row.transpose(ax, -1, loc);
 }
 
 Tensor Tensor::logsumexp(int axis, bool keepdim, Loc loc) const {

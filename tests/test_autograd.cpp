@@ -287,6 +287,10 @@ TEST(autograd_max_min_topk_cumsum_remainder_functional) {
             a);
     gc.add1("cumsum(1)", [](const Tensor& x) { return x.cumsum(1) * x; }, a);
     gc.add1("cumsum(0)", [](const Tensor& x) { return x.cumsum(0).square(); }, a);
+    gc.add1("cumprod(1)", [](const Tensor& x) { return x.cumprod(1); }, a);
+    In zero_in_row = {{0.5, 0, -1.5, 2, 0.7, 1.1, 0, -0.8, 0, 1.3}, {2, 5}};
+    gc.add1("cumprod(-1) through zeros", [](const Tensor& x) { return x.cumprod(-1) * x; },
+            zero_in_row);
     gc.add1("cumsum of 300 (blocks)", [](const Tensor& x) { return x.cumsum(0) * x; },
             long_row);
     gc.add2("remainder", [](const Tensor& x, const Tensor& y) { return x % y; }, a, b);

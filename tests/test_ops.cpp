@@ -2041,6 +2041,35 @@ TEST(ops_cumsum) {
     CHECK_THROWS(Tensor::zeros({2, 3}).cumsum(2), "cumsum", "axis 2", "[2,3]");
 }
 
+TEST(ops_cumprod) {
+    // values near ±1 keep the products in range; a zero mid-row zeroes the rest
+    for (int64_t n : {1, 2, 7, 64, 100}) {
+        std::vector<float> xv = randf(size_t(3 * n), uint64_t(190 + n), 0.8, 1.25);
+        for (size_t i = 0; i < xv.size(); i += 3) xv[i] = -xv[i];
+        if (n > 5) xv[size_t(n + 4)] = 0;
+        Tensor x = Tensor::from_vector(xv, {3, n});
+        Tensor c1 = x.cumprod(1), c0 = x.cumprod(-2);
+        Vec w1, w0(size_t(3 * n));
+        for (int r = 0; r < 3; r++) {
+            double run = 1;
+            for (int64_t j = 0; j < n; j++) w1.push_back(run *= xv[size_t(r * n + j)]);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            double run = 1;
+            for (int r = 0; r < 3; r++) w0[size_t(r * n + j)] = run *= xv[size_t(r * n + j)];
+        }
+        CHECK(c1.shape() == S({3, n}) && c1.dtype() == DType::FLOAT32);
+        CHECK_ALL_NEAR(vals(c1), w1, 1e-6 * double(n));
+        CHECK_ALL_NEAR(vals(c0), w0, F32);
+    }
+    // integers in int64, exactly; a 0-d tensor is itself
+    Tensor ci = Tensor::from_vector({100000, 100000, -3}).cumprod(0);
+    CHECK(ci.dtype() == DType::INT64);
+    CHECK(ci.to_vector<int64_t>() == (std::vector<int64_t>{100000, 10000000000, -30000000000}));
+    CHECK_EQ(Tensor::full({}, 3.5).cumprod(0).item(), 3.5);
+    CHECK_THROWS(Tensor::zeros({2, 3}).cumprod(2), "cumprod", "axis 2", "[2,3]");
+}
+
 // % is Python's remainder (the divisor's sign); floor, ceil, trunc as C's
 TEST(ops_remainder_floor_ceil_trunc) {
     std::vector<int32_t> a = {-7, 7, -7, 7, 0, 6, -6, 5}, b = {3, -3, -3, 3, 4, 3, 3, 0};
