@@ -830,24 +830,28 @@ struct GroupNorm : Module {
 // Each channel of x [N, C, *spatial] normalized, then · weight + bias per channel (affine).
 // While training: by its mean and biased variance over the batch and positions, and the
 // running mean and unbiased variance move toward those, r = (1 - momentum)·r + momentum·batch's
-// (updated in forward, with x computed in the same program; in a jitted step, in its program).
-// In eval(): by the running statistics. Buffers: running_mean, running_var and
-// num_batches_tracked, as PyTorch's state_dict names them.
+// (updated in forward, with x computed in the same program; in a jitted step, in its program);
+// momentum std::nullopt: the mean of every batch so far (momentum 1 / batches), as PyTorch's
+// None. In eval(): by the running statistics. Buffers: running_mean, running_var and
+// num_batches_tracked, as PyTorch's state_dict names them. track_running_stats false: no
+// buffers, and the batch's statistics in eval() too.
 struct BatchNormNd : Module {
-    BatchNormNd(int spatial_axes, int64_t num_features, double eps, double momentum,
-                bool affine);
+    BatchNormNd(int spatial_axes, int64_t num_features, double eps,
+                std::optional<double> momentum, bool affine, bool track_running_stats);
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     Named named_buffers() override;
     int spatial_axes;   // BatchNorm1d takes [N, C] too
     int64_t num_features;
-    double eps, momentum;
+    double eps;
+    std::optional<double> momentum;
     Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 };
 template <int SpatialAxes> struct BatchNorm : BatchNormNd {
-    explicit BatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
-                       bool affine = true)
-        : BatchNormNd(SpatialAxes, num_features, eps, momentum, affine) {}
+    explicit BatchNorm(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true)
+        : BatchNormNd(SpatialAxes, num_features, eps, momentum, affine, track_running_stats) {}
 };
 using BatchNorm1d = BatchNorm<1>;
 using BatchNorm2d = BatchNorm<2>;
@@ -11139,11 +11143,13 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
 }
 // The running statistics' updates (and the count's) are realized at once, with x: they must
 // not wait for the output, which may never be realized, and x would be computed twice apart.
-// count (int64, realized; nn::BatchNorm's) gains 1 while training.
+// count (int64, realized; nn::BatchNorm's) gains 1 while training. momentum std::nullopt:
+// 1 / (count + 1), the mean of every batch so far.
 static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
                                  const Tensor& running_var, const Tensor& weight,
-                                 const Tensor& bias, bool training, double momentum,
-                                 double eps, const Tensor& count, Loc loc) {
+                                 const Tensor& bias, bool training,
+                                 std::optional<double> momentum, double eps,
+                                 const Tensor& count, Loc loc) {
     detail::UserLocScope at(loc);
     if (x.ndim() < 2 || !dtype_is_float(x.dtype()))
         detail::fail(strf("batch_norm: x %s %s needs a float [N, C, *]", dtype_name(x.dtype()),
@@ -11177,13 +11183,18 @@ static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
     {
         NoGrad no_grad;
         double unbiased = double(per_channel) / double(per_channel - 1);
+        // r moved toward the batch's value: by a constant, or by 1 / batches, read from the
+        // count when the program runs
+        auto moved = [&](const Tensor& r, const Tensor& batch, double scale) {
+            Tensor b = batch.detach().reshape({channels});
+            if (momentum) return r * (1 - *momentum) + b * (*momentum * scale);
+            Tensor share = 1.0f / (count + 1).cast(DType::FLOAT32);
+            return r * (1 - share) + b * (share * scale);
+        };
         if (running_mean.defined())
-            updates.push_back(running_mean.assign(running_mean * (1 - momentum) +
-                                                  mean.detach().reshape({channels}) * momentum));
+            updates.push_back(running_mean.assign(moved(running_mean, mean, 1)));
         if (running_var.defined())
-            updates.push_back(running_var.assign(
-                running_var * (1 - momentum) +
-                var.detach().reshape({channels}) * (momentum * unbiased)));
+            updates.push_back(running_var.assign(moved(running_var, var, unbiased)));
         if (count.defined()) updates.push_back(count.assign(count + 1));
     }
     if (!updates.empty()) {
@@ -11798,7 +11809,8 @@ Module::Named GroupNorm::named_parameters() {
 }
 
 // The buffers are realized from the start: a constant would fold into a jitted step's program.
-BatchNormNd::BatchNormNd(int axes, int64_t features, double e, double m, bool affine)
+BatchNormNd::BatchNormNd(int axes, int64_t features, double e, std::optional<double> m,
+                         bool affine, bool track_running_stats)
     : spatial_axes(axes), num_features(features), eps(e), momentum(m) {
     if (features <= 0)
         detail::fail(strf("BatchNorm%dd: num_features must be positive, got %lld", axes,
@@ -11807,6 +11819,7 @@ BatchNormNd::BatchNormNd(int axes, int64_t features, double e, double m, bool af
         weight = Tensor::ones({features}).requires_grad();
         bias = Tensor::zeros({features}).requires_grad();
     }
+    if (!track_running_stats) return;
     running_mean = Tensor::from_vector(std::vector<float>(size_t(features), 0.f));
     running_var = Tensor::from_vector(std::vector<float>(size_t(features), 1.f));
     num_batches_tracked = Tensor::from_vector(std::vector<int64_t>{0}, {});
@@ -11821,14 +11834,17 @@ Tensor BatchNormNd::forward(const Tensor& x) {
         detail::fail(strf("BatchNorm%dd: x %s needs %s", spatial_axes,
                           shape_str(x.shape()).c_str(), want.c_str()));
     }
-    return functional::batch_norm_counted(x, running_mean, running_var, weight, bias, training,
-                                          momentum, eps, num_batches_tracked, Loc::here());
+    bool batch_statistics = training || !running_mean.defined();
+    return functional::batch_norm_counted(x, running_mean, running_var, weight, bias,
+                                          batch_statistics, momentum, eps, num_batches_tracked,
+                                          Loc::here());
 }
 Module::Named BatchNormNd::named_parameters() {
     if (!weight.defined()) return {};
     return {{"weight", weight}, {"bias", bias}};
 }
 Module::Named BatchNormNd::named_buffers() {
+    if (!running_mean.defined()) return {};
     return {{"running_mean", running_mean},
             {"running_var", running_var},
             {"num_batches_tracked", num_batches_tracked}};

@@ -1857,6 +1857,23 @@ TEST(nn_group_norm_and_batch_norm) {
     CHECK_ALL_NEAR(vals(bn(x)), normalized(rm, rv), F32);
     CHECK_EQ(bn.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{2});
     CHECK_ALL_NEAR(vals(bn.running_mean), rm, F32);
+    // momentum std::nullopt: the running statistics are the mean of every batch's
+    nn::BatchNorm1d averaged(c, 0.1, std::nullopt);
+    Tensor twice = x * 2;
+    averaged(x);
+    averaged(twice);
+    Vec am(size_t(c), 0.0), av(size_t(c), 0.0);
+    for (size_t ch = 0; ch < size_t(c); ch++) {
+        am[ch] = (mean[ch] + 2 * mean[ch]) / 2;
+        av[ch] = (var[ch] + 4 * var[ch]) * unbiased / 2;
+    }
+    CHECK_ALL_NEAR(vals(averaged.running_mean), am, F32);
+    CHECK_ALL_NEAR(vals(averaged.running_var), av, F32);
+    // track_running_stats false: no buffers, the batch's statistics in eval() too
+    nn::BatchNorm1d untracked(c, 0.1, 0.25, true, false);
+    CHECK(!untracked.running_mean.defined() && untracked.state_dict().size() == 2);
+    untracked.eval();
+    CHECK_ALL_NEAR(vals(untracked(x)), normalized(mean, var), F32);
     // [N, C] too, and gradients reach the input and the affine parameters
     nn::BatchNorm1d flat(c);
     Tensor x2 = fv(randf(size_t(5 * c), 43), {5, c}).requires_grad();
@@ -1865,17 +1882,24 @@ TEST(nn_group_norm_and_batch_norm) {
     CHECK_NEAR(vals(x2.grad().sum(0)).at(1), 0, 1e-5);   // a normalized column's gradient sums to 0
 
     // jitted training steps update the running statistics as eager ones do
-    nn::BatchNorm2d eager(c), jitted(c);
+    // (and with momentum std::nullopt, whose share of each batch the replays read from the
+    // count)
+    nn::BatchNorm2d eager(c), jitted(c), eager_avg(c, 1e-5, std::nullopt),
+        jitted_avg(c, 1e-5, std::nullopt);
     Tensor img = fv(randf(size_t(2 * c * 3 * 3), 45, -1, 2), {2, c, 3, 3});
-    tg::Jit step([&](const std::vector<Tensor>& in) { return jitted(in[0] * 2).sum(); });
+    tg::Jit step([&](const std::vector<Tensor>& in) {
+        return jitted(in[0] * 2).sum() + jitted_avg(in[0]).sum();
+    });
     for (int i = 0; i < 3; i++) {
         Tensor scaled = img * float(i + 1);
-        eager(scaled * 2).sum().realize();
+        (eager(scaled * 2).sum() + eager_avg(scaled).sum()).realize();
         step({scaled});
     }
     CHECK(step.replays() == 2);
     CHECK_ALL_NEAR(vals(jitted.running_mean), vals(eager.running_mean), 1e-6);
     CHECK_ALL_NEAR(vals(jitted.running_var), vals(eager.running_var), 1e-6);
+    CHECK_ALL_NEAR(vals(jitted_avg.running_mean), vals(eager_avg.running_mean), 1e-6);
+    CHECK_ALL_NEAR(vals(jitted_avg.running_mean), vals(img.mean({0, 2, 3}) * 2), 1e-5);
     CHECK_EQ(jitted.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{3});
 
     // state_dict holds the buffers under PyTorch's names, and load_state_dict restores them
