@@ -1033,6 +1033,34 @@ struct CausalSelfAttention : Module {
     Linear qkv, proj;
     Dropout attn_drop;
 };
+// PyTorch's nn.MultiheadAttention (key and value of embed_dim features, no bias_kv, no zero
+// attention): in_proj_weight [3E, E] (Xavier uniform) and in_proj_bias [3E] (zeros) make the
+// queries, keys and values, split into heads of E / heads; out_proj (Linear(E, E), its bias
+// zeros) mixes the heads. Inputs [L, N, E] ([N, L, E] with batch_first, [L, E] without a
+// batch). attn_mask [L, S] or [N·heads, L, S] and key_padding_mask [N, S]: bool, true where
+// attention is not allowed (as PyTorch's module, unlike its scaled_dot_product_attention),
+// or of the input's dtype, added to the scores. The output, and with need_weights the
+// attention weights (after dropout, as PyTorch's), averaged over the heads [N, L, S] or each
+// head's [N, heads, L, S]. forward(x): self-attention, the output alone.
+struct MultiheadAttention : Module {
+    MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0,
+                       bool bias = true, bool batch_first = false);
+    struct Output {
+        Tensor output, weights;   // weights: undefined without need_weights
+    };
+    Output forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                   const Tensor& key_padding_mask = Tensor(), bool need_weights = true,
+                   const Tensor& attn_mask = Tensor(), bool average_attn_weights = true);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    int64_t embed_dim, num_heads;
+    bool has_bias, batch_first;
+    Tensor in_proj_weight, in_proj_bias;
+    Linear out_proj;
+    Dropout attn_drop;
+};
 // GPT's pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)) with mlp Linear(dim, 4·dim),
 // GELU (tanh approximation), Linear(4·dim, dim) and dropout p after attn and mlp.
 // Its names: ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2 (.weight, .bias).
@@ -11947,6 +11975,106 @@ CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout)
         detail::fail(strf("CausalSelfAttention: dim %lld is not a multiple of heads %lld",
                           (long long)d, (long long)h));
     take_seeds_of_children();
+}
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias,
+                                       bool batch_first_)
+    : embed_dim(e), num_heads(h), has_bias(bias), batch_first(batch_first_),
+      out_proj(e, e, bias), attn_drop(dropout) {
+    if (h <= 0 || e % h != 0)
+        detail::fail(strf("MultiheadAttention: embed_dim %lld is not a multiple of num_heads "
+                          "%lld", (long long)e, (long long)h));
+    std::vector<uint64_t> s{Tensor::next_seed()};
+    s.insert(s.end(), out_proj.seeds.begin(), out_proj.seeds.end());
+    s.insert(s.end(), attn_drop.seeds.begin(), attn_drop.seeds.end());
+    reset_parameters(s);
+}
+// seeds: in_proj_weight's, then the children's
+void MultiheadAttention::reset_parameters(const std::vector<uint64_t>& s) {
+    Module::reset_parameters(std::vector<uint64_t>(s.begin() + 1, s.end()));
+    seeds = s;
+    in_proj_weight =
+        init::xavier_uniform({3 * embed_dim, embed_dim}, embed_dim, 3 * embed_dim, s.at(0))
+            .requires_grad();
+    if (!has_bias) return;
+    in_proj_bias = Tensor::zeros({3 * embed_dim}).requires_grad();
+    out_proj.bias = Tensor::zeros({embed_dim}).requires_grad();
+}
+std::vector<std::pair<std::string, Module*>> MultiheadAttention::children() {
+    return {{"out_proj", &out_proj}, {"attn_drop", &attn_drop}};
+}
+Module::Named MultiheadAttention::named_parameters() {
+    Named out{{"in_proj_weight", in_proj_weight}};
+    if (has_bias) out.push_back({"in_proj_bias", in_proj_bias});
+    for (auto& named : Module::named_parameters()) out.push_back(named);
+    return out;
+}
+Tensor MultiheadAttention::forward(const Tensor& x) {
+    return forward(x, x, x, Tensor(), false).output;
+}
+MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                                       const Tensor& value,
+                                                       const Tensor& key_padding_mask,
+                                                       bool need_weights,
+                                                       const Tensor& attn_mask,
+                                                       bool average_attn_weights) {
+    const int64_t E = embed_dim, H = num_heads, D = embed_dim / num_heads;
+    auto shapes = [&] {
+        return strf("query %s, key %s, value %s", shape_str(query.shape()).c_str(),
+                    shape_str(key.shape()).c_str(), shape_str(value.shape()).c_str());
+    };
+    const bool batched = query.ndim() == 3;
+    auto as_batch_first = [&](const Tensor& t) {   // [N, L, E]
+        return !batched ? t.unsqueeze(0) : batch_first ? t : t.transpose(0, 1);
+    };
+    bool fits = (query.ndim() == 2 || batched) && key.ndim() == query.ndim() &&
+                value.ndim() == query.ndim();
+    Tensor q, k, v;
+    if (fits) {
+        q = as_batch_first(query), k = as_batch_first(key), v = as_batch_first(value);
+        fits = q.size(-1) == E && k.size(-1) == E && v.size(-1) == E &&
+               k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1);
+    }
+    if (!fits)
+        detail::fail(strf("MultiheadAttention: %s must be [L, N, %lld], [S, N, %lld] and [S, N, "
+                          "%lld]%s (or without N)", shapes().c_str(), (long long)E,
+                          (long long)E, (long long)E, batch_first ? " with N first" : ""));
+    const int64_t N = q.size(0), L = q.size(1), S = k.size(1);
+    auto heads = [&](const Tensor& t, int part) {   // [N, T, E] → [N, H, T, D]
+        Tensor w = in_proj_weight.slice(0, part * E, (part + 1) * E);
+        Tensor b = has_bias ? in_proj_bias.slice(0, part * E, (part + 1) * E) : Tensor();
+        return functional::linear(t, w, b).reshape({N, t.size(1), H, D}).transpose(1, 2);
+    };
+    Tensor scores = heads(q, 0).matmul(heads(k, 1).mT()) * (1 / std::sqrt(double(D)));
+    // a mask: bool, -∞ where it holds; else added
+    auto masked = [&](const Tensor& mask, const Shape& as, const char* name) {
+        if (!mask.defined()) return;
+        if (mask.dtype() != DType::BOOL && mask.dtype() != q.dtype())
+            detail::fail(strf("MultiheadAttention: %s must be bool or %s, got %s", name,
+                              dtype_name(q.dtype()), dtype_name(mask.dtype())));
+        Tensor m = mask.reshape(as);
+        scores = mask.dtype() == DType::BOOL ? where(m, -INFINITY, scores) : scores + m;
+    };
+    Shape padding = {N, 1, 1, S}, per_query = {L, S}, per_head = {N * H, L, S};
+    if (key_padding_mask.defined() && key_padding_mask.shape() != Shape{N, S} &&
+        !(!batched && key_padding_mask.shape() == Shape{S}))
+        detail::fail(strf("MultiheadAttention: key_padding_mask %s must be [N, S] = [%lld, "
+                          "%lld]; %s", shape_str(key_padding_mask.shape()).c_str(),
+                          (long long)N, (long long)S, shapes().c_str()));
+    if (attn_mask.defined() && attn_mask.shape() != per_query && attn_mask.shape() != per_head)
+        detail::fail(strf("MultiheadAttention: attn_mask %s must be [L, S] = %s or [N·heads, "
+                          "L, S] = %s; %s", shape_str(attn_mask.shape()).c_str(),
+                          shape_str(per_query).c_str(), shape_str(per_head).c_str(),
+                          shapes().c_str()));
+    masked(key_padding_mask, padding, "key_padding_mask");
+    masked(attn_mask, attn_mask.defined() && attn_mask.ndim() == 3 ? Shape{N, H, L, S}
+                                                                  : Shape{1, 1, L, S},
+           "attn_mask");
+    Tensor weights = attn_drop(scores.softmax(-1));
+    Tensor out = out_proj(weights.matmul(heads(v, 2)).transpose(1, 2).reshape({N, L, E}));
+    out = !batched ? out.squeeze(0) : batch_first ? out : out.transpose(0, 1);
+    if (!need_weights) return {out, Tensor()};
+    Tensor w = average_attn_weights ? weights.mean(1) : weights;
+    return {out, batched ? w : w.squeeze(0)};
 }
 TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout)
     : ln1(d), attn(d, heads, dropout), ln2(d),

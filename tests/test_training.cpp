@@ -1790,6 +1790,97 @@ TEST(training_checkpoint_resumes_bit_identically) {
     std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
+// MultiheadAttention against loops in double over its own weights (biases made nonzero): a
+// bool key padding mask and an additive attention mask, the weights averaged over the heads;
+// the same with batch_first and without a batch; PyTorch's names; the errors it promises
+TEST(nn_multihead_attention) {
+    const int64_t E = 8, H = 2, D = 4, N = 2, L = 3, S = 4;
+    nn::MultiheadAttention mha(E, H);
+    // PyTorch's init: in_proj_weight Xavier uniform (fan in E, out 3E), the biases zeros
+    CHECK(mha.in_proj_weight.abs().max().item() <= std::sqrt(6.0 / double(4 * E)));
+    CHECK(mha.in_proj_weight.abs().max().item() > 0.5 * std::sqrt(6.0 / double(4 * E)));
+    CHECK_EQ(mha.in_proj_bias.abs().sum().item() + mha.out_proj.bias.abs().sum().item(), 0.0);
+    mha.in_proj_bias = fv(randf(size_t(3 * E), 60)).requires_grad();
+    mha.out_proj.bias = fv(randf(size_t(E), 61)).requires_grad();
+    std::vector<float> qv = randf(size_t(L * N * E), 62), kv = randf(size_t(S * N * E), 63),
+                       vv = randf(size_t(S * N * E), 64), addv = randf(size_t(L * S), 65);
+    std::vector<int32_t> padv = {0, 0, 1, 0, 0, 1, 0, 1};   // [N, S]: keys left out
+    Tensor pad = Tensor::from_vector(padv, {N, S}) != 0, add = fv(addv, {L, S});
+    auto [out, weights] = mha.forward(fv(qv, {L, N, E}), fv(kv, {S, N, E}), fv(vv, {S, N, E}),
+                                      pad, true, add);
+    CHECK(out.shape() == Shape({L, N, E}) && weights.shape() == Shape({N, L, S}));
+    Vec W = vals(mha.in_proj_weight), B = vals(mha.in_proj_bias);
+    Vec Wo = vals(mha.out_proj.weight), Bo = vals(mha.out_proj.bias);
+    // row t of input [T, N, E] at batch n, projected by part (0 q, 1 k, 2 v) of in_proj
+    auto project = [&](const std::vector<float>& x, int64_t t, int64_t n, int part) {
+        Vec y(size_t(E), 0.0);
+        for (int64_t o = 0; o < E; o++) {
+            double acc = B[size_t(part * E + o)];
+            for (int64_t i = 0; i < E; i++)
+                acc += W[size_t((part * E + o) * E + i)] * x[size_t((t * N + n) * E + i)];
+            y[size_t(o)] = acc;
+        }
+        return y;
+    };
+    Vec want_out(size_t(L * N * E)), want_weights(size_t(N * L * S), 0.0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t l = 0; l < L; l++) {
+            Vec q = project(qv, l, n, 0), mixed(size_t(E), 0.0);
+            for (int64_t h = 0; h < H; h++) {
+                Vec w(size_t(S), 0.0);
+                double top = -INFINITY, total = 0;
+                for (int64_t j = 0; j < S; j++) {
+                    Vec k = project(kv, j, n, 1);
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; d++) dot += q[size_t(h * D + d)] * k[size_t(h * D + d)];
+                    w[size_t(j)] = padv[size_t(n * S + j)] ? -INFINITY
+                                                           : dot / 2 + addv[size_t(l * S + j)];
+                    top = std::max(top, w[size_t(j)]);
+                }
+                for (double& e : w) total += e = std::exp(e - top);
+                for (int64_t j = 0; j < S; j++) {
+                    Vec v = project(vv, j, n, 2);
+                    want_weights[size_t((n * L + l) * S + j)] += w[size_t(j)] / total / double(H);
+                    for (int64_t d = 0; d < D; d++)
+                        mixed[size_t(h * D + d)] += w[size_t(j)] / total * v[size_t(h * D + d)];
+                }
+            }
+            for (int64_t o = 0; o < E; o++) {
+                double acc = Bo[size_t(o)];
+                for (int64_t i = 0; i < E; i++) acc += Wo[size_t(o * E + i)] * mixed[size_t(i)];
+                want_out[size_t((l * N + n) * E + o)] = acc;
+            }
+        }
+    CHECK_ALL_NEAR(vals(out), want_out, 1e-5);
+    CHECK_ALL_NEAR(vals(weights), want_weights, 1e-6);
+    // batch first, and one batch without its axis, give the same values
+    nn::MultiheadAttention first(E, H, 0, true, true);
+    first.load_state_dict(mha.state_dict());
+    Tensor q1 = fv(qv, {L, N, E}).transpose(0, 1), k1 = fv(kv, {S, N, E}).transpose(0, 1);
+    Tensor v1 = fv(vv, {S, N, E}).transpose(0, 1);
+    CHECK_ALL_NEAR(vals(first.forward(q1, k1, v1, pad, false, add).output.transpose(0, 1)),
+                   want_out, 1e-5);
+    auto alone = mha.forward(q1[1], k1[1], v1[1], pad[1], true, add, false);
+    CHECK(alone.weights.shape() == Shape({H, L, S}));
+    CHECK_ALL_NEAR(vals(alone.output), vals(out.slice(1, 1, 2).squeeze(1)), 1e-6);
+    // PyTorch's names; gradients reach the projections
+    std::vector<std::string> names;
+    for (auto& [name, t] : mha.state_dict()) names.push_back(name);
+    CHECK(names == (std::vector<std::string>{"in_proj_bias", "in_proj_weight", "out_proj.bias",
+                                             "out_proj.weight"}));
+    mha(fv(qv, {L, N, E})).square().sum().backward();
+    CHECK(mha.in_proj_weight.grad().defined() && mha.out_proj.weight.grad().defined());
+    CHECK_THROWS(nn::MultiheadAttention(8, 3), "MultiheadAttention", "8", "3");
+    CHECK_THROWS(mha.forward(fv(qv, {L, N, E}), fv(kv, {S, N, E}).slice(2, 0, 4), fv(vv, {S, N, E})),
+                 "MultiheadAttention", "[4,2,4]");
+    CHECK_THROWS(mha.forward(fv(qv, {L, N, E}), fv(kv, {S, N, E}), fv(vv, {S, N, E}), Tensor(),
+                             true, add.transpose(0, 1)),
+                 "MultiheadAttention", "attn_mask", "[4,3]", "[3,4]");
+    CHECK_THROWS(mha.forward(fv(qv, {L, N, E}), fv(kv, {S, N, E}), fv(vv, {S, N, E}),
+                             pad.cast(tg::DType::INT32)),
+                 "key_padding_mask", "int32");
+}
+
 // GroupNorm and BatchNorm against loops in double; BatchNorm's running statistics, eval(),
 // its steps in a jit, its buffers in state_dict, and the errors it promises
 TEST(nn_group_norm_and_batch_norm) {
