@@ -12030,7 +12030,9 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
                 value.ndim() == query.ndim();
     Tensor q, k, v;
     if (fits) {
-        q = as_batch_first(query), k = as_batch_first(key), v = as_batch_first(value);
+        q = as_batch_first(query);
+        k = as_batch_first(key);
+        v = as_batch_first(value);
         fits = q.size(-1) == E && k.size(-1) == E && v.size(-1) == E &&
                k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1);
     }
