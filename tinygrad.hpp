@@ -5072,7 +5072,9 @@ static void vars_used(const ExprP& e, std::unordered_set<int>& vars) {
 // same for consecutive values of them.
 static void vars_only_divided(const ExprP& e, std::unordered_set<int>& vars) {
     std::unordered_set<int> divided, plain;
+    ExprSet seen[2];   // each part walked once outside a division and once inside (a DAG)
     std::function<void(const ExprP&, bool)> walk = [&](const ExprP& part, bool under) {
+        if (!seen[under].insert(part.get())) return;
         if (part->kind == EK::VAR) (under ? divided : plain).insert(part->id);
         bool divides = part->kind == EK::ALU && part->op == Op::IDIV &&
                        part->src[1]->kind == EK::CONST && part->src[1]->num > 1;
@@ -12046,15 +12048,17 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
         Tensor b = has_bias ? in_proj_bias.slice(0, part * E, (part + 1) * E) : Tensor();
         return functional::linear(t, w, b).reshape({N, t.size(1), H, D}).transpose(1, 2);
     };
-    Tensor scores = heads(q, 0).matmul(heads(k, 1).mT()) * (1 / std::sqrt(double(D)));
-    // a mask: bool, -∞ where it holds; else added
-    auto masked = [&](const Tensor& mask, const Shape& as, const char* name) {
+    // the masks as one added to the scores (a bool's true: -∞), for attention_weights
+    Tensor added;
+    auto add_mask = [&](const Tensor& mask, const Shape& as, const char* name) {
         if (!mask.defined()) return;
         if (mask.dtype() != DType::BOOL && mask.dtype() != q.dtype())
             detail::fail(strf("MultiheadAttention: %s must be bool or %s, got %s", name,
                               dtype_name(q.dtype()), dtype_name(mask.dtype())));
-        Tensor m = mask.reshape(as);
-        scores = mask.dtype() == DType::BOOL ? where(m, -INFINITY, scores) : scores + m;
+        Tensor m = mask.dtype() != DType::BOOL
+                       ? mask.reshape(as)
+                       : where(mask.reshape(as), -INFINITY, Tensor::zeros(as, q.dtype()));
+        added = added.defined() ? added + m : m;
     };
     Shape padding = {N, 1, 1, S}, per_query = {L, S}, per_head = {N * H, L, S};
     if (key_padding_mask.defined() && key_padding_mask.shape() != Shape{N, S} &&
@@ -12067,11 +12071,12 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
                           "L, S] = %s; %s", shape_str(attn_mask.shape()).c_str(),
                           shape_str(per_query).c_str(), shape_str(per_head).c_str(),
                           shapes().c_str()));
-    masked(key_padding_mask, padding, "key_padding_mask");
-    masked(attn_mask, attn_mask.defined() && attn_mask.ndim() == 3 ? Shape{N, H, L, S}
-                                                                  : Shape{1, 1, L, S},
-           "attn_mask");
-    Tensor weights = attn_drop(scores.softmax(-1));
+    add_mask(key_padding_mask, padding, "key_padding_mask");
+    add_mask(attn_mask, attn_mask.defined() && attn_mask.ndim() == 3 ? Shape{N, H, L, S}
+                                                                    : Shape{1, 1, L, S},
+             "attn_mask");
+    Tensor weights =
+        attn_drop(detail::attention_weights(heads(q, 0), heads(k, 1), false, Loc::here(), added));
     Tensor out = out_proj(weights.matmul(heads(v, 2)).transpose(1, 2).reshape({N, L, E}));
     out = !batched ? out.squeeze(0) : batch_first ? out : out.transpose(0, 1);
     if (!need_weights) return {out, Tensor()};
