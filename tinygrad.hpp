@@ -1061,6 +1061,86 @@ struct MultiheadAttention : Module {
     Linear out_proj;
     Dropout attn_drop;
 };
+// PyTorch's recurrent layers, each step from x_t and the state h (and LSTM's c):
+//   RNN:  h' = tanh (or relu) of x_t·W_ihᵀ + b_ih + h·W_hhᵀ + b_hh
+//   LSTM: gates i, f, g, o of those sums (σ, σ, tanh, σ); c' = f·c + i·g, h' = o·tanh(c')
+//   GRU:  gates r, z (σ); n = tanh(x_t·W_inᵀ + b_in + r·(h·W_hnᵀ + b_hn)); h' = n + z·(h - n)
+// num_layers deep (a layer's outputs are the next one's inputs, through dropout while
+// training, not after the last), and bidirectional: a second pass per layer from the last
+// step back, its outputs joined after the first's. input [L, N, input_size] ([N, L, ...] with
+// batch_first, [L, input_size] without a batch); output [L, N, D·hidden_size] (N first with
+// batch_first), D = 2 if bidirectional; h_n (and c_n) [D·num_layers, N, hidden_size] (without
+// N unbatched), as h_0 (and c_0): zeros where undefined. Parameters as PyTorch names, shapes
+// and draws them: for layer k and direction (the second's names end in "_reverse")
+// weight_ih_lk [G·hidden, in], weight_hh_lk [G·hidden, hidden], bias_ih_lk and bias_hh_lk
+// [G·hidden], G the gates (1, 4, 3, in the order above), all U(-1/√hidden, 1/√hidden); the
+// tensors are weight_ih[k·D + direction], and so on. A layer's input products run over all
+// its steps at once, then its steps one after another (a jitted step's program holds every
+// step: see bench.cpp's R1).
+struct RNNBase : Module {
+    // mode: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
+    RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
+            bool bias, bool batch_first, double dropout, bool bidirectional);
+    struct Output {
+        Tensor output, h_n, c_n;   // c_n: LSTM's
+    };
+    Output forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0 = Tensor());
+    Tensor forward(const Tensor& input) override;   // the output from zeros
+    Named named_parameters() override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    std::string mode;
+    int64_t input_size, hidden_size, num_layers;
+    bool has_bias, batch_first, bidirectional;
+    std::vector<Tensor> weight_ih, weight_hh, bias_ih, bias_hh;
+    Dropout drop;   // between layers
+};
+struct RNN : RNNBase {
+    RNN(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1,
+        const std::string& nonlinearity = "tanh", bool bias = true, bool batch_first = false,
+        double dropout = 0, bool bidirectional = false);
+};
+struct LSTM : RNNBase {
+    LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
+         bool batch_first = false, double dropout = 0, bool bidirectional = false)
+        : RNNBase("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                  bidirectional) {}
+};
+struct GRU : RNNBase {
+    GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
+        bool batch_first = false, double dropout = 0, bool bidirectional = false)
+        : RNNBase("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                  bidirectional) {}
+};
+// One step of those layers: input [N, input_size] (or [input_size]), hx (and cx) [N,
+// hidden_size] (or [hidden_size]), zeros where undefined; weight_ih, weight_hh, bias_ih and
+// bias_hh as PyTorch's cells name them.
+struct RNNCellBase : Module {
+    RNNCellBase(std::string mode, int64_t input_size, int64_t hidden_size, bool bias);
+    struct Output {
+        Tensor h, c;   // c: LSTMCell's
+    };
+    Output forward(const Tensor& input, const Tensor& hx, const Tensor& cx = Tensor());
+    Tensor forward(const Tensor& input) override;   // h' from zeros
+    Named named_parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    std::string mode;
+    int64_t input_size, hidden_size;
+    bool has_bias;
+    Tensor weight_ih, weight_hh, bias_ih, bias_hh;
+};
+struct RNNCell : RNNCellBase {
+    RNNCell(int64_t input_size, int64_t hidden_size, bool bias = true,
+            const std::string& nonlinearity = "tanh");
+};
+struct LSTMCell : RNNCellBase {
+    LSTMCell(int64_t input_size, int64_t hidden_size, bool bias = true)
+        : RNNCellBase("LSTM", input_size, hidden_size, bias) {}
+};
+struct GRUCell : RNNCellBase {
+    GRUCell(int64_t input_size, int64_t hidden_size, bool bias = true)
+        : RNNCellBase("GRU", input_size, hidden_size, bias) {}
+};
 // GPT's pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)) with mlp Linear(dim, 4·dim),
 // GELU (tanh approximation), Linear(4·dim, dim) and dropout p after attn and mlp.
 // Its names: ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2 (.weight, .bias).
@@ -12083,6 +12163,229 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
     Tensor w = average_attn_weights ? weights.mean(1) : weights;
     return {out, batched ? w : w.squeeze(0)};
 }
+namespace {
+// The gates of a recurrent cell of mode (RNNBase's), and the layer's or cell's name
+int64_t recurrent_gates(const std::string& mode, const char* who) {
+    if (mode == "RNN_TANH" || mode == "RNN_RELU") return 1;
+    if (mode == "LSTM") return 4;
+    if (mode == "GRU") return 3;
+    detail::fail(strf("%s: mode \"%s\" is not one of RNN_TANH, RNN_RELU, LSTM, GRU", who,
+                      mode.c_str()));
+}
+std::string recurrent_name(const std::string& mode, bool cell) {
+    return (mode.rfind("RNN", 0) == 0 ? std::string("RNN") : mode) + (cell ? "Cell" : "");
+}
+std::string rnn_mode(const std::string& nonlinearity, const char* who) {
+    if (nonlinearity != "tanh" && nonlinearity != "relu")
+        detail::fail(strf("%s: nonlinearity \"%s\" is not tanh or relu", who,
+                          nonlinearity.c_str()));
+    return nonlinearity == "tanh" ? "RNN_TANH" : "RNN_RELU";
+}
+void check_recurrent_sizes(const std::string& who, int64_t input_size, int64_t hidden_size) {
+    if (input_size <= 0 || hidden_size <= 0)
+        detail::fail(strf("%s: input_size %lld and hidden_size %lld must be positive",
+                          who.c_str(), (long long)input_size, (long long)hidden_size));
+}
+// weight_ih, weight_hh (and bias_ih, bias_hh) of one cell of `rows` gate rows, from its seeds
+std::vector<Tensor> recurrent_parameters(int64_t rows, int64_t in, int64_t hidden, bool bias,
+                                         const uint64_t* seeds) {
+    const double b = 1 / std::sqrt(double(hidden));
+    std::vector<Tensor> p;
+    for (const Shape& shape : {Shape{rows, in}, Shape{rows, hidden}, Shape{rows}, Shape{rows}}) {
+        if (p.size() == 2 && !bias) break;
+        p.push_back(init::uniform(shape, -b, b, seeds[p.size()]).requires_grad());
+    }
+    return p;
+}
+// h_0 or c_0 as `want` (whose axis batch_axis is the batch's), given without that axis where
+// the input has no batch, zeros where undefined
+Tensor initial_state(const std::string& who, const char* name, const Tensor& given,
+                     const Shape& want, bool batched, int batch_axis, DType dtype) {
+    if (!given.defined()) return Tensor::zeros(want, dtype);
+    Shape expected = want;
+    if (!batched) expected.erase(expected.begin() + batch_axis);
+    if (given.shape() != expected)
+        detail::fail(strf("%s: %s %s must be %s", who.c_str(), name,
+                          shape_str(given.shape()).c_str(), shape_str(expected).c_str()));
+    return batched ? given : given.unsqueeze(batch_axis);
+}
+struct RecurrentState {
+    Tensor h, c;   // c: LSTM's
+};
+// One step of a cell whose input's part, x_t·W_ihᵀ + b_ih, is given (a layer computes it for
+// all its steps in one product). The gates are formed as PyTorch's cells form them.
+RecurrentState recurrent_step(const std::string& mode, const Tensor& x_part,
+                              const RecurrentState& s, const Tensor& w_hh, const Tensor& b_hh) {
+    Tensor h_part = functional::linear(s.h, w_hh, b_hh);
+    const int64_t H = s.h.size(-1);
+    if (mode == "LSTM") {
+        std::vector<Tensor> g = (x_part + h_part).split(H, -1);
+        Tensor c = g[1].sigmoid() * s.c + g[0].sigmoid() * g[2].tanh();
+        return {g[3].sigmoid() * c.tanh(), c};
+    }
+    if (mode == "GRU") {
+        std::vector<Tensor> xg = x_part.split(H, -1), hg = h_part.split(H, -1);
+        Tensor r = (xg[0] + hg[0]).sigmoid(), z = (xg[1] + hg[1]).sigmoid();
+        Tensor n = (xg[2] + r * hg[2]).tanh();
+        return {n + z * (s.h - n), Tensor()};
+    }
+    Tensor sum = x_part + h_part;
+    return {mode == "RNN_TANH" ? sum.tanh() : sum.relu(), Tensor()};
+}
+}  // namespace
+
+RNNBase::RNNBase(std::string mode_, int64_t input_size_, int64_t hidden_size_, int64_t layers,
+                 bool bias, bool batch_first_, double dropout, bool bidirectional_)
+    : mode(std::move(mode_)), input_size(input_size_), hidden_size(hidden_size_),
+      num_layers(layers), has_bias(bias), batch_first(batch_first_),
+      bidirectional(bidirectional_), drop(dropout) {
+    const std::string who = recurrent_name(mode, false);
+    recurrent_gates(mode, who.c_str());
+    check_recurrent_sizes(who, input_size, hidden_size);
+    if (num_layers < 1)
+        detail::fail(strf("%s: num_layers must be at least 1, got %lld", who.c_str(),
+                          (long long)num_layers));
+    std::vector<uint64_t> s;
+    for (int64_t i = 0; i < num_layers * (bidirectional ? 2 : 1) * (has_bias ? 4 : 2); i++)
+        s.push_back(Tensor::next_seed());
+    s.insert(s.end(), drop.seeds.begin(), drop.seeds.end());
+    reset_parameters(s);
+}
+// seeds: each layer's and direction's parameters', in the order of named_parameters, then the
+// dropout's
+void RNNBase::reset_parameters(const std::vector<uint64_t>& s) {
+    const int64_t D = bidirectional ? 2 : 1, per_cell = has_bias ? 4 : 2;
+    const size_t own = size_t(num_layers * D * per_cell);
+    Module::reset_parameters(std::vector<uint64_t>(s.begin() + long(own), s.end()));
+    seeds = s;
+    weight_ih.clear(), weight_hh.clear(), bias_ih.clear(), bias_hh.clear();
+    for (int64_t i = 0; i < num_layers * D; i++) {
+        const int64_t in = i < D ? input_size : D * hidden_size;
+        std::vector<Tensor> p =
+            recurrent_parameters(recurrent_gates(mode, "RNNBase") * hidden_size, in,
+                                 hidden_size, has_bias, &s.at(size_t(i * per_cell)));
+        weight_ih.push_back(p[0]);
+        weight_hh.push_back(p[1]);
+        if (has_bias) bias_ih.push_back(p[2]), bias_hh.push_back(p[3]);
+    }
+}
+Module::Named RNNBase::named_parameters() {
+    Named out;
+    const int64_t D = bidirectional ? 2 : 1;
+    for (int64_t i = 0; i < num_layers * D; i++) {
+        const std::string suffix =
+            "_l" + std::to_string(i / D) + (i % D ? std::string("_reverse") : "");
+        out.push_back({"weight_ih" + suffix, weight_ih[size_t(i)]});
+        out.push_back({"weight_hh" + suffix, weight_hh[size_t(i)]});
+        if (!has_bias) continue;
+        out.push_back({"bias_ih" + suffix, bias_ih[size_t(i)]});
+        out.push_back({"bias_hh" + suffix, bias_hh[size_t(i)]});
+    }
+    return out;
+}
+std::vector<std::pair<std::string, Module*>> RNNBase::children() { return {{"drop", &drop}}; }
+Tensor RNNBase::forward(const Tensor& input) { return forward(input, Tensor()).output; }
+RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0) {
+    const std::string who = recurrent_name(mode, false);
+    const bool batched = input.ndim() == 3, lstm = mode == "LSTM";
+    if (!(batched || input.ndim() == 2) || input.size(-1) != input_size)
+        detail::fail(strf("%s: input %s must be [L, N, %lld]%s or [L, %lld]", who.c_str(),
+                          shape_str(input.shape()).c_str(), (long long)input_size,
+                          batch_first ? " with N first" : "", (long long)input_size));
+    if (c_0.defined() && !lstm)
+        detail::fail(strf("%s: c_0 is given, but only an LSTM has a cell state", who.c_str()));
+    Tensor x = !batched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;
+    const int64_t L = x.size(0), N = x.size(1), D = bidirectional ? 2 : 1;
+    const Shape states = {D * num_layers, N, hidden_size};
+    Tensor h0 = initial_state(who, "h_0", h_0, states, batched, 1, x.dtype());
+    Tensor c0 = lstm ? initial_state(who, "c_0", c_0, states, batched, 1, x.dtype()) : Tensor();
+    std::vector<Tensor> h_n, c_n;
+    for (int64_t layer = 0; layer < num_layers; layer++) {
+        if (layer > 0) x = drop(x);
+        std::vector<Tensor> directions;
+        for (int64_t d = 0; d < D; d++) {
+            const size_t i = size_t(layer * D + d);
+            Tensor b_ih = has_bias ? bias_ih[i] : Tensor(), b_hh = has_bias ? bias_hh[i] : Tensor();
+            Tensor x_parts = functional::linear(x, weight_ih[i], b_ih);
+            RecurrentState s{h0[i], lstm ? c0[i] : Tensor()};
+            std::vector<Tensor> outputs(static_cast<size_t>(L));
+            for (int64_t k = 0; k < L; k++) {
+                const int64_t t = d ? L - 1 - k : k;
+                s = recurrent_step(mode, x_parts[t], s, weight_hh[i], b_hh);
+                outputs[size_t(t)] = s.h;
+            }
+            directions.push_back(stack(outputs));
+            h_n.push_back(s.h);
+            c_n.push_back(s.c);
+        }
+        x = D == 2 ? cat(directions, -1) : directions[0];
+    }
+    auto state = [&](const std::vector<Tensor>& last) {
+        Tensor t = stack(last);
+        return batched ? t : t.squeeze(1);
+    };
+    Output out;
+    out.output = !batched ? x.squeeze(1) : batch_first ? x.transpose(0, 1) : x;
+    out.h_n = state(h_n);
+    if (lstm) out.c_n = state(c_n);
+    return out;
+}
+RNN::RNN(int64_t input_size, int64_t hidden_size, int64_t num_layers,
+         const std::string& nonlinearity, bool bias, bool batch_first, double dropout,
+         bool bidirectional)
+    : RNNBase(rnn_mode(nonlinearity, "RNN"), input_size, hidden_size, num_layers, bias,
+              batch_first, dropout, bidirectional) {}
+
+RNNCellBase::RNNCellBase(std::string mode_, int64_t input_size_, int64_t hidden_size_,
+                         bool bias)
+    : mode(std::move(mode_)), input_size(input_size_), hidden_size(hidden_size_),
+      has_bias(bias) {
+    const std::string who = recurrent_name(mode, true);
+    recurrent_gates(mode, who.c_str());
+    check_recurrent_sizes(who, input_size, hidden_size);
+    std::vector<uint64_t> s;
+    for (int i = 0; i < (has_bias ? 4 : 2); i++) s.push_back(Tensor::next_seed());
+    reset_parameters(s);
+}
+void RNNCellBase::reset_parameters(const std::vector<uint64_t>& s) {
+    seeds = s;
+    std::vector<Tensor> p =
+        recurrent_parameters(recurrent_gates(mode, "RNNCellBase") * hidden_size, input_size,
+                             hidden_size, has_bias, s.data());
+    weight_ih = p[0], weight_hh = p[1];
+    if (has_bias) bias_ih = p[2], bias_hh = p[3];
+}
+Module::Named RNNCellBase::named_parameters() {
+    Named out{{"weight_ih", weight_ih}, {"weight_hh", weight_hh}};
+    if (has_bias) out.push_back({"bias_ih", bias_ih}), out.push_back({"bias_hh", bias_hh});
+    return out;
+}
+Tensor RNNCellBase::forward(const Tensor& input) { return forward(input, Tensor()).h; }
+RNNCellBase::Output RNNCellBase::forward(const Tensor& input, const Tensor& hx,
+                                         const Tensor& cx) {
+    const std::string who = recurrent_name(mode, true);
+    const bool batched = input.ndim() == 2, lstm = mode == "LSTM";
+    if (!(batched || input.ndim() == 1) || input.size(-1) != input_size)
+        detail::fail(strf("%s: input %s must be [N, %lld] or [%lld]", who.c_str(),
+                          shape_str(input.shape()).c_str(), (long long)input_size,
+                          (long long)input_size));
+    if (cx.defined() && !lstm)
+        detail::fail(strf("%s: cx is given, but only an LSTMCell has a cell state",
+                          who.c_str()));
+    Tensor x = batched ? input : input.unsqueeze(0);
+    const Shape state = {x.size(0), hidden_size};
+    RecurrentState s{initial_state(who, "hx", hx, state, batched, 0, x.dtype()),
+                     lstm ? initial_state(who, "cx", cx, state, batched, 0, x.dtype())
+                          : Tensor()};
+    s = recurrent_step(mode, functional::linear(x, weight_ih, has_bias ? bias_ih : Tensor()), s,
+                       weight_hh, has_bias ? bias_hh : Tensor());
+    if (batched) return {s.h, s.c};
+    return {s.h.squeeze(0), lstm ? s.c.squeeze(0) : Tensor()};
+}
+RNNCell::RNNCell(int64_t input_size, int64_t hidden_size, bool bias,
+                 const std::string& nonlinearity)
+    : RNNCellBase(rnn_mode(nonlinearity, "RNNCell"), input_size, hidden_size, bias) {}
+
 TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout)
     : ln1(d), attn(d, heads, dropout), ln2(d),
       mlp(Linear(d, 4 * d), GELU(true), Linear(4 * d, d)), drop(dropout) {

@@ -1176,6 +1176,43 @@ TEST(autograd_interpolate) {
     gc.run();
 }
 
+// The recurrent layers in float64, both directions: gradients through the input, the
+// initial states and one direction's weights (the other's held), from the outputs and states
+TEST(autograd_recurrent_layers) {
+    GradCheck gc;
+    auto in_float64 = [](tg::nn::RNNBase& m) {
+        for (auto* ps : {&m.weight_ih, &m.weight_hh, &m.bias_ih, &m.bias_hh})
+            for (Tensor& p : *ps) p = p.cast(DType::FLOAT64);
+    };
+    std::vector<std::shared_ptr<tg::nn::RNNBase>> layers = {
+        std::make_shared<tg::nn::RNN>(2, 2, 1, "tanh", true, false, 0, true),
+        std::make_shared<tg::nn::LSTM>(2, 2, 1, true, false, 0, true),
+        std::make_shared<tg::nn::GRU>(2, 2, 1, true, false, 0, true)};
+    uint64_t seed = 361;
+    for (std::shared_ptr<tg::nn::RNNBase> m : layers) {
+        in_float64(*m);
+        const int64_t rows = m->weight_ih[0].size(0);
+        const bool is_lstm = m->mode == "LSTM";
+        std::vector<In> ins = {rnd({3, 2, 2}, seed), rnd({2, 2, 2}, seed + 1),
+                               rnd({rows, 2}, seed + 2), rnd({rows, 2}, seed + 3),
+                               rnd({rows}, seed + 4)};
+        if (is_lstm) ins.push_back(rnd({2, 2, 2}, seed + 5));   // c_0
+        gc.add(m->mode.c_str(),
+               [m, is_lstm](const std::vector<Tensor>& v) {
+                   m->weight_ih[1] = v[2];
+                   m->weight_hh[1] = v[3];
+                   m->bias_hh[1] = v[4];
+                   auto out = m->forward(v[0], v[1], is_lstm ? v[5] : Tensor());
+                   std::vector<Tensor> parts = {out.output.flatten(), out.h_n.flatten()};
+                   if (is_lstm) parts.push_back(out.c_n.flatten());
+                   return tg::cat(parts);
+               },
+               ins);
+        seed += 10;
+    }
+    gc.run();
+}
+
 TEST(autograd_pad_modes) {
     namespace F = tg::nn::functional;
     GradCheck gc;

@@ -1881,6 +1881,170 @@ TEST(nn_multihead_attention) {
                  "key_padding_mask", "int32");
 }
 
+// A step of a recurrent cell (RNNBase's mode) in double on one row: the state after it
+struct CellState {
+    Vec h, c;
+};
+CellState cell_step(const std::string& mode, const Vec& x, const CellState& s, const Vec& w_ih,
+                    const Vec& w_hh, const Vec& b_ih, const Vec& b_hh) {
+    const size_t H = s.h.size(), rows = w_hh.size() / H, in = x.size();
+    Vec xp(rows), hp(rows);
+    for (size_t r = 0; r < rows; r++) {
+        xp[r] = b_ih.empty() ? 0 : b_ih[r];
+        hp[r] = b_hh.empty() ? 0 : b_hh[r];
+        for (size_t i = 0; i < in; i++) xp[r] += w_ih[r * in + i] * x[i];
+        for (size_t j = 0; j < H; j++) hp[r] += w_hh[r * H + j] * s.h[j];
+    }
+    auto sigmoid = [](double v) { return 1 / (1 + std::exp(-v)); };
+    CellState out{Vec(H), Vec(H)};
+    for (size_t j = 0; j < H; j++) {
+        if (mode == "LSTM") {
+            double i = sigmoid(xp[j] + hp[j]), f = sigmoid(xp[H + j] + hp[H + j]);
+            double g = std::tanh(xp[2 * H + j] + hp[2 * H + j]);
+            double o = sigmoid(xp[3 * H + j] + hp[3 * H + j]);
+            out.c[j] = f * s.c[j] + i * g;
+            out.h[j] = o * std::tanh(out.c[j]);
+        } else if (mode == "GRU") {
+            double r = sigmoid(xp[j] + hp[j]), z = sigmoid(xp[H + j] + hp[H + j]);
+            double n = std::tanh(xp[2 * H + j] + r * hp[2 * H + j]);
+            out.h[j] = (1 - z) * n + z * s.h[j];
+        } else {
+            double v = xp[j] + hp[j];
+            out.h[j] = mode == "RNN_TANH" ? std::tanh(v) : std::max(v, 0.0);
+        }
+    }
+    return out;
+}
+Vec row_of(const Vec& v, size_t row, size_t width) {
+    return Vec(v.begin() + long(row * width), v.begin() + long((row + 1) * width));
+}
+
+// RNN, LSTM and GRU (two layers, both directions; and a one-way RNN of relu without biases)
+// against loops in double over their own weights, from given states; the same with batch
+// first and without a batch; dropout between layers only; PyTorch's names, shapes and init;
+// the cells; and the errors they promise
+TEST(nn_rnn_lstm_gru_match_loops) {
+    const int64_t L = 4, N = 2, I = 3, H = 5;
+    std::vector<float> xv = randf(size_t(L * N * I), 70), hv = randf(size_t(4 * N * H), 71),
+                       cv = randf(size_t(4 * N * H), 72);
+    Tensor x = fv(xv, {L, N, I});
+    nn::RNN rnn(I, H, 2, "tanh", true, false, 0, true), relu(I, H, 1, "relu", false);
+    nn::LSTM lstm(I, H, 2, true, false, 0, true);
+    nn::GRU gru(I, H, 2, true, false, 0, true);
+    for (nn::RNNBase* m : std::vector<nn::RNNBase*>{&rnn, &relu, &lstm, &gru}) {
+        const bool is_lstm = m->mode == "LSTM";
+        const int64_t dirs = m->bidirectional ? 2 : 1, S = dirs * m->num_layers;
+        Tensor h0 = fv(hv, {4, N, H}).slice(0, 0, S), c0 = fv(cv, {4, N, H}).slice(0, 0, S);
+        auto [out, h_n, c_n] = m->forward(x, h0, is_lstm ? c0 : Tensor());
+        CHECK(out.shape() == Shape({L, N, dirs * H}) && h_n.shape() == Shape({S, N, H}));
+        CHECK(c_n.defined() == is_lstm);
+        // the loops: each layer's input rows [L·N, width], each direction's steps
+        Vec input = D(xv), want_h(size_t(S * N * H)), want_c(size_t(S * N * H));
+        size_t width = size_t(I);
+        for (int64_t layer = 0; layer < m->num_layers; layer++) {
+            Vec output(size_t(L * N * dirs * H));
+            for (int64_t d = 0; d < dirs; d++) {
+                const size_t i = size_t(layer * dirs + d);
+                Vec w_ih = vals(m->weight_ih[i]), w_hh = vals(m->weight_hh[i]);
+                Vec b_ih = m->has_bias ? vals(m->bias_ih[i]) : Vec();
+                Vec b_hh = m->has_bias ? vals(m->bias_hh[i]) : Vec();
+                for (int64_t n = 0; n < N; n++) {
+                    CellState s{row_of(D(hv), i * size_t(N) + size_t(n), size_t(H)),
+                                row_of(D(cv), i * size_t(N) + size_t(n), size_t(H))};
+                    for (int64_t k = 0; k < L; k++) {
+                        const int64_t t = d ? L - 1 - k : k;
+                        s = cell_step(m->mode, row_of(input, size_t(t * N + n), width), s, w_ih,
+                                      w_hh, b_ih, b_hh);
+                        for (int64_t j = 0; j < H; j++)
+                            output[size_t(((t * N + n) * dirs + d) * H + j)] = s.h[size_t(j)];
+                    }
+                    for (int64_t j = 0; j < H; j++) {
+                        want_h[(i * size_t(N) + size_t(n)) * size_t(H) + size_t(j)] = s.h[size_t(j)];
+                        if (is_lstm)
+                            want_c[(i * size_t(N) + size_t(n)) * size_t(H) + size_t(j)] = s.c[size_t(j)];
+                    }
+                }
+            }
+            input = output;
+            width = size_t(dirs * H);
+        }
+        CHECK_ALL_NEAR(vals(out), input, F32);
+        CHECK_ALL_NEAR(vals(h_n), want_h, F32);
+        if (is_lstm) CHECK_ALL_NEAR(vals(c_n), want_c, F32);
+        // batch first, and batch 1 without its axis, give the same values
+        m->batch_first = true;
+        auto first = m->forward(x.transpose(0, 1), h0, is_lstm ? c0 : Tensor());
+        CHECK_ALL_NEAR(vals(first.output.transpose(0, 1)), vals(out), 1e-6);
+        m->batch_first = false;
+        auto alone = m->forward(x.slice(1, 1, 2).squeeze(1), h0.slice(1, 1, 2).squeeze(1),
+                                is_lstm ? c0.slice(1, 1, 2).squeeze(1) : Tensor());
+        CHECK(alone.output.shape() == Shape({L, dirs * H}) && alone.h_n.shape() == Shape({S, H}));
+        CHECK_ALL_NEAR(vals(alone.output), vals(out.slice(1, 1, 2)), 1e-6);
+        CHECK_ALL_NEAR(vals(alone.h_n), vals(h_n.slice(1, 1, 2)), 1e-6);
+        // h_0 undefined: zeros
+        CHECK_ALL_NEAR(vals((*m)(x)), vals(m->forward(x, h0 * 0, is_lstm ? c0 * 0 : Tensor()).output),
+                       0);
+    }
+    // PyTorch's names and shapes, its init U(-1/√H, 1/√H)
+    std::vector<std::string> names;
+    for (auto& [name, t] : lstm.named_parameters()) names.push_back(name + tg::shape_str(t.shape()));
+    CHECK(names == (std::vector<std::string>{
+                       "weight_ih_l0[20,3]", "weight_hh_l0[20,5]", "bias_ih_l0[20]",
+                       "bias_hh_l0[20]", "weight_ih_l0_reverse[20,3]", "weight_hh_l0_reverse[20,5]",
+                       "bias_ih_l0_reverse[20]", "bias_hh_l0_reverse[20]", "weight_ih_l1[20,10]",
+                       "weight_hh_l1[20,5]", "bias_ih_l1[20]", "bias_hh_l1[20]",
+                       "weight_ih_l1_reverse[20,10]", "weight_hh_l1_reverse[20,5]",
+                       "bias_ih_l1_reverse[20]", "bias_hh_l1_reverse[20]"}));
+    CHECK_EQ(relu.state_dict().size(), size_t(2));
+    CHECK_EQ(gru.weight_hh[3].shape(), Shape({15, 5}));
+    double most = 0;
+    for (const Tensor& p : gru.parameters()) most = std::max(most, p.abs().max().item());
+    CHECK(most <= 1 / std::sqrt(double(H)) && most > 0.5 / std::sqrt(double(H)));
+    // dropout acts between the layers, while training: the first layer's states keep
+    nn::GRU dropped(I, H, 2, true, false, 0.5, true);
+    dropped.load_state_dict(gru.state_dict());
+    auto trained = dropped.forward(x, Tensor()), plain = gru.forward(x, Tensor());
+    CHECK(vals(trained.output) != vals(plain.output));
+    CHECK_ALL_NEAR(vals(trained.h_n.slice(0, 0, 2)), vals(plain.h_n.slice(0, 0, 2)), 0);
+    dropped.eval();
+    CHECK_ALL_NEAR(vals(dropped(x)), vals(plain.output), 0);
+    // the cells: one step from the given state (hx alone: cx zeros)
+    nn::RNNCell rnn_cell(I, H);
+    nn::LSTMCell lstm_cell(I, H);
+    nn::GRUCell gru_cell(I, H, false);
+    for (nn::RNNCellBase* cell : std::vector<nn::RNNCellBase*>{&rnn_cell, &lstm_cell, &gru_cell}) {
+        auto [h, c] = cell->forward(x[0], fv(hv, {4, N, H})[0]);
+        CHECK(h.shape() == Shape({N, H}) && c.defined() == (cell->mode == "LSTM"));
+        Vec b_ih = cell->has_bias ? vals(cell->bias_ih) : Vec();
+        Vec b_hh = cell->has_bias ? vals(cell->bias_hh) : Vec();
+        for (int64_t n = 0; n < N; n++) {
+            CellState s = cell_step(cell->mode, row_of(D(xv), size_t(n), size_t(I)),
+                                    {row_of(D(hv), size_t(n), size_t(H)), Vec(size_t(H), 0.0)},
+                                    vals(cell->weight_ih), vals(cell->weight_hh), b_ih, b_hh);
+            CHECK_ALL_NEAR(vals(h[n]), s.h, F32);
+            if (c.defined()) CHECK_ALL_NEAR(vals(c[n]), s.c, F32);
+        }
+        CHECK_ALL_NEAR(vals(cell->forward(x[0][1], fv(hv, {4, N, H})[0][1]).h), vals(h[1]), 1e-6);
+    }
+    CHECK_EQ(gru_cell.state_dict().size(), size_t(2));
+    CHECK(lstm_cell.weight_hh.shape() == Shape({4 * H, H}));
+    // gradients reach every parameter
+    lstm(x).square().sum().backward();
+    for (const Tensor& p : lstm.parameters()) CHECK(p.grad().defined());
+    CHECK_THROWS(nn::RNN(I, H, 1, "sigmoid"), "RNN", "nonlinearity", "sigmoid");
+    CHECK_THROWS(nn::GRU(I, H, 0), "GRU", "num_layers", "0");
+    CHECK_THROWS(nn::LSTMCell(I, 0), "LSTMCell", "hidden_size 0");
+    CHECK_THROWS(gru(fv(xv, {L, N * I})), "GRU", "[4,6]", "[L, N, 3]");
+    CHECK_THROWS(lstm.forward(x, fv(hv, {4, N, H}).slice(0, 0, 2)), "LSTM", "h_0", "[2,2,5]",
+                 "[4,2,5]");
+    CHECK_THROWS(lstm.forward(x, Tensor(), fv(cv, {4, N, H}).slice(2, 0, 4)), "LSTM", "c_0",
+                 "[4,2,4]");
+    CHECK_THROWS(gru.forward(x, Tensor(), fv(cv, {4, N, H})), "GRU", "c_0", "cell state");
+    CHECK_THROWS(gru_cell.forward(x[0], fv(hv, {4, N, H})[0][0]), "GRUCell", "hx", "[5]",
+                 "[2,5]");
+    CHECK_THROWS(rnn_cell(x), "RNNCell", "[4,2,3]", "[N, 3]");
+}
+
 // GroupNorm and BatchNorm against loops in double; BatchNorm's running statistics, eval(),
 // its steps in a jit, its buffers in state_dict, and the errors it promises
 TEST(nn_group_norm_and_batch_norm) {
