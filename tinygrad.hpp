@@ -90,6 +90,7 @@
              expression trees for values and indices.
    program   all kernels of one realize: one C file, one compiler call, one dlopen (with four or
              more nests and two cores, two files compiled at once and linked into one library).
+             Kernels of the same code over other buffers (a model's layers) share a function.
    gradient  backward() applies one rule per primitive, building more lazy graph: gradients
              fuse with the forward pass and the update and can be differentiated again.
              The loss and the new gradients are realized with the next program (the
@@ -1711,6 +1712,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -1721,6 +1723,7 @@ template <size_t I> struct tuple_element<I, tg::ValuesIndices> { using type = tg
 #include <limits>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <mutex>
 #include <condition_variable>
 #include <sstream>
@@ -4746,42 +4749,46 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
     // (stored_alone).
     std::unordered_map<Node*, size_t> position;
     for (size_t i = 0; i < order.size(); i++) position[order[i]] = i;
-    // The walk goes down level by level: a node SCHED_MAX_DEPTH levels below n is cut into a
-    // kernel of its own (too deep), and so is all below it; walked to the bottom, a chain of
-    // 25,000 ops took 6 s to schedule.
+    // The walk goes from n down, latest nodes first, through the nodes that only n reads
+    // (each of their users one of them): what others read as well is not expanded, so a
+    // walk stays near n (an LSTM's cell state, a chain through every step, is read by the
+    // step's output too: walked to the bottom, each step's walk went back over all the
+    // steps before it, and the schedule of a 32-step layer took seconds). Nodes
+    // SCHED_MAX_DEPTH levels below n are not walked (they are cut into kernels of their own).
     auto reduction_read_only_by = [&](Node* n) -> Node* {
-        std::vector<Node*> region{n}, level{n};
-        std::unordered_set<Node*> seen{n};
-        for (int64_t depth = 1; depth < SCHED_MAX_DEPTH && !level.empty(); depth++) {
-            std::vector<Node*> below;
-            for (Node* m : level) {
-                if (op_kind(m->op) == OpKind::REDUCE) continue;   // its terms are its own
-                for (auto& src : m->src) {
-                    Node* sn = src.get();
-                    OpKind k = op_kind(sn->op);
-                    bool at_own_index = k == OpKind::REDUCE ? !stored_alone.count(sn)
-                                                            : same_index_op(sn) && !store.count(sn);
-                    bool elsewhere = sn->buffer || sn->leaf || s.materialized.count(sn) ||
-                                     is_target.count(sn) || !at_own_index;
-                    if (!elsewhere && seen.insert(sn).second) below.push_back(sn);
-                }
+        auto later = [&](const std::pair<Node*, int64_t>& a, const std::pair<Node*, int64_t>& b) {
+            return position[a.first] < position[b.first];
+        };
+        std::priority_queue<std::pair<Node*, int64_t>, std::vector<std::pair<Node*, int64_t>>,
+                            decltype(later)>
+            pending(later);   // a node and its depth below n
+        std::unordered_set<Node*> seen{n}, through_n{n};   // through_n: read only through n
+        auto walk_below = [&](Node* m, int64_t depth) {
+            if (op_kind(m->op) == OpKind::REDUCE || depth + 1 >= SCHED_MAX_DEPTH) return;
+            for (auto& src : m->src) {   // a reduction's terms are its own
+                Node* sn = src.get();
+                OpKind k = op_kind(sn->op);
+                bool at_own_index = k == OpKind::REDUCE ? !stored_alone.count(sn)
+                                                        : same_index_op(sn) && !store.count(sn);
+                bool elsewhere = sn->buffer || sn->leaf || s.materialized.count(sn) ||
+                                 is_target.count(sn) || !at_own_index;
+                if (!elsewhere && seen.insert(sn).second) pending.push({sn, depth + 1});
             }
-            region.insert(region.end(), below.begin(), below.end());
-            level = std::move(below);
-        }
-        std::sort(region.begin(), region.end(),
-                  [&](Node* a, Node* b) { return position[a] > position[b]; });
-        std::unordered_set<Node*> through_n{n};   // nodes read only through n
+        };
+        walk_below(n, 0);
         Node* found = nullptr;
-        for (Node* m : region) {
-            if (m == n) continue;
+        while (!pending.empty()) {
+            auto [m, depth] = pending.top();
+            pending.pop();
             bool only = true;
             for (Node* u : users[m]) only = only && through_n.count(u);
             if (!only) continue;
             through_n.insert(m);
-            if (op_kind(m->op) != OpKind::REDUCE) continue;
-            if (found) return nullptr;   // two sums in one kernel would not be tiled
-            found = m;
+            if (op_kind(m->op) == OpKind::REDUCE) {
+                if (found) return nullptr;   // two sums in one kernel would not be tiled
+                found = m;
+            }
+            walk_below(m, depth);
         }
         return found;
     };
@@ -8803,18 +8810,63 @@ static NestBuffers nest_buffers(const Program& p, size_t k, const Block& b) {
     return out;
 }
 
+// The buffers a kernel's C names (bufN) in the order they first appear, and its C with them
+// numbered in that order: kernels that run the same code over other buffers (a model's
+// layers, a recurrent layer's steps) read the same, their parameters listed in that order.
+struct RenumberedBuffers {
+    std::vector<int> order;
+    std::string c;
+};
+static RenumberedBuffers renumber_buffers(const std::string& c) {
+    auto identifier = [](char ch) { return std::isalnum((unsigned char)ch) || ch == '_'; };
+    RenumberedBuffers out;
+    std::map<int, size_t> rank;
+    for (size_t i = 0; i < c.size();) {
+        size_t end = i + 3;
+        while (end < c.size() && std::isdigit((unsigned char)c[end])) end++;
+        bool buffer = c.compare(i, 3, "buf") == 0 && end > i + 3 &&
+                      (i == 0 || !identifier(c[i - 1])) && (end == c.size() || !identifier(c[end]));
+        if (!buffer) {
+            out.c += c[i++];
+            continue;
+        }
+        auto [it, first] = rank.emplace(std::stoi(c.substr(i + 3, end - i - 3)), rank.size());
+        if (first) out.order.push_back(it->first);
+        out.c += strf("buf%zu", it->second);
+        i = end;
+    }
+    return out;
+}
+
 // The C of a program as `parts` files (1: the file TG_DEBUG keeps and tests read). With 2, the
 // first nests, about half of the text, go into a file of their own with hidden rather than
 // static functions, declared in the second, so that two compiler processes build it at once.
+// A kernel whose code (with its buffers renumbered) an earlier one has calls that one's
+// function with its own buffers: the compiler reads each code once (a recurrent layer's 32
+// steps, forward and backward: 272 kernels, 86 functions).
 static std::vector<std::string> render_c_files(const Program& p, int parts) {
     const char LINKAGE = '\x01';   // "static " in the one file, hidden when split
+    const char NAME = '\x02';      // the kernel's function name, until its code is compared
     std::vector<std::string> kernels(p.blocks.size()), prototypes(p.blocks.size());
+    std::map<std::string, size_t> first_with_code;
     std::string calls;
     for (size_t k = 0; k < p.blocks.size(); k++) {
         const Block& b = p.blocks[k];
-        std::string params, args, &out = kernels[k];
+        std::string params, args, body, &out = kernels[k];
         NestBuffers buffers = nest_buffers(p, k, b);
         std::map<int, std::string>& arrays = buffers.arrays;
+        bool chunked = b.parallel_chunks > 0, tiled = b.tile.rows > 0;
+        int next_tmp = 0;
+        if (arrays.count(-1)) body += "    " + arrays[-1];
+        if (tiled) body += c_tiled_product(b);
+        else c_stmts(b.body, b.extents, arrays, 1, next_tmp, body, chunked);
+        std::vector<int> appear = renumber_buffers(body).order;
+        auto first_in_body = [&](int i) {
+            return std::find(appear.begin(), appear.end(), i) - appear.begin();
+        };
+        std::stable_sort(buffers.params.begin(), buffers.params.end(), [&](auto x, auto y) {
+            return first_in_body(x.first) < first_in_body(y.first);
+        });
         for (auto [i, writes] : buffers.params) {
             const char* constness = writes ? "" : "const ";
             const char* type = c_type(p.buffers[size_t(i)].dtype);
@@ -8823,36 +8875,35 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
             args += strf("%s(%s%s *)b[%d]", args.empty() ? "" : ", ", constness, type, i);
         }
         if (block_accesses(b).checks) { params += ", int64_t *err"; args += ", err"; }
-        bool chunked = b.parallel_chunks > 0, tiled = b.tile.rows > 0;
         std::string inline_args = args + strf(", 0, %lldLL", (long long)b.tile.tasks);
         if (chunked || tiled) {
             params += ", int64_t lo, int64_t hi";
             args += ", lo, hi";
         }
-        out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) + " */\n";
         // not inlined into tg_program: GCC 12 at -O3 with AVX-512 then lets one kernel's
         // restrict pointers reorder another's accesses to the same buffer (tests/test_interp.cpp)
-        out += strf("%c__attribute__((noinline)) void k%zu(%s) {\n", LINKAGE, k, params.c_str());
-        prototypes[k] = strf("void k%zu(%s);\n", k, params.c_str());
-        int next_tmp = 0;
-        if (arrays.count(-1)) out += "    " + arrays[-1];
-        if (tiled) out += c_tiled_product(b);
-        else c_stmts(b.body, b.extents, arrays, 1, next_tmp, out, chunked);
-        out += "}\n";
+        std::string code = strf("%c__attribute__((noinline)) void %c(%s) {\n", LINKAGE, NAME,
+                                params.c_str()) + body + "}\n";
+        const size_t runs = first_with_code.emplace(renumber_buffers(code).c, k).first->second;
+        const std::string fn = strf("k%zu", runs);
+        out += "\n/* " + b.title + (b.origin.empty() ? "" : "\n   from " + b.origin) +
+               (runs == k ? "" : "\n   runs " + fn + "'s code") + " */\n";
+        if (runs == k) {
+            out += code.replace(code.find(NAME), 1, fn);
+            prototypes[k] = strf("void %s(%s);\n", fn.c_str(), params.c_str());
+        }
         if (b.writes_in_place && !p.checks.empty()) calls += "    if (err[0]) return;\n";
         if (chunked) {   // the entry the thread pool calls for each chunk
             out += strf("%cvoid k%zu_chunk(void *const *b, int64_t *err, int64_t lo, "
-                        "int64_t hi) {\n    (void)err;\n    k%zu(%s);\n}\n",
-                        LINKAGE, k, k, args.c_str());
+                        "int64_t hi) {\n    (void)err;\n    %s(%s);\n}\n",
+                        LINKAGE, k, fn.c_str(), args.c_str());
             prototypes[k] +=
                 strf("void k%zu_chunk(void *const *b, int64_t *err, int64_t lo, int64_t hi);\n", k);
             int64_t items = tiled ? b.tile.tasks : b.extents[size_t(b.body[0].id)];
             calls += strf("    run_chunks(k%zu_chunk, b, err, %lldLL, %lldLL);\n", k,
                           (long long)items, (long long)b.parallel_chunks);
-        } else if (tiled) {
-            calls += strf("    k%zu(%s);\n", k, inline_args.c_str());
         } else {
-            calls += strf("    k%zu(%s);\n", k, args.c_str());
+            calls += strf("    %s(%s);\n", fn.c_str(), (tiled ? inline_args : args).c_str());
         }
         if (b.finite_site >= 0) {
             DType dt = p.buffers[size_t(b.finite_buffer)].dtype;

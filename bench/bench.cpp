@@ -8,7 +8,7 @@
 // COMPARE=1). Beside each time: the step program's loop nests and temporary bytes
 // (tg::last_program()). W6 is W2's first step as a whole new process (cold and warm compile
 // cache); M1 sums up the temporaries of W3 and W5, unplanned and planned. C1, a small CNN, is
-// a workload of our own, beside bench/reference_cnn.py.
+// a workload of our own, and R1, an LSTM, beside bench/reference_own.py.
 //
 // TG_DEVICE=CUDA runs them on the GPU (W4 then also at n = 4096; W7, the larger GPT, runs when
 // TG_BENCH names it). Compare with reference_torch_gpu.py, run on that machine in the same call.
@@ -347,7 +347,7 @@ static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t
     if (std::string(name) == "W5 gpt") w5_program = program;
 }
 
-// C1: a small CNN of our own (not in WORKLOADS.md; bench/reference_cnn.py is PyTorch's
+// C1: a small CNN of our own (not in WORKLOADS.md; bench/reference_own.py is PyTorch's
 // side): Conv2d(3, 32, 3, padding 1), ReLU, MaxPool2d(2), Conv2d(32, 64, 3, padding 1), ReLU,
 // MaxPool2d(2), Linear(64·8·8, 10), batch 64 of 3 x 32 x 32 from a pool of 1024 random images
 // with random labels, cross-entropy, SGD lr 0.01; 3 warm-up steps, 5 blocks of 3 steps
@@ -374,6 +374,46 @@ static void c1() {
     auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, C1_POOL, C1_BATCH))}); };
     auto [t, program] = trace_and_time(one, 3, 3, 5);
     print_line("C1 cnn", t, true, "final loss", last.item(), program);
+}
+
+// R1: a recurrent language model of our own (not in WORKLOADS.md; bench/reference_own.py is
+// PyTorch's side): Embedding(64, 64), a 2-layer LSTM(64, 128) over 32 steps (batch first),
+// Linear(128, 64) at each step, cross-entropy against the next token, batch 32 of a pool of
+// 512 random sequences of 33 tokens, Adam lr 1e-3; 3 warm-up steps, 5 blocks of 3 steps. Its
+// program unrolls the 32 steps of each layer, forward and backward (272 kernels): the line
+// after it gives the first step's time (trace, schedule, compile and run).
+static const int64_t R1_POOL = 512, R1_BATCH = 32, R1_STEPS = 32, R1_VOCAB = 64;
+static void r1() {
+    std::mt19937 rng(1337);
+    std::uniform_int_distribution<int32_t> token(0, int32_t(R1_VOCAB - 1));
+    std::vector<int32_t> tokens(size_t(R1_POOL * (R1_STEPS + 1)));
+    for (auto& t : tokens) t = token(rng);
+    Tensor pool = Tensor::from_vector(tokens, {R1_POOL, R1_STEPS + 1});
+    tg::manual_seed(1337);
+    nn::Embedding embed(R1_VOCAB, 64);
+    nn::LSTM lstm(64, 128, 2, true, true);
+    nn::Linear head(128, R1_VOCAB);
+    std::vector<Tensor> params = embed.parameters();
+    for (nn::Module* m : std::vector<nn::Module*>{&lstm, &head})
+        for (const Tensor& p : m->parameters()) params.push_back(p);
+    tg::optim::Adam opt(params, 1e-3);
+    tg::Jit step = training_step(opt, [&](const Tensor& idx) {
+        Tensor seq = pool[idx];
+        Tensor logits = head(lstm(embed(seq.slice(1, 0, R1_STEPS))));
+        return nn::cross_entropy(logits.reshape({-1, R1_VOCAB}),
+                                 seq.slice(1, 1, R1_STEPS + 1).reshape({-1}));
+    });
+    Tensor last;
+    auto one = [&] { last = step({Tensor::from_vector(random_batch(rng, R1_POOL, R1_BATCH))}); };
+    auto t0 = std::chrono::steady_clock::now();
+    one();
+    double first_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    tg::ProgramInfo program = tg::last_program();
+    Timing t = time_blocks(one, 2, 3, 5);
+    print_line("R1 lstm", t, true, "final loss", last.item(), program);
+    std::printf("R1f first  %9.1f ms (the first step's trace, schedule, compile and run)\n",
+                first_ms);
 }
 
 // TG_BENCH=w2,w5 runs those workloads only (all by default)
@@ -423,6 +463,7 @@ int main() {
     if (enabled("w6")) w6();
     if (std::getenv("TG_BENCH") && enabled("w7")) gpt("W7 gpt", 256, 256, 512, 8, 6, 32, 5);
     if (enabled("c1") && !cuda) c1();
+    if (enabled("r1") && !cuda) r1();
     if (enabled("w3") && enabled("w5")) m1();
     return 0;
 }

@@ -3,13 +3,13 @@
 # (reference_torch.py, 1 and 2 threads) interleaved, ROUNDS times (default 2); per round and
 # workload, our median, PyTorch's best median and the ratio ours / PyTorch (W4 as a time too;
 # W2e, our W2 step run eagerly, beside PyTorch's W2; C1, a CNN of our own, beside
-# bench/reference_cnn.py).
+# bench/reference_own.py; R1, an LSTM of our own, too).
 # It needs /usr/bin/python3 with torch (apt-get install -y python3-torch). TG_BENCH picks
 # workloads.
 set -euo pipefail
 bench=$1 reference=$2
 rounds=${ROUNDS:-2}
-workloads=${TG_BENCH:-w1,w2,w3,w4,w5,c1}
+workloads=${TG_BENCH:-w1,w2,w3,w4,w5,c1,r1}
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
     echo "compare: PyTorch is not installed for /usr/bin/python3 (apt-get install -y python3-torch)"
     exit 1
@@ -28,8 +28,8 @@ for round in $(seq "$rounds"); do
             print v }')
         best=""
         for threads in 1 2; do
-            script=$reference   # C1 is a workload of our own, with its own script
-            [[ $w == c1 ]] && script=$(dirname "$0")/reference_cnn.py
+            script=$reference   # C1 and R1 are workloads of our own, with their own script
+            [[ $w == c1 || $w == r1 ]] && script=$(dirname "$0")/reference_own.py
             ms=$(OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$script" --workload "$w" \
                      --threads "$threads" | sed -n 's/^RESULT //p' |
                  /usr/bin/python3 -c "import json, sys; print(json.load(sys.stdin)['median_ms'])")

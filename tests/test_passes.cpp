@@ -656,7 +656,7 @@ static inline float tg_wheref(int c, float a, float b) {
 
 /* K0 forward float32 [32,32]: CMPEQ MUL REDUCE_SUM ADD CMPLT MAX WHERE
    from golden.cpp:9 */
-static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2, const float *restrict buf3, int64_t lo, int64_t hi) {
+static __attribute__((noinline)) void k0(const float *restrict buf2, const float *restrict buf1, const float *restrict buf3, float *restrict buf0, int64_t lo, int64_t hi) {
     /* a matrix product in tiles of 8 rows x 32 columns: 16 sums in
        vector registers (2 vectors of 16 floats a row) for each level of
        a sum's tree */
@@ -707,7 +707,7 @@ static __attribute__((noinline)) void k0(float *restrict buf0, const float *rest
 
 void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {
     (void)b; (void)err; (void)run_chunks;
-    k0((float *)b[0], (const float *)b[1], (const float *)b[2], (const float *)b[3], 0, 1LL);
+    k0((const float *)b[2], (const float *)b[1], (const float *)b[3], (float *)b[0], 0, 1LL);
 }
 )golden";
     CHECK_EQ(optimized({y}, "all").find("[tiles: 8 x 32, panels of 32 columns, 1 tasks]") !=

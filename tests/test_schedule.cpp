@@ -45,6 +45,44 @@ TEST(matmul_bias_relu_is_one_kernel) {
     CHECK(c.find("tg_wheref") != std::string::npos);
 }
 
+// Kernels that run the same code over other buffers (a model's layers, a recurrent layer's
+// steps) share one C function, each called with its own buffers; one of other sizes has its own
+TEST(kernels_of_the_same_code_share_a_function) {
+    auto filled = [](tg::Shape s, uint64_t seed) {
+        return Tensor::from_vector(th::randf(size_t(s[0] * (s.size() > 1 ? s[1] : 1)), seed), s);
+    };
+    Tensor x = filled({64, 128}, 1), w1 = filled({128, 128}, 2), w2 = filled({128, 128}, 3);
+    Tensor b1 = filled({128}, 4), b2 = filled({128}, 5), w3 = filled({4, 128}, 6);
+    Tensor h1 = (x.matmul(w1.t()) + b1).tanh(), h2 = (h1.matmul(w2.t()) + b2).tanh();
+    Tensor y = h2.matmul(w3.t());
+    std::string c = tg::inspect({y}).c_source;
+    CHECK_EQ(kernels(y), 3);
+    CHECK_EQ(th::count_of(c, "__attribute__((noinline)) void k"), 2);
+    CHECK_EQ(th::count_of(c, "runs k0's code"), 1);
+    CHECK(c.find("    k0(") != std::string::npos && c.find("    k1(") == std::string::npos);
+    // against loops in double
+    std::vector<float> xv = x.to_vector(), w1v = w1.to_vector(), w2v = w2.to_vector();
+    std::vector<float> b1v = b1.to_vector(), b2v = b2.to_vector(), w3v = w3.to_vector();
+    auto layer = [](const std::vector<double>& in, const std::vector<float>& w,
+                    const std::vector<float>& b, int64_t outs, bool squash) {
+        const int64_t rows = 64, ins = int64_t(in.size()) / rows;
+        std::vector<double> out(size_t(rows * outs));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < outs; o++) {
+                double acc = b.empty() ? 0 : b[size_t(o)];
+                for (int64_t i = 0; i < ins; i++)
+                    acc += in[size_t(r * ins + i)] * w[size_t(o * ins + i)];
+                out[size_t(r * outs + o)] = squash ? std::tanh(acc) : acc;
+            }
+        return out;
+    };
+    std::vector<double> want = layer(layer(layer(std::vector<double>(xv.begin(), xv.end()), w1v,
+                                                 b1v, 128, true),
+                                           w2v, b2v, 128, true),
+                                     w3v, {}, 4, false);
+    CHECK_ALL_NEAR(y.to_vector<double>(), want, 1e-5);
+}
+
 // An embedding read by a matrix product (the model of 04_makemore evaluated on many rows) is
 // stored: inlined into the product, its bounds-checked lookups kept the product out of tiles.
 TEST(embedding_read_by_a_product_is_stored_and_the_product_tiled) {
@@ -143,7 +181,7 @@ TEST(golden_c_for_matvec_relu) {
         "\n"
         "/* K0 forward float32 [2]: CMPEQ MUL REDUCE_SUM CMPLT MAX WHERE\n"
         "   from golden.cpp:7 */\n"
-        "static __attribute__((noinline)) void k0(float *restrict buf0, const float *restrict buf1, const float *restrict buf2) {\n"
+        "static __attribute__((noinline)) void k0(const float *restrict buf1, const float *restrict buf2, float *restrict buf0) {\n"
         "    for (int64_t i0 = 0; i0 < 2; i0++) {\n"
         "        float acc0 = 0.0f;\n"
         "        for (int64_t i1 = 0; i1 < 3; i1++) {\n"
@@ -155,7 +193,7 @@ TEST(golden_c_for_matvec_relu) {
         "\n"
         "void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {\n"
         "    (void)b; (void)err; (void)run_chunks;\n"
-        "    k0((float *)b[0], (const float *)b[1], (const float *)b[2]);\n"
+        "    k0((const float *)b[1], (const float *)b[2], (float *)b[0]);\n"
         "}\n";
     CHECK_EQ(tg::inspect({y}).c_source, want);
     CHECK_ALL_NEAR(y.to_vector(), (std::vector<double>{14, 32}), 0);
