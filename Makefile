@@ -245,8 +245,8 @@ $(BUILD)/bench: bench/bench.cpp tinygrad.hpp cuda_backend.hpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-# Speed figures: W1-W6 and M1 of shared/bench/WORKLOADS.md and C1, a CNN of our own (a private
-# compile cache per run).
+# Speed figures: W1-W6 and M1 of shared/bench/WORKLOADS.md, C1 (a CNN) and R1 (an LSTM) of our
+# own (a private compile cache per run).
 # COMPARE=1: interleaved with reference_torch.py, with ratios (bench/compare.sh). TG_DEVICE=CUDA
 # (a GPU): W3, W4, W5 and W7 on the GPU, then reference_torch_gpu.py (bench/compare_gpu.sh).
 REFERENCE ?= ../shared/bench/reference_torch.py

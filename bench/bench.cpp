@@ -103,6 +103,14 @@ static std::vector<int32_t> random_batch(std::mt19937& rng, int64_t n, int64_t s
     return b;
 }
 
+// int32 [rows, cols] of tokens drawn uniformly from [0, vocab)
+static Tensor random_tokens(std::mt19937& rng, int64_t rows, int64_t cols, int64_t vocab) {
+    std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
+    std::vector<int32_t> tokens(size_t(rows * cols));
+    for (auto& t : tokens) t = token(rng);
+    return Tensor::from_vector(tokens, {rows, cols});
+}
+
 // W1: half moons, 1024 points, MLP 2→16→16→1 ReLU, hinge loss, SGD lr 0.1 wd 1e-4, batch 32;
 // 10 epochs of warm-up, 9 timed blocks of 10 epochs; accuracy after all 100 epochs
 static void w1() {
@@ -316,10 +324,7 @@ static void gpt(const char* name, int64_t vocab, int64_t ctx, int64_t d, int64_t
                 int64_t layers, int64_t B, int blocks_timed) {
     const int64_t pool = 4096;
     std::mt19937 rng(1337);
-    std::uniform_int_distribution<int32_t> token(0, int32_t(vocab - 1));
-    std::vector<int32_t> seqs(size_t(pool * (ctx + 1)));
-    for (auto& t : seqs) t = token(rng);
-    Tensor data = Tensor::from_vector(seqs, {pool, ctx + 1});
+    Tensor data = random_tokens(rng, pool, ctx + 1, vocab);
     tg::manual_seed(1337);
     nn::Embedding tok(vocab, d), pos(ctx, d);
     nn::ModuleList blocks;
@@ -385,10 +390,7 @@ static void c1() {
 static const int64_t R1_POOL = 512, R1_BATCH = 32, R1_STEPS = 32, R1_VOCAB = 64;
 static void r1() {
     std::mt19937 rng(1337);
-    std::uniform_int_distribution<int32_t> token(0, int32_t(R1_VOCAB - 1));
-    std::vector<int32_t> tokens(size_t(R1_POOL * (R1_STEPS + 1)));
-    for (auto& t : tokens) t = token(rng);
-    Tensor pool = Tensor::from_vector(tokens, {R1_POOL, R1_STEPS + 1});
+    Tensor pool = random_tokens(rng, R1_POOL, R1_STEPS + 1, R1_VOCAB);
     tg::manual_seed(1337);
     nn::Embedding embed(R1_VOCAB, 64);
     nn::LSTM lstm(64, 128, 2, true, true);
