@@ -896,6 +896,58 @@ struct Softplus : Module {
     Tensor forward(const Tensor& x) override { return x.softplus(beta, threshold); }
     double beta, threshold;
 };
+// functional's other activations as layers (declared after it, below): Hardtanh, ReLU6,
+// Hardsigmoid, Hardswish, Mish, SELU, CELU, Softsign, LogSigmoid, Tanhshrink, Hardshrink,
+// Softshrink, Threshold, PReLU (a learned weight, 0.25 to start); Softmax and LogSoftmax
+struct Hardtanh : Module {
+    explicit Hardtanh(double min_val = -1, double max_val = 1);
+    Tensor forward(const Tensor& x) override;
+    double min_val, max_val;
+};
+struct ReLU6 : Module { Tensor forward(const Tensor& x) override; };
+struct Hardsigmoid : Module { Tensor forward(const Tensor& x) override; };
+struct Hardswish : Module { Tensor forward(const Tensor& x) override; };
+struct Mish : Module { Tensor forward(const Tensor& x) override; };
+struct SELU : Module { Tensor forward(const Tensor& x) override; };
+struct CELU : Module {
+    explicit CELU(double alpha = 1) : alpha(alpha) {}
+    Tensor forward(const Tensor& x) override;
+    double alpha;
+};
+struct Softsign : Module { Tensor forward(const Tensor& x) override; };
+struct LogSigmoid : Module { Tensor forward(const Tensor& x) override; };
+struct Tanhshrink : Module { Tensor forward(const Tensor& x) override; };
+struct Hardshrink : Module {
+    explicit Hardshrink(double lambd = 0.5) : lambd(lambd) {}
+    Tensor forward(const Tensor& x) override;
+    double lambd;
+};
+struct Softshrink : Module {
+    explicit Softshrink(double lambd = 0.5);
+    Tensor forward(const Tensor& x) override;
+    double lambd;
+};
+struct Threshold : Module {
+    Threshold(double threshold, double value) : threshold(threshold), value(value) {}
+    Tensor forward(const Tensor& x) override;
+    double threshold, value;
+};
+struct PReLU : Module {
+    explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override { return {{"weight", weight}}; }
+    Tensor weight;
+};
+struct Softmax : Module {
+    explicit Softmax(int dim = -1) : dim(dim) {}
+    Tensor forward(const Tensor& x) override { return x.softmax(dim); }
+    int dim;
+};
+struct LogSoftmax : Module {
+    explicit LogSoftmax(int dim = -1) : dim(dim) {}
+    Tensor forward(const Tensor& x) override { return x.log_softmax(dim); }
+    int dim;
+};
 struct Flatten : Module {                   // axes start..end as one, as x.flatten
     explicit Flatten(int start_axis = 1, int end_axis = -1) : start(start_axis), end(end_axis) {}
     Tensor forward(const Tensor& x) override { return x.flatten(start, end); }
@@ -1226,6 +1278,26 @@ inline Tensor softmax(const Tensor& x, int axis = -1, Loc loc = Loc::here()) {
 inline Tensor log_softmax(const Tensor& x, int axis = -1, Loc loc = Loc::here()) {
     return x.log_softmax(axis, loc);
 }
+// More activations, as PyTorch's (its values, at a NaN too, and its gradients at the kinks):
+// hardtanh: x clamped to [min_val, max_val] (gradient 0 at either end); relu6: hardtanh(0, 6)
+Tensor hardtanh(const Tensor& x, double min_val = -1, double max_val = 1, Loc loc = Loc::here());
+Tensor relu6(const Tensor& x, Loc loc = Loc::here());
+// hardsigmoid: 0 up to -3, x/6 + 1/2, 1 from 3; hardswish: x·hardsigmoid(x)
+Tensor hardsigmoid(const Tensor& x, Loc loc = Loc::here());
+Tensor hardswish(const Tensor& x, Loc loc = Loc::here());
+Tensor mish(const Tensor& x, Loc loc = Loc::here());       // x·tanh(softplus(x))
+Tensor selu(const Tensor& x, Loc loc = Loc::here());       // 1.0507·elu(x, 1.67326)
+Tensor celu(const Tensor& x, double alpha = 1, Loc loc = Loc::here());   // α·elu(x/α)
+Tensor softsign(const Tensor& x, Loc loc = Loc::here());   // x / (1 + |x|)
+Tensor logsigmoid(const Tensor& x, Loc loc = Loc::here());   // ln σ(x) = -softplus(-x)
+Tensor tanhshrink(const Tensor& x, Loc loc = Loc::here());   // x - tanh(x)
+// hardshrink: x where |x| > lambd, else 0; softshrink: x ∓ lambd there, else 0 (lambd >= 0)
+Tensor hardshrink(const Tensor& x, double lambd = 0.5, Loc loc = Loc::here());
+Tensor softshrink(const Tensor& x, double lambd = 0.5, Loc loc = Loc::here());
+// x where x > threshold, else value
+Tensor threshold(const Tensor& x, double threshold, double value, Loc loc = Loc::here());
+// x where x > 0, else weight·x: weight [1], or [C] along axis 1 of x [N, C, ...]
+Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc = Loc::here());
 inline Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::here()) {
     return a.matmul(b, loc);
 }
@@ -11247,6 +11319,106 @@ Tensor Dropout::forward(const Tensor& x) {
                                    Loc::here());
     return dropout_mask(x, p, u);
 }
+
+namespace functional {
+// Each picks its pieces with where, so that a piece's gradient reaches only the inputs it is
+// picked for, with PyTorch's choice at the kinks; a NaN fails every comparison, which puts it
+// in the piece where PyTorch's leaves it (NaN in each but softshrink's 0).
+Tensor hardtanh(const Tensor& x, double min_val, double max_val, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (!(min_val <= max_val))
+        detail::fail(strf("hardtanh: min_val %g must not exceed max_val %g", min_val, max_val));
+    return where(x <= min_val, min_val, where(x >= max_val, max_val, x));
+}
+Tensor relu6(const Tensor& x, Loc loc) { return hardtanh(x, 0, 6, loc); }
+Tensor hardsigmoid(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return where(x <= -3, 0, where(x >= 3, 1, x / 6 + 0.5));
+}
+// the middle piece's slope (2x + 3)/6 at both ends, as PyTorch's
+Tensor hardswish(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return where(x < -3, 0, where(x <= 3, x * (x + 3) / 6, x));
+}
+Tensor mish(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x * x.softplus().tanh();
+}
+Tensor selu(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x.elu(1.6732632423543772848170429916717) * 1.0507009873554804934193349852946;
+}
+Tensor celu(const Tensor& x, double alpha, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (alpha == 0) detail::fail("celu: alpha must not be 0");
+    return (x / alpha).elu() * alpha;
+}
+Tensor softsign(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x / (x.abs() + 1);
+}
+// min(x, 0) - ln(1 + e^-|x|): no exponential overflows
+Tensor logsigmoid(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x.minimum(0) - (-x.abs()).exp().log1p();
+}
+Tensor tanhshrink(const Tensor& x, Loc loc) {
+    detail::UserLocScope at(loc);
+    return x - x.tanh();
+}
+Tensor hardshrink(const Tensor& x, double lambd, Loc loc) {
+    detail::UserLocScope at(loc);
+    return where(logical_and(x >= -lambd, x <= lambd), 0, x);
+}
+Tensor softshrink(const Tensor& x, double lambd, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (!(lambd >= 0)) detail::fail(strf("softshrink: lambd %g must be at least 0", lambd));
+    return where(x > lambd, x - lambd, where(x < -lambd, x + lambd, 0));
+}
+Tensor threshold(const Tensor& x, double threshold, double value, Loc loc) {
+    detail::UserLocScope at(loc);
+    return where(x <= threshold, value, x);
+}
+Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc) {
+    detail::UserLocScope at(loc);
+    const int64_t channels = x.ndim() >= 2 ? x.size(1) : 1;
+    if (weight.ndim() != 1 || (weight.size(0) != 1 && weight.size(0) != channels))
+        detail::fail(strf("prelu: weight %s must be [1] or [C] = [%lld] for x %s",
+                          shape_str(weight.shape()).c_str(), (long long)channels,
+                          shape_str(x.shape()).c_str()));
+    Shape along_channels(size_t(x.ndim()), 1);
+    if (x.ndim() >= 2) along_channels[1] = weight.size(0);
+    return where(x > 0, x, weight.reshape(along_channels) * x);
+}
+}  // namespace functional
+
+Hardtanh::Hardtanh(double min_val_, double max_val_) : min_val(min_val_), max_val(max_val_) {
+    if (!(min_val <= max_val))
+        detail::fail(strf("Hardtanh: min_val %g must not exceed max_val %g", min_val, max_val));
+}
+Tensor Hardtanh::forward(const Tensor& x) { return functional::hardtanh(x, min_val, max_val); }
+Tensor ReLU6::forward(const Tensor& x) { return functional::relu6(x); }
+Tensor Hardsigmoid::forward(const Tensor& x) { return functional::hardsigmoid(x); }
+Tensor Hardswish::forward(const Tensor& x) { return functional::hardswish(x); }
+Tensor Mish::forward(const Tensor& x) { return functional::mish(x); }
+Tensor SELU::forward(const Tensor& x) { return functional::selu(x); }
+Tensor CELU::forward(const Tensor& x) { return functional::celu(x, alpha); }
+Tensor Softsign::forward(const Tensor& x) { return functional::softsign(x); }
+Tensor LogSigmoid::forward(const Tensor& x) { return functional::logsigmoid(x); }
+Tensor Tanhshrink::forward(const Tensor& x) { return functional::tanhshrink(x); }
+Tensor Hardshrink::forward(const Tensor& x) { return functional::hardshrink(x, lambd); }
+Softshrink::Softshrink(double lambd_) : lambd(lambd_) {
+    if (!(lambd >= 0)) detail::fail(strf("Softshrink: lambd %g must be at least 0", lambd));
+}
+Tensor Softshrink::forward(const Tensor& x) { return functional::softshrink(x, lambd); }
+Tensor Threshold::forward(const Tensor& x) { return functional::threshold(x, threshold, value); }
+PReLU::PReLU(int64_t num_parameters, double init) {
+    if (num_parameters < 1)
+        detail::fail(strf("PReLU: num_parameters must be at least 1, got %lld",
+                          (long long)num_parameters));
+    weight = Tensor::full({num_parameters}, init).requires_grad();
+}
+Tensor PReLU::forward(const Tensor& x) { return functional::prelu(x, weight); }
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     NoGrad no_grad;

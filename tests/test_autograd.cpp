@@ -1176,6 +1176,26 @@ TEST(autograd_interpolate) {
     gc.run();
 }
 
+// functional's other activations, at points away from their kinks (those: test_ops.cpp)
+TEST(autograd_more_activations) {
+    namespace F = tg::nn::functional;
+    GradCheck gc;
+    In a = rnd({2, 4}, 371, -2.9, 2.9), nz = rnd({2, 4}, 372, 0.6, 2.5, true);
+    gc.add1("mish", [](const Tensor& x) { return F::mish(x); }, a);
+    gc.add1("selu", [](const Tensor& x) { return F::selu(x); }, nz);
+    gc.add1("celu", [](const Tensor& x) { return F::celu(x, 1.5); }, nz);
+    gc.add1("softsign", [](const Tensor& x) { return F::softsign(x); }, nz);
+    gc.add1("logsigmoid", [](const Tensor& x) { return F::logsigmoid(x); }, nz);
+    gc.add1("tanhshrink", [](const Tensor& x) { return F::tanhshrink(x); }, a);
+    gc.add1("hardswish", [](const Tensor& x) { return F::hardswish(x); }, a);
+    gc.add1("hardsigmoid", [](const Tensor& x) { return F::hardsigmoid(x); }, a);
+    gc.add1("softshrink", [](const Tensor& x) { return F::softshrink(x, 0.5); }, nz);
+    gc.add2("prelu (per channel)",
+            [](const Tensor& x, const Tensor& w) { return F::prelu(x, w); },
+            rnd({2, 3, 2}, 373, 0.2, 2, true), rnd({3}, 374, 0.1, 0.5));
+    gc.run();
+}
+
 // The recurrent layers in float64, both directions: gradients through the input, the
 // initial states and one direction's weights (the other's held), from the outputs and states
 TEST(autograd_recurrent_layers) {

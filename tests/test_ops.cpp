@@ -2535,6 +2535,119 @@ TEST(ops_functional_and_dropout) {
 
 // activations, logsumexp, any/all, triangles and logical ops against loops in double, with
 // PyTorch's edge values (-0, NaN, ±∞, the thresholds)
+// functional's activations beyond the Tensor's, against loops in double at their kinks, ±∞
+// and NaN; their gradients at the kinks as PyTorch 1.13 gave them; the layers; the errors
+TEST(ops_more_activations_match_loops) {
+    namespace F = tg::nn::functional;
+    namespace nn = tg::nn;
+    Vec xv = {-30, -3, -2, -1, -0.5, 0, 0.5, 1, 2, 3, 6, 30, NAN, INFINITY, -INFINITY};
+    Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()));
+    const double selu_a = 1.6732632423543772, selu_s = 1.0507009873554805;
+    struct Case {
+        const char* name;
+        Tensor got;
+        std::function<double(double)> want;
+    };
+    std::vector<Case> cases = {
+        {"hardtanh", F::hardtanh(x, -1, 2), [](double v) { return v <= -1 ? -1 : v >= 2 ? 2 : v; }},
+        {"relu6", F::relu6(x), [](double v) { return v <= 0 ? 0 : v >= 6 ? 6 : v; }},
+        {"hardsigmoid", F::hardsigmoid(x),
+         [](double v) { return v <= -3 ? 0 : v >= 3 ? 1 : v / 6 + 0.5; }},
+        {"hardswish", F::hardswish(x),
+         [](double v) { return v < -3 ? 0 : v <= 3 ? v * (v + 3) / 6 : v; }},
+        {"mish", F::mish(x),
+         [](double v) { return v * std::tanh(v > 20 ? v : std::log1p(std::exp(v))); }},
+        {"selu", F::selu(x),
+         [&](double v) { return v > 0 ? selu_s * v : selu_s * selu_a * std::expm1(v); }},
+        {"celu", F::celu(x, 1.5), [](double v) { return v > 0 ? v : 1.5 * std::expm1(v / 1.5); }},
+        {"softsign", F::softsign(x), [](double v) { return v / (1 + std::fabs(v)); }},
+        {"logsigmoid", F::logsigmoid(x),
+         [](double v) { return std::min(v, 0.0) - std::log1p(std::exp(-std::fabs(v))); }},
+        {"tanhshrink", F::tanhshrink(x), [](double v) { return v - std::tanh(v); }},
+        {"hardshrink", F::hardshrink(x), [](double v) { return v >= -0.5 && v <= 0.5 ? 0 : v; }},
+        {"softshrink", F::softshrink(x),
+         [](double v) { return v > 0.5 ? v - 0.5 : v < -0.5 ? v + 0.5 : 0; }},
+        {"threshold", F::threshold(x, 1, -7), [](double v) { return v <= 1 ? -7 : v; }},
+        {"prelu", F::prelu(x, Tensor::full({1}, 0.25)),
+         [](double v) { return v > 0 ? v : 0.25 * v; }},
+    };
+    for (Case& c : cases) {
+        Vec got = vals(c.got);
+        Vec want = ref_unary(xv, c.want);
+        for (size_t i = 0; i < xv.size(); i++) {
+            bool same = std::isnan(want[i]) ? std::isnan(got[i])
+                                            : std::fabs(got[i] - want[i]) <=
+                                                  F32 * (1 + std::fabs(want[i])) || got[i] == want[i];
+            if (!same)
+                th::report(__FILE__, __LINE__, std::string(c.name) + " at " + th::show(xv[i]) +
+                                                   ": " + th::show(got[i]) + " vs " +
+                                                   th::show(want[i]));
+        }
+    }
+    // gradients at the kinks (and beside them), as PyTorch's
+    Vec kinks = {-3, 3, -1, 2, 0, 6, -0.5, 0.5, 1};
+    auto grad_of = [&](std::function<Tensor(const Tensor&)> f) {
+        Tensor k = Tensor::from_vector(std::vector<float>(kinks.begin(), kinks.end())).requires_grad();
+        f(k).sum().backward();
+        return vals(k.grad());
+    };
+    const double s6 = 1.0 / 6;
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::hardtanh(t, -1, 2); }),
+                   (Vec{0, 0, 0, 0, 1, 0, 1, 1, 1}), 0);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::relu6(t); }),
+                   (Vec{0, 1, 0, 1, 0, 0, 0, 1, 1}), 0);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::hardsigmoid(t); }),
+                   (Vec{0, 0, s6, s6, s6, 0, s6, s6, s6}), 1e-7);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::hardswish(t); }),
+                   (Vec{-0.5, 1.5, 1.0 / 6, 7.0 / 6, 0.5, 1, 1.0 / 3, 2.0 / 3, 5.0 / 6}), 1e-6);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::hardshrink(t); }),
+                   (Vec{1, 1, 1, 1, 0, 1, 0, 0, 1}), 0);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::softshrink(t); }),
+                   (Vec{1, 1, 1, 1, 0, 1, 0, 0, 1}), 0);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::threshold(t, 1, -7); }),
+                   (Vec{0, 1, 0, 1, 0, 1, 0, 0, 0}), 0);
+    CHECK_ALL_NEAR(grad_of([](const Tensor& t) { return F::prelu(t, Tensor::full({1}, 0.25)); }),
+                   (Vec{0.25, 1, 0.25, 1, 0.25, 1, 0.25, 1, 1}), 0);
+    // the layers; PReLU's weight per channel along axis 1, learned
+    CHECK_ALL_NEAR(vals(nn::Hardtanh(-1, 2)(x) + nn::ReLU6()(x) + nn::Hardsigmoid()(x) +
+                        nn::Hardswish()(x) + nn::Softshrink(0.25)(x) + nn::Hardshrink(0.25)(x) +
+                        nn::Threshold(1, -7)(x) + nn::CELU(1.5)(x)),
+                   vals(F::hardtanh(x, -1, 2) + F::relu6(x) + F::hardsigmoid(x) +
+                        F::hardswish(x) + F::softshrink(x, 0.25) + F::hardshrink(x, 0.25) +
+                        F::threshold(x, 1, -7) + F::celu(x, 1.5)),
+                   0);
+    CHECK_ALL_NEAR(vals(nn::Mish()(x) + nn::SELU()(x) + nn::Softsign()(x) + nn::LogSigmoid()(x) +
+                        nn::Tanhshrink()(x)),
+                   vals(F::mish(x) + F::selu(x) + F::softsign(x) + F::logsigmoid(x) +
+                        F::tanhshrink(x)),
+                   0);
+    CHECK_ALL_NEAR(vals(nn::Softmax(0)(x.slice(0, 0, 12)) + nn::LogSoftmax()(x.slice(0, 0, 12))),
+                   vals(x.slice(0, 0, 12).softmax(0) + x.slice(0, 0, 12).log_softmax(-1)), 0);
+    nn::PReLU prelu(3);
+    CHECK_ALL_NEAR(vals(prelu.weight), (Vec{0.25, 0.25, 0.25}), 0);
+    prelu.weight = Tensor::from_vector(std::vector<float>{0.1f, 0.2f, 0.3f}).requires_grad();
+    std::vector<float> pv = randf(24, 190);
+    Tensor px = Tensor::from_vector(pv, {2, 3, 4});
+    Tensor py = prelu(px);
+    py.sum().backward();
+    Vec want_y(24), want_w(3, 0.0);
+    for (size_t i = 0; i < 24; i++) {
+        size_t ch = i / 4 % 3;
+        want_y[i] = pv[i] > 0 ? pv[i] : pv[i] * (0.1 * double(ch + 1));
+        if (pv[i] <= 0) want_w[ch] += pv[i];
+    }
+    CHECK_ALL_NEAR(vals(py), want_y, F32);
+    CHECK_ALL_NEAR(vals(prelu.weight.grad()), want_w, F32);
+    CHECK_EQ(prelu.state_dict().count("weight"), size_t(1));
+    CHECK_THROWS(F::hardtanh(x, 2, 1), "hardtanh", "min_val 2", "max_val 1");
+    CHECK_THROWS(nn::Hardtanh(2, 1), "Hardtanh", "min_val 2");
+    CHECK_THROWS(F::softshrink(x, -1), "softshrink", "lambd -1");
+    CHECK_THROWS(nn::Softshrink(-1), "Softshrink", "lambd -1");
+    CHECK_THROWS(F::celu(x, 0), "celu", "alpha");
+    CHECK_THROWS(prelu(Tensor::from_vector(pv, {2, 4, 3})), "prelu", "[3]", "[4]", "[2,4,3]");
+    CHECK_THROWS(nn::PReLU(0), "PReLU", "num_parameters", "0");
+}
+
 TEST(ops_activations_logsumexp_any_all_triangles) {
     Vec xv = {-30, -2, -0.5, -0.0, 0, 0.5, 2, 2.6, 30, NAN, INFINITY, -INFINITY};
     Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()));
