@@ -989,6 +989,7 @@ template <int SpatialAxes> struct Conv : ConvNd {
 };
 using Conv1d = Conv<1>;
 using Conv2d = Conv<2>;
+using Conv3d = Conv<3>;
 template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order of arguments
     ConvTranspose(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
                   SpatialSizes stride = 1, SpatialSizes padding = 0,
@@ -999,30 +1000,54 @@ template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order 
 };
 using ConvTranspose1d = ConvTranspose<1>;
 using ConvTranspose2d = ConvTranspose<2>;
-// functional::max_pool2d and avg_pool2d as layers
-struct MaxPool2d : Module {
-    explicit MaxPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
-                       SpatialSizes padding = 0, SpatialSizes dilation = 1)
-        : kernel_size(kernel_size), stride(stride), padding(padding), dilation(dilation) {}
+// functional::max_pool1d/2d, avg_pool1d/2d and adaptive_avg_pool1d/2d as layers
+// (AdaptiveAvgPool2d(1) before a classifier's head)
+struct MaxPoolNd : Module {
+    MaxPoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
+              SpatialSizes padding, SpatialSizes dilation)
+        : spatial_axes(spatial_axes), kernel_size(kernel_size), stride(stride), padding(padding),
+          dilation(dilation) {}
     Tensor forward(const Tensor& x) override;
+    int spatial_axes;
     SpatialSizes kernel_size, stride, padding, dilation;
 };
-struct AvgPool2d : Module {
-    explicit AvgPool2d(SpatialSizes kernel_size, SpatialSizes stride = {},
-                       SpatialSizes padding = 0, bool count_include_pad = true)
-        : kernel_size(kernel_size), stride(stride), padding(padding),
+template <int SpatialAxes> struct MaxPool : MaxPoolNd {
+    explicit MaxPool(SpatialSizes kernel_size, SpatialSizes stride = {}, SpatialSizes padding = 0,
+                     SpatialSizes dilation = 1)
+        : MaxPoolNd(SpatialAxes, kernel_size, stride, padding, dilation) {}
+};
+using MaxPool1d = MaxPool<1>;
+using MaxPool2d = MaxPool<2>;
+struct AvgPoolNd : Module {
+    AvgPoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
+              SpatialSizes padding, bool count_include_pad)
+        : spatial_axes(spatial_axes), kernel_size(kernel_size), stride(stride), padding(padding),
           count_include_pad(count_include_pad) {}
     Tensor forward(const Tensor& x) override;
+    int spatial_axes;
     SpatialSizes kernel_size, stride, padding;
     bool count_include_pad;
 };
-
-// functional::adaptive_avg_pool2d as a layer: AdaptiveAvgPool2d(1) before a classifier's head
-struct AdaptiveAvgPool2d : Module {
-    explicit AdaptiveAvgPool2d(SpatialSizes output_size) : output_size(output_size) {}
+template <int SpatialAxes> struct AvgPool : AvgPoolNd {
+    explicit AvgPool(SpatialSizes kernel_size, SpatialSizes stride = {}, SpatialSizes padding = 0,
+                     bool count_include_pad = true)
+        : AvgPoolNd(SpatialAxes, kernel_size, stride, padding, count_include_pad) {}
+};
+using AvgPool1d = AvgPool<1>;
+using AvgPool2d = AvgPool<2>;
+struct AdaptiveAvgPoolNd : Module {
+    AdaptiveAvgPoolNd(int spatial_axes, SpatialSizes output_size)
+        : spatial_axes(spatial_axes), output_size(output_size) {}
     Tensor forward(const Tensor& x) override;
+    int spatial_axes;
     SpatialSizes output_size;
 };
+template <int SpatialAxes> struct AdaptiveAvgPool : AdaptiveAvgPoolNd {
+    explicit AdaptiveAvgPool(SpatialSizes output_size)
+        : AdaptiveAvgPoolNd(SpatialAxes, output_size) {}
+};
+using AdaptiveAvgPool1d = AdaptiveAvgPool<1>;
+using AdaptiveAvgPool2d = AdaptiveAvgPool<2>;
 
 // functional::interpolate to ⌊in·scale_factor⌋ along each spatial axis of x [N, C, *spatial],
 // reading at o / scale_factor as PyTorch's nn.Upsample does
@@ -12192,8 +12217,10 @@ ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSi
       groups(groups_),
       has_bias(bias_),
       transposed(transposed_) {
-    const char* name = transposed ? (axes == 1 ? "ConvTranspose1d" : "ConvTranspose2d")
-                                  : (axes == 1 ? "Conv1d" : "Conv2d");
+    const std::string label = strf("Conv%s%dd", transposed ? "Transpose" : "", axes);
+    const char* name = label.c_str();
+    if (axes < 1 || axes > (transposed ? 2 : 3))
+        detail::fail(strf("%s: not offered (Conv1d-3d, ConvTranspose1d-2d)", name));
     if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
         detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
                           "%lld, groups %lld", name, (long long)in, (long long)out,
@@ -12226,15 +12253,17 @@ Tensor ConvNd::forward(const Tensor& x) {
         return spatial_axes == 1
                    ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
                    : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
-    return spatial_axes == 1 ? functional::conv1d(x, weight, b, st, pad, dil, groups)
-                             : functional::conv2d(x, weight, b, st, pad, dil, groups);
+    return spatial_axes == 1   ? functional::conv1d(x, weight, b, st, pad, dil, groups)
+           : spatial_axes == 2 ? functional::conv2d(x, weight, b, st, pad, dil, groups)
+                               : functional::conv3d(x, weight, b, st, pad, dil, groups);
 }
 Module::Named ConvNd::named_parameters() {
     if (!has_bias) return {{"weight", weight}};
     return {{"weight", weight}, {"bias", bias}};
 }
-Tensor MaxPool2d::forward(const Tensor& x) {
-    return functional::max_pool2d(x, kernel_size, stride, padding, dilation);
+Tensor MaxPoolNd::forward(const Tensor& x) {
+    return spatial_axes == 1 ? functional::max_pool1d(x, kernel_size, stride, padding, dilation)
+                             : functional::max_pool2d(x, kernel_size, stride, padding, dilation);
 }
 Tensor Upsample::forward(const Tensor& x) {
     if (x.ndim() < 3 || !(scale_factor > 0))
@@ -12248,11 +12277,14 @@ Tensor Upsample::forward(const Tensor& x) {
                               std::vector<double>(sizes.size(), scale_factor), mode,
                               align_corners, Loc::here());
 }
-Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
-    return functional::adaptive_avg_pool2d(x, output_size);
+Tensor AdaptiveAvgPoolNd::forward(const Tensor& x) {
+    return spatial_axes == 1 ? functional::adaptive_avg_pool1d(x, output_size)
+                             : functional::adaptive_avg_pool2d(x, output_size);
 }
-Tensor AvgPool2d::forward(const Tensor& x) {
-    return functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
+Tensor AvgPoolNd::forward(const Tensor& x) {
+    return spatial_axes == 1
+               ? functional::avg_pool1d(x, kernel_size, stride, padding, count_include_pad)
+               : functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
 }
 
 ModuleList& ModuleList::add(std::shared_ptr<Module> layer) {

@@ -1566,6 +1566,28 @@ TEST(nn_conv2d_parameters_and_init_range) {
     CHECK_EQ(nn::Flatten()(Tensor::zeros({2, 3, 4, 5})).shape(), (Shape{2, 60}));
 }
 
+// Conv3d and the 1-d pooling layers compute their functional forms with their own settings
+TEST(nn_conv3d_and_1d_pooling_layers_are_their_functionals) {
+    namespace F = nn::functional;
+    nn::Conv3d cube(2, 4, {3, 1, 2}, 1, {1, 0, 1}, 1, 2);
+    CHECK_EQ(cube.weight.shape(), (Shape{4, 1, 3, 1, 2}));
+    const double bound = 1 / std::sqrt(3.0 * 1 * 2);
+    for (double w : vals(cube.weight)) CHECK(w >= -bound && w <= bound);
+    Tensor x = fv(randf(2 * 2 * 4 * 3 * 5, 80), {2, 2, 4, 3, 5});
+    Tensor want = F::conv3d(x, cube.weight, cube.bias, 1, {1, 0, 1}, 1, 2);
+    CHECK_EQ(cube(x).shape(), (Shape{2, 4, 4, 3, 6}));
+    CHECK_ALL_NEAR(vals(cube(x)), vals(want), 0);
+    Tensor seq = fv(randf(2 * 3 * 9, 81), {2, 3, 9});
+    CHECK_ALL_NEAR(vals(nn::MaxPool1d(3, 2, 1)(seq)), vals(F::max_pool1d(seq, 3, 2, 1)), 0);
+    CHECK_ALL_NEAR(vals(nn::AvgPool1d(2, {}, 1, false)(seq)),
+                   vals(F::avg_pool1d(seq, 2, {}, 1, false)), 0);
+    CHECK_ALL_NEAR(vals(nn::AdaptiveAvgPool1d(4)(seq)), vals(F::adaptive_avg_pool1d(seq, 4)), 0);
+    CHECK_EQ(nn::MaxPool1d(3)(seq).shape(), (Shape{2, 3, 3}));
+    CHECK_EQ(nn::AdaptiveAvgPool2d(1)(fv(randf(24, 82), {1, 2, 3, 4})).shape(),
+             (Shape{1, 2, 1, 1}));
+    CHECK_THROWS(nn::ConvTranspose<3>(2, 2, 3), "ConvTranspose3d", "not offered");
+}
+
 // A small convolutional network learns which half of an 8 x 8 image holds a bright 2 x 2 spot,
 // jitted: Conv2d, ReLU, MaxPool2d, AvgPool2d, Flatten, Linear.
 namespace {
