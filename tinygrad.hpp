@@ -962,30 +962,44 @@ struct SpatialSizes {
     SpatialSizes(std::initializer_list<int64_t> each) : sizes(each) {}
     std::vector<int64_t> sizes;
 };
+// A convolution's padding: sizes, or "valid" (none) or "same" (stride 1 only: dilation·(kernel
+// - 1) in all along each axis, half before, the odd one after, so the output is as large)
+struct ConvPadding : SpatialSizes {
+    template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+    ConvPadding(I every) : SpatialSizes(int64_t(every)) {}
+    ConvPadding(std::initializer_list<int64_t> each) : SpatialSizes(each) {}
+    ConvPadding(const SpatialSizes& sizes) : SpatialSizes(sizes) {}
+    ConvPadding(const char* rule) : rule(rule) {}
+    std::string rule;   // "" (the sizes), "valid" or "same"
+};
 // functional::conv1d (Conv1d) or conv2d (Conv2d) with weight [out, in / groups, *kernel] and
 // bias [out]; transposed: conv_transpose1d (ConvTranspose1d) or conv_transpose2d
 // (ConvTranspose2d) with weight [in, out / groups, *kernel]. PyTorch's init: U(-1/√fan_in,
 // 1/√fan_in) for both, fan_in = the weight's size from axis 1 on (in / groups, or out / groups,
 // times the kernel's size)
+// padding_mode: "zeros", or F.pad's "reflect", "replicate" or "circular" (the input padded so,
+// then convolved without padding); a transposed one takes sizes and zeros only.
 struct ConvNd : Module {
     ConvNd(int spatial_axes, int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
-           SpatialSizes stride, SpatialSizes padding, SpatialSizes dilation, int64_t groups,
-           bool bias, bool transposed = false, SpatialSizes output_padding = 0);
+           SpatialSizes stride, ConvPadding padding, SpatialSizes dilation, int64_t groups,
+           bool bias, bool transposed = false, SpatialSizes output_padding = 0,
+           std::string padding_mode = "zeros");
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     int spatial_axes;
     int64_t in_channels, out_channels, groups;
     std::vector<int64_t> kernel_size, stride, padding, dilation, output_padding;
+    std::string padding_rule, padding_mode;   // padding_rule: ConvPadding's rule
     bool has_bias, transposed;
     Tensor weight, bias;
 };
 template <int SpatialAxes> struct Conv : ConvNd {
     Conv(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
-         SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
-         int64_t groups = 1, bool bias = true)
+         SpatialSizes stride = 1, ConvPadding padding = 0, SpatialSizes dilation = 1,
+         int64_t groups = 1, bool bias = true, std::string padding_mode = "zeros")
         : ConvNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                 groups, bias) {}
+                 groups, bias, false, 0, std::move(padding_mode)) {}
 };
 using Conv1d = Conv<1>;
 using Conv2d = Conv<2>;
@@ -1348,13 +1362,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // 1) / stride + 1 along each axis. Composed: the sum, over the kernel's positions, of the
 // products of that position's weights with x seen through strided views (no copies of x).
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              SpatialSizes stride = 1, ConvPadding padding = 0, SpatialSizes dilation = 1,
               int64_t groups = 1, Loc loc = Loc::here());
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              SpatialSizes stride = 1, ConvPadding padding = 0, SpatialSizes dilation = 1,
               int64_t groups = 1, Loc loc = Loc::here());
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              SpatialSizes stride = 1, SpatialSizes padding = 0, SpatialSizes dilation = 1,
+              SpatialSizes stride = 1, ConvPadding padding = 0, SpatialSizes dilation = 1,
               int64_t groups = 1, Loc loc = Loc::here());
 // The transposed convolution (conv's gradient with respect to its input), as PyTorch's: x
 // [N, C_in, *spatial] (or [C_in, *spatial]) with weight [C_in, C_out / groups, *kernel], plus
@@ -11679,9 +11693,32 @@ Tensor plus_channel_bias(const char* op, const Tensor& y, const Tensor& bias) {
     along_channels[1] = y.size(1);
     return y + bias.reshape(along_channels);
 }
+// A convolution's padding (before, after) along each spatial axis
+std::vector<std::pair<int64_t, int64_t>> conv_pads(const char* op, const ConvPadding& padding,
+                                                   const std::vector<int64_t>& kernel,
+                                                   const std::vector<int64_t>& stride,
+                                                   const std::vector<int64_t>& dilation) {
+    const size_t axes = kernel.size();
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    if (padding.rule.empty())
+        for (int64_t p : per_axis(padding, axes, op, "padding", 0)) pads.push_back({p, p});
+    else if (padding.rule == "valid")
+        pads.assign(axes, {0, 0});
+    else if (padding.rule != "same")
+        detail::fail(strf("%s: padding \"%s\" is not \"valid\", \"same\" or sizes", op,
+                          padding.rule.c_str()));
+    for (size_t a = 0; a < axes && padding.rule == "same"; a++) {
+        if (stride[a] != 1)
+            detail::fail(strf("%s: padding \"same\" needs stride 1, got stride %s", op,
+                              shape_str(stride).c_str()));
+        const int64_t total = dilation[a] * (kernel[a] - 1);
+        pads.push_back({total / 2, total - total / 2});
+    }
+    return pads;
+}
 Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tensor& weight,
                    const Tensor& bias, const SpatialSizes& stride_given,
-                   const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
+                   const ConvPadding& padding_given, const SpatialSizes& dilation_given,
                    int64_t groups, Loc loc) {
     detail::UserLocScope at(loc);
     auto shapes = [&] { return conv_shapes(input, weight); };
@@ -11696,9 +11733,12 @@ Tensor convolution(const char* op, size_t axes, const Tensor& input, const Tenso
     for (int64_t k : kernel)
         if (k < 1) detail::fail(strf("%s: the kernel is empty; %s", op, shapes().c_str()));
     std::vector<int64_t> stride = per_axis(stride_given, axes, op, "stride", 1);
-    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
     std::vector<int64_t> dilation = per_axis(dilation_given, axes, op, "dilation", 1);
-    Windows w = windows_of(pad_spatial(x, padding, 0), kernel, stride, dilation, op, x.shape());
+    std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+    std::vector<std::pair<int64_t, int64_t>> spatial_pads =
+        conv_pads(op, padding_given, kernel, stride, dilation);
+    std::copy(spatial_pads.begin(), spatial_pads.end(), pads.end() - long(axes));
+    Windows w = windows_of(x.pad(pads, 0), kernel, stride, dilation, op, x.shape());
     // each position's product: x [n, group, c, *windows] · w [group, o, c]
     const std::string spatial = std::string("xyz").substr(0, axes);
     const std::string spec = "ngc" + spatial + ",goc->ngo" + spatial;
@@ -11828,15 +11868,15 @@ Tensor avg_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes
 }  // namespace
 
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
-              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+              ConvPadding padding, SpatialSizes dilation, int64_t groups, Loc loc) {
     return convolution("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, loc);
 }
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
-              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+              ConvPadding padding, SpatialSizes dilation, int64_t groups, Loc loc) {
     return convolution("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, loc);
 }
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SpatialSizes stride,
-              SpatialSizes padding, SpatialSizes dilation, int64_t groups, Loc loc) {
+              ConvPadding padding, SpatialSizes dilation, int64_t groups, Loc loc) {
     return convolution("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, loc);
 }
 // A transposed convolution puts x[i]·w[k] at output i·stride - padding + k·dilation. With
@@ -12209,12 +12249,14 @@ Module::Named BatchNormNd::named_buffers() {
 }
 
 ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
-               SpatialSizes padding_, SpatialSizes dilation_, int64_t groups_, bool bias_,
-               bool transposed_, SpatialSizes output_padding_)
+               ConvPadding padding_, SpatialSizes dilation_, int64_t groups_, bool bias_,
+               bool transposed_, SpatialSizes output_padding_, std::string padding_mode_)
     : spatial_axes(axes),
       in_channels(in),
       out_channels(out),
       groups(groups_),
+      padding_rule(padding_.rule),
+      padding_mode(std::move(padding_mode_)),
       has_bias(bias_),
       transposed(transposed_) {
     const std::string label = strf("Conv%s%dd", transposed ? "Transpose" : "", axes);
@@ -12227,8 +12269,17 @@ ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSi
                           (long long)groups));
     kernel_size = functional::per_axis(kernel, size_t(axes), name, "kernel_size", 1);
     stride = functional::per_axis(stride_, size_t(axes), name, "stride", 1);
-    padding = functional::per_axis(padding_, size_t(axes), name, "padding", 0);
     dilation = functional::per_axis(dilation_, size_t(axes), name, "dilation", 1);
+    if (padding_mode != "zeros" && padding_mode != "reflect" && padding_mode != "replicate" &&
+        padding_mode != "circular")
+        detail::fail(strf("%s: padding_mode \"%s\" is not one of zeros, reflect, replicate, "
+                          "circular", name, padding_mode.c_str()));
+    if (transposed && (padding_mode != "zeros" || !padding_rule.empty()))
+        detail::fail(strf("%s: takes padding sizes and padding_mode zeros only", name));
+    // checked now, as PyTorch's: "same" with a stride, an unknown rule
+    for (auto [before, after] : functional::conv_pads(name, padding_, kernel_size, stride,
+                                                      dilation))
+        padding.push_back(before);
     output_padding =
         functional::per_axis(output_padding_, size_t(axes), name, "output_padding", 0);
     reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
@@ -12253,9 +12304,21 @@ Tensor ConvNd::forward(const Tensor& x) {
         return spatial_axes == 1
                    ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
                    : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
-    return spatial_axes == 1   ? functional::conv1d(x, weight, b, st, pad, dil, groups)
-           : spatial_axes == 2 ? functional::conv2d(x, weight, b, st, pad, dil, groups)
-                               : functional::conv3d(x, weight, b, st, pad, dil, groups);
+    ConvPadding how = pad;
+    if (!padding_rule.empty()) how = ConvPadding(padding_rule.c_str());
+    Tensor input = x;
+    if (padding_mode != "zeros") {   // F.pad's order: the last axis first
+        std::vector<int64_t> flat;
+        std::vector<std::pair<int64_t, int64_t>> pads =
+            functional::conv_pads("Conv", how, kernel_size, stride, dilation);
+        for (auto it = pads.rbegin(); it != pads.rend(); ++it)
+            flat.push_back(it->first), flat.push_back(it->second);
+        input = functional::pad(x, flat, padding_mode);
+        how = 0;
+    }
+    return spatial_axes == 1   ? functional::conv1d(input, weight, b, st, how, dil, groups)
+           : spatial_axes == 2 ? functional::conv2d(input, weight, b, st, how, dil, groups)
+                               : functional::conv3d(input, weight, b, st, how, dil, groups);
 }
 Module::Named ConvNd::named_parameters() {
     if (!has_bias) return {{"weight", weight}};

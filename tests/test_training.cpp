@@ -1566,6 +1566,41 @@ TEST(nn_conv2d_parameters_and_init_range) {
     CHECK_EQ(nn::Flatten()(Tensor::zeros({2, 3, 4, 5})).shape(), (Shape{2, 60}));
 }
 
+// padding "same" (even kernels: the odd one after) and "valid", and the layers' padding_mode:
+// the input padded as F.pad pads it, then convolved without padding
+TEST(nn_conv_padding_same_valid_and_modes) {
+    namespace F = nn::functional;
+    Tensor x = fv(randf(2 * 3 * 7 * 6, 90), {2, 3, 7, 6});
+    Tensor w = fv(randf(4 * 3 * 4 * 3, 91), {4, 3, 4, 3}), b = fv(randf(4, 92), {4});
+    // kernel 4 along H: 3 in all, 1 before and 2 after; 3 dilated by 2 along W: 2 and 2
+    std::vector<int64_t> same_pads = {2, 2, 1, 2};   // F.pad's order: W, then H
+    Tensor same = F::conv2d(x, w, b, 1, "same", {1, 2});
+    CHECK_EQ(same.shape(), (Shape{2, 4, 7, 6}));
+    CHECK_ALL_NEAR(vals(same), vals(F::conv2d(F::pad(x, same_pads), w, b, 1, 0, {1, 2})), 0);
+    CHECK_ALL_NEAR(vals(F::conv2d(x, w, b, 1, "valid")), vals(F::conv2d(x, w, b)), 0);
+    nn::Conv2d zeros(3, 4, {4, 3}, 1, "same", {1, 2});
+    zeros.weight = w, zeros.bias = b;
+    CHECK_ALL_NEAR(vals(zeros(x)), vals(same), 0);
+    for (const char* mode : {"reflect", "replicate", "circular"}) {
+        nn::Conv2d sized(3, 4, {4, 3}, 1, 1, 1, 1, true, mode);
+        nn::Conv2d kept(3, 4, {4, 3}, 1, "same", {1, 2}, 1, true, mode);
+        sized.weight = kept.weight = w, sized.bias = kept.bias = b;
+        CHECK_ALL_NEAR(vals(sized(x)), vals(F::conv2d(F::pad(x, {1, 1, 1, 1}, mode), w, b)), 0);
+        CHECK_ALL_NEAR(vals(kept(x)),
+                       vals(F::conv2d(F::pad(x, same_pads, mode), w, b, 1, 0, {1, 2})), 0);
+    }
+    Tensor xg = x.detach().requires_grad();
+    F::conv2d(xg, w, b, 1, "same", {1, 2}).square().sum().backward();
+    CHECK(xg.grad().shape() == x.shape());
+    CHECK_THROWS(F::conv2d(x, w, b, 2, "same"), "conv2d", "\"same\" needs stride 1", "[2,2]");
+    CHECK_THROWS(F::conv2d(x, w, b, 1, "full"), "conv2d", "\"full\"", "valid", "same");
+    CHECK_THROWS(nn::Conv2d(3, 4, 3, 2, "same"), "Conv2d", "\"same\" needs stride 1");
+    CHECK_THROWS(nn::Conv2d(3, 4, 3, 1, 1, 1, 1, true, "mirror"), "Conv2d", "padding_mode",
+                 "mirror");
+    CHECK_THROWS(nn::ConvNd(2, 3, 4, 3, 1, 0, 1, 1, true, true, 0, "reflect"), "ConvTranspose2d",
+                 "zeros only");
+}
+
 // Conv3d and the 1-d pooling layers compute their functional forms with their own settings
 TEST(nn_conv3d_and_1d_pooling_layers_are_their_functionals) {
     namespace F = nn::functional;
