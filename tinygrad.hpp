@@ -2455,7 +2455,75 @@ using NodeP = std::shared_ptr<Node>;
 // Nodes to realize with the next program: backward() puts the loss and the gradients here,
 // so an optimizer step computes them with the parameters before the update (as PyTorch would
 // have them) and in the same program.
-static thread_local std::vector<NodeP> pending_targets;
+//
+// A pending gradient's graph usually reads its own leaf (the weight's gradient of x·W·W reads
+// W), and the leaf holds the gradient: a cycle that reference counting never frees. Realizing
+// the gradient cuts it (a result keeps its buffer, not its graph), but a thread may end first
+// (a program that exits after backward()). Its end then cuts the cycles nothing outside holds.
+struct PendingGradients {
+    std::vector<NodeP> targets;
+    std::vector<std::weak_ptr<Node>> leaves;   // whose grad was pending when noted
+    PendingGradients() = default;
+    PendingGradients(const PendingGradients&) = delete;
+    PendingGradients& operator=(const PendingGradients&) = delete;
+    ~PendingGradients();
+    void forget_realized() {   // after a program: keep the leaves whose grad is still pending
+        leaves.erase(std::remove_if(leaves.begin(), leaves.end(),
+                                    [](const std::weak_ptr<Node>& w) {
+                                        NodeP n = w.lock();
+                                        return !n || !n->grad || n->grad->buffer;
+                                    }),
+                     leaves.end());
+    }
+};
+static thread_local PendingGradients pending_grads;
+
+// Trial deletion, as a cycle collector does it: in the graph the pending gradients reach,
+// count each node's handles that come from inside. A node with more handles than that is held
+// from outside, and so is all it reaches; a leaf left over is held only by cycles and loses
+// its gradient, and reference counting frees the rest.
+PendingGradients::~PendingGradients() {
+    targets.clear();
+    std::vector<NodeP> roots;   // these handles are ours: not from outside
+    for (auto& w : leaves)
+        if (NodeP n = w.lock())
+            if (n->grad && !n->grad->buffer) roots.push_back(n);
+    std::sort(roots.begin(), roots.end());
+    roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
+    std::unordered_map<Node*, long> inside;
+    std::vector<Node*> stack, reached;
+    auto each_handle = [](Node* n, auto&& f) {
+        for (const NodeP& s : n->src) f(s.get());
+        if (n->grad) f(n->grad.get());
+    };
+    for (const NodeP& r : roots) {
+        inside[r.get()] += 1;
+        stack.push_back(r.get());
+    }
+    std::unordered_set<Node*> seen(stack.begin(), stack.end());
+    while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        reached.push_back(n);
+        each_handle(n, [&](Node* m) {
+            inside[m] += 1;
+            if (seen.insert(m).second) stack.push_back(m);
+        });
+    }
+    std::unordered_set<Node*> held;
+    for (Node* n : reached)
+        if (n->weak_from_this().use_count() > inside[n] && held.insert(n).second)
+            stack.push_back(n);
+    while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        each_handle(n, [&](Node* m) {
+            if (held.insert(m).second) stack.push_back(m);
+        });
+    }
+    for (const NodeP& r : roots)
+        if (!held.count(r.get())) r->grad.reset();
+}
 
 // Leaves made from lazy values (Tensor::randn(...).requires_grad()) are computed together, in
 // one program, just before the next program runs: a model's initial parameters cost one
@@ -4588,13 +4656,14 @@ void Tensor::backward(const Tensor& seed, Loc loc) const {
         NoGrad no_grad;
         grads = backpropagate(*this, seed, &leaves);
     }
-    pending_targets.push_back(node());
+    pending_grads.targets.push_back(node());
     NoGrad no_grad;
     PhaseScope phase(Phase::BACKWARD);
     for (Node* n : leaves) {
         const Tensor& g = *grads.find(n);
+        if (!n->grad || n->grad->buffer) pending_grads.leaves.push_back(n->shared_from_this());
         n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();
-        pending_targets.push_back(n->grad);
+        pending_grads.targets.push_back(n->grad);
     }
 }
 
@@ -10851,14 +10920,15 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_b
     std::vector<Device*> setup = realize_pending_leaves();
     std::vector<NodeP> all = targets;
     if (!now) {
-        all.insert(all.end(), pending_targets.begin(), pending_targets.end());
-        pending_targets.clear();
+        all.insert(all.end(), pending_grads.targets.begin(), pending_grads.targets.end());
+        pending_grads.targets.clear();
         if (jit_capture) {
             jit_capture->insert(jit_capture->end(), all.begin(), all.end());
             return;
         }
     }
     run_per_device(all, in_background ? RunMode::STEP : RunMode::NOW);
+    if (!now) pending_grads.forget_realized();
     if (!in_background) wait_each(setup, [](Device& d) { finish_in_flight(d); });
 }
 
@@ -10895,12 +10965,13 @@ static std::vector<NodeP> capture_realizes(const std::function<void()>& body) {
         body();
     } catch (...) {
         jit_capture = nullptr;
-        pending_targets.clear();
+        pending_grads.targets.clear();   // the gradients stay pending on their leaves
         throw;
     }
     jit_capture = nullptr;
-    captured.insert(captured.end(), pending_targets.begin(), pending_targets.end());
-    pending_targets.clear();
+    captured.insert(captured.end(), pending_grads.targets.begin(),
+                    pending_grads.targets.end());
+    pending_grads.targets.clear();
     return captured;
 }
 
