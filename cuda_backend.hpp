@@ -43,9 +43,11 @@
    prevents the program's in-place writes. TG_CHECK's scan for NaN and infinity runs as a
    kernel after its nest and stops the program there.
 
-   Compile and cache: CUBIN for the device's architecture (sm_XY), on disk in the compile cache
-   under a key of source, architecture, NVRTC's version and options, and in memory per
-   process. Floating-point contraction is off (--fmad=false), as on the CPU: a value computed
+   Compile and cache: kernels of the same code over other buffers (a model's layers) launch one
+   function, so NVRTC reads each code once (a 6-layer GPT's step: 248 kernels, 56 functions).
+   CUBIN for the device's architecture (sm_XY), on disk in the compile cache under a key of
+   source, architecture, NVRTC's version and options, and in memory per process.
+   Floating-point contraction is off (--fmad=false), as on the CPU: a value computed
    again in another kernel must have the same bits (max's gradient compares them).
    TG_DEBUG >= 2 keeps each program's .cu beside its .ir listing; TG_DEBUG >= 4 compiles with
    device debug information and line numbers (-G -lineinfo) under the name of that .cu, so
@@ -132,8 +134,16 @@ private:
 }  // namespace cuda
 
 namespace detail {
-// CUDA C for a program: one __global__ function per nest, named k0, k1, ... (extern "C").
-std::string render_cuda(const Program& program);
+// CUDA C for a program: a __global__ function per kernel, named k0, k1, k3_1, ... (extern "C"),
+// but a kernel of the same code as an earlier one launches that one's function; and for each
+// kernel (kernels_of's order), the function it launches and its buffers in the function's order.
+struct CudaSource {
+    std::string text;
+    std::vector<std::string> function;
+    std::vector<std::vector<int>> buffers;
+};
+CudaSource render_cuda_kernels(const Program& program);
+std::string render_cuda(const Program& program);   // render_cuda_kernels' text
 // How a nest runs on the GPU ([CUDA RENDER] says why): its grid loops, one item each; the
 // body each item runs, by one thread or (cooperative) by a block of CUDA_BLOCK_THREADS.
 const int CUDA_BLOCK_THREADS = 256;
@@ -893,7 +903,8 @@ static size_t sum_tree_at(const std::vector<Stmt>& body, size_t s, const Block& 
                                  body[end].kind == SK::ACC_UPDATE))
         end++;
     for (; end > s + 1; end--) {
-        std::vector<Stmt> tree(body.begin() + std::ptrdiff_t(s), body.begin() + std::ptrdiff_t(end));
+        std::vector<Stmt> tree(body.begin() + std::ptrdiff_t(s),
+                               body.begin() + std::ptrdiff_t(end));
         std::vector<Stmt> after(body.begin() + std::ptrdiff_t(end), body.end());
         std::vector<ExprP> terms;
         int64_t count = 0;
@@ -2100,27 +2111,27 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
     return out;
 }
 
-std::string render_cuda(const Program& p) {
-    std::string out;
+// A kernel whose code (its buffers renumbered, as the C emitter's) an earlier one has launches
+// that one's function with its own buffers: NVRTC reads each code once (a model's layers).
+CudaSource render_cuda_kernels(const Program& p) {
+    const char NAME = '\x02';   // the function's name, until its code is compared
+    const char LAUNCH = '\x03';   // around a launch's name in a comment, which compares equal
+    CudaSource source;
+    std::string& out = source.text;
+    std::map<std::string, std::string> function_with_code;
     std::vector<Launch> launches = launches_of(p);
     for (const std::vector<size_t>& kernel : kernels_of(p, launches)) {
         const Launch& first = launches[kernel[0]];
-        std::string params;
-        for (auto [i, writes] : kernel_buffers(p, launches, kernel))
-            params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
-                           c_type(p.buffers[size_t(i)].dtype), i);
-        for (size_t n = 0; n < kernel.size(); n++)   // each split launch's scratch
-            if (launches[kernel[n]].stage)
-                params += kernel.size() == 1 ? std::string("float *__restrict__ tg_part, ")
-                                             : strf("float *__restrict__ tg_part%zu, ", n);
+        std::string comment, body;
         bool large_tiles = false;   // a product's of 128 x 128
-        for (size_t i : kernel) {
-            const Launch& l = launches[i];
+        for (size_t n = 0; n < kernel.size(); n++) {   // the last comment left open
+            const Launch& l = launches[kernel[n]];
             ProductPlan product;
             large_tiles = large_tiles || (plan_kernel(p, l.block, l.part).product &&
                                           plan_product(l.part, product) && product.tile == 128);
             const std::string& origin = l.part.origin;
-            out += "\n/* " + l.part.title + (origin.empty() ? "" : "\n   from " + origin) + " */";
+            if (n) comment += " */";
+            comment += "\n/* " + l.part.title + (origin.empty() ? "" : "\n   from " + origin);
         }
         // TG_CUDA_PRODUCT_BLOCKS=2: a kernel of 128 x 128 tiles compiled for two blocks per
         // multiprocessor, at most 128 registers a thread. A variant to time: ptxas 13.0 fits
@@ -2130,45 +2141,78 @@ std::string render_cuda(const Program& p) {
         std::string bounds = strf("%d", CUDA_BLOCK_THREADS);
         int product_blocks = env_int("TG_CUDA_PRODUCT_BLOCKS", 1, 1, 8);
         if (large_tiles && product_blocks > 1) bounds += strf(", %d", product_blocks);
-        out += strf("\nextern \"C\" __global__ void __launch_bounds__(%s) %s(%sint64_t *err) {\n",
-                    bounds.c_str(), first.name.c_str(), params.c_str());
         if (int64_t floats = tiles_shared(p, launches, kernel))
-            out += strf("    __shared__ __align__(16) float tg_tiles[%lld];\n", (long long)floats);
-        if (kernel.size() == 1) {
-            out += render_launch(p, first, "blockIdx.x") + "}\n";
-            continue;
-        }
-        auto indented = [&](const std::string& body) {   // by one more level
-            for (size_t at = 0; at < body.size();) {
-                size_t eol = std::min(body.find('\n', at), body.size() - 1);
-                out += "    " + body.substr(at, eol - at + 1);
+            body += strf("    __shared__ __align__(16) float tg_tiles[%lld];\n", (long long)floats);
+        auto indented = [&](const std::string& lines) {   // by one more level
+            for (size_t at = 0; at < lines.size();) {
+                size_t eol = std::min(lines.find('\n', at), lines.size() - 1);
+                body += "    " + lines.substr(at, eol - at + 1);
                 at = eol + 1;
             }
         };
-        if (in_sequence(p, launches, kernel)) {   // one block: thread 0 runs them in order
+        if (kernel.size() == 1) {
+            body += render_launch(p, first, "blockIdx.x");
+        } else if (in_sequence(p, launches, kernel)) {   // one block: thread 0 runs them in order
             for (size_t i : kernel) {
-                out += strf("    {   // %s\n", launches[i].name.c_str());
+                body += strf("    {   // %c%s%c\n", LAUNCH, launches[i].name.c_str(), LAUNCH);
                 indented(render_launch(p, launches[i], "0"));
-                out += "    }\n";
+                body += "    }\n";
             }
-            out += "}\n";
+        } else {
+            int64_t blocks = 0;   // those of the launches before
+            for (size_t n = 0; n < kernel.size(); n++) {
+                const Launch& l = launches[kernel[n]];
+                int64_t own = launch_blocks(p, l);
+                std::string block = blocks ? strf("(blockIdx.x - %lldu)", (long long)blocks)
+                                           : std::string("blockIdx.x");
+                body += strf("%sif (blockIdx.x < %lldu) {   // %c%s%c\n", n ? " else " : "    ",
+                             (long long)(blocks + own), LAUNCH, l.name.c_str(), LAUNCH);
+                if (l.stage)   // its scratch, by the name its body uses
+                    body += strf("        float *__restrict__ const tg_part = tg_part%zu;\n", n);
+                indented(render_launch(p, l, block.c_str()));
+                body += "    }";
+                blocks += own;
+            }
+            body += "\n";
+        }
+        // the buffers in the order the body first names them
+        std::vector<int> appear = renumber_buffers(body).order;
+        std::vector<std::pair<int, bool>> buffers;
+        for (auto [i, writes] : kernel_buffers(p, launches, kernel)) buffers.push_back({i, writes});
+        auto first_in_body = [&](int i) {
+            return std::find(appear.begin(), appear.end(), i) - appear.begin();
+        };
+        std::stable_sort(buffers.begin(), buffers.end(), [&](auto x, auto y) {
+            return first_in_body(x.first) < first_in_body(y.first);
+        });
+        std::string params;
+        source.buffers.emplace_back();
+        for (auto [i, writes] : buffers) {
+            params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
+                           c_type(p.buffers[size_t(i)].dtype), i);
+            source.buffers.back().push_back(i);
+        }
+        for (size_t n = 0; n < kernel.size(); n++)   // each split launch's scratch
+            if (launches[kernel[n]].stage)
+                params += kernel.size() == 1 ? std::string("float *__restrict__ tg_part, ")
+                                             : strf("float *__restrict__ tg_part%zu, ", n);
+        std::string code =
+            strf("\nextern \"C\" __global__ void __launch_bounds__(%s) %c(%sint64_t *err) {\n",
+                 bounds.c_str(), NAME, params.c_str()) + body + "}\n";
+        std::string same;   // the code as compared: without the launches' names
+        bool in_name = false;
+        for (char c : code)
+            if (c == LAUNCH) in_name = !in_name;
+            else if (!in_name) same += c;
+        const std::string& fn =
+            function_with_code.emplace(renumber_buffers(same).c, first.name).first->second;
+        source.function.push_back(fn);
+        if (fn != first.name) {
+            out += comment + "\n   runs " + fn + "'s code */\n";
             continue;
         }
-        int64_t blocks = 0;   // those of the launches before
-        for (size_t n = 0; n < kernel.size(); n++) {
-            const Launch& l = launches[kernel[n]];
-            int64_t own = launch_blocks(p, l);
-            std::string block = blocks ? strf("(blockIdx.x - %lldu)", (long long)blocks)
-                                       : std::string("blockIdx.x");
-            out += strf("%sif (blockIdx.x < %lldu) {   // %s\n", n ? " else " : "    ",
-                        (long long)(blocks + own), l.name.c_str());
-            if (l.stage)   // its scratch, by the name its body uses
-                out += strf("        float *__restrict__ const tg_part = tg_part%zu;\n", n);
-            indented(render_launch(p, l, block.c_str()));
-            out += "    }";
-            blocks += own;
-        }
-        out += "\n}\n";
+        code.erase(std::remove(code.begin(), code.end(), LAUNCH), code.end());
+        out += comment + " */" + code.replace(code.find(NAME), 1, fn);
     }
     // TG_CHECK's scan: the element reported is one that is not finite (not always the first)
     bool scans = false;
@@ -2184,8 +2228,10 @@ std::string render_cuda(const Program& p) {
                         "        err[1] = 2 * i + (x[i] == x[i]);\n"
                         "}\n",
                         t, t, CUDA_BLOCK_THREADS);
-    return cuda_prelude(out) + out;
+    out = cuda_prelude(out) + out;
+    return source;
 }
+std::string render_cuda(const Program& p) { return render_cuda_kernels(p).text; }
 
 // ---- [CUDA COMPILE] NVRTC, with the disk cache ---------------------------------------------
 std::string nvrtc_compile(const std::string& source, int arch, const std::string& name,
@@ -2675,7 +2721,8 @@ struct CudaProgram : Executable {
 };
 
 std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
-    std::string src = render_cuda(p);
+    CudaSource source = render_cuda_kernels(p);
+    const std::string& src = source.text;
     int debug = debug_level();
     // the file TG_DEBUG keeps: cuda-gdb finds the kernels' source there
     std::string name = debug >= 2 ? artifact_stem(p) + ".cu" : p.name + ".cu";
@@ -2685,13 +2732,15 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
     check(d.cuModuleLoadData(&exe->module, cubin.data()), "cuModuleLoadData");
     std::vector<Launch> launches = launches_of(p);
     std::map<size_t, void*> scratch_of;   // a split launch's, by its number
-    for (const std::vector<size_t>& launched : kernels_of(p, launches)) {
+    std::vector<std::vector<size_t>> kernels = kernels_of(p, launches);
+    for (size_t k = 0; k < kernels.size(); k++) {
+        const std::vector<size_t>& launched = kernels[k];
         const Launch& launch = launches[launched[0]];
         const Block& b = launch.part;
         CudaKernel kernel;
-        check(d.cuModuleGetFunction(&kernel.fn, exe->module, launch.name.c_str()),
+        check(d.cuModuleGetFunction(&kernel.fn, exe->module, source.function[k].c_str()),
               "cuModuleGetFunction");
-        for (auto [i, writes] : kernel_buffers(p, launches, launched)) kernel.buffers.push_back(i);
+        kernel.buffers = source.buffers[k];
         kernel.blocks = kernel_blocks(p, launches, launched);
         kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
         for (size_t i : launched)

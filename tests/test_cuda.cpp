@@ -587,6 +587,50 @@ static std::vector<tg::detail::Program> planned_for_cuda(const std::function<voi
     return programs;
 }
 
+// Kernels of the same code over other buffers (two layers of one size) launch one function,
+// which NVRTC compiles once; each passes its own buffers in that function's order, and the
+// values are the CPU's.
+TEST(cuda_kernels_of_the_same_code_share_a_function) {
+    auto run = [](const std::string& device) {
+        EnvGuard dev("TG_DEVICE", device.c_str());
+        auto filled = [](tg::Shape s, uint64_t seed) {
+            int64_t n = s[0] * (s.size() > 1 ? s[1] : 1);
+            return Tensor::from_vector(th::randf(size_t(n), seed), s);
+        };
+        Tensor x = filled({64, 128}, 1), w1 = filled({128, 128}, 2), w2 = filled({128, 128}, 3);
+        Tensor b1 = filled({128}, 4), b2 = filled({128}, 5), w3 = filled({4, 128}, 6);
+        Tensor h1 = (x.matmul(w1.t()) + b1).tanh(), h2 = (h1.matmul(w2.t()) + b2).tanh();
+        return values(h2.matmul(w3.t()));
+    };
+    std::vector<float> here;
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { here = run(tg::detail::default_device().name()); });
+    int shared = 0;
+    for (const tg::detail::Program& p : programs) {
+        tg::detail::CudaSource source = tg::detail::render_cuda_kernels(p);
+        std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
+        std::vector<std::vector<size_t>> kernels = tg::detail::kernels_of(p, launches);
+        CHECK_EQ(source.function.size(), kernels.size());
+        CHECK_EQ(source.buffers.size(), kernels.size());
+        std::set<std::string> functions(source.function.begin(), source.function.end());
+        CHECK_EQ(size_t(th::count_of(source.text, "__global__ void")), functions.size());
+        for (const std::string& f : functions)
+            CHECK(source.text.find(") " + f + "(") != std::string::npos);
+        for (size_t k = 0; k < kernels.size(); k++) {
+            const std::string& own = launches[kernels[k][0]].name;
+            if (source.function[k] == own) continue;
+            shared++;
+            CHECK(source.text.find("runs " + source.function[k] + "'s code") != std::string::npos);
+            CHECK(source.text.find(") " + own + "(") == std::string::npos);
+            CHECK(source.buffers[k] != source.buffers[size_t(
+                std::find(source.function.begin(), source.function.end(), source.function[k]) -
+                source.function.begin())]);
+        }
+    }
+    CHECK_EQ(shared, 1);   // the second layer runs the first's code
+    CHECK_ALL_NEAR(here, run("CPU"), 1e-5);   // the GPU sums in another order
+}
+
 // A row's sum that lowering splits into loops (512 terms as 2 x 16 x 16, 256 as 16 x 16, in a
 // fixed order), run by a block (a layer norm of 300 rows) or a warp (a softmax of 2000 rows)
 // a row: each thread reads its terms f = thread, thread + size, ... at the row's start + f,
@@ -723,9 +767,13 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
     int by_step_along = 0;   // y heads' slices read along their columns (head and offset)
     for (const tg::detail::Program& p : programs) {
         std::vector<tg::detail::Launch> launches = tg::detail::launches_of(p);
-        std::vector<std::string> kernel_of(launches.size());   // launches side by side: the first's
-        for (const auto& kernel : tg::detail::kernels_of(p, launches))
-            for (size_t i : kernel) kernel_of[i] = launches[kernel[0]].name;
+        std::vector<std::string> kernel_of(launches.size());   // the function that runs it
+        {
+            std::vector<std::vector<size_t>> kernels = tg::detail::kernels_of(p, launches);
+            tg::detail::CudaSource source = tg::detail::render_cuda_kernels(p);
+            for (size_t k = 0; k < kernels.size(); k++)
+                for (size_t i : kernels[k]) kernel_of[i] = source.function[k];
+        }
         std::string whole = tg::detail::render_cuda(p);   // kernel by kernel
         for (size_t at = whole.find("__global__"); at != std::string::npos;) {
             size_t next = whole.find("__global__", at + 1);
@@ -773,11 +821,13 @@ TEST(cuda_products_run_in_tiles_through_shared_memory) {
                 CHECK(tg::detail::render_cuda(p).find("__launch_bounds__(256) " + kernel_of[n] +
                                                       "(") != std::string::npos);
                 EnvGuard big("TG_CUDA_TILE", "128");
-                std::string bounded = tg::detail::render_cuda(p), first;   // n's kernel's
+                tg::detail::CudaSource large_source = tg::detail::render_cuda_kernels(p);
+                std::string bounded = large_source.text, first;   // n's kernel's function
                 std::vector<tg::detail::Launch> large = tg::detail::launches_of(p);
-                for (const auto& kernel : tg::detail::kernels_of(p, large))
-                    for (size_t i : kernel)
-                        if (i == n) first = large[kernel[0]].name;
+                std::vector<std::vector<size_t>> large_kernels = tg::detail::kernels_of(p, large);
+                for (size_t k = 0; k < large_kernels.size(); k++)
+                    for (size_t i : large_kernels[k])
+                        if (i == n) first = large_source.function[k];
                 CHECK(!first.empty());
                 CHECK(bounded.find("__launch_bounds__(256, 2) " + first + "(") !=
                       std::string::npos);
