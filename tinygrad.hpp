@@ -960,8 +960,19 @@ struct SpatialSizes {
     SpatialSizes() = default;   // a pooling's stride: its kernel's
     SpatialSizes(int64_t every) : sizes{every} {}
     SpatialSizes(std::initializer_list<int64_t> each) : sizes(each) {}
+    // not from a floating-point number: interpolate(x, 2.5) would take it for a size of 2
+    // (a scale is scale_factor(2.5))
+    template <typename F, std::enable_if_t<std::is_floating_point_v<F>, int> = 0>
+    SpatialSizes(F) = delete;
     std::vector<int64_t> sizes;
 };
+// interpolate's scale_factor, in place of a size: scale_factor(2) for every spatial axis, or
+// scale_factor({2, 1.5}) one per axis. Made by a function, so that braces ({8, 10}) stay a size.
+struct ScaleFactor {
+    std::vector<double> factors;
+};
+inline ScaleFactor scale_factor(double every) { return {{every}}; }
+inline ScaleFactor scale_factor(std::initializer_list<double> each) { return {each}; }
 // A convolution's padding: sizes, or "valid" (none) or "same" (stride 1 only: dilation·(kernel
 // - 1) in all along each axis, half before, the odd one after, so the output is as large)
 struct ConvPadding : SpatialSizes {
@@ -1063,14 +1074,17 @@ template <int SpatialAxes> struct AdaptiveAvgPool : AdaptiveAvgPoolNd {
 using AdaptiveAvgPool1d = AdaptiveAvgPool<1>;
 using AdaptiveAvgPool2d = AdaptiveAvgPool<2>;
 
-// functional::interpolate to ⌊in·scale_factor⌋ along each spatial axis of x [N, C, *spatial],
-// reading at o / scale_factor as PyTorch's nn.Upsample does
+// functional::interpolate of x [N, C, *spatial] by scale_factor (to ⌊in·scale_factor⌋ along
+// each spatial axis, reading at o / scale_factor) or to size, as PyTorch's nn.Upsample
 struct Upsample : Module {
     explicit Upsample(double scale_factor, std::string mode = "nearest",
                       bool align_corners = false)
         : scale_factor(scale_factor), mode(std::move(mode)), align_corners(align_corners) {}
+    explicit Upsample(SpatialSizes size, std::string mode = "nearest", bool align_corners = false)
+        : size(std::move(size)), mode(std::move(mode)), align_corners(align_corners) {}
     Tensor forward(const Tensor& x) override;
-    double scale_factor;
+    double scale_factor = 0;
+    SpatialSizes size;   // none: by scale_factor
     std::string mode;
     bool align_corners;
 };
@@ -1436,9 +1450,15 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads,
 // interpolate. Output o of an axis reads input ⌊o·in/out⌋ ("nearest") or ⌊(o + 1/2)·in/out⌋
 // ("nearest-exact"), or weighs the two inputs around (o + 1/2)·in/out - 1/2 ("linear",
 // "bilinear": one or two axes; clamped at 0), around o·(in - 1)/(out - 1) with align_corners;
-// "area" is adaptive_avg_pool
+// "bicubic" (two axes) weighs the four around it, the edge's repeated past it, by Keys' cubic
+// with a = -0.75, as PyTorch; "area" is adaptive_avg_pool
 Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode = "nearest",
                    bool align_corners = false, Loc loc = Loc::here());
+// ... by scale_factor: to ⌊in·scale_factor⌋, in/out above read as 1/scale_factor (PyTorch's
+// recompute_scale_factor: as in/out, as interpolate to that size)
+Tensor interpolate(const Tensor& x, ScaleFactor scale_factor, const std::string& mode = "nearest",
+                   bool align_corners = false, bool recompute_scale_factor = false,
+                   Loc loc = Loc::here());
 // int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
 // an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
@@ -12131,16 +12151,16 @@ static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>
                      bool align_corners, Loc loc) {
     detail::UserLocScope at(loc);
     const size_t axes = sizes.size();
-    bool linear = mode == "linear" || mode == "bilinear";
+    bool cubic = mode == "bicubic", linear = mode == "linear" || mode == "bilinear";
     bool nearest = mode == "nearest" || mode == "nearest-exact";
-    if (!linear && !nearest && mode != "area")
+    if (!linear && !nearest && !cubic && mode != "area")
         detail::fail(strf("%s: mode \"%s\" is not one of nearest, nearest-exact, linear, "
-                          "bilinear, area", op, mode.c_str()));
-    if ((mode == "linear" && axes != 1) || (mode == "bilinear" && axes != 2))
+                          "bilinear, bicubic, area", op, mode.c_str()));
+    if ((mode == "linear" && axes != 1) || ((mode == "bilinear" || cubic) && axes != 2))
         detail::fail(strf("%s: mode %s needs %s spatial axes, x %s has %zu", op, mode.c_str(),
                           mode == "linear" ? "1" : "2", shape_str(x.shape()).c_str(), axes));
-    if (align_corners && !linear)
-        detail::fail(strf("%s: align_corners is for linear and bilinear, not %s", op,
+    if (align_corners && !linear && !cubic)
+        detail::fail(strf("%s: align_corners is for linear, bilinear and bicubic, not %s", op,
                           mode.c_str()));
     if (mode == "area") {
         SpatialSizes out;
@@ -12162,11 +12182,27 @@ static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>
             y = y.index_select(axis, index);
             continue;
         }
+        Shape along(size_t(x.ndim()), 1);
+        along[size_t(axis)] = out;
+        if (cubic) {   // PyTorch's weights, in its order; sources past an edge read the edge
+            Tensor src = align_corners ? o * scale : (o + 0.5) * scale - 0.5;
+            Tensor first = src.floor(), t = src - first, base = first.cast(DType::INT64);
+            const double A = -0.75;
+            auto near = [&](const Tensor& d) { return ((A + 2) * d - (A + 3)) * d * d + 1; };
+            auto far = [&](const Tensor& d) { return ((A * d - 5 * A) * d + 8 * A) * d - 4 * A; };
+            Tensor w[4] = {far(t + 1), near(t), near(1 - t), far((1 - t) + 1)};
+            Tensor sum;
+            for (int k = 0; k < 4; k++) {
+                Tensor at = (base + (k - 1)).maximum(0).minimum(in - 1);
+                Tensor term = y.index_select(axis, at) * w[k].reshape(along);
+                sum = k ? sum + term : term;
+            }
+            y = sum;
+            continue;
+        }
         Tensor src = align_corners ? o * scale : ((o + 0.5) * scale - 0.5).maximum(0.0);
         Tensor low = src.floor().cast(DType::INT64).minimum(in - 1);
         Tensor high = (low + 1).minimum(in - 1);
-        Shape along(size_t(x.ndim()), 1);
-        along[size_t(axis)] = out;
         Tensor w_high = (src - low.cast(x.dtype())).reshape(along), w_low = 1.0 - w_high;
         y = y.index_select(axis, low) * w_low + y.index_select(axis, high) * w_high;
     }
@@ -12182,6 +12218,35 @@ Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode,
     std::vector<int64_t> sizes = per_axis(size, axes, "interpolate", "size", 1);
     return resize("interpolate", x, sizes, std::vector<double>(axes, 0.0), mode, align_corners,
                   loc);
+}
+static Tensor resize_by(const char* op, const Tensor& x, const ScaleFactor& scale_factor,
+                        const std::string& mode, bool align_corners, bool recompute, Loc loc) {
+    const size_t axes = size_t(std::max(x.ndim() - 2, 1));
+    std::vector<double> scales = scale_factor.factors;
+    if (scales.size() == 1) scales.assign(axes, scales[0]);
+    bool fits = x.ndim() >= 2 && scales.size() == axes;
+    for (double s : scales) fits = fits && s > 0 && std::isfinite(s);
+    std::vector<int64_t> sizes;
+    for (size_t a = 0; fits && a < axes; a++) {
+        double n = std::floor(double(x.size(x.ndim() - int(axes) + int(a))) * scales[a]);
+        fits = n >= 1 && n < 9e18;
+        sizes.push_back(int64_t(n));
+    }
+    if (!fits) {
+        std::string given;
+        for (double s : scale_factor.factors) given += strf("%s%g", given.empty() ? "" : ", ", s);
+        detail::fail(strf("%s: x %s needs [N, C, *spatial] and scale_factor one positive number "
+                          "for every spatial axis or one per axis, each leaving a size of at "
+                          "least 1, got (%s)",
+                          op, shape_str(x.shape()).c_str(), given.c_str()), loc);
+    }
+    if (recompute) scales.assign(axes, 0.0);
+    return resize(op, x, sizes, scales, mode, align_corners, loc);
+}
+Tensor interpolate(const Tensor& x, ScaleFactor scale_factor, const std::string& mode,
+                   bool align_corners, bool recompute_scale_factor, Loc loc) {
+    return resize_by("interpolate", x, scale_factor, mode, align_corners,
+                     recompute_scale_factor, loc);
 }
 // Reflect, replicate and circular read x through index_select along each padded axis, the
 // source of output o (input position o - before) computed from an arange
@@ -12400,15 +12465,14 @@ Tensor MaxPoolNd::forward(const Tensor& x) {
                              : functional::max_pool2d(x, kernel_size, stride, padding, dilation);
 }
 Tensor Upsample::forward(const Tensor& x) {
-    if (x.ndim() < 3 || !(scale_factor > 0))
-        detail::fail(strf("Upsample: x %s needs [N, C, *spatial] and scale_factor %g > 0",
-                          shape_str(x.shape()).c_str(), scale_factor));
-    std::vector<int64_t> sizes;
-    for (int a = 2; a < x.ndim(); a++)
-        sizes.push_back(
-            std::max<int64_t>(1, int64_t(std::floor(double(x.size(a)) * scale_factor))));
-    return functional::resize("Upsample", x, sizes,
-                              std::vector<double>(sizes.size(), scale_factor), mode,
+    if (x.ndim() < 3)
+        detail::fail(strf("Upsample: x %s needs [N, C, *spatial]", shape_str(x.shape()).c_str()));
+    if (size.sizes.empty())
+        return functional::resize_by("Upsample", x, ScaleFactor{{scale_factor}}, mode,
+                                     align_corners, false, Loc::here());
+    size_t axes = size_t(x.ndim() - 2);
+    std::vector<int64_t> sizes = functional::per_axis(size, axes, "Upsample", "size", 1);
+    return functional::resize("Upsample", x, sizes, std::vector<double>(axes, 0.0), mode,
                               align_corners, Loc::here());
 }
 Tensor AdaptiveAvgPoolNd::forward(const Tensor& x) {

@@ -1173,6 +1173,13 @@ TEST(autograd_interpolate) {
             [](const Tensor& x) { return F::interpolate(x, {4, 7}, "bilinear", true); }, rnd({1, 1, 3, 4}, 342));
     gc.add1("interpolate (nearest)", [](const Tensor& x) { return F::interpolate(x, {5, 2}); },
             rnd({1, 2, 3, 4}, 343));
+    gc.add1("interpolate (bicubic)", [](const Tensor& x) { return F::interpolate(x, {6, 2}, "bicubic"); },
+            rnd({1, 2, 3, 4}, 344));
+    gc.add1("interpolate (bicubic, align_corners, by scale_factor)",
+            [](const Tensor& x) {
+                return F::interpolate(x, tg::nn::scale_factor({1.5, 2.5}), "bicubic", true);
+            },
+            rnd({1, 1, 3, 4}, 345));
     gc.run();
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <sstream>
+#include <type_traits>
 
 using tg::DType;
 using tg::Shape;
@@ -2965,7 +2966,10 @@ TEST(ops_lr_schedules_roll_lerp) {
 }
 
 // interpolate and Upsample against loops in double: each output reads one input (nearest) or
-// weighs two (linear), one axis at a time
+// weighs two (linear) or four (bicubic: Keys' cubic, a = -0.75), one axis at a time. A scale is a
+// scale_factor(...), never a number where a size goes:
+static_assert(!std::is_convertible_v<double, tg::nn::SpatialSizes>, "2.5 is not a size");
+static_assert(std::is_convertible_v<int, tg::nn::SpatialSizes>, "a size");
 TEST(ops_interpolate_and_upsample) {
     namespace F = tg::nn::functional;
     using Taps = std::vector<std::vector<std::pair<int64_t, double>>>;   // per output: (input, weight)
@@ -2976,6 +2980,19 @@ TEST(ops_interpolate_and_upsample) {
             if (mode == "nearest" || mode == "nearest-exact") {
                 double src = mode == "nearest" ? o * scale : (o + 0.5) * scale;
                 t[size_t(o)] = {{std::min<int64_t>(int64_t(std::floor(src)), in - 1), 1.0}};
+                continue;
+            }
+            if (mode == "bicubic") {   // taps at first - 1 .. first + 2, clamped to the edges
+                double src = corners ? o * scale : (o + 0.5) * scale - 0.5, f = std::floor(src);
+                auto keys = [](double d) {
+                    const double a = -0.75;
+                    d = std::fabs(d);
+                    return d <= 1 ? ((a + 2) * d - (a + 3)) * d * d + 1
+                                  : ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+                };
+                for (int k = -1; k <= 2; k++)
+                    t[size_t(o)].push_back({std::clamp<int64_t>(int64_t(f) + k, 0, in - 1),
+                                            keys(src - (f + k))});
                 continue;
             }
             double src = corners ? o * scale : std::max(0.0, (o + 0.5) * scale - 0.5);
@@ -3003,7 +3020,9 @@ TEST(ops_interpolate_and_upsample) {
     for (Case c : {Case{7, 9, "nearest", false}, Case{3, 3, "nearest", false},
                    Case{7, 9, "nearest-exact", false}, Case{7, 9, "bilinear", false},
                    Case{3, 2, "bilinear", false}, Case{7, 9, "bilinear", true},
-                   Case{1, 1, "bilinear", true}}) {
+                   Case{1, 1, "bilinear", true}, Case{7, 9, "bicubic", false},
+                   Case{3, 2, "bicubic", false}, Case{7, 9, "bicubic", true},
+                   Case{1, 1, "bicubic", true}}) {
         Tensor y = F::interpolate(x, {c.h, c.w}, c.mode, c.corners);
         CHECK(y.shape() == S({2, 3, c.h, c.w}));
         CHECK_ALL_NEAR(vals(y), ref2d(taps(5, c.h, 5.0 / double(c.h), c.mode, c.corners),
@@ -3017,6 +3036,22 @@ TEST(ops_interpolate_and_upsample) {
     CHECK_ALL_NEAR(vals(tg::nn::Upsample(2.5, "bilinear")(x)),
                    ref2d(taps(5, 12, 1 / 2.5, "bilinear", false), taps(4, 10, 1 / 2.5, "bilinear", false)),
                    F32);
+    CHECK_ALL_NEAR(vals(tg::nn::Upsample({6, 7}, "bicubic", true)(x)),
+                   vals(F::interpolate(x, {6, 7}, "bicubic", true)), 0);
+    // interpolate by scale_factor: to ⌊in·scale⌋, reading at o / scale, or at o·in/out where
+    // the scale is recomputed
+    using tg::nn::scale_factor;
+    CHECK_ALL_NEAR(vals(F::interpolate(x, scale_factor(1.7), "bilinear")),
+                   ref2d(taps(5, 8, 1 / 1.7, "bilinear", false), taps(4, 6, 1 / 1.7, "bilinear", false)),
+                   F32);
+    CHECK_ALL_NEAR(vals(F::interpolate(x, scale_factor(1.7), "bilinear", false, true)),
+                   vals(F::interpolate(x, {8, 6}, "bilinear")), 0);
+    Tensor scaled = F::interpolate(x, scale_factor({2.2, 0.6}), "bicubic");
+    CHECK(scaled.shape() == S({2, 3, 11, 2}));
+    CHECK_ALL_NEAR(vals(scaled), ref2d(taps(5, 11, 1 / 2.2, "bicubic", false),
+                                       taps(4, 2, 1 / 0.6, "bicubic", false)), F32);
+    CHECK_ALL_NEAR(vals(F::interpolate(x, scale_factor(0.5), "area")),
+                   vals(F::adaptive_avg_pool2d(x, {2, 2})), 0);
     // one axis: linear, a float64 input keeps its precision
     Vec lv = randd(2 * 20, 402);
     Taps tl = taps(20, 31, 20.0 / 31, "linear", false);
@@ -3028,12 +3063,19 @@ TEST(ops_interpolate_and_upsample) {
             want.push_back(acc);
         }
     CHECK_ALL_NEAR(vals(F::interpolate(Tensor::from_vector(lv, {1, 2, 20}), 31, "linear")), want, 1e-12);
-    CHECK_THROWS(F::interpolate(x, {7, 9}, "bicubic"), "interpolate", "bicubic", "bilinear");
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "trilinear"), "interpolate", "trilinear", "bicubic");
     CHECK_THROWS(F::interpolate(x, {7, 9}, "linear"), "interpolate", "linear needs 1", "[2,3,5,4]");
+    CHECK_THROWS(F::interpolate(Tensor::from_vector(lv, {1, 2, 20}), 31, "bicubic"), "interpolate",
+                 "bicubic needs 2", "[1,2,20]");
     CHECK_THROWS(F::interpolate(x, {7, 9}, "nearest", true), "interpolate", "align_corners");
     CHECK_THROWS(F::interpolate(x, {7, 9, 2}), "interpolate", "[2,3,5,4]", "[7,9,2]");
     CHECK_THROWS(F::interpolate(x, {0, 2}), "interpolate", "size");
-    CHECK_THROWS(tg::nn::Upsample(0)(x), "Upsample", "scale_factor 0");
+    CHECK_THROWS(F::interpolate(x, scale_factor({2, 2, 2})), "interpolate", "scale_factor",
+                 "(2, 2, 2)", "[2,3,5,4]");
+    CHECK_THROWS(F::interpolate(x, scale_factor(0.1)), "interpolate", "at least 1", "(0.1)");
+    CHECK_THROWS(F::interpolate(x, scale_factor(-2)), "interpolate", "positive", "(-2)");
+    CHECK_THROWS(tg::nn::Upsample(0)(x), "Upsample", "scale_factor", "(0)");
+    CHECK_THROWS(tg::nn::Upsample({6, 7, 8})(x), "Upsample", "size", "[6,7,8]");
 }
 
 // F.pad's modes against loops: output o of a padded axis reads input o - before, mirrored,
