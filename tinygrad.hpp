@@ -983,9 +983,9 @@ struct ConvPadding : SpatialSizes {
     ConvPadding(const char* rule) : rule(rule) {}
     std::string rule;   // "" (the sizes), "valid" or "same"
 };
-// functional::conv1d (Conv1d) or conv2d (Conv2d) with weight [out, in / groups, *kernel] and
-// bias [out]; transposed: conv_transpose1d (ConvTranspose1d) or conv_transpose2d
-// (ConvTranspose2d) with weight [in, out / groups, *kernel]. PyTorch's init: U(-1/√fan_in,
+// functional::conv1d/2d/3d (Conv1d/2d/3d) with weight [out, in / groups, *kernel] and bias
+// [out]; transposed: conv_transpose1d/2d/3d (ConvTranspose1d/2d/3d) with weight [in, out /
+// groups, *kernel]. PyTorch's init: U(-1/√fan_in,
 // 1/√fan_in) for both, fan_in = the weight's size from axis 1 on (in / groups, or out / groups,
 // times the kernel's size)
 // padding_mode: "zeros", or F.pad's "reflect", "replicate" or "circular" (the input padded so,
@@ -1025,6 +1025,7 @@ template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order 
 };
 using ConvTranspose1d = ConvTranspose<1>;
 using ConvTranspose2d = ConvTranspose<2>;
+using ConvTranspose3d = ConvTranspose<3>;
 // functional::max_pool1d/2d, avg_pool1d/2d and adaptive_avg_pool1d/2d as layers
 // (AdaptiveAvgPool2d(1) before a classifier's head)
 struct MaxPoolNd : Module {
@@ -1139,18 +1140,23 @@ struct CausalSelfAttention : Module {
     Linear qkv, proj;
     Dropout attn_drop;
 };
-// PyTorch's nn.MultiheadAttention (key and value of embed_dim features, no bias_kv, no zero
-// attention): in_proj_weight [3E, E] (Xavier uniform) and in_proj_bias [3E] (zeros) make the
-// queries, keys and values, split into heads of E / heads; out_proj (Linear(E, E), its bias
-// zeros) mixes the heads. Inputs [L, N, E] ([N, L, E] with batch_first, [L, E] without a
-// batch). attn_mask [L, S] or [N·heads, L, S] and key_padding_mask [N, S]: bool, true where
-// attention is not allowed (as PyTorch's module, unlike its scaled_dot_product_attention),
-// or of the input's dtype, added to the scores. The output, and with need_weights the
-// attention weights (after dropout, as PyTorch's), averaged over the heads [N, L, S] or each
-// head's [N, heads, L, S]. forward(x): self-attention, the output alone.
+// PyTorch's nn.MultiheadAttention: in_proj_weight [3E, E] (Xavier uniform) and in_proj_bias
+// [3E] (zeros) make the queries, keys and values, split into heads of E / heads; out_proj
+// (Linear(E, E), its bias zeros) mixes the heads. Keys of kdim and values of vdim features
+// (0: E), where either is not E: q_proj_weight [E, E], k_proj_weight [E, kdim] and
+// v_proj_weight [E, vdim] (each Xavier uniform) in place of in_proj_weight. add_bias_kv: one
+// more key and value after the projections, bias_k and bias_v [1, 1, E] (Xavier normal);
+// add_zero_attn: then one more of zeros in every head. Masks allow those extra keys. Inputs
+// [L, N, E], [S, N, kdim], [S, N, vdim] (N first with batch_first, none without a batch).
+// attn_mask [L, S] or [N·heads, L, S] and key_padding_mask [N, S]: bool, true where attention
+// is not allowed (as PyTorch's module, unlike its scaled_dot_product_attention), or of the
+// input's dtype, added to the scores. The output, and with need_weights the attention
+// weights (after dropout, as PyTorch's), averaged over the heads [N, L, S] or each head's [N,
+// heads, L, S] (S counting the extra keys). forward(x): self-attention, the output alone.
 struct MultiheadAttention : Module {
     MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0,
-                       bool bias = true, bool batch_first = false);
+                       bool bias = true, bool batch_first = false, bool add_bias_kv = false,
+                       bool add_zero_attn = false, int64_t kdim = 0, int64_t vdim = 0);
     struct Output {
         Tensor output, weights;   // weights: undefined without need_weights
     };
@@ -1161,9 +1167,12 @@ struct MultiheadAttention : Module {
     Named named_parameters() override;
     std::vector<std::pair<std::string, Module*>> children() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
-    int64_t embed_dim, num_heads;
-    bool has_bias, batch_first;
+    size_t own_seeds() const;   // those of its own parameters, before its children's
+    int64_t embed_dim, num_heads, kdim, vdim;
+    bool has_bias, batch_first, add_bias_kv, add_zero_attn;
     Tensor in_proj_weight, in_proj_bias;
+    Tensor q_proj_weight, k_proj_weight, v_proj_weight;   // where kdim or vdim is not E
+    Tensor bias_k, bias_v;
     Linear out_proj;
     Dropout attn_drop;
 };
@@ -1396,6 +1405,10 @@ Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bia
                         SpatialSizes output_padding = 0, int64_t groups = 1,
                         SpatialSizes dilation = 1, Loc loc = Loc::here());
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        SpatialSizes stride = 1, SpatialSizes padding = 0,
+                        SpatialSizes output_padding = 0, int64_t groups = 1,
+                        SpatialSizes dilation = 1, Loc loc = Loc::here());
+Tensor conv_transpose3d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         SpatialSizes stride = 1, SpatialSizes padding = 0,
                         SpatialSizes output_padding = 0, int64_t groups = 1,
                         SpatialSizes dilation = 1, Loc loc = Loc::here());
@@ -12101,6 +12114,12 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
     return transposed_convolution("conv_transpose2d", 2, x, weight, bias, stride, padding,
                                   output_padding, groups, dilation, loc);
 }
+Tensor conv_transpose3d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        SpatialSizes stride, SpatialSizes padding, SpatialSizes output_padding,
+                        int64_t groups, SpatialSizes dilation, Loc loc) {
+    return transposed_convolution("conv_transpose3d", 3, x, weight, bias, stride, padding,
+                                  output_padding, groups, dilation, loc);
+}
 Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, SpatialSizes dilation, Loc loc) {
     return max_pool("max_pool1d", 1, x, kernel_size, stride, padding, dilation, loc);
@@ -12397,8 +12416,8 @@ ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSi
       transposed(transposed_) {
     const std::string label = strf("Conv%s%dd", transposed ? "Transpose" : "", axes);
     const char* name = label.c_str();
-    if (axes < 1 || axes > (transposed ? 2 : 3))
-        detail::fail(strf("%s: not offered (Conv1d-3d, ConvTranspose1d-2d)", name));
+    if (axes < 1 || axes > 3)
+        detail::fail(strf("%s: not offered (Conv1d-3d, ConvTranspose1d-3d)", name));
     if (in <= 0 || out <= 0 || groups <= 0 || in % groups || out % groups)
         detail::fail(strf("%s: channels must be positive and divide by groups, got in %lld, out "
                           "%lld, groups %lld", name, (long long)in, (long long)out,
@@ -12436,10 +12455,12 @@ Tensor ConvNd::forward(const Tensor& x) {
     Tensor b = has_bias ? bias : Tensor();
     SpatialSizes st, pad, dil, extra;
     st.sizes = stride, pad.sizes = padding, dil.sizes = dilation, extra.sizes = output_padding;
-    if (transposed)
-        return spatial_axes == 1
-                   ? functional::conv_transpose1d(x, weight, b, st, pad, extra, groups, dil)
-                   : functional::conv_transpose2d(x, weight, b, st, pad, extra, groups, dil);
+    if (transposed) {
+        auto convolve = spatial_axes == 1   ? functional::conv_transpose1d
+                        : spatial_axes == 2 ? functional::conv_transpose2d
+                                            : functional::conv_transpose3d;
+        return convolve(x, weight, b, st, pad, extra, groups, dil, Loc::here());
+    }
     ConvPadding how = pad;
     if (!padding_rule.empty()) how = ConvPadding(padding_rule.c_str());
     Tensor input = x;
@@ -12512,34 +12533,62 @@ CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout)
     take_seeds_of_children();
 }
 MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias,
-                                       bool batch_first_)
-    : embed_dim(e), num_heads(h), has_bias(bias), batch_first(batch_first_),
-      out_proj(e, e, bias), attn_drop(dropout) {
+                                       bool batch_first_, bool add_bias_kv_,
+                                       bool add_zero_attn_, int64_t kdim_, int64_t vdim_)
+    : embed_dim(e), num_heads(h), kdim(kdim_ ? kdim_ : e), vdim(vdim_ ? vdim_ : e),
+      has_bias(bias), batch_first(batch_first_), add_bias_kv(add_bias_kv_),
+      add_zero_attn(add_zero_attn_), out_proj(e, e, bias), attn_drop(dropout) {
     if (h <= 0 || e % h != 0)
         detail::fail(strf("MultiheadAttention: embed_dim %lld is not a multiple of num_heads "
                           "%lld", (long long)e, (long long)h));
-    std::vector<uint64_t> s{Tensor::next_seed()};
+    if (kdim < 0 || vdim < 0)
+        detail::fail(strf("MultiheadAttention: kdim %lld and vdim %lld must be positive (0: "
+                          "embed_dim)", (long long)kdim_, (long long)vdim_));
+    std::vector<uint64_t> s;
+    for (size_t i = 0; i < own_seeds(); i++) s.push_back(Tensor::next_seed());
     s.insert(s.end(), out_proj.seeds.begin(), out_proj.seeds.end());
     s.insert(s.end(), attn_drop.seeds.begin(), attn_drop.seeds.end());
     reset_parameters(s);
 }
-// seeds: in_proj_weight's, then the children's
+size_t MultiheadAttention::own_seeds() const {
+    return (kdim == embed_dim && vdim == embed_dim ? 1 : 3) + (add_bias_kv ? 2 : 0);
+}
+// seeds: in_proj_weight's (or q's, k's and v's), bias_k's and bias_v's, then the children's
 void MultiheadAttention::reset_parameters(const std::vector<uint64_t>& s) {
-    Module::reset_parameters(std::vector<uint64_t>(s.begin() + 1, s.end()));
+    Module::reset_parameters(std::vector<uint64_t>(s.begin() + std::ptrdiff_t(own_seeds()),
+                                                   s.end()));
     seeds = s;
-    in_proj_weight =
-        init::xavier_uniform({3 * embed_dim, embed_dim}, embed_dim, 3 * embed_dim, s.at(0))
-            .requires_grad();
+    const int64_t E = embed_dim;
+    size_t next = 0;
+    if (kdim == E && vdim == E) {
+        in_proj_weight = init::xavier_uniform({3 * E, E}, E, 3 * E, s.at(next++)).requires_grad();
+    } else {
+        q_proj_weight = init::xavier_uniform({E, E}, E, E, s.at(next++)).requires_grad();
+        k_proj_weight = init::xavier_uniform({E, kdim}, kdim, E, s.at(next++)).requires_grad();
+        v_proj_weight = init::xavier_uniform({E, vdim}, vdim, E, s.at(next++)).requires_grad();
+    }
+    if (add_bias_kv) {
+        bias_k = init::xavier_normal({1, 1, E}, E, E, s.at(next++)).requires_grad();
+        bias_v = init::xavier_normal({1, 1, E}, E, E, s.at(next++)).requires_grad();
+    }
     if (!has_bias) return;
-    in_proj_bias = Tensor::zeros({3 * embed_dim}).requires_grad();
-    out_proj.bias = Tensor::zeros({embed_dim}).requires_grad();
+    in_proj_bias = Tensor::zeros({3 * E}).requires_grad();
+    out_proj.bias = Tensor::zeros({E}).requires_grad();
 }
 std::vector<std::pair<std::string, Module*>> MultiheadAttention::children() {
     return {{"out_proj", &out_proj}, {"attn_drop", &attn_drop}};
 }
 Module::Named MultiheadAttention::named_parameters() {
-    Named out{{"in_proj_weight", in_proj_weight}};
+    Named out;
+    if (in_proj_weight.defined()) out.push_back({"in_proj_weight", in_proj_weight});
+    else
+        out = {{"q_proj_weight", q_proj_weight}, {"k_proj_weight", k_proj_weight},
+               {"v_proj_weight", v_proj_weight}};
     if (has_bias) out.push_back({"in_proj_bias", in_proj_bias});
+    if (add_bias_kv) {
+        out.push_back({"bias_k", bias_k});
+        out.push_back({"bias_v", bias_v});
+    }
     for (auto& named : Module::named_parameters()) out.push_back(named);
     return out;
 }
@@ -12568,19 +12617,38 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
         q = as_batch_first(query);
         k = as_batch_first(key);
         v = as_batch_first(value);
-        fits = q.size(-1) == E && k.size(-1) == E && v.size(-1) == E &&
+        fits = q.size(-1) == E && k.size(-1) == kdim && v.size(-1) == vdim &&
                k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == v.size(1);
     }
     if (!fits)
         detail::fail(strf("MultiheadAttention: %s must be [L, N, %lld], [S, N, %lld] and [S, N, "
                           "%lld]%s (or without N)", shapes().c_str(), (long long)E,
-                          (long long)E, (long long)E, batch_first ? " with N first" : ""));
+                          (long long)kdim, (long long)vdim, batch_first ? " with N first" : ""));
     const int64_t N = q.size(0), L = q.size(1), S = k.size(1);
-    auto heads = [&](const Tensor& t, int part) {   // [N, T, E] → [N, H, T, D]
-        Tensor w = in_proj_weight.slice(0, part * E, (part + 1) * E);
+    auto project = [&](const Tensor& t, int part) {   // [N, T, features] → [N, T, E]
+        const Tensor* own[3] = {&q_proj_weight, &k_proj_weight, &v_proj_weight};
+        Tensor w = in_proj_weight.defined() ? in_proj_weight.slice(0, part * E, (part + 1) * E)
+                                            : *own[part];
         Tensor b = has_bias ? in_proj_bias.slice(0, part * E, (part + 1) * E) : Tensor();
-        return functional::linear(t, w, b).reshape({N, t.size(1), H, D}).transpose(1, 2);
+        return functional::linear(t, w, b);
     };
+    auto heads = [&](const Tensor& t) {   // [N, T, E] → [N, H, T, D]
+        return t.reshape({N, t.size(1), H, D}).transpose(1, 2);
+    };
+    Tensor keys = project(k, 1), values = project(v, 2);
+    int64_t more = 0;   // keys after the S given: bias_k's, then zeros
+    if (add_bias_kv) {
+        keys = cat({keys, bias_k.expand({N, 1, E})}, 1);
+        values = cat({values, bias_v.expand({N, 1, E})}, 1);
+        more++;
+    }
+    keys = heads(keys);
+    values = heads(values);
+    if (add_zero_attn) {
+        keys = cat({keys, Tensor::zeros({N, H, 1, D}, keys.dtype())}, 2);
+        values = cat({values, Tensor::zeros({N, H, 1, D}, values.dtype())}, 2);
+        more++;
+    }
     // the masks as one added to the scores (a bool's true: -∞), for attention_weights
     Tensor added;
     auto add_mask = [&](const Tensor& mask, const Shape& as, const char* name) {
@@ -12608,9 +12676,14 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
     add_mask(attn_mask, attn_mask.defined() && attn_mask.ndim() == 3 ? Shape{N, H, L, S}
                                                                     : Shape{1, 1, L, S},
              "attn_mask");
-    Tensor weights =
-        attn_drop(detail::attention_weights(heads(q, 0), heads(k, 1), false, Loc::here(), added));
-    Tensor out = out_proj(weights.matmul(heads(v, 2)).transpose(1, 2).reshape({N, L, E}));
+    if (added.defined() && more) {   // the extra keys allowed
+        std::vector<std::pair<int64_t, int64_t>> after(size_t(added.ndim()), {0, 0});
+        after.back() = {0, more};
+        added = added.pad(after);
+    }
+    Tensor weights = attn_drop(
+        detail::attention_weights(heads(project(q, 0)), keys, false, Loc::here(), added));
+    Tensor out = out_proj(weights.matmul(values).transpose(1, 2).reshape({N, L, E}));
     out = !batched ? out.squeeze(0) : batch_first ? out : out.transpose(0, 1);
     if (!need_weights) return {out, Tensor()};
     Tensor w = average_attn_weights ? weights.mean(1) : weights;

@@ -2854,6 +2854,9 @@ TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
         {{2, 2, 4, 3}, {2, 3, 4, 2}, {2, 3}, {1, 0}, {0, 2}, {1, 1}, 1, true},
         {{1, 2, 3, 4}, {2, 2, 3, 5}, {2, 2}, {2, 3}, {1, 0}, {1, 1}, 2, false},
         {{2, 3, 5, 5}, {3, 2, 4, 4}, {2, 2}, {1, 1}, {0, 0}, {1, 1}, 1, true},
+        // 3d: by phases (grouped), and dilated
+        {{1, 4, 3, 2, 3}, {4, 1, 3, 2, 2}, {2, 1, 3}, {1, 0, 1}, {1, 0, 2}, {1, 1, 1}, 2, true},
+        {{2, 2, 2, 3, 2}, {2, 2, 2, 2, 3}, {2, 2, 1}, {0, 1, 1}, {0, 1, 0}, {2, 2, 1}, 1, false},
     };
     for (size_t i = 0; i < cases.size(); i++) {
         const Case& c = cases[i];
@@ -2900,7 +2903,7 @@ TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
             s.sizes = v;
             return s;
         };
-        auto convt = axes == 1 ? F::conv_transpose1d : F::conv_transpose2d;
+        auto convt = axes == 1 ? F::conv_transpose1d : axes == 2 ? F::conv_transpose2d : F::conv_transpose3d;
         Tensor out = convt(x, w, b, sizes(c.stride), sizes(c.padding), sizes(c.output_padding), c.groups,
                            sizes(c.dilation), tg::Loc::here());
         (out * Tensor::from_vector(rv, ys)).sum().backward();
@@ -2930,6 +2933,11 @@ TEST(ops_conv_transpose_matches_scatter_values_and_gradients) {
     CHECK_THROWS(F::conv_transpose2d(x, w, Tensor(), 1, 3), "conv_transpose2d", "empty");
     CHECK_THROWS(F::conv_transpose1d(x, w), "conv_transpose1d", "weight must be [C_in, C_out / groups, 1");
     CHECK_THROWS(tg::nn::ConvTranspose1d(3, 4, 2, 1, 0, 0, 2), "ConvTranspose1d", "groups 2");
+    tg::nn::ConvTranspose3d layer3(2, 4, {3, 2, 2}, 2, 1, {1, 0, 1});
+    Tensor x3 = Tensor::randn({1, 2, 3, 2, 2});
+    CHECK(layer3.weight.shape() == S({2, 4, 3, 2, 2}));
+    CHECK(layer3(x3).shape() == S({1, 4, 6, 2, 3}));
+    CHECK_ALL_NEAR(vals(layer3(x3)), vals(F::conv_transpose3d(x3, layer3.weight, layer3.bias, 2, 1, {1, 0, 1})), 0);
 }
 
 // the schedules against PyTorch's closed forms, steps 1..12 at once; roll and lerp

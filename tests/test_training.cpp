@@ -1620,7 +1620,7 @@ TEST(nn_conv3d_and_1d_pooling_layers_are_their_functionals) {
     CHECK_EQ(nn::MaxPool1d(3)(seq).shape(), (Shape{2, 3, 3}));
     CHECK_EQ(nn::AdaptiveAvgPool2d(1)(fv(randf(24, 82), {1, 2, 3, 4})).shape(),
              (Shape{1, 2, 1, 1}));
-    CHECK_THROWS(nn::ConvTranspose<3>(2, 2, 3), "ConvTranspose3d", "not offered");
+    CHECK_THROWS(nn::ConvTranspose<4>(2, 2, 3), "ConvTranspose4d", "not offered");
 }
 
 // A small convolutional network learns which half of an 8 x 8 image holds a bright 2 x 2 spot,
@@ -1936,6 +1936,70 @@ TEST(nn_multihead_attention) {
     CHECK_THROWS(mha.forward(fv(qv, {L, N, E}), fv(kv, {S, N, E}), fv(vv, {S, N, E}),
                              pad.cast(tg::DType::INT32)),
                  "key_padding_mask", "int32");
+}
+
+// Keys of kdim and values of vdim features, bias_k and bias_v, and zero attention: as an
+// E-wide attention (checked against loops above) whose key and value projections are the
+// identity, given the keys and values the layer's own weights make, then bias_k and bias_v,
+// then zeros (each less in_proj_bias, which the identity adds back), with masks that allow
+// the two extra keys
+TEST(nn_multihead_attention_kdim_vdim_bias_kv_zero_attn) {
+    const int64_t E = 8, H = 2, N = 2, L = 3, S = 4, KD = 6, VD = 5;
+    nn::MultiheadAttention mha(E, H, 0, true, false, true, true, KD, VD);
+    CHECK(!mha.in_proj_weight.defined());
+    CHECK(mha.q_proj_weight.shape() == Shape({E, E}) && mha.k_proj_weight.shape() == Shape({E, KD}) &&
+          mha.v_proj_weight.shape() == Shape({E, VD}));
+    CHECK(mha.bias_k.shape() == Shape({1, 1, E}) && mha.bias_v.shape() == Shape({1, 1, E}));
+    CHECK(mha.k_proj_weight.abs().max().item() <= std::sqrt(6.0 / double(KD + E)));   // Xavier
+    std::vector<std::string> names;
+    for (auto& [name, t] : mha.state_dict()) names.push_back(name);
+    CHECK(names == (std::vector<std::string>{"bias_k", "bias_v", "in_proj_bias", "k_proj_weight",
+                                             "out_proj.bias", "out_proj.weight", "q_proj_weight",
+                                             "v_proj_weight"}));
+    mha.in_proj_bias = fv(randf(size_t(3 * E), 70)).requires_grad();
+    mha.out_proj.bias = fv(randf(size_t(E), 71)).requires_grad();
+    Tensor q = fv(randf(size_t(L * N * E), 72), {L, N, E}), k = fv(randf(size_t(S * N * KD), 73), {S, N, KD});
+    Tensor v = fv(randf(size_t(S * N * VD), 74), {S, N, VD}), add = fv(randf(size_t(L * S), 75), {L, S});
+    std::vector<int32_t> padv = {0, 0, 1, 0, 0, 1, 0, 1};
+    Tensor pad = Tensor::from_vector(padv, {N, S}) != 0;
+    auto [out, weights] = mha.forward(q, k, v, pad, true, add);
+    CHECK(out.shape() == Shape({L, N, E}) && weights.shape() == Shape({N, L, S + 2}));
+    nn::MultiheadAttention ref(E, H);
+    Tensor I = Tensor::eye(E);
+    ref.in_proj_weight = tg::cat({mha.q_proj_weight, I, I}).detach();
+    ref.in_proj_bias = mha.in_proj_bias.detach();
+    ref.out_proj.weight = mha.out_proj.weight.detach();
+    ref.out_proj.bias = mha.out_proj.bias.detach();
+    Tensor bk = mha.in_proj_bias.slice(0, E, 2 * E).reshape({1, 1, E}).detach();
+    Tensor bv = mha.in_proj_bias.slice(0, 2 * E, 3 * E).reshape({1, 1, E}).detach();
+    Tensor keys = tg::cat({k.matmul(mha.k_proj_weight.t()), (mha.bias_k - bk).expand({1, N, E}),
+                       (-bk).expand({1, N, E})}).detach();
+    Tensor values = tg::cat({v.matmul(mha.v_proj_weight.t()), (mha.bias_v - bv).expand({1, N, E}),
+                         (-bv).expand({1, N, E})}).detach();
+    Tensor allowed = Tensor::zeros({N, 2}, tg::DType::BOOL);
+    auto want = ref.forward(q, keys, values, tg::cat({pad, allowed}, 1), true,
+                            tg::cat({add, Tensor::zeros({L, 2})}, 1));
+    CHECK_ALL_NEAR(vals(out), vals(want.output), 1e-5);
+    CHECK_ALL_NEAR(vals(weights), vals(want.weights), 1e-6);
+    out.square().sum().backward();   // gradients reach the new parameters
+    tg::realize({mha.k_proj_weight.grad(), mha.bias_k.grad(), mha.bias_v.grad()});
+    CHECK(mha.k_proj_weight.grad().abs().sum().item() > 0 && mha.bias_v.grad().abs().sum().item() > 0);
+    // zero attention alone, no bias, no masks: in_proj_weight as usual
+    nn::MultiheadAttention zero(E, H, 0, false, false, false, true);
+    nn::MultiheadAttention plain(E, H, 0, false);
+    Tensor wq = zero.in_proj_weight.slice(0, 0, E), wk = zero.in_proj_weight.slice(0, E, 2 * E);
+    Tensor wv = zero.in_proj_weight.slice(0, 2 * E, 3 * E);
+    plain.in_proj_weight = tg::cat({wq, I, I}).detach();
+    plain.out_proj.weight = zero.out_proj.weight.detach();
+    Tensor kq = fv(randf(size_t(S * N * E), 76), {S, N, E});
+    Tensor none = Tensor::zeros({1, N, E});
+    CHECK_ALL_NEAR(vals(zero.forward(q, kq, kq, Tensor(), false).output),
+                   vals(plain.forward(q, tg::cat({kq.matmul(wk.t()), none}), tg::cat({kq.matmul(wv.t()), none}),
+                                      Tensor(), false).output),
+                   1e-5);
+    CHECK_THROWS(mha.forward(q, v, v), "MultiheadAttention", "[S, N, 6]", "[4,2,5]");
+    CHECK_THROWS(nn::MultiheadAttention(E, H, 0, true, false, false, false, -2), "MultiheadAttention",
+                 "kdim -2");
 }
 
 // A step of a recurrent cell (RNNBase's mode) in double on one row: the state after it
