@@ -1189,13 +1189,16 @@ struct MultiheadAttention : Module {
 // and draws them: for layer k and direction (the second's names end in "_reverse")
 // weight_ih_lk [G·hidden, in], weight_hh_lk [G·hidden, hidden], bias_ih_lk and bias_hh_lk
 // [G·hidden], G the gates (1, 4, 3, in the order above), all U(-1/√hidden, 1/√hidden); the
-// tensors are weight_ih[k·D + direction], and so on. A layer's input products run over all
-// its steps at once, then its steps one after another (a jitted step's program holds every
-// step: see bench.cpp's R1).
+// tensors are weight_ih[k·D + direction], and so on. An LSTM's proj_size P (0: none, else less
+// than hidden_size) projects each step's h' by weight_hr_lk [P, hidden]: h and the outputs have
+// P features (weight_hh_lk [4·hidden, P]), c keeps hidden_size. A layer's input products run
+// over all its steps at once, then its steps one after another (a jitted step's program holds
+// every step: see bench.cpp's R1).
 struct RNNBase : Module {
     // mode: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
     RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
-            bool bias, bool batch_first, double dropout, bool bidirectional);
+            bool bias, bool batch_first, double dropout, bool bidirectional,
+            int64_t proj_size = 0);
     struct Output {
         Tensor output, h_n, c_n;   // c_n: LSTM's
     };
@@ -1204,10 +1207,11 @@ struct RNNBase : Module {
     Named named_parameters() override;
     std::vector<std::pair<std::string, Module*>> children() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    int64_t cell_parameters() const;   // of each layer and direction
     std::string mode;
-    int64_t input_size, hidden_size, num_layers;
+    int64_t input_size, hidden_size, num_layers, proj_size;
     bool has_bias, batch_first, bidirectional;
-    std::vector<Tensor> weight_ih, weight_hh, bias_ih, bias_hh;
+    std::vector<Tensor> weight_ih, weight_hh, bias_ih, bias_hh, weight_hr;
     Dropout drop;   // between layers
 };
 struct RNN : RNNBase {
@@ -1217,9 +1221,10 @@ struct RNN : RNNBase {
 };
 struct LSTM : RNNBase {
     LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
-         bool batch_first = false, double dropout = 0, bool bidirectional = false)
+         bool batch_first = false, double dropout = 0, bool bidirectional = false,
+         int64_t proj_size = 0)
         : RNNBase("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                  bidirectional) {}
+                  bidirectional, proj_size) {}
 };
 struct GRU : RNNBase {
     GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
@@ -12712,15 +12717,17 @@ void check_recurrent_sizes(const std::string& who, int64_t input_size, int64_t h
         detail::fail(strf("%s: input_size %lld and hidden_size %lld must be positive",
                           who.c_str(), (long long)input_size, (long long)hidden_size));
 }
-// weight_ih, weight_hh (and bias_ih, bias_hh) of one cell of `rows` gate rows, from its seeds
+// weight_ih, weight_hh (and bias_ih, bias_hh; and weight_hr where the state h is a projection,
+// of `state` < hidden features) of one cell of `rows` gate rows, from its seeds
 std::vector<Tensor> recurrent_parameters(int64_t rows, int64_t in, int64_t hidden, bool bias,
-                                         const uint64_t* seeds) {
+                                         const uint64_t* seeds, int64_t state = 0) {
     const double b = 1 / std::sqrt(double(hidden));
+    std::vector<Shape> shapes = {{rows, in}, {rows, state ? state : hidden}};
+    if (bias) shapes.insert(shapes.end(), {{rows}, {rows}});
+    if (state) shapes.push_back({state, hidden});
     std::vector<Tensor> p;
-    for (const Shape& shape : {Shape{rows, in}, Shape{rows, hidden}, Shape{rows}, Shape{rows}}) {
-        if (p.size() == 2 && !bias) break;
+    for (const Shape& shape : shapes)
         p.push_back(init::uniform(shape, -b, b, seeds[p.size()]).requires_grad());
-    }
     return p;
 }
 // h_0 or c_0 as `want` (whose axis batch_axis is the batch's), given without that axis where
@@ -12739,15 +12746,18 @@ struct RecurrentState {
     Tensor h, c;   // c: LSTM's
 };
 // One step of a cell whose input's part, x_t·W_ihᵀ + b_ih, is given (a layer computes it for
-// all its steps in one product). The gates are formed as PyTorch's cells form them.
+// all its steps in one product). The gates are formed as PyTorch's cells form them; an LSTM's
+// h' is projected by w_hr where given.
 RecurrentState recurrent_step(const std::string& mode, const Tensor& x_part,
-                              const RecurrentState& s, const Tensor& w_hh, const Tensor& b_hh) {
+                              const RecurrentState& s, const Tensor& w_hh, const Tensor& b_hh,
+                              const Tensor& w_hr = Tensor()) {
     Tensor h_part = functional::linear(s.h, w_hh, b_hh);
     const int64_t H = s.h.size(-1);
     if (mode == "LSTM") {
-        std::vector<Tensor> g = (x_part + h_part).split(H, -1);
+        std::vector<Tensor> g = (x_part + h_part).split(x_part.size(-1) / 4, -1);
         Tensor c = g[1].sigmoid() * s.c + g[0].sigmoid() * g[2].tanh();
-        return {g[3].sigmoid() * c.tanh(), c};
+        Tensor h = g[3].sigmoid() * c.tanh();
+        return {w_hr.defined() ? functional::linear(h, w_hr) : h, c};
     }
     if (mode == "GRU") {
         std::vector<Tensor> xg = x_part.split(H, -1), hg = h_part.split(H, -1);
@@ -12761,9 +12771,10 @@ RecurrentState recurrent_step(const std::string& mode, const Tensor& x_part,
 }  // namespace
 
 RNNBase::RNNBase(std::string mode_, int64_t input_size_, int64_t hidden_size_, int64_t layers,
-                 bool bias, bool batch_first_, double dropout, bool bidirectional_)
+                 bool bias, bool batch_first_, double dropout, bool bidirectional_,
+                 int64_t proj_size_)
     : mode(std::move(mode_)), input_size(input_size_), hidden_size(hidden_size_),
-      num_layers(layers), has_bias(bias), batch_first(batch_first_),
+      num_layers(layers), proj_size(proj_size_), has_bias(bias), batch_first(batch_first_),
       bidirectional(bidirectional_), drop(dropout) {
     const std::string who = recurrent_name(mode, false);
     recurrent_gates(mode, who.c_str());
@@ -12771,28 +12782,34 @@ RNNBase::RNNBase(std::string mode_, int64_t input_size_, int64_t hidden_size_, i
     if (num_layers < 1)
         detail::fail(strf("%s: num_layers must be at least 1, got %lld", who.c_str(),
                           (long long)num_layers));
+    if (proj_size && (mode != "LSTM" || proj_size < 0 || proj_size >= hidden_size))
+        detail::fail(strf("%s: proj_size %lld must be 0 or, for an LSTM, less than hidden_size "
+                          "%lld", who.c_str(), (long long)proj_size, (long long)hidden_size));
     std::vector<uint64_t> s;
-    for (int64_t i = 0; i < num_layers * (bidirectional ? 2 : 1) * (has_bias ? 4 : 2); i++)
+    for (int64_t i = 0; i < num_layers * (bidirectional ? 2 : 1) * cell_parameters(); i++)
         s.push_back(Tensor::next_seed());
     s.insert(s.end(), drop.seeds.begin(), drop.seeds.end());
     reset_parameters(s);
 }
+int64_t RNNBase::cell_parameters() const { return (has_bias ? 4 : 2) + (proj_size ? 1 : 0); }
 // seeds: each layer's and direction's parameters', in the order of named_parameters, then the
 // dropout's
 void RNNBase::reset_parameters(const std::vector<uint64_t>& s) {
-    const int64_t D = bidirectional ? 2 : 1, per_cell = has_bias ? 4 : 2;
+    const int64_t D = bidirectional ? 2 : 1, per_cell = cell_parameters();
+    const int64_t state = proj_size ? proj_size : hidden_size;
     const size_t own = size_t(num_layers * D * per_cell);
     Module::reset_parameters(std::vector<uint64_t>(s.begin() + long(own), s.end()));
     seeds = s;
-    weight_ih.clear(), weight_hh.clear(), bias_ih.clear(), bias_hh.clear();
+    weight_ih.clear(), weight_hh.clear(), bias_ih.clear(), bias_hh.clear(), weight_hr.clear();
     for (int64_t i = 0; i < num_layers * D; i++) {
-        const int64_t in = i < D ? input_size : D * hidden_size;
-        std::vector<Tensor> p =
-            recurrent_parameters(recurrent_gates(mode, "RNNBase") * hidden_size, in,
-                                 hidden_size, has_bias, &s.at(size_t(i * per_cell)));
+        const int64_t in = i < D ? input_size : D * state;
+        std::vector<Tensor> p = recurrent_parameters(
+            recurrent_gates(mode, "RNNBase") * hidden_size, in, hidden_size, has_bias,
+            &s.at(size_t(i * per_cell)), proj_size);
         weight_ih.push_back(p[0]);
         weight_hh.push_back(p[1]);
         if (has_bias) bias_ih.push_back(p[2]), bias_hh.push_back(p[3]);
+        if (proj_size) weight_hr.push_back(p.back());
     }
 }
 Module::Named RNNBase::named_parameters() {
@@ -12803,9 +12820,11 @@ Module::Named RNNBase::named_parameters() {
             "_l" + std::to_string(i / D) + (i % D ? std::string("_reverse") : "");
         out.push_back({"weight_ih" + suffix, weight_ih[size_t(i)]});
         out.push_back({"weight_hh" + suffix, weight_hh[size_t(i)]});
-        if (!has_bias) continue;
-        out.push_back({"bias_ih" + suffix, bias_ih[size_t(i)]});
-        out.push_back({"bias_hh" + suffix, bias_hh[size_t(i)]});
+        if (has_bias) {
+            out.push_back({"bias_ih" + suffix, bias_ih[size_t(i)]});
+            out.push_back({"bias_hh" + suffix, bias_hh[size_t(i)]});
+        }
+        if (proj_size) out.push_back({"weight_hr" + suffix, weight_hr[size_t(i)]});
     }
     return out;
 }
@@ -12822,9 +12841,10 @@ RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const T
         detail::fail(strf("%s: c_0 is given, but only an LSTM has a cell state", who.c_str()));
     Tensor x = !batched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;
     const int64_t L = x.size(0), N = x.size(1), D = bidirectional ? 2 : 1;
-    const Shape states = {D * num_layers, N, hidden_size};
+    const Shape cells = {D * num_layers, N, hidden_size};
+    const Shape states = {D * num_layers, N, proj_size ? proj_size : hidden_size};
     Tensor h0 = initial_state(who, "h_0", h_0, states, batched, 1, x.dtype());
-    Tensor c0 = lstm ? initial_state(who, "c_0", c_0, states, batched, 1, x.dtype()) : Tensor();
+    Tensor c0 = lstm ? initial_state(who, "c_0", c_0, cells, batched, 1, x.dtype()) : Tensor();
     std::vector<Tensor> h_n, c_n;
     for (int64_t layer = 0; layer < num_layers; layer++) {
         if (layer > 0) x = drop(x);
@@ -12837,7 +12857,8 @@ RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const T
             std::vector<Tensor> outputs(static_cast<size_t>(L));
             for (int64_t k = 0; k < L; k++) {
                 const int64_t t = d ? L - 1 - k : k;
-                s = recurrent_step(mode, x_parts[t], s, weight_hh[i], b_hh);
+                s = recurrent_step(mode, x_parts[t], s, weight_hh[i], b_hh,
+                                   proj_size ? weight_hr[i] : Tensor());
                 outputs[size_t(t)] = s.h;
             }
             directions.push_back(stack(outputs));

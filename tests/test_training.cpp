@@ -2006,15 +2006,17 @@ TEST(nn_multihead_attention_kdim_vdim_bias_kv_zero_attn) {
 struct CellState {
     Vec h, c;
 };
+// (an LSTM's h' projected by w_hr where given)
 CellState cell_step(const std::string& mode, const Vec& x, const CellState& s, const Vec& w_ih,
-                    const Vec& w_hh, const Vec& b_ih, const Vec& b_hh) {
-    const size_t H = s.h.size(), rows = w_hh.size() / H, in = x.size();
+                    const Vec& w_hh, const Vec& b_ih, const Vec& b_hh, const Vec& w_hr = {}) {
+    const size_t P = s.h.size(), rows = w_hh.size() / P, in = x.size();
+    const size_t H = rows / (mode == "LSTM" ? 4 : mode == "GRU" ? 3 : 1);
     Vec xp(rows), hp(rows);
     for (size_t r = 0; r < rows; r++) {
         xp[r] = b_ih.empty() ? 0 : b_ih[r];
         hp[r] = b_hh.empty() ? 0 : b_hh[r];
         for (size_t i = 0; i < in; i++) xp[r] += w_ih[r * in + i] * x[i];
-        for (size_t j = 0; j < H; j++) hp[r] += w_hh[r * H + j] * s.h[j];
+        for (size_t j = 0; j < P; j++) hp[r] += w_hh[r * P + j] * s.h[j];
     }
     auto sigmoid = [](double v) { return 1 / (1 + std::exp(-v)); };
     CellState out{Vec(H), Vec(H)};
@@ -2034,6 +2036,11 @@ CellState cell_step(const std::string& mode, const Vec& x, const CellState& s, c
             out.h[j] = mode == "RNN_TANH" ? std::tanh(v) : std::max(v, 0.0);
         }
     }
+    if (w_hr.empty()) return out;
+    Vec projected(P, 0.0);
+    for (size_t p = 0; p < P; p++)
+        for (size_t j = 0; j < H; j++) projected[p] += w_hr[p * H + j] * out.h[j];
+    out.h = projected;
     return out;
 }
 Vec row_of(const Vec& v, size_t row, size_t width) {
@@ -2052,42 +2059,45 @@ TEST(nn_rnn_lstm_gru_match_loops) {
     nn::RNN rnn(I, H, 2, "tanh", true, false, 0, true), relu(I, H, 1, "relu", false);
     nn::LSTM lstm(I, H, 2, true, false, 0, true);
     nn::GRU gru(I, H, 2, true, false, 0, true);
-    for (nn::RNNBase* m : std::vector<nn::RNNBase*>{&rnn, &relu, &lstm, &gru}) {
+    nn::LSTM projected(I, H, 2, true, false, 0, true, 2);   // h of 2 features, c of 5
+    for (nn::RNNBase* m : std::vector<nn::RNNBase*>{&rnn, &relu, &lstm, &gru, &projected}) {
         const bool is_lstm = m->mode == "LSTM";
         const int64_t dirs = m->bidirectional ? 2 : 1, S = dirs * m->num_layers;
-        Tensor h0 = fv(hv, {4, N, H}).slice(0, 0, S), c0 = fv(cv, {4, N, H}).slice(0, 0, S);
+        const int64_t P = m->proj_size ? m->proj_size : H;   // h's features
+        Tensor h0 = fv(std::vector<float>(hv.begin(), hv.begin() + S * N * P), {S, N, P});
+        Tensor c0 = fv(cv, {4, N, H}).slice(0, 0, S);
         auto [out, h_n, c_n] = m->forward(x, h0, is_lstm ? c0 : Tensor());
-        CHECK(out.shape() == Shape({L, N, dirs * H}) && h_n.shape() == Shape({S, N, H}));
+        CHECK(out.shape() == Shape({L, N, dirs * P}) && h_n.shape() == Shape({S, N, P}));
         CHECK(c_n.defined() == is_lstm);
         // the loops: each layer's input rows [L·N, width], each direction's steps
-        Vec input = D(xv), want_h(size_t(S * N * H)), want_c(size_t(S * N * H));
+        Vec input = D(xv), want_h(size_t(S * N * P)), want_c(size_t(S * N * H));
         size_t width = size_t(I);
         for (int64_t layer = 0; layer < m->num_layers; layer++) {
-            Vec output(size_t(L * N * dirs * H));
+            Vec output(size_t(L * N * dirs * P));
             for (int64_t d = 0; d < dirs; d++) {
                 const size_t i = size_t(layer * dirs + d);
                 Vec w_ih = vals(m->weight_ih[i]), w_hh = vals(m->weight_hh[i]);
                 Vec b_ih = m->has_bias ? vals(m->bias_ih[i]) : Vec();
                 Vec b_hh = m->has_bias ? vals(m->bias_hh[i]) : Vec();
+                Vec w_hr = m->proj_size ? vals(m->weight_hr[i]) : Vec();
                 for (int64_t n = 0; n < N; n++) {
-                    CellState s{row_of(D(hv), i * size_t(N) + size_t(n), size_t(H)),
+                    CellState s{row_of(D(hv), i * size_t(N) + size_t(n), size_t(P)),
                                 row_of(D(cv), i * size_t(N) + size_t(n), size_t(H))};
                     for (int64_t k = 0; k < L; k++) {
                         const int64_t t = d ? L - 1 - k : k;
                         s = cell_step(m->mode, row_of(input, size_t(t * N + n), width), s, w_ih,
-                                      w_hh, b_ih, b_hh);
-                        for (int64_t j = 0; j < H; j++)
-                            output[size_t(((t * N + n) * dirs + d) * H + j)] = s.h[size_t(j)];
+                                      w_hh, b_ih, b_hh, w_hr);
+                        for (int64_t j = 0; j < P; j++)
+                            output[size_t(((t * N + n) * dirs + d) * P + j)] = s.h[size_t(j)];
                     }
-                    for (int64_t j = 0; j < H; j++) {
-                        want_h[(i * size_t(N) + size_t(n)) * size_t(H) + size_t(j)] = s.h[size_t(j)];
-                        if (is_lstm)
-                            want_c[(i * size_t(N) + size_t(n)) * size_t(H) + size_t(j)] = s.c[size_t(j)];
-                    }
+                    for (int64_t j = 0; j < P; j++)
+                        want_h[(i * size_t(N) + size_t(n)) * size_t(P) + size_t(j)] = s.h[size_t(j)];
+                    for (int64_t j = 0; is_lstm && j < H; j++)
+                        want_c[(i * size_t(N) + size_t(n)) * size_t(H) + size_t(j)] = s.c[size_t(j)];
                 }
             }
             input = output;
-            width = size_t(dirs * H);
+            width = size_t(dirs * P);
         }
         CHECK_ALL_NEAR(vals(out), input, F32);
         CHECK_ALL_NEAR(vals(h_n), want_h, F32);
@@ -2099,7 +2109,7 @@ TEST(nn_rnn_lstm_gru_match_loops) {
         m->batch_first = false;
         auto alone = m->forward(x.slice(1, 1, 2).squeeze(1), h0.slice(1, 1, 2).squeeze(1),
                                 is_lstm ? c0.slice(1, 1, 2).squeeze(1) : Tensor());
-        CHECK(alone.output.shape() == Shape({L, dirs * H}) && alone.h_n.shape() == Shape({S, H}));
+        CHECK(alone.output.shape() == Shape({L, dirs * P}) && alone.h_n.shape() == Shape({S, P}));
         CHECK_ALL_NEAR(vals(alone.output), vals(out.slice(1, 1, 2)), 1e-6);
         CHECK_ALL_NEAR(vals(alone.h_n), vals(h_n.slice(1, 1, 2)), 1e-6);
         // h_0 undefined: zeros
@@ -2117,6 +2127,12 @@ TEST(nn_rnn_lstm_gru_match_loops) {
                        "weight_ih_l1_reverse[20,10]", "weight_hh_l1_reverse[20,5]",
                        "bias_ih_l1_reverse[20]", "bias_hh_l1_reverse[20]"}));
     CHECK_EQ(relu.state_dict().size(), size_t(2));
+    names.clear();
+    for (auto& [name, t] : projected.named_parameters())
+        if (name.find("_l1_reverse") != std::string::npos) names.push_back(name + tg::shape_str(t.shape()));
+    CHECK(names == (std::vector<std::string>{"weight_ih_l1_reverse[20,4]", "weight_hh_l1_reverse[20,2]",
+                                             "bias_ih_l1_reverse[20]", "bias_hh_l1_reverse[20]",
+                                             "weight_hr_l1_reverse[2,5]"}));
     CHECK_EQ(gru.weight_hh[3].shape(), Shape({15, 5}));
     double most = 0;
     for (const Tensor& p : gru.parameters()) most = std::max(most, p.abs().max().item());
@@ -2157,6 +2173,9 @@ TEST(nn_rnn_lstm_gru_match_loops) {
     CHECK_THROWS(nn::RNN(I, H, 1, "sigmoid"), "RNN", "nonlinearity", "sigmoid");
     CHECK_THROWS(nn::GRU(I, H, 0), "GRU", "num_layers", "0");
     CHECK_THROWS(nn::LSTMCell(I, 0), "LSTMCell", "hidden_size 0");
+    CHECK_THROWS(nn::LSTM(I, H, 1, true, false, 0, false, H), "LSTM", "proj_size 5", "hidden_size 5");
+    CHECK_THROWS(nn::RNNBase("GRU", I, H, 1, true, false, 0, false, 2), "GRU", "proj_size 2");
+    CHECK_THROWS(projected.forward(x, fv(hv, {4, N, H})), "LSTM", "h_0", "[4,2,5]", "[4,2,2]");
     CHECK_THROWS(gru(fv(xv, {L, N * I})), "GRU", "[4,6]", "[L, N, 3]");
     CHECK_THROWS(lstm.forward(x, fv(hv, {4, N, H}).slice(0, 0, 2)), "LSTM", "h_0", "[2,2,5]",
                  "[4,2,5]");
