@@ -41,7 +41,8 @@ run_stage() {
 
 run_stage all "$@"
 if [[ -n ${TG_TEST_CUDA_ON_CPU:-} && $# -eq 0 ]]; then
-    echo "-- again on CUDA, run by the CPU stand-in (tests/cuda_on_cpu.cpp): ${TG_TEST_CUDA_FILES:-}"
+    echo "-- again on CUDA, run by the CPU stand-in (tests/cuda_on_cpu.cpp), ${SECONDS} s after"\
+         "the start: ${TG_TEST_CUDA_FILES:-}"
     (
         export TG_DEVICE=CUDA TG_CUDA_LIBRARY=$TG_TEST_CUDA_ON_CPU
         export TG_NVRTC_LIBRARY=$TG_TEST_CUDA_ON_CPU
