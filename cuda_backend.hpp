@@ -2175,16 +2175,9 @@ CudaSource render_cuda_kernels(const Program& p) {
             }
             body += "\n";
         }
-        // the buffers in the order the body first names them
-        std::vector<int> appear = renumber_buffers(body).order;
-        std::vector<std::pair<int, bool>> buffers;
-        for (auto [i, writes] : kernel_buffers(p, launches, kernel)) buffers.push_back({i, writes});
-        auto first_in_body = [&](int i) {
-            return std::find(appear.begin(), appear.end(), i) - appear.begin();
-        };
-        std::stable_sort(buffers.begin(), buffers.end(), [&](auto x, auto y) {
-            return first_in_body(x.first) < first_in_body(y.first);
-        });
+        std::map<int, bool> used = kernel_buffers(p, launches, kernel);
+        std::vector<std::pair<int, bool>> buffers(used.begin(), used.end());
+        order_by_first_use(buffers, body);
         std::string params;
         source.buffers.emplace_back();
         for (auto [i, writes] : buffers) {

@@ -9056,6 +9056,16 @@ static RenumberedBuffers renumber_buffers(const std::string& c) {
     return out;
 }
 
+// Parameters (buffer, written) in the order the code first names their buffers: the order in
+// which kernels of the same code (renumbered) pass them to their shared function.
+static void order_by_first_use(std::vector<std::pair<int, bool>>& params,
+                               const std::string& code) {
+    std::vector<int> appear = renumber_buffers(code).order;
+    auto first = [&](int i) { return std::find(appear.begin(), appear.end(), i) - appear.begin(); };
+    std::stable_sort(params.begin(), params.end(),
+                     [&](const auto& x, const auto& y) { return first(x.first) < first(y.first); });
+}
+
 // The C of a program as `parts` files (1: the file TG_DEBUG keeps and tests read). With 2, the
 // first nests, about half of the text, go into a file of their own with hidden rather than
 // static functions, declared in the second, so that two compiler processes build it at once.
@@ -9078,13 +9088,7 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
         if (arrays.count(-1)) body += "    " + arrays[-1];
         if (tiled) body += c_tiled_product(b);
         else c_stmts(b.body, b.extents, arrays, 1, next_tmp, body, chunked);
-        std::vector<int> appear = renumber_buffers(body).order;
-        auto first_in_body = [&](int i) {
-            return std::find(appear.begin(), appear.end(), i) - appear.begin();
-        };
-        std::stable_sort(buffers.params.begin(), buffers.params.end(), [&](auto x, auto y) {
-            return first_in_body(x.first) < first_in_body(y.first);
-        });
+        order_by_first_use(buffers.params, body);
         for (auto [i, writes] : buffers.params) {
             const char* constness = writes ? "" : "const ";
             const char* type = c_type(p.buffers[size_t(i)].dtype);
