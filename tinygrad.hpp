@@ -9066,13 +9066,14 @@ static void order_by_first_use(std::vector<std::pair<int, bool>>& params,
                      [&](const auto& x, const auto& y) { return first(x.first) < first(y.first); });
 }
 
-// The C of a program as `parts` files (1: the file TG_DEBUG keeps and tests read). With 2, the
-// first nests, about half of the text, go into a file of their own with hidden rather than
-// static functions, declared in the second, so that two compiler processes build it at once.
+// The C of a program as one file (the file TG_DEBUG keeps and tests read) or, where its kernels
+// have split_from characters or more, two: the first nests, about half of the text, go into a
+// file of their own with hidden rather than static functions, declared in the second, so that
+// two compiler processes build it at once.
 // A kernel whose code (with its buffers renumbered) an earlier one has calls that one's
 // function with its own buffers: the compiler reads each code once (a recurrent layer's 32
 // steps, forward and backward: 272 kernels, 86 functions).
-static std::vector<std::string> render_c_files(const Program& p, int parts) {
+static std::vector<std::string> render_c_files(const Program& p, size_t split_from) {
     const char LINKAGE = '\x01';   // "static " in the one file, hidden when split
     const char NAME = '\x02';      // the kernel's function name, until its code is compared
     std::vector<std::string> kernels(p.blocks.size()), prototypes(p.blocks.size());
@@ -9160,10 +9161,9 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
         }
         return out;
     };
-    size_t n = kernels.size(), half = 0;
-    if (parts < 2 || n < 2) return {file(linked(0, n, "static ") + entry)};
-    size_t total = 0, first = 0;
+    size_t n = kernels.size(), half = 0, total = 0, first = 0;
     for (const std::string& k : kernels) total += k.size();
+    if (n < 2 || total < split_from) return {file(linked(0, n, "static ") + entry)};
     while (half + 1 < n && first + kernels[half].size() <= total / 2)
         first += kernels[half++].size();
     half = std::max<size_t>(half, 1);
@@ -9172,7 +9172,7 @@ static std::vector<std::string> render_c_files(const Program& p, int parts) {
     for (size_t k = 0; k < half; k++) declared += hidden + prototypes[k];
     return {file(linked(0, half, hidden)), file(declared + linked(half, n, "static ") + entry)};
 }
-static std::string render_c(const Program& p) { return render_c_files(p, 1)[0]; }
+static std::string render_c(const Program& p) { return render_c_files(p, SIZE_MAX)[0]; }
 
 // ---- [RUNTIME] compiler, disk cache, dlopen, devices ---------------------------------- >>runtime
 // compile_c: hash(source, compiler, flags, the toolchain's identity) names the cache entry. A hit
@@ -9982,12 +9982,13 @@ struct HostMemoryDevice : Device {
 // million and runs 1.9 ms quick-built, 0.1 ms optimized; a W3 step counts 1.6 billion).
 static const int64_t QUICK_MAX_WORK = int64_t(1) << 25;
 
-// A program of several nests compiles as two files at once where there are two cores (the
-// W2 step: 0.76 s of cc in one process). Kernels are noinline either way, so the code, and
-// every result, is the same.
-static int compile_parts(const Program& p) {
-    return p.blocks.size() >= 4 && machine_cores() >= 2 ? 2 : 1;
-}
+// A program of much C compiles as two files at once where there are two cores (the W2 step:
+// 0.76 s of cc in one process). Kernels are noinline either way, so the code, and every
+// result, is the same. Below 32 KB the second compiler and the link cost more than they save:
+// GCC 12 spent about 20 ms a KB at -O3 and 2.5 ms at -O0, and 0.1 s starting and linking each
+// file (the tests' programs, one compile at a time, 2026-11-30); at -O0, which most programs
+// of little work get, even 100 KB gains only some 0.1 s.
+static size_t split_from() { return machine_cores() >= 2 ? 32 * 1024 : SIZE_MAX; }
 
 // CPU:k (k >= 1) is a device of its own for data parallelism: its buffers are its own
 // (host memory all the same), and work on its queue runs with its own thread pool, so several
@@ -10002,7 +10003,7 @@ struct CpuDevice : HostMemoryDevice {
         return prepare_files(p, source_files(p), false);
     }
     std::vector<std::string> source_files(const Program& p) override {
-        return render_c_files(p, compile_parts(p));
+        return render_c_files(p, split_from());
     }
     // later: still at once where the cache has it (only a compile is worth another thread)
     std::shared_ptr<Executable> prepare_files(const Program& p, std::vector<std::string> files,

@@ -518,33 +518,41 @@ TEST(optimizer_steps_after_fork_run_in_the_child) {
     CHECK(step() == std::vector<float>({0.25f, 0.5f, 0.75f}));
 }
 
-// A program of four or more nests compiles as two C files in two compiler processes and one
+// A program of 32 KB of C or more compiles as two C files in two compiler processes and one
 // link (where there are two cores): the first file's functions are hidden and declared in the
 // second, which holds tg_program; the results are those of the one-file program. A compile
-// error in either part names its command and its kept file.
+// error in either part names its command and its kept file. A smaller one, of as many nests,
+// is one file: a second compiler and a link would cost more than they save.
 TEST_ON_CPU(large_programs_compile_as_two_files_at_once) {
     if (std::thread::hardware_concurrency() < 2) SKIP("one core: programs compile as one file");
     std::string dir = fresh_dir();
     EnvGuard cache("TG_CACHE_DIR", dir.c_str());
-    // nests of different extents, which no pass fuses
+    // nests of different extents, which no pass fuses, of `terms` sines each
     std::vector<Tensor> in;
     for (int64_t n : {7, 11, 13, 17, 19}) in.push_back(Tensor::from_vector(th::randf(size_t(n), n)));
-    auto run = [&] {
+    auto run = [&](int terms) {
         std::vector<Tensor> outs;
-        for (const Tensor& x : in) outs.push_back(x.exp() * x);
+        for (const Tensor& x : in) {
+            Tensor y = x.exp() * x;
+            for (int i = 1; i < terms; i++) y = (y * (1 + 0.001f * float(i))).sin() + x;
+            outs.push_back(y);
+        }
         tg::realize(outs);
         std::vector<float> all;
         for (const Tensor& t : outs)
             for (float v : t.to_vector()) all.push_back(v);
         return all;
     };
-    std::vector<float> split = run();
+    run(1);
     CHECK(tg::last_program().nests >= 4);
+    CHECK_EQ(files_in(dir, ".0.c").size(), size_t(0));
+    std::vector<float> split = run(200);
     std::vector<std::string> first = files_in(dir, ".0.c"), second = files_in(dir, ".1.c");
     CHECK_EQ(first.size(), size_t(1));
     CHECK_EQ(second.size(), size_t(1));
     if (first.size() == 1 && second.size() == 1) {
         std::string f0 = slurp(first[0]), f1 = slurp(second[0]);
+        CHECK(f0.size() + f1.size() >= 32 * 1024);
         CHECK(f0.find("visibility(\"hidden\")") != std::string::npos);
         CHECK(f0.find("tg_program") == std::string::npos);
         CHECK(f1.find("void tg_program(") != std::string::npos);
@@ -553,12 +561,12 @@ TEST_ON_CPU(large_programs_compile_as_two_files_at_once) {
     {
         EnvGuard interp("TG_DEVICE", "INTERP");
         for (Tensor& x : in) x = x.to("INTERP");
-        one = run();
+        one = run(200);
     }
     CHECK(split == one);
     EnvGuard flags("TG_CFLAGS", "-O2 --no-such-flag");
     for (Tensor& x : in) x = x.to("CPU");
-    CHECK_THROWS(run(), "compile", "--no-such-flag", "source kept at", ".0.c");
+    CHECK_THROWS(run(200), "compile", "--no-such-flag", "source kept at", ".0.c");
     remove_tree(dir);
 }
 
