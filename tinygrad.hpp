@@ -88,8 +88,8 @@
              elementwise producers and consumers (matmul + bias + relu is one kernel).
    loop IR   a program: blocks (one per kernel) of loops, accumulators and stores, with small
              expression trees for values and indices.
-   program   all kernels of one realize: one C file, one compiler call, one dlopen (with four or
-             more nests and two cores, two files compiled at once and linked into one library).
+   program   all kernels of one realize: one C file, one compiler call, one dlopen (with 32 KB
+             of C or more and two cores, two files compiled at once and linked into one library).
              Kernels of the same code over other buffers (a model's layers) share a function.
    gradient  backward() applies one rule per primitive, building more lazy graph: gradients
              fuse with the forward pass and the update and can be differentiated again.
@@ -1467,7 +1467,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads,
 // x [N, C, *spatial] (or [C, *spatial]) resized along its spatial axes to size, as PyTorch's
 // interpolate. Output o of an axis reads input ⌊o·in/out⌋ ("nearest") or ⌊(o + 1/2)·in/out⌋
 // ("nearest-exact"), or weighs the two inputs around (o + 1/2)·in/out - 1/2 ("linear",
-// "bilinear": one or two axes; clamped at 0), around o·(in - 1)/(out - 1) with align_corners;
+// "bilinear", "trilinear": one, two or three axes, the last first; clamped at 0), around
+// o·(in - 1)/(out - 1) with align_corners;
 // "bicubic" (two axes) weighs the four around it, the edge's repeated past it, by Keys' cubic
 // with a = -0.75, as PyTorch; "area" is adaptive_avg_pool
 Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode = "nearest",
@@ -12173,24 +12174,26 @@ Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc) {
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc) {
     return adaptive_avg_pool("adaptive_avg_pool2d", 2, x, output_size, loc);
 }
-// One axis at a time (for bilinear: the last, then the one before, as PyTorch weighs them),
-// through index_select of whole rows. scale: in/out, or 1/scale_factor where one was given.
+// One axis at a time (for bilinear and trilinear: the last, then the one before, as PyTorch
+// weighs them), through index_select of whole rows. scale: in/out, or 1/scale_factor where
+// one was given.
 static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>& sizes,
                      const std::vector<double>& scales, const std::string& mode,
                      bool align_corners, Loc loc) {
     detail::UserLocScope at(loc);
     const size_t axes = sizes.size();
-    bool cubic = mode == "bicubic", linear = mode == "linear" || mode == "bilinear";
-    bool nearest = mode == "nearest" || mode == "nearest-exact";
+    bool cubic = mode == "bicubic", nearest = mode == "nearest" || mode == "nearest-exact";
+    bool linear = mode == "linear" || mode == "bilinear" || mode == "trilinear";
     if (!linear && !nearest && !cubic && mode != "area")
         detail::fail(strf("%s: mode \"%s\" is not one of nearest, nearest-exact, linear, "
-                          "bilinear, bicubic, area", op, mode.c_str()));
-    if ((mode == "linear" && axes != 1) || ((mode == "bilinear" || cubic) && axes != 2))
-        detail::fail(strf("%s: mode %s needs %s spatial axes, x %s has %zu", op, mode.c_str(),
-                          mode == "linear" ? "1" : "2", shape_str(x.shape()).c_str(), axes));
+                          "bilinear, bicubic, trilinear, area", op, mode.c_str()));
+    size_t needs = mode == "linear" ? 1 : mode == "trilinear" ? 3 : linear || cubic ? 2 : axes;
+    if (axes != needs)
+        detail::fail(strf("%s: mode %s needs %zu spatial axes, x %s has %zu", op, mode.c_str(),
+                          needs, shape_str(x.shape()).c_str(), axes));
     if (align_corners && !linear && !cubic)
-        detail::fail(strf("%s: align_corners is for linear, bilinear and bicubic, not %s", op,
-                          mode.c_str()));
+        detail::fail(strf("%s: align_corners is for linear, bilinear, bicubic and trilinear, "
+                          "not %s", op, mode.c_str()));
     if (mode == "area") {
         SpatialSizes out;
         out.sizes = sizes;

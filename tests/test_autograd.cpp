@@ -1180,6 +1180,9 @@ TEST(autograd_interpolate) {
                 return F::interpolate(x, tg::nn::scale_factor({1.5, 2.5}), "bicubic", true);
             },
             rnd({1, 1, 3, 4}, 345));
+    gc.add1("interpolate (trilinear)",
+            [](const Tensor& x) { return F::interpolate(x, {3, 4, 2}, "trilinear"); },
+            rnd({1, 1, 2, 3, 3}, 346));
     gc.run();
 }
 

@@ -2974,7 +2974,8 @@ TEST(ops_lr_schedules_roll_lerp) {
 }
 
 // interpolate and Upsample against loops in double: each output reads one input (nearest) or
-// weighs two (linear) or four (bicubic: Keys' cubic, a = -0.75), one axis at a time. A scale is a
+// weighs two (linear, bilinear, trilinear) or four (bicubic: Keys' cubic, a = -0.75), one axis
+// at a time. A scale is a
 // scale_factor(...), never a number where a size goes:
 static_assert(!std::is_convertible_v<double, tg::nn::SpatialSizes>, "2.5 is not a size");
 static_assert(std::is_convertible_v<int, tg::nn::SpatialSizes>, "a size");
@@ -3071,7 +3072,42 @@ TEST(ops_interpolate_and_upsample) {
             want.push_back(acc);
         }
     CHECK_ALL_NEAR(vals(F::interpolate(Tensor::from_vector(lv, {1, 2, 20}), 31, "linear")), want, 1e-12);
-    CHECK_THROWS(F::interpolate(x, {7, 9}, "trilinear"), "interpolate", "trilinear", "bicubic");
+    // three axes: trilinear (the last axis first), nearest; Upsample by a scale
+    std::vector<float> v3 = randf(2 * 3 * 4 * 5, 403, -2, 2);
+    Tensor x3 = Tensor::from_vector(v3, {1, 2, 3, 4, 5});
+    auto ref3d = [&](const Taps& td, const Taps& th_, const Taps& tw) {
+        Vec y;
+        for (int c = 0; c < 2; c++)
+            for (const auto& ds : td)
+                for (const auto& hs : th_)
+                    for (const auto& ws : tw) {
+                        double acc = 0;
+                        for (auto [d, wd] : ds)
+                            for (auto [h, wh] : hs)
+                                for (auto [w, ww] : ws)
+                                    acc += wd * wh * ww * v3[size_t(((c * 3 + d) * 4 + h) * 5 + w)];
+                        y.push_back(acc);
+                    }
+        return y;
+    };
+    struct Case3 { int64_t d, h, w; const char* mode; bool corners; };
+    for (Case3 c : {Case3{4, 6, 3, "trilinear", false}, Case3{5, 2, 7, "trilinear", true},
+                    Case3{1, 1, 1, "trilinear", true}, Case3{5, 7, 2, "nearest", false}}) {
+        Tensor y = F::interpolate(x3, {c.d, c.h, c.w}, c.mode, c.corners);
+        CHECK(y.shape() == S({1, 2, c.d, c.h, c.w}));
+        std::string m = c.mode == std::string("trilinear") ? "linear" : c.mode;
+        CHECK_ALL_NEAR(vals(y), ref3d(taps(3, c.d, 3.0 / double(c.d), m, c.corners),
+                                      taps(4, c.h, 4.0 / double(c.h), m, c.corners),
+                                      taps(5, c.w, 5.0 / double(c.w), m, c.corners)), F32);
+        if (th::failures()) std::fprintf(stderr, "  in %s %lldx%lldx%lld\n", c.mode, (long long)c.d, (long long)c.h, (long long)c.w);
+    }
+    CHECK_ALL_NEAR(vals(tg::nn::Upsample(1.5, "trilinear")(x3)),
+                   ref3d(taps(3, 4, 1 / 1.5, "linear", false), taps(4, 6, 1 / 1.5, "linear", false),
+                         taps(5, 7, 1 / 1.5, "linear", false)), F32);
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "trilinear"), "interpolate", "trilinear needs 3",
+                 "[2,3,5,4]");
+    CHECK_THROWS(F::interpolate(x3, {7, 9, 2}, "bilinear"), "interpolate", "bilinear needs 2");
+    CHECK_THROWS(F::interpolate(x, {7, 9}, "cubic"), "interpolate", "\"cubic\"", "trilinear");
     CHECK_THROWS(F::interpolate(x, {7, 9}, "linear"), "interpolate", "linear needs 1", "[2,3,5,4]");
     CHECK_THROWS(F::interpolate(Tensor::from_vector(lv, {1, 2, 20}), 31, "bicubic"), "interpolate",
                  "bicubic needs 2", "[1,2,20]");
