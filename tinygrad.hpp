@@ -1194,6 +1194,36 @@ struct MultiheadAttention : Module {
 // P features (weight_hh_lk [4·hidden, P]), c keeps hidden_size. A layer's input products run
 // over all its steps at once, then its steps one after another (a jitted step's program holds
 // every step: see bench.cpp's R1).
+// A batch of sequences of different lengths, as PyTorch's nn.utils.rnn.PackedSequence: data
+// [steps of all sequences, *] holds the first step of every sequence, then the second of those
+// that have one, and so on, the sequences longest first (ties in batch order); batch_sizes[t]
+// counts the sequences with a step t; sorted_indices[k] is the batch position of the k-th
+// longest, unsorted_indices the inverse. A recurrent layer runs each its own length.
+struct PackedSequence {
+    Tensor data;
+    std::vector<int64_t> batch_sizes, sorted_indices, unsorted_indices;
+};
+// input [T, N, *] ([N, T, *] with batch_first): sequence n is its first lengths[n] steps (1
+// to T). enforce_sorted (PyTorch's default): the lengths must not increase along the batch.
+PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64_t>& lengths,
+                                    bool batch_first = false, bool enforce_sorted = true,
+                                    Loc loc = Loc::here());
+struct PaddedSequence {
+    Tensor output;                  // [T, N, *] ([N, T, *] with batch_first)
+    std::vector<int64_t> lengths;   // in batch order
+};
+// The inverse: steps past a sequence's length hold padding_value; T is the longest length, or
+// total_length where given (not less)
+PaddedSequence pad_packed_sequence(const PackedSequence& sequence, bool batch_first = false,
+                                   double padding_value = 0, int64_t total_length = -1,
+                                   Loc loc = Loc::here());
+// sequences [L_n, *] (the same *) as [T, N, *] ([N, T, *] with batch_first), T the longest,
+// each padded with padding_value
+Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first = false,
+                    double padding_value = 0, Loc loc = Loc::here());
+PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_sorted = true,
+                             Loc loc = Loc::here());
+
 struct RNNBase : Module {
     // mode: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
     RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
@@ -1204,6 +1234,14 @@ struct RNNBase : Module {
     };
     Output forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0 = Tensor());
     Tensor forward(const Tensor& input) override;   // the output from zeros
+    // Each sequence runs its own steps (backward: from its last one): h_n and c_n are its
+    // states after them, in batch order; the output is packed as the input.
+    struct PackedOutput {
+        PackedSequence output;
+        Tensor h_n, c_n;
+    };
+    PackedOutput forward(const PackedSequence& input, const Tensor& h_0 = Tensor(),
+                         const Tensor& c_0 = Tensor());
     Named named_parameters() override;
     std::vector<std::pair<std::string, Module*>> children() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
@@ -12838,36 +12876,179 @@ Module::Named RNNBase::named_parameters() {
 }
 std::vector<std::pair<std::string, Module*>> RNNBase::children() { return {{"drop", &drop}}; }
 Tensor RNNBase::forward(const Tensor& input) { return forward(input, Tensor()).output; }
-RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0) {
-    const std::string who = recurrent_name(mode, false);
-    const bool batched = input.ndim() == 3, lstm = mode == "LSTM";
-    if (!(batched || input.ndim() == 2) || input.size(-1) != input_size)
-        detail::fail(strf("%s: input %s must be [L, N, %lld]%s or [L, %lld]", who.c_str(),
-                          shape_str(input.shape()).c_str(), (long long)input_size,
-                          batch_first ? " with N first" : "", (long long)input_size));
+// The rows of x [T, N, *] that a sequence packed as `like` holds, packed as it is
+static PackedSequence pack_steps(const Tensor& x, const PackedSequence& like) {
+    std::vector<int64_t> rows;
+    for (size_t t = 0; t < like.batch_sizes.size(); t++)
+        for (int64_t k = 0; k < like.batch_sizes[t]; k++)
+            rows.push_back(int64_t(t) * x.size(1) + like.sorted_indices[size_t(k)]);
+    PackedSequence out = like;
+    out.data = x.flatten(0, 1).index_select(0, Tensor::from_vector(rows));
+    return out;
+}
+static std::string list_str(const std::vector<int64_t>& v) {
+    std::string out;
+    for (int64_t x : v) out += strf("%s%lld", out.empty() ? "" : ", ", (long long)x);
+    return "(" + out + ")";
+}
+PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64_t>& lengths,
+                                    bool batch_first, bool enforce_sorted, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "pack_padded_sequence";
+    if (input.ndim() < 2 || int64_t(lengths.size()) != input.size(batch_first ? 0 : 1))
+        detail::fail(strf("%s: input %s needs [%s, *] and a length for each sequence, got %zu "
+                          "lengths", op, shape_str(input.shape()).c_str(),
+                          batch_first ? "N, T" : "T, N", lengths.size()));
+    Tensor x = batch_first ? input.transpose(0, 1) : input;
+    for (size_t n = 0; n < lengths.size(); n++)
+        if (lengths[n] < 1 || lengths[n] > x.size(0))
+            detail::fail(strf("%s: length %lld of sequence %zu is not in [1, %lld] (input %s)",
+                              op, (long long)lengths[n], n, (long long)x.size(0),
+                              shape_str(input.shape()).c_str()));
+    if (enforce_sorted && !std::is_sorted(lengths.rbegin(), lengths.rend()))
+        detail::fail(strf("%s: lengths %s must not increase (the longest first), or pass "
+                          "enforce_sorted = false", op, list_str(lengths).c_str()));
+    PackedSequence p;
+    p.sorted_indices.resize(lengths.size());
+    std::iota(p.sorted_indices.begin(), p.sorted_indices.end(), int64_t(0));
+    std::stable_sort(p.sorted_indices.begin(), p.sorted_indices.end(),
+                     [&](int64_t a, int64_t b) { return lengths[size_t(a)] > lengths[size_t(b)]; });
+    p.unsorted_indices.resize(lengths.size());
+    for (size_t k = 0; k < lengths.size(); k++)
+        p.unsorted_indices[size_t(p.sorted_indices[k])] = int64_t(k);
+    for (int64_t t = 0; t < lengths[size_t(p.sorted_indices[0])]; t++)
+        p.batch_sizes.push_back(std::count_if(lengths.begin(), lengths.end(),
+                                              [&](int64_t len) { return len > t; }));
+    return pack_steps(x, p);
+}
+PaddedSequence pad_packed_sequence(const PackedSequence& sequence, bool batch_first,
+                                   double padding_value, int64_t total_length, Loc loc) {
+    detail::UserLocScope at(loc);
+    const std::vector<int64_t>& sizes = sequence.batch_sizes;
+    const Tensor& data = sequence.data;
+    const int64_t N = sizes.empty() ? 0 : sizes[0];
+    int64_t steps = 0;
+    bool fits = N > 0 && data.defined() && data.ndim() >= 1 &&
+                int64_t(sequence.sorted_indices.size()) == N &&
+                int64_t(sequence.unsorted_indices.size()) == N;
+    for (size_t t = 0; fits && t < sizes.size(); t++) {
+        fits = sizes[t] >= 1 && (t == 0 || sizes[t] <= sizes[t - 1]);
+        steps += sizes[t];
+    }
+    for (int64_t k = 0; fits && k < N; k++) {
+        int64_t n = sequence.sorted_indices[size_t(k)];
+        fits = n >= 0 && n < N && sequence.unsorted_indices[size_t(n)] == k;
+    }
+    if (!fits || data.size(0) != steps)
+        detail::fail(strf("pad_packed_sequence: batch_sizes %s must be at least 1 and not "
+                          "increase, sorted_indices %s a permutation of the batch, "
+                          "unsorted_indices %s its inverse, and data %s a row for each step",
+                          list_str(sizes).c_str(), list_str(sequence.sorted_indices).c_str(),
+                          list_str(sequence.unsorted_indices).c_str(),
+                          data.defined() ? shape_str(data.shape()).c_str() : "undefined"));
+    int64_t T = int64_t(sizes.size());
+    if (total_length >= 0 && total_length < T)
+        detail::fail(strf("pad_packed_sequence: total_length %lld is less than the longest "
+                          "sequence's %lld steps", (long long)total_length, (long long)T));
+    if (total_length >= 0) T = total_length;
+    PaddedSequence out;
+    out.lengths.resize(size_t(N));
+    for (int64_t k = 0; k < N; k++)
+        out.lengths[size_t(sequence.sorted_indices[size_t(k)])] =
+            std::count_if(sizes.begin(), sizes.end(), [&](int64_t size) { return size > k; });
+    std::vector<int64_t> rows, first_of_step(1, 0);   // padding reads row 0, then is replaced
+    for (int64_t size : sizes) first_of_step.push_back(first_of_step.back() + size);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++)
+            rows.push_back(t < out.lengths[size_t(n)]
+                               ? first_of_step[size_t(t)] + sequence.unsorted_indices[size_t(n)]
+                               : 0);
+    Shape padded = data.shape(), along(size_t(data.ndim()) + 1, 1);
+    padded[0] = N;
+    padded.insert(padded.begin(), T);
+    along[1] = N;
+    Tensor steps_of = Tensor::from_vector(out.lengths).reshape(along);
+    along[1] = 1, along[0] = T;
+    Tensor own = Tensor::arange(T).reshape(along) < steps_of;
+    Tensor y = where(own, data.index_select(0, Tensor::from_vector(rows)).reshape(padded),
+                     padding_value);
+    out.output = batch_first ? y.transpose(0, 1) : y;
+    return out;
+}
+Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first,
+                    double padding_value, Loc loc) {
+    detail::UserLocScope at(loc);
+    bool fits = !sequences.empty();
+    int64_t T = 0;
+    for (const Tensor& s : sequences) {
+        fits = fits && s.ndim() >= 1 && s.ndim() == sequences[0].ndim() &&
+               std::equal(s.shape().begin() + 1, s.shape().end(), sequences[0].shape().begin() + 1);
+        if (fits) T = std::max(T, s.size(0));
+    }
+    if (!fits) {
+        std::string shapes;
+        for (const Tensor& s : sequences)
+            shapes += (shapes.empty() ? "" : ", ") + shape_str(s.shape());
+        detail::fail(strf("pad_sequence: the sequences must be [L, *] with the same * (at least "
+                          "one), got %s", shapes.empty() ? "none" : shapes.c_str()));
+    }
+    std::vector<Tensor> padded;
+    for (const Tensor& s : sequences) {
+        std::vector<int64_t> pads(size_t(2 * s.ndim()), 0);
+        pads.back() = T - s.size(0);   // after axis 0, the last (before, after) pair
+        padded.push_back(functional::pad(s, pads, "constant", padding_value));
+    }
+    return stack(padded, batch_first ? 0 : 1);
+}
+PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_sorted, Loc loc) {
+    std::vector<int64_t> lengths;
+    for (const Tensor& s : sequences) lengths.push_back(s.ndim() >= 1 ? s.size(0) : 0);
+    return pack_padded_sequence(pad_sequence(sequences, false, 0, loc), lengths, false,
+                                enforce_sorted, loc);
+}
+
+// The layers over x [L, N, input_size] from h_0 and c_0 (as given: batched says whether with
+// the batch axis). With lengths, sequence n runs only its first lengths[n] steps: its state
+// holds after them (backward: until its last one) and its outputs past them are 0.
+static RNNBase::Output run_layers(RNNBase& m, Tensor x, const Tensor& h_0, const Tensor& c_0,
+                                  bool batched, const std::vector<int64_t>& lengths) {
+    const std::string who = recurrent_name(m.mode, false);
+    const bool lstm = m.mode == "LSTM", masked = !lengths.empty();
     if (c_0.defined() && !lstm)
         detail::fail(strf("%s: c_0 is given, but only an LSTM has a cell state", who.c_str()));
-    Tensor x = !batched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;
-    const int64_t L = x.size(0), N = x.size(1), D = bidirectional ? 2 : 1;
-    const Shape cells = {D * num_layers, N, hidden_size};
-    const Shape states = {D * num_layers, N, proj_size ? proj_size : hidden_size};
+    const int64_t L = x.size(0), N = x.size(1), D = m.bidirectional ? 2 : 1;
+    const Shape cells = {D * m.num_layers, N, m.hidden_size};
+    const Shape states = {D * m.num_layers, N, m.proj_size ? m.proj_size : m.hidden_size};
     Tensor h0 = initial_state(who, "h_0", h_0, states, batched, 1, x.dtype());
     Tensor c0 = lstm ? initial_state(who, "c_0", c_0, cells, batched, 1, x.dtype()) : Tensor();
+    Tensor running;   // [L, N, 1]: step t of sequence n is one of its own
+    if (masked)
+        running = Tensor::arange(L).reshape({L, 1, 1}) <
+                  Tensor::from_vector(lengths).reshape({1, N, 1});
     std::vector<Tensor> h_n, c_n;
-    for (int64_t layer = 0; layer < num_layers; layer++) {
-        if (layer > 0) x = drop(x);
+    for (int64_t layer = 0; layer < m.num_layers; layer++) {
+        if (layer > 0) x = m.drop(x);
         std::vector<Tensor> directions;
         for (int64_t d = 0; d < D; d++) {
             const size_t i = size_t(layer * D + d);
-            Tensor b_ih = has_bias ? bias_ih[i] : Tensor(), b_hh = has_bias ? bias_hh[i] : Tensor();
-            Tensor x_parts = functional::linear(x, weight_ih[i], b_ih);
+            Tensor b_ih = m.has_bias ? m.bias_ih[i] : Tensor();
+            Tensor b_hh = m.has_bias ? m.bias_hh[i] : Tensor();
+            Tensor x_parts = functional::linear(x, m.weight_ih[i], b_ih);
             RecurrentState s{h0[i], lstm ? c0[i] : Tensor()};
             std::vector<Tensor> outputs(static_cast<size_t>(L));
             for (int64_t k = 0; k < L; k++) {
                 const int64_t t = d ? L - 1 - k : k;
-                s = recurrent_step(mode, x_parts[t], s, weight_hh[i], b_hh,
-                                   proj_size ? weight_hr[i] : Tensor());
-                outputs[size_t(t)] = s.h;
+                RecurrentState next = recurrent_step(m.mode, x_parts[t], s, m.weight_hh[i], b_hh,
+                                                     m.proj_size ? m.weight_hr[i] : Tensor());
+                if (masked) {
+                    Tensor own = running[t];
+                    next.h = where(own, next.h, s.h);
+                    if (lstm) next.c = where(own, next.c, s.c);
+                    outputs[size_t(t)] = where(own, next.h, 0.0);
+                } else {
+                    outputs[size_t(t)] = next.h;
+                }
+                s = next;
             }
             directions.push_back(stack(outputs));
             h_n.push_back(s.h);
@@ -12879,10 +13060,39 @@ RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const T
         Tensor t = stack(last);
         return batched ? t : t.squeeze(1);
     };
-    Output out;
-    out.output = !batched ? x.squeeze(1) : batch_first ? x.transpose(0, 1) : x;
+    RNNBase::Output out;
+    out.output = x;
     out.h_n = state(h_n);
     if (lstm) out.c_n = state(c_n);
+    return out;
+}
+RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0) {
+    const bool batched = input.ndim() == 3;
+    if (!(batched || input.ndim() == 2) || input.size(-1) != input_size)
+        detail::fail(strf("%s: input %s must be [L, N, %lld]%s or [L, %lld]",
+                          recurrent_name(mode, false).c_str(), shape_str(input.shape()).c_str(),
+                          (long long)input_size, batch_first ? " with N first" : "",
+                          (long long)input_size));
+    Tensor x = !batched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;
+    Output out = run_layers(*this, x, h_0, c_0, batched, {});
+    out.output = !batched   ? out.output.squeeze(1)
+                 : batch_first ? out.output.transpose(0, 1)
+                               : out.output;
+    return out;
+}
+RNNBase::PackedOutput RNNBase::forward(const PackedSequence& input, const Tensor& h_0,
+                                       const Tensor& c_0) {
+    PaddedSequence padded = pad_packed_sequence(input);
+    const Tensor& x = padded.output;
+    if (x.ndim() != 3 || x.size(-1) != input_size)
+        detail::fail(strf("%s: a packed input's data %s must be [steps, %lld]",
+                          recurrent_name(mode, false).c_str(),
+                          shape_str(input.data.shape()).c_str(), (long long)input_size));
+    Output run = run_layers(*this, x, h_0, c_0, true, padded.lengths);
+    PackedOutput out;
+    out.output = pack_steps(run.output, input);
+    out.h_n = run.h_n;
+    out.c_n = run.c_n;
     return out;
 }
 RNN::RNN(int64_t input_size, int64_t hidden_size, int64_t num_layers,

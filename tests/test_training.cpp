@@ -2187,6 +2187,102 @@ TEST(nn_rnn_lstm_gru_match_loops) {
     CHECK_THROWS(rnn_cell(x), "RNNCell", "[4,2,3]", "[N, 3]");
 }
 
+// Sequences of their own lengths, packed as PyTorch packs them: the layout, the way back, and
+// recurrent layers on a packed batch giving what each sequence gives alone (the backward
+// direction from its own last step), gradients too; and the errors they promise
+TEST(nn_packed_sequences_run_each_its_own_length) {
+    const int64_t T = 4, N = 3, I = 2, H = 3;
+    std::vector<float> xv = randf(size_t(T * N * I), 80), hv = randf(size_t(4 * N * H), 81),
+                       cv = randf(size_t(4 * N * H), 82);
+    Tensor x = fv(xv, {T, N, I});
+    const std::vector<int64_t> lengths = {2, 4, 3};
+    nn::PackedSequence p = nn::pack_padded_sequence(x, lengths, false, false);
+    CHECK(p.sorted_indices == (std::vector<int64_t>{1, 2, 0}));
+    CHECK(p.unsorted_indices == (std::vector<int64_t>{2, 0, 1}));
+    CHECK(p.batch_sizes == (std::vector<int64_t>{3, 3, 2, 1}));
+    Vec want;   // step by step, the longest sequence first
+    for (auto [t, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {0, 2}, {0, 0}, {1, 1}, {1, 2}, {1, 0}, {2, 1}, {2, 2}, {3, 1}})
+        for (int64_t i = 0; i < I; i++) want.push_back(xv[size_t((t * N + n) * I + i)]);
+    CHECK(p.data.shape() == Shape({9, I}));
+    CHECK_ALL_NEAR(vals(p.data), want, 0);
+    CHECK_ALL_NEAR(vals(nn::pack_padded_sequence(x.transpose(0, 1), lengths, true, false).data),
+                   want, 0);
+    // back: past each length the padding value; batch first, to total_length
+    nn::PaddedSequence back = nn::pad_packed_sequence(p, true, -1.0, 5);
+    CHECK(back.lengths == lengths);
+    CHECK(back.output.shape() == Shape({N, 5, I}));
+    Vec padded = vals(back.output), expected;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t t = 0; t < 5; t++)
+            for (int64_t i = 0; i < I; i++)
+                expected.push_back(t < lengths[size_t(n)] ? xv[size_t((t * N + n) * I + i)] : -1.0);
+    CHECK_ALL_NEAR(padded, expected, 0);
+    // the sequences one by one: pad_sequence pads them with zeros, pack_sequence packs them
+    std::vector<Tensor> alone;
+    for (int64_t n = 0; n < N; n++) alone.push_back(x.slice(0, 0, lengths[size_t(n)]).slice(1, n, n + 1).squeeze(1));
+    CHECK_ALL_NEAR(vals(nn::pad_sequence(alone)), vals(nn::pad_packed_sequence(p).output), 0);
+    CHECK(nn::pad_sequence(alone, true).shape() == Shape({N, T, I}));
+    CHECK_ALL_NEAR(vals(nn::pack_sequence(alone, false).data), want, 0);
+    // layers: each sequence's outputs, h_n and c_n as when it runs alone; 0 past its length
+    nn::LSTM lstm(I, H, 2, true, false, 0, true);
+    nn::GRU gru(I, H, 2, true, false, 0, true);
+    for (nn::RNNBase* m : std::vector<nn::RNNBase*>{&lstm, &gru}) {
+        const bool is_lstm = m->mode == "LSTM";
+        Tensor h0 = fv(hv, {4, N, H}), c0 = is_lstm ? fv(cv, {4, N, H}) : Tensor();
+        nn::RNNBase::PackedOutput run = m->forward(p, h0, c0);
+        CHECK(run.output.batch_sizes == p.batch_sizes && run.output.sorted_indices == p.sorted_indices);
+        CHECK(run.output.data.shape() == Shape({9, 2 * H}));
+        Tensor out = nn::pad_packed_sequence(run.output).output;
+        Tensor loss = run.output.data.square().sum() + run.h_n.sum(), loss_alone;
+        std::vector<nn::RNNBase::Output> ones;
+        for (int64_t n = 0; n < N; n++) {
+            ones.push_back(m->forward(alone[size_t(n)].unsqueeze(1), h0.slice(1, n, n + 1),
+                                      is_lstm ? c0.slice(1, n, n + 1) : Tensor()));
+            Tensor l = ones.back().output.square().sum() + ones.back().h_n.sum();
+            loss_alone = n ? loss_alone + l : l;
+        }
+        std::vector<Tensor> params = m->parameters();
+        std::vector<Tensor> g = tg::gradients(loss, params), g_alone = tg::gradients(loss_alone, params);
+        // realized together: one program, not one per tensor read
+        std::vector<Tensor> all = {out, run.h_n};
+        if (is_lstm) all.push_back(run.c_n);
+        for (const auto& one : ones) all.insert(all.end(), {one.output, one.h_n, is_lstm ? one.c_n : one.h_n});
+        all.insert(all.end(), g.begin(), g.end());
+        all.insert(all.end(), g_alone.begin(), g_alone.end());
+        tg::realize(all);
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t len = lengths[size_t(n)];
+            const nn::RNNBase::Output& one = ones[size_t(n)];
+            Tensor mine = out.slice(1, n, n + 1);
+            CHECK_ALL_NEAR(vals(mine.slice(0, 0, len)), vals(one.output), 1e-6);
+            if (len < T) CHECK_ALL_NEAR(vals(mine.slice(0, len, T)), Vec(size_t((T - len) * 2 * H), 0.0), 0);
+            CHECK_ALL_NEAR(vals(run.h_n.slice(1, n, n + 1)), vals(one.h_n), 1e-6);
+            if (is_lstm) CHECK_ALL_NEAR(vals(run.c_n.slice(1, n, n + 1)), vals(one.c_n), 1e-6);
+        }
+        for (size_t i = 0; i < params.size(); i++) CHECK_ALL_NEAR(vals(g[i]), vals(g_alone[i]), 1e-5);
+        if (th::failures()) std::fprintf(stderr, "  in %s\n", m->mode.c_str());
+    }
+    CHECK_THROWS(nn::pack_padded_sequence(x, lengths), "pack_padded_sequence", "(2, 4, 3)",
+                 "must not increase", "enforce_sorted");
+    CHECK_THROWS(nn::pack_padded_sequence(x, {2, 0, 3}, false, false), "pack_padded_sequence",
+                 "length 0 of sequence 1", "[1, 4]");
+    CHECK_THROWS(nn::pack_padded_sequence(x, {2, 2}), "pack_padded_sequence", "[4,3,2]", "2 lengths");
+    CHECK_THROWS(nn::pad_packed_sequence(p, false, 0, 3), "pad_packed_sequence", "total_length 3",
+                 "4 steps");
+    nn::PackedSequence broken = p;
+    broken.batch_sizes = {3, 2, 3, 1};
+    CHECK_THROWS(nn::pad_packed_sequence(broken), "pad_packed_sequence", "(3, 2, 3, 1)", "[9,2]");
+    broken = p;
+    broken.data = p.data.slice(0, 0, 8);
+    CHECK_THROWS(nn::pad_packed_sequence(broken), "pad_packed_sequence", "(3, 3, 2, 1)", "[8,2]");
+    CHECK_THROWS(nn::pad_sequence({Tensor::zeros({2, 2}), Tensor::zeros({3, 3})}), "pad_sequence",
+                 "[2,2], [3,3]");
+    CHECK_THROWS(lstm.forward(nn::pack_sequence({Tensor::zeros({2, 5})})), "LSTM", "[2,5]",
+                 "[steps, 2]");
+    CHECK_THROWS(gru.forward(p, fv(hv, {4, N, H}), fv(cv, {4, N, H})), "GRU", "c_0");
+}
+
 // GroupNorm and BatchNorm against loops in double; BatchNorm's running statistics, eval(),
 // its steps in a jit, its buffers in state_dict, and the errors it promises
 TEST(nn_group_norm_and_batch_norm) {
