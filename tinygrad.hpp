@@ -1176,24 +1176,6 @@ struct MultiheadAttention : Module {
     Linear out_proj;
     Dropout attn_drop;
 };
-// PyTorch's recurrent layers, each step from x_t and the state h (and LSTM's c):
-//   RNN:  h' = tanh (or relu) of x_t·W_ihᵀ + b_ih + h·W_hhᵀ + b_hh
-//   LSTM: gates i, f, g, o of those sums (σ, σ, tanh, σ); c' = f·c + i·g, h' = o·tanh(c')
-//   GRU:  gates r, z (σ); n = tanh(x_t·W_inᵀ + b_in + r·(h·W_hnᵀ + b_hn)); h' = n + z·(h - n)
-// num_layers deep (a layer's outputs are the next one's inputs, through dropout while
-// training, not after the last), and bidirectional: a second pass per layer from the last
-// step back, its outputs joined after the first's. input [L, N, input_size] ([N, L, ...] with
-// batch_first, [L, input_size] without a batch); output [L, N, D·hidden_size] (N first with
-// batch_first), D = 2 if bidirectional; h_n (and c_n) [D·num_layers, N, hidden_size] (without
-// N unbatched), as h_0 (and c_0): zeros where undefined. Parameters as PyTorch names, shapes
-// and draws them: for layer k and direction (the second's names end in "_reverse")
-// weight_ih_lk [G·hidden, in], weight_hh_lk [G·hidden, hidden], bias_ih_lk and bias_hh_lk
-// [G·hidden], G the gates (1, 4, 3, in the order above), all U(-1/√hidden, 1/√hidden); the
-// tensors are weight_ih[k·D + direction], and so on. An LSTM's proj_size P (0: none, else less
-// than hidden_size) projects each step's h' by weight_hr_lk [P, hidden]: h and the outputs have
-// P features (weight_hh_lk [4·hidden, P]), c keeps hidden_size. A layer's input products run
-// over all its steps at once, then its steps one after another (a jitted step's program holds
-// every step: see bench.cpp's R1).
 // A batch of sequences of different lengths, as PyTorch's nn.utils.rnn.PackedSequence: data
 // [steps of all sequences, *] holds the first step of every sequence, then the second of those
 // that have one, and so on, the sequences longest first (ties in batch order); batch_sizes[t]
@@ -1224,6 +1206,24 @@ Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first = fal
 PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_sorted = true,
                              Loc loc = Loc::here());
 
+// PyTorch's recurrent layers, each step from x_t and the state h (and LSTM's c):
+//   RNN:  h' = tanh (or relu) of x_t·W_ihᵀ + b_ih + h·W_hhᵀ + b_hh
+//   LSTM: gates i, f, g, o of those sums (σ, σ, tanh, σ); c' = f·c + i·g, h' = o·tanh(c')
+//   GRU:  gates r, z (σ); n = tanh(x_t·W_inᵀ + b_in + r·(h·W_hnᵀ + b_hn)); h' = n + z·(h - n)
+// num_layers deep (a layer's outputs are the next one's inputs, through dropout while
+// training, not after the last), and bidirectional: a second pass per layer from the last
+// step back, its outputs joined after the first's. input [L, N, input_size] ([N, L, ...] with
+// batch_first, [L, input_size] without a batch); output [L, N, D·hidden_size] (N first with
+// batch_first), D = 2 if bidirectional; h_n (and c_n) [D·num_layers, N, hidden_size] (without
+// N unbatched), as h_0 (and c_0): zeros where undefined. Parameters as PyTorch names, shapes
+// and draws them: for layer k and direction (the second's names end in "_reverse")
+// weight_ih_lk [G·hidden, in], weight_hh_lk [G·hidden, hidden], bias_ih_lk and bias_hh_lk
+// [G·hidden], G the gates (1, 4, 3, in the order above), all U(-1/√hidden, 1/√hidden); the
+// tensors are weight_ih[k·D + direction], and so on. An LSTM's proj_size P (0: none, else less
+// than hidden_size) projects each step's h' by weight_hr_lk [P, hidden]: h and the outputs have
+// P features (weight_hh_lk [4·hidden, P]), c keeps hidden_size. A layer's input products run
+// over all its steps at once, then its steps one after another (a jitted step's program holds
+// every step: see bench.cpp's R1).
 struct RNNBase : Module {
     // mode: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
     RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
@@ -12895,9 +12895,10 @@ PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64
                                     bool batch_first, bool enforce_sorted, Loc loc) {
     detail::UserLocScope at(loc);
     const char* op = "pack_padded_sequence";
-    if (input.ndim() < 2 || int64_t(lengths.size()) != input.size(batch_first ? 0 : 1))
-        detail::fail(strf("%s: input %s needs [%s, *] and a length for each sequence, got %zu "
-                          "lengths", op, shape_str(input.shape()).c_str(),
+    if (input.ndim() < 2 || lengths.empty() ||
+        int64_t(lengths.size()) != input.size(batch_first ? 0 : 1))
+        detail::fail(strf("%s: input %s needs [%s, *] and a length for each sequence (at "
+                          "least one), got %zu lengths", op, shape_str(input.shape()).c_str(),
                           batch_first ? "N, T" : "T, N", lengths.size()));
     Tensor x = batch_first ? input.transpose(0, 1) : input;
     for (size_t n = 0; n < lengths.size(); n++)
@@ -12963,13 +12964,13 @@ PaddedSequence pad_packed_sequence(const PackedSequence& sequence, bool batch_fi
             rows.push_back(t < out.lengths[size_t(n)]
                                ? first_of_step[size_t(t)] + sequence.unsorted_indices[size_t(n)]
                                : 0);
-    Shape padded = data.shape(), along(size_t(data.ndim()) + 1, 1);
+    Shape padded = data.shape(), along_steps(size_t(data.ndim()) + 1, 1);
     padded[0] = N;
     padded.insert(padded.begin(), T);
-    along[1] = N;
-    Tensor steps_of = Tensor::from_vector(out.lengths).reshape(along);
-    along[1] = 1, along[0] = T;
-    Tensor own = Tensor::arange(T).reshape(along) < steps_of;
+    Shape along_batch = along_steps;
+    along_steps[0] = T, along_batch[1] = N;
+    Tensor own = Tensor::arange(T).reshape(along_steps) <
+                 Tensor::from_vector(out.lengths).reshape(along_batch);
     Tensor y = where(own, data.index_select(0, Tensor::from_vector(rows)).reshape(padded),
                      padding_value);
     out.output = batch_first ? y.transpose(0, 1) : y;

@@ -2268,6 +2268,8 @@ TEST(nn_packed_sequences_run_each_its_own_length) {
     CHECK_THROWS(nn::pack_padded_sequence(x, {2, 0, 3}, false, false), "pack_padded_sequence",
                  "length 0 of sequence 1", "[1, 4]");
     CHECK_THROWS(nn::pack_padded_sequence(x, {2, 2}), "pack_padded_sequence", "[4,3,2]", "2 lengths");
+    CHECK_THROWS(nn::pack_padded_sequence(Tensor::zeros({4, 0, 2}), {}), "pack_padded_sequence",
+                 "[4,0,2]", "0 lengths");
     CHECK_THROWS(nn::pad_packed_sequence(p, false, 0, 3), "pad_packed_sequence", "total_length 3",
                  "4 steps");
     nn::PackedSequence broken = p;
