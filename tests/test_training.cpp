@@ -2067,6 +2067,19 @@ TEST(nn_rnn_lstm_gru_match_loops) {
         Tensor h0 = fv(std::vector<float>(hv.begin(), hv.begin() + S * N * P), {S, N, P});
         Tensor c0 = fv(cv, {4, N, H}).slice(0, 0, S);
         auto [out, h_n, c_n] = m->forward(x, h0, is_lstm ? c0 : Tensor());
+        // batch first, and batch 1 without its axis, give the same values; h_0 undefined: zeros
+        m->batch_first = true;
+        Tensor first = m->forward(x.transpose(0, 1), h0, is_lstm ? c0 : Tensor()).output.transpose(0, 1);
+        m->batch_first = false;
+        auto alone = m->forward(x.slice(1, 1, 2).squeeze(1), h0.slice(1, 1, 2).squeeze(1),
+                                is_lstm ? c0.slice(1, 1, 2).squeeze(1) : Tensor());
+        Tensor out_1 = out.slice(1, 1, 2), h_n_1 = h_n.slice(1, 1, 2);
+        Tensor from_zeros = (*m)(x), from_zeros_given = m->forward(x, h0 * 0, is_lstm ? c0 * 0 : Tensor()).output;
+        // realized together: one program, not one for each tensor read
+        std::vector<Tensor> all = {out, h_n, first, alone.output, alone.h_n, out_1, h_n_1, from_zeros,
+                                   from_zeros_given};
+        if (is_lstm) all.push_back(c_n);
+        tg::realize(all);
         CHECK(out.shape() == Shape({L, N, dirs * P}) && h_n.shape() == Shape({S, N, P}));
         CHECK(c_n.defined() == is_lstm);
         // the loops: each layer's input rows [L·N, width], each direction's steps
@@ -2102,19 +2115,11 @@ TEST(nn_rnn_lstm_gru_match_loops) {
         CHECK_ALL_NEAR(vals(out), input, F32);
         CHECK_ALL_NEAR(vals(h_n), want_h, F32);
         if (is_lstm) CHECK_ALL_NEAR(vals(c_n), want_c, F32);
-        // batch first, and batch 1 without its axis, give the same values
-        m->batch_first = true;
-        auto first = m->forward(x.transpose(0, 1), h0, is_lstm ? c0 : Tensor());
-        CHECK_ALL_NEAR(vals(first.output.transpose(0, 1)), vals(out), 1e-6);
-        m->batch_first = false;
-        auto alone = m->forward(x.slice(1, 1, 2).squeeze(1), h0.slice(1, 1, 2).squeeze(1),
-                                is_lstm ? c0.slice(1, 1, 2).squeeze(1) : Tensor());
+        CHECK_ALL_NEAR(vals(first), vals(out), 1e-6);
         CHECK(alone.output.shape() == Shape({L, dirs * P}) && alone.h_n.shape() == Shape({S, P}));
-        CHECK_ALL_NEAR(vals(alone.output), vals(out.slice(1, 1, 2)), 1e-6);
-        CHECK_ALL_NEAR(vals(alone.h_n), vals(h_n.slice(1, 1, 2)), 1e-6);
-        // h_0 undefined: zeros
-        CHECK_ALL_NEAR(vals((*m)(x)), vals(m->forward(x, h0 * 0, is_lstm ? c0 * 0 : Tensor()).output),
-                       0);
+        CHECK_ALL_NEAR(vals(alone.output), vals(out_1), 1e-6);
+        CHECK_ALL_NEAR(vals(alone.h_n), vals(h_n_1), 1e-6);
+        CHECK_ALL_NEAR(vals(from_zeros), vals(from_zeros_given), 0);
     }
     // PyTorch's names and shapes, its init U(-1/√H, 1/√H)
     std::vector<std::string> names;
