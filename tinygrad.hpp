@@ -12886,6 +12886,13 @@ static PackedSequence pack_steps(const Tensor& x, const PackedSequence& like) {
     out.data = x.flatten(0, 1).index_select(0, Tensor::from_vector(rows));
     return out;
 }
+// [T, N, 1, ...] of `axes` axes: step t of sequence n is one of its lengths[n]
+static Tensor within_lengths(int64_t T, const std::vector<int64_t>& lengths, size_t axes) {
+    Shape along_steps(axes, 1), along_batch(axes, 1);
+    along_steps[0] = T, along_batch[1] = int64_t(lengths.size());
+    return Tensor::arange(T).reshape(along_steps) <
+           Tensor::from_vector(lengths).reshape(along_batch);
+}
 static std::string list_str(const std::vector<int64_t>& v) {
     std::string out;
     for (int64_t x : v) out += strf("%s%lld", out.empty() ? "" : ", ", (long long)x);
@@ -12964,14 +12971,11 @@ PaddedSequence pad_packed_sequence(const PackedSequence& sequence, bool batch_fi
             rows.push_back(t < out.lengths[size_t(n)]
                                ? first_of_step[size_t(t)] + sequence.unsorted_indices[size_t(n)]
                                : 0);
-    Shape padded = data.shape(), along_steps(size_t(data.ndim()) + 1, 1);
+    Shape padded = data.shape();
     padded[0] = N;
     padded.insert(padded.begin(), T);
-    Shape along_batch = along_steps;
-    along_steps[0] = T, along_batch[1] = N;
-    Tensor own = Tensor::arange(T).reshape(along_steps) <
-                 Tensor::from_vector(out.lengths).reshape(along_batch);
-    Tensor y = where(own, data.index_select(0, Tensor::from_vector(rows)).reshape(padded),
+    Tensor y = where(within_lengths(T, out.lengths, padded.size()),
+                     data.index_select(0, Tensor::from_vector(rows)).reshape(padded),
                      padding_value);
     out.output = batch_first ? y.transpose(0, 1) : y;
     return out;
@@ -13022,10 +13026,7 @@ static RNNBase::Output run_layers(RNNBase& m, Tensor x, const Tensor& h_0, const
     const Shape states = {D * m.num_layers, N, m.proj_size ? m.proj_size : m.hidden_size};
     Tensor h0 = initial_state(who, "h_0", h_0, states, batched, 1, x.dtype());
     Tensor c0 = lstm ? initial_state(who, "c_0", c_0, cells, batched, 1, x.dtype()) : Tensor();
-    Tensor running;   // [L, N, 1]: step t of sequence n is one of its own
-    if (masked)
-        running = Tensor::arange(L).reshape({L, 1, 1}) <
-                  Tensor::from_vector(lengths).reshape({1, N, 1});
+    Tensor running = masked ? within_lengths(L, lengths, 3) : Tensor();   // [L, N, 1]
     std::vector<Tensor> h_n, c_n;
     for (int64_t layer = 0; layer < m.num_layers; layer++) {
         if (layer > 0) x = m.drop(x);
