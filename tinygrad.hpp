@@ -90,7 +90,9 @@
              expression trees for values and indices.
    program   all kernels of one realize: one C file, one compiler call, one dlopen (with 32 KB
              of C or more and two cores, two files compiled at once and linked into one library).
-             Kernels of the same code over other buffers (a model's layers) share a function.
+             Kernels of the same code over other buffers, or other offsets of one (a model's
+             layers, a recurrent layer's steps), share a function; sum trees of the same code
+             over other buffers in one product (a recurrent weight's gradient) run as a loop.
    gradient  backward() applies one rule per primitive, building more lazy graph: gradients
              fuse with the forward pass and the update and can be differentiated again.
              The loss and the new gradients are realized with the next program (the
@@ -8447,6 +8449,7 @@ static bool worth_a_name(const Expr* e) {
 struct CExprs {
     std::unordered_map<const Expr*, std::string> names;
     int& next_tmp;
+    const std::map<int, std::string>* buffer_names = nullptr;   // bufN unless named here
 
     std::string str(const ExprP& e) {
         auto named = names.find(e.get());
@@ -8455,7 +8458,11 @@ struct CExprs {
         case EK::CONST: return c_const(e->num, e->dtype);
         case EK::VAR: return strf("i%d", e->id);
         case EK::ACC: return strf("acc%d", e->id);
-        case EK::LOAD: return strf("buf%d[%s]", e->id, str(e->src[0]).c_str());
+        case EK::LOAD: {
+            std::string buffer = strf("buf%d", e->id);
+            if (buffer_names && buffer_names->count(e->id)) buffer = buffer_names->at(e->id);
+            return buffer + "[" + str(e->src[0]) + "]";
+        }
         case EK::CHECK:
             return strf("tg_check(%s, %lldLL, %d, err)", str(e->src[0]).c_str(),
                         (long long)e->bound, e->id);
@@ -8583,6 +8590,128 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
     }
 }
 
+// Sibling sum trees: a run of units (a few statements each) that are one code but for the
+// buffers they read and the accumulators and loop variables they set. An unrolled recurrence's
+// weight gradient is such a run, a tree per step over that step's buffers (R1's LSTM: 96 trees
+// in one product, 9.8 s of GCC -O3 as straight code), and a tiled product runs it as a loop
+// over tables of their buffers: the same operations in the same order, so the same bits.
+struct SiblingRun {
+    size_t first = 0, width = 0, count = 0;   // units [first + width·s, + width), s < count
+    std::vector<std::vector<int>> buffers;    // buffers[j][s]: sibling s's j-th buffer read
+    std::vector<DType> buffer_types;
+    std::vector<std::vector<int>> roots;      // roots[j][s]: the j-th sum s starts at its top
+    std::vector<std::vector<int>> inner;      // inner[j][s]: the j-th sum s starts in a loop
+};
+static const size_t SIBLING_MIN_COUNT = 4;
+// Whether b is a's code with a's buffers, and the accumulators and loop variables a's own
+// statements set (bound), renamed the same way everywhere; first_buffers lists a's buffers in
+// the order they are read.
+struct SiblingRenaming {
+    std::map<int, int> buffers, accs, vars;
+    std::vector<int> first_buffers;
+    std::vector<DType> buffer_types;
+};
+static bool same_sibling(const ExprP& a, const ExprP& b, SiblingRenaming& rn) {
+    if (a->kind != b->kind || a->op != b->op || a->dtype != b->dtype || a->num != b->num ||
+        a->bound != b->bound || a->src.size() != b->src.size())
+        return false;
+    // a buffer may be another everywhere; a variable or sum only where a's statements set it
+    auto renamed = [&](const std::map<int, int>& names) {
+        auto it = names.find(a->id);
+        return it == names.end() ? a->id == b->id : it->second == b->id;
+    };
+    bool same = a->kind == EK::VAR ? renamed(rn.vars)
+                : a->kind == EK::ACC ? renamed(rn.accs)
+                : a->kind != EK::LOAD ? a->id == b->id
+                : rn.buffers.emplace(a->id, b->id).first->second == b->id;
+    if (a->kind == EK::LOAD && rn.first_buffers.size() < rn.buffers.size()) {
+        rn.first_buffers.push_back(a->id);
+        rn.buffer_types.push_back(a->dtype);
+    }
+    for (size_t i = 0; same && i < a->src.size(); i++) same = same_sibling(a->src[i], b->src[i], rn);
+    return same;
+}
+static bool same_sibling(const Stmt* a, const Stmt* b, size_t n,
+                         const std::vector<int64_t>& extents, SiblingRenaming& rn) {
+    for (size_t i = 0; i < n; i++) {
+        const Stmt &x = a[i], &y = b[i];
+        if (x.kind != y.kind || x.op != y.op || x.dtype != y.dtype ||
+            bool(x.idx) != bool(y.idx) || bool(x.val) != bool(y.val) ||
+            x.body.size() != y.body.size())
+            return false;
+        if (x.kind == SK::LOOP &&
+            (extents[size_t(x.id)] != extents[size_t(y.id)] || !rn.vars.emplace(x.id, y.id).second))
+            return false;
+        if (x.kind == SK::ACC_INIT && !rn.accs.emplace(x.id, y.id).second) return false;
+        if (x.kind == SK::ACC_UPDATE) {
+            auto it = rn.accs.find(x.id);
+            if (it == rn.accs.end() ? x.id != y.id : it->second != y.id) return false;
+        }
+        if (x.kind == SK::STORE || x.kind == SK::STORE_ADD || x.kind == SK::CHECK) return false;
+        if ((x.idx && !same_sibling(x.idx, y.idx, rn)) ||
+            (x.val && !same_sibling(x.val, y.val, rn)) ||
+            !same_sibling(x.body.data(), y.body.data(), x.body.size(), extents, rn))
+            return false;
+    }
+    return true;
+}
+// The runs of SIBLING_MIN_COUNT or more siblings among the statements of body (a piece of a
+// product's sum trees), left to right, each of the widest units that repeats; the sums their
+// units set inside (not at their top) must be read only there, and none may be `carried`.
+static std::vector<SiblingRun> sibling_runs(const std::vector<Stmt>& body,
+                                            const std::vector<int64_t>& extents,
+                                            const std::vector<Stmt>& epilogue,
+                                            const std::vector<int>& carried) {
+    std::vector<SiblingRun> runs;
+    for (size_t at = 0; at < body.size();) {
+        SiblingRun best;
+        for (size_t width = 1; width <= 4 && at + width * SIBLING_MIN_COUNT <= body.size();
+             width++) {
+            SiblingRun run{at, width, 1, {}, {}, {}, {}};
+            SiblingRenaming own;   // the first unit named as itself
+            if (!same_sibling(&body[at], &body[at], width, extents, own)) continue;
+            std::vector<SiblingRenaming> renamings{own};
+            for (size_t next = at + width; next + width <= body.size(); next += width) {
+                SiblingRenaming rn;
+                if (!same_sibling(&body[at], &body[next], width, extents, rn)) break;
+                renamings.push_back(std::move(rn));
+                run.count++;
+            }
+            if (run.count < SIBLING_MIN_COUNT || run.count * width <= best.count * best.width)
+                continue;
+            for (size_t j = 0; j < own.first_buffers.size(); j++) {
+                run.buffers.emplace_back();
+                for (const SiblingRenaming& rn : renamings)
+                    run.buffers.back().push_back(rn.buffers.at(own.first_buffers[j]));
+            }
+            run.buffer_types = own.buffer_types;
+            std::unordered_set<int> tops;
+            for (size_t i = at; i < at + width; i++)
+                if (body[i].kind == SK::ACC_INIT) tops.insert(body[i].id);
+            for (const auto& bound : own.accs) {
+                auto& sums = tops.count(bound.first) ? run.roots : run.inner;
+                sums.emplace_back();
+                for (const SiblingRenaming& rn : renamings)
+                    sums.back().push_back(rn.accs.at(bound.first));
+            }
+            best = std::move(run);
+        }
+        if (best.count < SIBLING_MIN_COUNT) { at++; continue; }
+        // the inner sums stay inside their units: no statement or piece outside reads them
+        std::unordered_set<int> outside(carried.begin(), carried.end());
+        accs_read(epilogue, outside);
+        for (size_t i = 0; i < body.size(); i++)
+            if (i < best.first || i >= best.first + best.width * best.count)
+                accs_read(body[i], outside);
+        bool apart = true;
+        for (const std::vector<int>& sums : best.inner)
+            for (int acc : sums) apart = apart && !outside.count(acc);
+        at = apart ? best.first + best.width * best.count : at + 1;
+        if (apart) runs.push_back(std::move(best));
+    }
+    return runs;
+}
+
 // The function of a tiled product (pass_tile_products), for tasks [lo, hi). A task runs over
 // a panel of columns and a block of rows, tile by tile: R rows × W columns of vector sums, the
 // untiled sum trees with each accumulator an array of R × W/16 vectors. Each term multiplies
@@ -8615,19 +8744,70 @@ static std::string c_tiled_product(const Block& b) {
     std::unordered_set<int> final_read;   // the sums the epilogue reads
     accs_read(epilogue, final_read);
     std::string out;
+    // sibling sum trees run as loops (SiblingRun): within one, its first sibling's buffers are
+    // read through tables (sibs) and its sums are arrays over the siblings, sum[sib]; outside,
+    // each sibling's sums are their elements (sibling_sums)
+    std::map<int, std::string> sibling_buffers, sibling_sums, sibling_loop_sums;
+    std::map<std::vector<int>, std::string> tables;   // a table's buffers → its name
+    std::string table_decls;
+    auto runs_of = [&](const std::vector<Stmt>& part) {
+        std::vector<SiblingRun> runs = sibling_runs(part, b.extents, epilogue, carried);
+        for (const SiblingRun& run : runs)
+            for (const std::vector<int>& root : run.roots)
+                for (size_t s = 0; s < run.count; s++)
+                    sibling_sums[root[s]] = strf("sum%d[%zu]", root[0], s);
+        return runs;
+    };
+    auto sum_name = [&](int acc) {
+        auto in_loop = sibling_loop_sums.find(acc);
+        if (in_loop != sibling_loop_sums.end()) return in_loop->second;
+        auto sibling = sibling_sums.find(acc);
+        return sibling != sibling_sums.end() ? sibling->second : strf("sum%d", acc);
+    };
     // an operand's C with the rows' or columns' variable written as `as`
     auto operand = [&](const ExprP& e, int var, const std::string& as) {
         CExprs cx{{}, next_tmp};
+        cx.buffer_names = &sibling_buffers;
         cx.name_var(e, var, as);
         return cx.str(e);
     };
     bool x_direct = true, y_direct = N % W == 0, y_along = true;
     // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums
+    // (top: body is a piece's trees, where sibling runs are found)
     using Term = std::function<void(const ExprP& x, const ExprP& y, const std::string& pad)>;
-    std::function<void(const std::vector<Stmt>&, int, const Term*)> walk =
-        [&](const std::vector<Stmt>& body, int depth, const Term* term) {
+    std::function<void(const std::vector<Stmt>&, int, const Term*, bool)> walk =
+        [&](const std::vector<Stmt>& body, int depth, const Term* term, bool top) {
         std::string pad(size_t(depth) * 4, ' ');
-        for (const Stmt& st : body) {
+        std::vector<SiblingRun> runs = top ? runs_of(body) : std::vector<SiblingRun>{};
+        auto run = runs.begin();
+        for (size_t at = 0; at < body.size(); at++) {
+            const Stmt& st = body[at];
+            if (run != runs.end() && run->first == at) {
+                for (size_t j = 0; j < run->buffers.size(); j++) {
+                    std::string& table = tables[run->buffers[j]];
+                    if (table.empty()) {
+                        table = strf("sibs%zu", tables.size() - 1);
+                        std::string list;
+                        for (int buffer : run->buffers[j])
+                            list += strf("%sbuf%d", list.empty() ? "" : ", ", buffer);
+                        table_decls += strf("    const %s *const %s[%zu] = {%s};\n",
+                                            c_type(run->buffer_types[j]), table.c_str(),
+                                            run->count, list.c_str());
+                    }
+                    sibling_buffers[run->buffers[j][0]] = table + "[sib]";
+                }
+                for (const std::vector<int>& root : run->roots)
+                    sibling_loop_sums[root[0]] = strf("sum%d[sib]", root[0]);
+                out += strf("%sfor (int sib = 0; sib < %zu; sib++) {\n", pad.c_str(), run->count);
+                walk(std::vector<Stmt>(body.begin() + long(at), body.begin() + long(at + run->width)),
+                     depth + 1, term, false);
+                out += pad + "}\n";
+                sibling_buffers.clear();
+                sibling_loop_sums.clear();
+                at += run->width * run->count - 1;
+                ++run;
+                continue;
+            }
             if (st.kind == SK::LOOP) {
                 if (st.id == chunked_loop)
                     out += strf("%sfor (int64_t i%d = k0; i%d < k1; i%d++) {\n", pad.c_str(),
@@ -8635,7 +8815,7 @@ static std::string c_tiled_product(const Block& b) {
                 else
                     out += strf("%sfor (int64_t i%d = 0; i%d < %lld; i%d++) {\n", pad.c_str(),
                                 st.id, st.id, (long long)b.extents[size_t(st.id)], st.id);
-                walk(st.body, depth + 1, term);
+                walk(st.body, depth + 1, term, false);
                 out += pad + "}\n";
                 continue;
             }
@@ -8650,18 +8830,18 @@ static std::string c_tiled_product(const Block& b) {
             }
             if (!a_term) {
                 std::string v =
-                    st.kind == SK::ACC_INIT ? "(tg_vf){0}" : strf("sum%d[r][v]", st.val->id);
-                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
-                            st.id, op, v.c_str());
+                    st.kind == SK::ACC_INIT ? "(tg_vf){0}" : sum_name(st.val->id) + "[r][v]";
+                out += strf("%sTG_TILE(%lld, %lld) %s[r][v] %s %s;\n", pad.c_str(), R, V,
+                            sum_name(st.id).c_str(), op, v.c_str());
                 continue;
             }
             std::string yv = "TG_VEC(" + (y_direct ? "&" + operand(ye, cols, "c0") : "y") + ", v)";
+            std::string sum = sum_name(st.id) + "[r][v]";   // its first term, or the next
             if (!xe) {   // a sum of columns
-                out += strf("%sTG_TILE(%lld, %lld) sum%d[r][v] %s %s;\n", pad.c_str(), R, V,
-                            st.id, op, yv.c_str());
+                out += strf("%sTG_TILE(%lld, %lld) %s %s %s;\n", pad.c_str(), R, V, sum.c_str(),
+                            op, yv.c_str());
             } else if (rows < 0) {   // of products of columns
                 std::string xv = "TG_VEC(&" + operand(xe, cols, "c0") + ", v)";
-                std::string sum = strf("sum%d[r][v]", st.id);
                 std::string set = st.kind == SK::ACC_INIT
                                       ? xv + " * " + yv
                                       : "TG_FMAV(" + xv + ", " + yv + ", " + sum + ")";
@@ -8669,7 +8849,6 @@ static std::string c_tiled_product(const Block& b) {
                             set.c_str());
             } else {
                 std::string xv = x_direct ? operand(xe, rows, "row[r]") : "x[r]";
-                std::string sum = strf("sum%d[r][v]", st.id);   // its first term, or the next
                 std::string set = st.kind == SK::ACC_INIT
                                       ? sum + " = xr * yv[v]"
                                       : sum + " = TG_FMA(xr, yv[v], " + sum + ")";
@@ -8692,6 +8871,7 @@ static std::string c_tiled_product(const Block& b) {
     };
     auto assign = [&](const std::string& pad, const std::string& to, const ExprP& v) {
         CExprs cx{{}, next_tmp};
+        cx.buffer_names = &sibling_buffers;
         out += cx.declare_shared({v}, pad) + pad + to + " = " + cx.str(v) + ";\n";
     };
     bool products = false;
@@ -8701,8 +8881,10 @@ static std::string c_tiled_product(const Block& b) {
         y_along = y_along && y->kind == EK::LOAD && steps_by_one(y->src[0], cols);
         y_direct = y_direct && y_along;
     };
-    walk(trees, 0, &probe);
+    walk(trees, 0, &probe, true);
     out.clear();
+    tables.clear();   // the probe's, of the whole trees: the pieces' runs may be others
+    table_decls.clear();
 
     out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
                 "       vector registers (%lld vectors of %lld floats a row) for each level of\n"
@@ -8719,6 +8901,7 @@ static std::string c_tiled_product(const Block& b) {
                     NT * PC);
     for (int acc : carried)
         out += strf("    float carry%d[%lld] __attribute__((aligned(64)));\n", acc, RBP * PC);
+    const size_t tables_at = out.size();   // the sibling runs' tables go here, once found
     out += "    for (int64_t task = lo; task < hi; task++) {\n";
     out += blocks > 1 ? strf("        int64_t row0 = task %% %lld * %lld;\n", blocks, RB)
                       : "        int64_t row0 = 0;\n";
@@ -8759,6 +8942,7 @@ static std::string c_tiled_product(const Block& b) {
                         (long long)b.extents[size_t(v)], v) + indented(code) + "        }\n";
         }
         long long NP = piece.terms;   // the terms this piece packs
+        sibling_sums.clear();         // the runs of this piece name them (runs_of)
         chunked_loop = piece.chunk ? part[0].id : -1;
         // the last panel's columns past the end are 0, stored term by term along each row of
         // it (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
@@ -8795,15 +8979,15 @@ static std::string c_tiled_product(const Block& b) {
             };
             if (y_along) {
                 out += "            if (cb + 16 <= col_end - col0) {\n";
-                walk(part, 4, &copy);
+                walk(part, 4, &copy, true);
                 out += "            } else {\n";
                 count = "(col_end - col0 - cb)";
-                walk(part, 4, &copy);
+                walk(part, 4, &copy, true);
                 out += "            }\n";
             } else {
                 out += "            int64_t ce = cb + 16 < col_end - col0 ? cb + 16 : "
                        "col_end - col0;\n";
-                walk(part, 3, &pack);
+                walk(part, 3, &pack, true);
             }
             out += "        }\n";
         }
@@ -8826,7 +9010,7 @@ static std::string c_tiled_product(const Block& b) {
                 assign(pad + "    ", "to[r]", x);
                 out += pad + "}\n" + pad + strf("to += %lld;\n", R);
             };
-            walk(part, 4, &pack);
+            walk(part, 4, &pack, true);
             out += "            }\n";
         }
         out += strf("            for (int64_t c0 = col0; c0 < col_end; c0 += %lld) {\n", W);
@@ -8848,17 +9032,32 @@ static std::string c_tiled_product(const Block& b) {
         }
         std::set<int> sums(set.begin(), set.end());
         sums.insert(loaded.begin(), loaded.end());
-        for (int acc : sums) out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
+        // a run's sums: its first sibling's as arrays over the siblings, the others' none
+        std::map<int, size_t> siblings;
+        for (const SiblingRun& run : runs_of(part)) {
+            for (const std::vector<int>& root : run.roots)
+                for (size_t s = 0; s < run.count; s++) siblings[root[s]] = s ? 0 : run.count;
+            for (const std::vector<int>& inner : run.inner)
+                for (size_t s = 1; s < run.count; s++) siblings[inner[s]] = 0;
+        }
+        for (int acc : sums) {
+            auto sibling = siblings.find(acc);
+            if (sibling == siblings.end())
+                out += strf("                tg_vf sum%d[%lld][%lld];\n", acc, R, V);
+            else if (sibling->second)
+                out += strf("                tg_vf sum%d[%zu][%lld][%lld];\n", acc,
+                            sibling->second, R, V);
+        }
         auto tile_carry = [&](int acc) {   // the tile's row r in acc's carry array
             return strf("carry%d + (r0 - row0 + r) * %lld + (c0 - col0)", acc, PC);
         };
         for (int acc : loaded)
-            out += strf("                TG_TILE(%lld, %lld) sum%d[r][v] = TG_VEC(%s, v);\n", R,
-                        V, acc, tile_carry(acc).c_str());
-        walk(part, 4, nullptr);
+            out += strf("                TG_TILE(%lld, %lld) %s[r][v] = TG_VEC(%s, v);\n", R,
+                        V, sum_name(acc).c_str(), tile_carry(acc).c_str());
+        walk(part, 4, nullptr, true);
         for (int acc : stored)
             out += strf("                TG_TILE(%lld, %lld) *(tg_vf *)(%s + v * 16) = "
-                        "sum%d[r][v];\n", R, V, tile_carry(acc).c_str(), acc);
+                        "%s[r][v];\n", R, V, tile_carry(acc).c_str(), sum_name(acc).c_str());
         if (!in_pieces) {   // the epilogue: loops of known bounds, which the C compiler vectorizes
             out += strf("                int64_t rn = row_end - r0 < %lld ? row_end - r0 : "
                         "%lld;\n", R, R);
@@ -8871,7 +9070,7 @@ static std::string c_tiled_product(const Block& b) {
             for (int acc : sums)
                 if (final_read.count(acc))
                     out += strf("                        float acc%d = ((const float *)"
-                                "sum%d[r])[c];\n", acc, acc);
+                                "%s[r])[c];\n", acc, sum_name(acc).c_str());
             c_stmts(epilogue, b.extents, {}, 6, next_tmp, out);
             out += "                    }\n                }\n";
         }
@@ -8901,7 +9100,7 @@ static std::string c_tiled_product(const Block& b) {
         out += "            }\n        }\n";
     }
     out += "    }\n";
-    return out;
+    return out.insert(tables_at, table_decls);
 }
 
 // TG_CHECK's scan of a float buffer: err[1] = 2·index + 1 for an infinity, 2·index for a NaN
@@ -9067,6 +9266,48 @@ static NestBuffers nest_buffers(const Program& p, size_t k, const Block& b) {
     return out;
 }
 
+// The positive constant that every access of a buffer a kernel is passed adds to its index (a
+// recurrent layer's step reads its rows of a stacked buffer): the kernel is passed the buffer
+// from there on and its indices drop the constant (shift_indices), so that kernels of one code
+// at other offsets share a function (R1's program: 125 functions of C, 37 so).
+static std::map<int, int64_t> index_offsets(const Block& b, const NestBuffers& buffers) {
+    std::map<int, int64_t> least;
+    for (auto [buffer, writes] : buffers.params) least[buffer] = INT64_MAX;
+    for (const Access& a : block_accesses(b).accesses) {
+        auto passed = least.find(a.buffer);   // not a local array
+        if (passed == least.end()) continue;
+        Linear lin;
+        lin.add(1, a.idx);
+        passed->second = std::min(passed->second, lin.constant);
+    }
+    for (auto it = least.begin(); it != least.end();)
+        it = it->second > 0 && it->second < INT64_MAX ? std::next(it) : least.erase(it);
+    return least;
+}
+static void shift_indices(Block& b, const std::map<int, int64_t>& offsets) {
+    auto shifted = [&](int buffer, const ExprP& idx) {
+        Linear lin;
+        lin.add(1, idx);
+        lin.constant -= offsets.at(buffer);
+        return lin.build();
+    };
+    Rewritten done;
+    Replace replace = [&](const ExprP& e) -> ExprP {
+        if (e->kind != EK::LOAD || !offsets.count(e->id)) return nullptr;
+        return ex_load(e->id, e->dtype, shifted(e->id, substitute(e->src[0], replace, done)));
+    };
+    std::function<void(std::vector<Stmt>&)> shift = [&](std::vector<Stmt>& body) {
+        for (Stmt& st : body) {
+            st.idx = substitute(st.idx, replace, done);
+            st.val = substitute(st.val, replace, done);
+            if ((st.kind == SK::STORE || st.kind == SK::STORE_ADD) && offsets.count(st.id))
+                st.idx = shifted(st.id, st.idx);
+            shift(st.body);
+        }
+    };
+    shift(b.body);
+}
+
 // The buffers a kernel's C names (bufN) in the order they first appear, and its C with them
 // numbered in that order: kernels that run the same code over other buffers (a model's
 // layers, a recurrent layer's steps) read the same, their parameters listed in that order.
@@ -9119,9 +9360,12 @@ static std::vector<std::string> render_c_files(const Program& p, size_t split_fr
     std::map<std::string, size_t> first_with_code;
     std::string calls;
     for (size_t k = 0; k < p.blocks.size(); k++) {
-        const Block& b = p.blocks[k];
         std::string params, args, body, &out = kernels[k];
-        NestBuffers buffers = nest_buffers(p, k, b);
+        NestBuffers buffers = nest_buffers(p, k, p.blocks[k]);
+        std::map<int, int64_t> offsets = index_offsets(p.blocks[k], buffers);
+        Block shifted;
+        if (!offsets.empty()) shift_indices(shifted = p.blocks[k], offsets);
+        const Block& b = offsets.empty() ? p.blocks[k] : shifted;
         std::map<int, std::string>& arrays = buffers.arrays;
         bool chunked = b.parallel_chunks > 0, tiled = b.tile.rows > 0;
         int next_tmp = 0;
@@ -9135,6 +9379,7 @@ static std::vector<std::string> render_c_files(const Program& p, size_t split_fr
             params +=
                 strf("%s%s%s *restrict buf%d", params.empty() ? "" : ", ", constness, type, i);
             args += strf("%s(%s%s *)b[%d]", args.empty() ? "" : ", ", constness, type, i);
+            if (offsets.count(i)) args += strf(" + %lldLL", (long long)offsets[i]);
         }
         if (block_accesses(b).checks) { params += ", int64_t *err"; args += ", err"; }
         std::string inline_args = args + strf(", 0, %lldLL", (long long)b.tile.tasks);

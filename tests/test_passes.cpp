@@ -507,6 +507,35 @@ TEST(tile_products_give_the_bits_of_the_untiled_loops) {
     CHECK(values({y}, "all")[0] == tiled);
 }
 
+// A recurrence unrolled over its steps: each step's kernel reads its own rows of the stacked
+// input (x[t], at another offset), so the steps after the first share one function; the
+// weight's gradient is a sum tree per step in one tiled product, which runs them as a loop
+// over tables of the steps' buffers (sibling trees), with the bits of the untiled loops.
+TEST_ON_CPU(recurrent_steps_share_code_and_their_gradient_trees_run_as_a_loop) {
+    // (steps, batch): a batch of 512 makes the gradient's sums too long for one panel, so
+    // they run in pieces of 8 steps' trees (a loop over 8, then 3 trees as they are)
+    for (auto [T, N] : {std::pair<int64_t, int64_t>{6, 16}, {12, 512}}) {
+        const int64_t H = 64;
+        Tensor x = Tensor::randn({T, N, H}, 1);
+        Tensor w = (Tensor::randn({H, H}, 2) * 0.1f).requires_grad();
+        Tensor h = Tensor::zeros({N, H});
+        for (int64_t t = 0; t < T; t++) h = (x[t] + h.matmul(w)).tanh();
+        Tensor g = tg::gradients((h * h).sum(), {w})[0];
+        // step 0 reads no state (h is 0): steps 1 on run step 1's function, and the gradient
+        // sums the products of steps 1 on
+        CHECK_EQ(th::count_of(tg::inspect({h}).c_source, "runs k"), int(T) - 2);
+        tg::Stages st = tg::inspect({g});
+        CHECK_EQ(st.optimized_ir.find("sums in pieces") != std::string::npos, N == 512);
+        const char* loop = N == 512 ? "for (int sib = 0; sib < 8; sib++) {"
+                                    : "for (int sib = 0; sib < 5; sib++) {";
+        CHECK(st.c_source.find(loop) != std::string::npos);
+        std::vector<std::vector<float>> all = values({h, g}, "all");
+        CHECK(all == values({h, g}, "none"));
+        th::EnvGuard env("TG_THREADS", "3");
+        CHECK(values({h, g}, "all") == all);
+    }
+}
+
 // The elementwise ops after a product (bias, activation; a weight's update after its
 // gradient) join its nest as the epilogue of each tile: one nest, no temporary.
 TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
