@@ -141,6 +141,7 @@ struct CudaSource {
     std::string text;
     std::vector<std::string> function;
     std::vector<std::vector<int>> buffers;
+    std::vector<std::vector<size_t>> offsets;   // bytes into each buffer a kernel is passed
 };
 CudaSource render_cuda_kernels(const Program& program);
 std::string render_cuda(const Program& program);   // render_cuda_kernels' text
@@ -2112,7 +2113,11 @@ static std::string render_launch(const Program& p, const Launch& launch, const c
 }
 
 // A kernel whose code (its buffers renumbered, as the C emitter's) an earlier one has launches
-// that one's function with its own buffers: NVRTC reads each code once (a model's layers).
+// that one's function with its own buffers: NVRTC reads each code once (a model's layers). As
+// in C, a kernel is passed a buffer from the least constant its indices add (index_offsets), so
+// that kernels at other offsets of one (a recurrent layer's steps) share the code too: a
+// multiple of 16 bytes, so that an index's alignment for a vector store stays what it was; not
+// in a kernel of split sums, whose scratch and scatter index buffers by their elements.
 CudaSource render_cuda_kernels(const Program& p) {
     const char NAME = '\x02';   // the function's name, until its code is compared
     const char LAUNCH = '\x03';   // around a launch's name in a comment, which compares equal
@@ -2121,6 +2126,22 @@ CudaSource render_cuda_kernels(const Program& p) {
     std::map<std::string, std::string> function_with_code;
     std::vector<Launch> launches = launches_of(p);
     for (const std::vector<size_t>& kernel : kernels_of(p, launches)) {
+        std::map<int, bool> used = kernel_buffers(p, launches, kernel);
+        std::map<int, int64_t> offsets;
+        std::vector<const Block*> parts;
+        bool split = false;
+        for (size_t i : kernel) {
+            parts.push_back(&launches[i].part);
+            split = split || launches[i].stage != 0;
+        }
+        for (auto [buffer, writes] : used) {
+            int64_t size = int64_t(dtype_size(p.buffers[size_t(buffer)].dtype));
+            if (split || 16 % size) continue;
+            std::map<int, int64_t> own = index_offsets(parts, {buffer}, 16 / size);
+            offsets.insert(own.begin(), own.end());
+        }
+        if (!offsets.empty())
+            for (size_t i : kernel) shift_indices(launches[i].part, offsets);
         const Launch& first = launches[kernel[0]];
         std::string comment, body;
         bool large_tiles = false;   // a product's of 128 x 128
@@ -2175,15 +2196,17 @@ CudaSource render_cuda_kernels(const Program& p) {
             }
             body += "\n";
         }
-        std::map<int, bool> used = kernel_buffers(p, launches, kernel);
         std::vector<std::pair<int, bool>> buffers(used.begin(), used.end());
         order_by_first_use(buffers, body);
         std::string params;
         source.buffers.emplace_back();
+        source.offsets.emplace_back();
         for (auto [i, writes] : buffers) {
-            params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ",
-                           c_type(p.buffers[size_t(i)].dtype), i);
+            const DType dt = p.buffers[size_t(i)].dtype;
+            params += strf("%s%s *__restrict__ buf%d, ", writes ? "" : "const ", c_type(dt), i);
             source.buffers.back().push_back(i);
+            source.offsets.back().push_back(offsets.count(i) ? size_t(offsets[i]) * dtype_size(dt)
+                                                             : 0);
         }
         for (size_t n = 0; n < kernel.size(); n++)   // each split launch's scratch
             if (launches[kernel[n]].stage)
@@ -2290,6 +2313,7 @@ std::string nvrtc_compile(const std::string& source, int arch, const std::string
 struct CudaKernel {
     CUhandle fn = nullptr;
     std::vector<int> buffers;   // its arguments before the scratch and err
+    std::vector<size_t> offsets;   // bytes into each of them
     // each split launch's partial sums, in the order of its launches (a split scatter's
     // second kernel reads its first's), and those this kernel allocated
     std::vector<void*> scratch, owned;
@@ -2587,7 +2611,8 @@ struct CudaProgram : Executable {
 
     std::vector<void*> args_of(const CudaKernel& k, void* const* buffers) {
         std::vector<void*> args;
-        for (int b : k.buffers) args.push_back(buffers[b]);
+        for (size_t i = 0; i < k.buffers.size(); i++)
+            args.push_back(static_cast<char*>(buffers[k.buffers[i]]) + k.offsets[i]);
         for (void* s : k.scratch) args.push_back(s);
         args.push_back(err_buffer);
         return args;
@@ -2734,6 +2759,7 @@ std::shared_ptr<Executable> CudaDevice::prepare(const Program& p) {
         check(d.cuModuleGetFunction(&kernel.fn, exe->module, source.function[k].c_str()),
               "cuModuleGetFunction");
         kernel.buffers = source.buffers[k];
+        kernel.offsets = source.offsets[k];
         kernel.blocks = kernel_blocks(p, launches, launched);
         kernel.name = artifact_stem(p) + "/" + launch.name + ": ";
         for (size_t i : launched)

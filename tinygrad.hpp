@@ -9266,22 +9266,28 @@ static NestBuffers nest_buffers(const Program& p, size_t k, const Block& b) {
     return out;
 }
 
-// The positive constant that every access of a buffer a kernel is passed adds to its index (a
-// recurrent layer's step reads its rows of a stacked buffer): the kernel is passed the buffer
-// from there on and its indices drop the constant (shift_indices), so that kernels of one code
-// at other offsets share a function (R1's program: 125 functions of C, 37 so).
-static std::map<int, int64_t> index_offsets(const Block& b, const NestBuffers& buffers) {
+// The positive constant that every access in blocks of a buffer they are passed adds to its
+// index (a recurrent layer's step reads its rows of a stacked buffer), a multiple of `multiple`:
+// the kernel is passed the buffer from there on and its indices drop the constant
+// (shift_indices), so that kernels of one code at other offsets share a function (R1's
+// program: 125 functions of C, 37 so).
+static std::map<int, int64_t> index_offsets(const std::vector<const Block*>& blocks,
+                                            const std::vector<int>& passed, int64_t multiple) {
     std::map<int, int64_t> least;
-    for (auto [buffer, writes] : buffers.params) least[buffer] = INT64_MAX;
-    for (const Access& a : block_accesses(b).accesses) {
-        auto passed = least.find(a.buffer);   // not a local array
-        if (passed == least.end()) continue;
-        Linear lin;
-        lin.add(1, a.idx);
-        passed->second = std::min(passed->second, lin.constant);
+    for (int buffer : passed) least[buffer] = INT64_MAX;
+    for (const Block* b : blocks)
+        for (const Access& a : block_accesses(*b).accesses) {
+            auto offset = least.find(a.buffer);   // not a local array
+            if (offset == least.end()) continue;
+            Linear lin;
+            lin.add(1, a.idx);
+            offset->second = std::min(offset->second, lin.constant);
+        }
+    for (auto it = least.begin(); it != least.end();) {
+        int64_t offset = it->second;
+        bool shift = offset > 0 && offset < INT64_MAX && offset % multiple == 0;
+        it = shift ? std::next(it) : least.erase(it);
     }
-    for (auto it = least.begin(); it != least.end();)
-        it = it->second > 0 && it->second < INT64_MAX ? std::next(it) : least.erase(it);
     return least;
 }
 static void shift_indices(Block& b, const std::map<int, int64_t>& offsets) {
@@ -9362,7 +9368,9 @@ static std::vector<std::string> render_c_files(const Program& p, size_t split_fr
     for (size_t k = 0; k < p.blocks.size(); k++) {
         std::string params, args, body, &out = kernels[k];
         NestBuffers buffers = nest_buffers(p, k, p.blocks[k]);
-        std::map<int, int64_t> offsets = index_offsets(p.blocks[k], buffers);
+        std::vector<int> passed;
+        for (auto [buffer, writes] : buffers.params) passed.push_back(buffer);
+        std::map<int, int64_t> offsets = index_offsets({&p.blocks[k]}, passed, 1);
         Block shifted;
         if (!offsets.empty()) shift_indices(shifted = p.blocks[k], offsets);
         const Block& b = offsets.empty() ? p.blocks[k] : shifted;

@@ -631,6 +631,46 @@ TEST(cuda_kernels_of_the_same_code_share_a_function) {
     CHECK_ALL_NEAR(here, run("CPU"), 1e-5);   // the GPU sums in another order
 }
 
+// A recurrence unrolled over its steps: each step's kernel reads its rows of the stacked input
+// projection (x[t]) at another offset, from which it is passed the buffer (a multiple of 16 bytes), so the
+// steps after the first launch one function; the values are the CPU's.
+TEST(cuda_kernels_at_other_offsets_of_a_buffer_share_a_function) {
+    const int64_t T = 6, N = 16, H = 64;
+    auto run = [&](const std::string& device) {
+        EnvGuard dev("TG_DEVICE", device.c_str());
+        // x computed in the program (a recurrent layer's input projection): its steps are
+        // offsets of one buffer, not views of a realized one
+        Tensor in = Tensor::from_vector(th::randf(size_t(T * N * H), 7), {T * N, H});
+        Tensor w = Tensor::from_vector(th::randf(size_t(H * H), 8), {H, H}) * 0.1f;
+        Tensor x = in.matmul(w).reshape({T, N, H});
+        Tensor h = Tensor::zeros({N, H});
+        for (int64_t t = 0; t < T; t++) h = (x[t] + h.matmul(w)).tanh();
+        return values(h);
+    };
+    std::vector<float> here;
+    std::vector<tg::detail::Program> programs =
+        planned_for_cuda([&] { here = run(tg::detail::default_device().name()); });
+    std::set<size_t> offsets;   // into x, in bytes: step t's rows
+    int shared = 0;
+    for (const tg::detail::Program& p : programs) {
+        tg::detail::CudaSource source = tg::detail::render_cuda_kernels(p);
+        CHECK_EQ(source.offsets.size(), source.buffers.size());
+        for (size_t k = 0; k < source.buffers.size(); k++) {
+            CHECK_EQ(source.offsets[k].size(), source.buffers[k].size());
+            for (size_t bytes : source.offsets[k]) {
+                CHECK_EQ(bytes % 16, size_t(0));
+                if (bytes) offsets.insert(bytes);
+            }
+        }
+        shared += th::count_of(source.text, "'s code */");
+    }
+    // step 0 reads no state: steps 2 to 5 run step 1's code (as the CUDA device plans them,
+    // the last step's kernel numbers its sums otherwise, and has its own)
+    CHECK(shared >= int(T) - 3);
+    CHECK(offsets == (std::set<size_t>{1 * 4096, 2 * 4096, 3 * 4096, 4 * 4096, 5 * 4096}));
+    CHECK_ALL_NEAR(here, run("CPU"), 1e-5);
+}
+
 // A row's sum that lowering splits into loops (512 terms as 2 x 16 x 16, 256 as 16 x 16, in a
 // fixed order), run by a block (a layer norm of 300 rows) or a warp (a softmax of 2000 rows)
 // a row: each thread reads its terms f = thread, thread + size, ... at the row's start + f,
