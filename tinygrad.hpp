@@ -8628,7 +8628,8 @@ static bool same_sibling(const ExprP& a, const ExprP& b, SiblingRenaming& rn) {
         rn.first_buffers.push_back(a->id);
         rn.buffer_types.push_back(a->dtype);
     }
-    for (size_t i = 0; same && i < a->src.size(); i++) same = same_sibling(a->src[i], b->src[i], rn);
+    for (size_t i = 0; same && i < a->src.size(); i++)
+        same = same_sibling(a->src[i], b->src[i], rn);
     return same;
 }
 static bool same_sibling(const Stmt* a, const Stmt* b, size_t n,
@@ -8799,8 +8800,9 @@ static std::string c_tiled_product(const Block& b) {
                 for (const std::vector<int>& root : run->roots)
                     sibling_loop_sums[root[0]] = strf("sum%d[sib]", root[0]);
                 out += strf("%sfor (int sib = 0; sib < %zu; sib++) {\n", pad.c_str(), run->count);
-                walk(std::vector<Stmt>(body.begin() + long(at), body.begin() + long(at + run->width)),
-                     depth + 1, term, false);
+                std::vector<Stmt> first(body.begin() + long(at),
+                                        body.begin() + long(at + run->width));
+                walk(first, depth + 1, term, false);
                 out += pad + "}\n";
                 sibling_buffers.clear();
                 sibling_loop_sums.clear();
