@@ -8599,8 +8599,8 @@ struct SiblingRun {
     size_t first = 0, width = 0, count = 0;   // units [first + width·s, + width), s < count
     std::vector<std::vector<int>> buffers;    // buffers[j][s]: sibling s's j-th buffer read
     std::vector<DType> buffer_types;
-    std::vector<std::vector<int>> roots;      // roots[j][s]: the j-th sum s starts at its top
-    std::vector<std::vector<int>> inner;      // inner[j][s]: the j-th sum s starts in a loop
+    std::vector<std::vector<int>> roots;      // roots[j][s]: sibling s's j-th sum read outside
+    std::vector<std::vector<int>> inner;      // inner[j][s]: its j-th sum read only inside
 };
 static const size_t SIBLING_MIN_COUNT = 4;
 // Whether b is a's code with a's buffers, and the accumulators and loop variables a's own
@@ -8657,8 +8657,10 @@ static bool same_sibling(const Stmt* a, const Stmt* b, size_t n,
     return true;
 }
 // The runs of SIBLING_MIN_COUNT or more siblings among the statements of body (a piece of a
-// product's sum trees), left to right, each of the widest units that repeats; the sums their
-// units set inside (not at their top) must be read only there, and none may be `carried`.
+// product's sum trees), left to right, each of the widest units that repeats. A sum that a
+// unit sets and that is read outside it (by the epilogue, the statements around, or a later
+// piece: `carried`) is a root, one for each sibling, and must be set at the unit's top; the
+// others serve every sibling in turn.
 static std::vector<SiblingRun> sibling_runs(const std::vector<Stmt>& body,
                                             const std::vector<int64_t>& extents,
                                             const std::vector<Stmt>& epilogue,
@@ -8666,7 +8668,7 @@ static std::vector<SiblingRun> sibling_runs(const std::vector<Stmt>& body,
     std::vector<SiblingRun> runs;
     for (size_t at = 0; at < body.size();) {
         SiblingRun best;
-        for (size_t width = 1; width <= 4 && at + width * SIBLING_MIN_COUNT <= body.size();
+        for (size_t width = 1; width <= 8 && at + width * SIBLING_MIN_COUNT <= body.size();
              width++) {
             SiblingRun run{at, width, 1, {}, {}, {}, {}};
             SiblingRenaming own;   // the first unit named as itself
@@ -8678,37 +8680,37 @@ static std::vector<SiblingRun> sibling_runs(const std::vector<Stmt>& body,
                 renamings.push_back(std::move(rn));
                 run.count++;
             }
+            const size_t end = at + width * run.count;
             if (run.count < SIBLING_MIN_COUNT || run.count * width <= best.count * best.width)
                 continue;
+            std::unordered_set<int> outside(carried.begin(), carried.end()), tops;
+            accs_read(epilogue, outside);
+            for (size_t i = 0; i < body.size(); i++)
+                if (i < at || i >= end) accs_read(body[i], outside);
+            for (size_t i = at; i < at + width; i++)
+                if (body[i].kind == SK::ACC_INIT) tops.insert(body[i].id);
+            bool apart = true;
+            for (const auto& bound : own.accs) {
+                std::vector<int> sums;
+                bool read = false;
+                for (const SiblingRenaming& rn : renamings) {
+                    sums.push_back(rn.accs.at(bound.first));
+                    read = read || outside.count(sums.back());
+                }
+                apart = apart && (!read || tops.count(bound.first));
+                (read ? run.roots : run.inner).push_back(std::move(sums));
+            }
+            if (!apart) continue;
             for (size_t j = 0; j < own.first_buffers.size(); j++) {
                 run.buffers.emplace_back();
                 for (const SiblingRenaming& rn : renamings)
                     run.buffers.back().push_back(rn.buffers.at(own.first_buffers[j]));
             }
             run.buffer_types = own.buffer_types;
-            std::unordered_set<int> tops;
-            for (size_t i = at; i < at + width; i++)
-                if (body[i].kind == SK::ACC_INIT) tops.insert(body[i].id);
-            for (const auto& bound : own.accs) {
-                auto& sums = tops.count(bound.first) ? run.roots : run.inner;
-                sums.emplace_back();
-                for (const SiblingRenaming& rn : renamings)
-                    sums.back().push_back(rn.accs.at(bound.first));
-            }
             best = std::move(run);
         }
-        if (best.count < SIBLING_MIN_COUNT) { at++; continue; }
-        // the inner sums stay inside their units: no statement or piece outside reads them
-        std::unordered_set<int> outside(carried.begin(), carried.end());
-        accs_read(epilogue, outside);
-        for (size_t i = 0; i < body.size(); i++)
-            if (i < best.first || i >= best.first + best.width * best.count)
-                accs_read(body[i], outside);
-        bool apart = true;
-        for (const std::vector<int>& sums : best.inner)
-            for (int acc : sums) apart = apart && !outside.count(acc);
-        at = apart ? best.first + best.width * best.count : at + 1;
-        if (apart) runs.push_back(std::move(best));
+        at = best.count >= SIBLING_MIN_COUNT ? at + best.width * best.count : at + 1;
+        if (best.count >= SIBLING_MIN_COUNT) runs.push_back(std::move(best));
     }
     return runs;
 }

@@ -632,8 +632,8 @@ TEST(cuda_kernels_of_the_same_code_share_a_function) {
 }
 
 // A recurrence unrolled over its steps: each step's kernel reads its rows of the stacked input
-// projection (x[t]) at another offset, from which it is passed the buffer (a multiple of 16 bytes), so the
-// steps after the first launch one function; the values are the CPU's.
+// projection (x[t]) at another offset, from which it is passed the buffer (a multiple of 16
+// bytes), so the steps after the first launch one function; the values are the CPU's.
 TEST(cuda_kernels_at_other_offsets_of_a_buffer_share_a_function) {
     const int64_t T = 6, N = 16, H = 64;
     auto run = [&](const std::string& device) {

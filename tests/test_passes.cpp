@@ -536,6 +536,26 @@ TEST_ON_CPU(recurrent_steps_share_code_and_their_gradient_trees_run_as_a_loop) {
     }
 }
 
+// Five products of one shape summed (a weight used five times): each a tree of 6 x 16 + 4
+// terms, five statements that run as a loop over the five, one array of sums for each (read
+// by the epilogue) and one for the partial sums inside, which every product uses in turn.
+TEST_ON_CPU(products_of_one_shape_summed_run_as_a_loop) {
+    Tensor s;
+    for (uint64_t k = 0; k < 5; k++) {
+        Tensor p = Tensor::randn({32, 100}, 20 + 2 * k)
+                       .matmul(Tensor::randn({100, 64}, 21 + 2 * k));
+        s = k ? s + p : p;
+    }
+    std::string c = tg::inspect({s * 1.0f}).c_source;
+    CHECK(c.find("for (int sib = 0; sib < 5; sib++) {") != std::string::npos);
+    CHECK_EQ(th::count_of(c, "tg_vf sum0[5][4][4];"), 1);
+    CHECK_EQ(th::count_of(c, "[5][4][4];"), 1);
+    std::vector<std::vector<float>> all = values({s}, "all");
+    CHECK(all == values({s}, "none"));
+    th::EnvGuard env("TG_THREADS", "3");
+    CHECK(values({s}, "all") == all);
+}
+
 // The elementwise ops after a product (bias, activation; a weight's update after its
 // gradient) join its nest as the epilogue of each tile: one nest, no temporary.
 TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
