@@ -8747,20 +8747,13 @@ static std::string c_tiled_product(const Block& b) {
     std::unordered_set<int> final_read;   // the sums the epilogue reads
     accs_read(epilogue, final_read);
     std::string out;
-    // sibling sum trees run as loops (SiblingRun): within one, its first sibling's buffers are
-    // read through tables (sibs) and its sums are arrays over the siblings, sum[sib]; outside,
-    // each sibling's sums are their elements (sibling_sums)
+    // sibling sum trees run as loops (SiblingRun, found once for each piece): within one, its
+    // first sibling's buffers are read through tables (sibs) and its sums are arrays over the
+    // siblings, sum[sib]; outside, each sibling's sums are their elements (sibling_sums)
+    std::vector<SiblingRun> runs;   // the piece's
     std::map<int, std::string> sibling_buffers, sibling_sums, sibling_loop_sums;
     std::map<std::vector<int>, std::string> tables;   // a table's buffers → its name
     std::string table_decls;
-    auto runs_of = [&](const std::vector<Stmt>& part) {
-        std::vector<SiblingRun> runs = sibling_runs(part, b.extents, epilogue, carried);
-        for (const SiblingRun& run : runs)
-            for (const std::vector<int>& root : run.roots)
-                for (size_t s = 0; s < run.count; s++)
-                    sibling_sums[root[s]] = strf("sum%d[%zu]", root[0], s);
-        return runs;
-    };
     auto sum_name = [&](int acc) {
         auto in_loop = sibling_loop_sums.find(acc);
         if (in_loop != sibling_loop_sums.end()) return in_loop->second;
@@ -8775,14 +8768,13 @@ static std::string c_tiled_product(const Block& b) {
         return cx.str(e);
     };
     bool x_direct = true, y_direct = N % W == 0, y_along = true;
-    // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums
-    // (top: body is a piece's trees, where sibling runs are found)
+    // the sum trees with each term (acc += x·y) replaced by term(), or as vector sums (top:
+    // body is the piece's trees, where its sibling runs are)
     using Term = std::function<void(const ExprP& x, const ExprP& y, const std::string& pad)>;
     std::function<void(const std::vector<Stmt>&, int, const Term*, bool)> walk =
         [&](const std::vector<Stmt>& body, int depth, const Term* term, bool top) {
         std::string pad(size_t(depth) * 4, ' ');
-        std::vector<SiblingRun> runs = top ? runs_of(body) : std::vector<SiblingRun>{};
-        auto run = runs.begin();
+        auto run = top ? runs.begin() : runs.end();
         for (size_t at = 0; at < body.size(); at++) {
             const Stmt& st = body[at];
             if (run != runs.end() && run->first == at) {
@@ -8885,10 +8877,8 @@ static std::string c_tiled_product(const Block& b) {
         y_along = y_along && y->kind == EK::LOAD && steps_by_one(y->src[0], cols);
         y_direct = y_direct && y_along;
     };
-    walk(trees, 0, &probe, true);
+    walk(trees, 0, &probe, false);
     out.clear();
-    tables.clear();   // the probe's, of the whole trees: the pieces' runs may be others
-    table_decls.clear();
 
     out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
                 "       vector registers (%lld vectors of %lld floats a row) for each level of\n"
@@ -8946,7 +8936,12 @@ static std::string c_tiled_product(const Block& b) {
                         (long long)b.extents[size_t(v)], v) + indented(code) + "        }\n";
         }
         long long NP = piece.terms;   // the terms this piece packs
-        sibling_sums.clear();         // the runs of this piece name them (runs_of)
+        runs = sibling_runs(part, b.extents, epilogue, carried);
+        sibling_sums.clear();
+        for (const SiblingRun& run : runs)
+            for (const std::vector<int>& root : run.roots)
+                for (size_t s = 0; s < run.count; s++)
+                    sibling_sums[root[s]] = strf("sum%d[%zu]", root[0], s);
         chunked_loop = piece.chunk ? part[0].id : -1;
         // the last panel's columns past the end are 0, stored term by term along each row of
         // it (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
@@ -9038,7 +9033,7 @@ static std::string c_tiled_product(const Block& b) {
         sums.insert(loaded.begin(), loaded.end());
         // a run's sums: its first sibling's as arrays over the siblings, the others' none
         std::map<int, size_t> siblings;
-        for (const SiblingRun& run : runs_of(part)) {
+        for (const SiblingRun& run : runs) {
             for (const std::vector<int>& root : run.roots)
                 for (size_t s = 0; s < run.count; s++) siblings[root[s]] = s ? 0 : run.count;
             for (const std::vector<int>& inner : run.inner)
@@ -9360,9 +9355,10 @@ static void order_by_first_use(std::vector<std::pair<int, bool>>& params,
 // have split_from characters or more, two: the first nests, about half of the text, go into a
 // file of their own with hidden rather than static functions, declared in the second, so that
 // two compiler processes build it at once.
-// A kernel whose code (with its buffers renumbered) an earlier one has calls that one's
-// function with its own buffers: the compiler reads each code once (a recurrent layer's 32
-// steps, forward and backward: 272 kernels, 86 functions).
+// A kernel whose code (with its buffers renumbered, and passed from their offsets:
+// index_offsets) an earlier one has calls that one's function with its own buffers: the
+// compiler reads each code once (R1's 2-layer LSTM over 32 steps, forward and backward: 279
+// kernels, 37 functions).
 static std::vector<std::string> render_c_files(const Program& p, size_t split_from) {
     const char LINKAGE = '\x01';   // "static " in the one file, hidden when split
     const char NAME = '\x02';      // the kernel's function name, until its code is compared

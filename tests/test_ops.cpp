@@ -3036,7 +3036,8 @@ TEST(ops_interpolate_and_upsample) {
         CHECK(y.shape() == S({2, 3, c.h, c.w}));
         CHECK_ALL_NEAR(vals(y), ref2d(taps(5, c.h, 5.0 / double(c.h), c.mode, c.corners),
                                       taps(4, c.w, 4.0 / double(c.w), c.mode, c.corners)), F32);
-        if (th::failures()) std::fprintf(stderr, "  in %s %lldx%lld\n", c.mode, (long long)c.h, (long long)c.w);
+        if (th::failures())
+            std::fprintf(stderr, "  in %s %lldx%lld\n", c.mode, (long long)c.h, (long long)c.w);
     }
     CHECK_ALL_NEAR(vals(F::interpolate(x, {2, 3}, "area")), vals(F::adaptive_avg_pool2d(x, {2, 3})), 0);
     // Upsample reads at o / scale_factor (not in / out): 5 * 1.7 -> 8, 4 * 1.7 -> 6
@@ -3099,7 +3100,9 @@ TEST(ops_interpolate_and_upsample) {
         CHECK_ALL_NEAR(vals(y), ref3d(taps(3, c.d, 3.0 / double(c.d), m, c.corners),
                                       taps(4, c.h, 4.0 / double(c.h), m, c.corners),
                                       taps(5, c.w, 5.0 / double(c.w), m, c.corners)), F32);
-        if (th::failures()) std::fprintf(stderr, "  in %s %lldx%lldx%lld\n", c.mode, (long long)c.d, (long long)c.h, (long long)c.w);
+        if (th::failures())
+            std::fprintf(stderr, "  in %s %lldx%lldx%lld\n", c.mode, (long long)c.d,
+                         (long long)c.h, (long long)c.w);
     }
     CHECK_ALL_NEAR(vals(tg::nn::Upsample(1.5, "trilinear")(x3)),
                    ref3d(taps(3, 4, 1 / 1.5, "linear", false), taps(4, 6, 1 / 1.5, "linear", false),
