@@ -556,6 +556,36 @@ TEST_ON_CPU(products_of_one_shape_summed_run_as_a_loop) {
     CHECK(values({s}, "all") == all);
 }
 
+// A panel of packed columns that every task of those columns reads alike (x·wᵀ, w read across
+// its columns, for each of a batch's matrices) is packed once for them, not once a task: the
+// tasks take the panels last (here 4 of them, the last short; 2 row blocks; 3 matrices), so a
+// chunk of tasks packs each of its panels once. A y that differs from one matrix to the next
+// is packed for each task. Either way, w is read across its columns but along a term loop of
+// 16: 16 columns' 16 terms are copied as a block and stored transposed (the panel's last 8
+// columns term by term).
+TEST_ON_CPU(products_pack_a_shared_panel_once_and_copy_blocks_of_terms) {
+    Tensor x = Tensor::randn({70, 3, 512}, 30).transpose(0, 1);   // 3 products, not one
+    Tensor y = x.matmul(Tensor::randn({200, 512}, 31).transpose(0, 1));
+    std::string c = tg::inspect({y * 1.0f}).c_source;
+    CHECK_EQ(th::count_of(c, "int64_t packed_col0 = -1;"), 1);
+    CHECK_EQ(th::count_of(c, "if (col0 != packed_col0) {"), 1);
+    CHECK(c.find("int64_t col0 = task / 6 % 4 * 64;") != std::string::npos);
+    CHECK(c.find("if (ce - cb == 16) {") != std::string::npos);
+    CHECK(c.find("to[n * 32 + c] = block[c][n];") != std::string::npos);
+    std::vector<std::vector<float>> all = values({y}, "all");
+    CHECK(all == values({y}, "none"));
+    for (const char* threads : {"2", "3"}) {
+        th::EnvGuard env("TG_THREADS", threads);
+        CHECK(values({y}, "all") == all);
+    }
+    Tensor z = x.matmul(Tensor::randn({3, 200, 512}, 32).transpose(1, 2));
+    c = tg::inspect({z * 1.0f}).c_source;
+    CHECK(c.find("float ys[") != std::string::npos);
+    CHECK_EQ(th::count_of(c, "packed_col0"), 0);
+    CHECK(c.find("= block[c][n];") != std::string::npos);
+    CHECK(values({z}, "all") == values({z}, "none"));
+}
+
 // The elementwise ops after a product (bias, activation; a weight's update after its
 // gradient) join its nest as the epilogue of each tile: one nest, no temporary.
 TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
@@ -768,7 +798,9 @@ void tg_program(void *const *b, int64_t *err, tg_run_chunks run_chunks) {
 // A panel of y's columns is packed 16 columns at a time: where a row of y holds them, as one
 // copy of a size the C compiler knows (a vector's move, not a call of memcpy) and the
 // panel's last, shorter stretch as one more; where they lie across the rows (a transposed
-// weight, as Linear reads it), in a loop. Both give the bits of the loops.
+// weight, as Linear reads it), 16 columns' 16 terms at a time where a term loop of 16 reads
+// along a row (a block copied, then stored transposed), the rest (here the last 8 terms, and
+// the last 8 columns) in loops of a move each. All give the bits of the loops.
 TEST(tile_products_pack_columns_of_a_row_as_one_copy) {
     th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
     Tensor x = data({32, 40}), w = data({40, 200}, 1), w_out_in = data({200, 40}, 2);
@@ -782,7 +814,9 @@ TEST(tile_products_pack_columns_of_a_row_as_one_copy) {
     CHECK(c.find(", (col_end - col0 - cb) * sizeof(float));") != std::string::npos);
     c = tg::inspect({across}).c_source;
     CHECK(c.find("a panel's columns") != std::string::npos);
-    CHECK(c.find("memcpy") == std::string::npos);
+    CHECK_EQ(th::count_of(c, "__builtin_memcpy(block[c], &buf"), 1);
+    CHECK_EQ(th::count_of(c, "to[n * 32 + c] = block[c][n];"), 1);
+    CHECK_EQ(th::count_of(c, "to[c - cb] = buf"), 3);
 }
 
 // A sum over rows whose elements lie along the outputs (a bias's gradient) is tiled too:
