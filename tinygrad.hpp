@@ -8889,7 +8889,7 @@ static std::string c_tiled_product(const Block& b) {
     // A panel that is the same for every task of its columns (y reads no other output loop;
     // its terms in one piece) is packed once for them: the tasks take the panels last, so
     // that a chunk of them packs each of its panels once (a convolution's input gradient
-    // packs the weight, one panel, for each of its 1,024 tasks: a fifth of C1's step).
+    // packs the weight, one panel, for each of its 1,024 tasks: 15% of C1's step).
     const bool panel_once = !y_direct && !in_pieces && !y_per_task;
 
     out += strf("    /* a matrix product in tiles of %lld rows x %lld columns: %lld sums in\n"
