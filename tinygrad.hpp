@@ -8721,8 +8721,9 @@ static std::vector<SiblingRun> sibling_runs(const std::vector<Stmt>& body,
 // one value of a row (x) by a vector of the columns' values (y). An operand that is a load is
 // read where it lies (x's row clamped to the last one for a partial tile; y when it is read
 // along the columns and no tile is partial); else it is packed: y for the panel (ys[c / W][n]
-// [c % W] is term n of column col0 + c), x for the tile (xs[n][r]), in the order of the terms,
-// rows and columns past the end as 0. The epilogue then runs for each element of the tile.
+// [c % W] is term n of column col0 + c; packed once for a run of tasks of one panel where y
+// reads no other output loop), x for the tile (xs[n][r]), in the order of the terms, rows and
+// columns past the end as 0. The epilogue then runs for each element of the tile.
 // Sums too long for a panel run in pieces (tree_pieces), each packed and summed over the row
 // block in turn; the sums of the levels cut wait between them in carry arrays, and the
 // epilogue runs over the block after the last piece.
