@@ -8883,7 +8883,9 @@ static std::string c_tiled_product(const Block& b) {
         x_direct = x_direct && (!x || x->kind == EK::LOAD);
         y_along = y_along && y->kind == EK::LOAD && steps_by_one(y->src[0], cols);
         y_direct = y_direct && y_along;
-        for (int v : m.loops) y_per_task = y_per_task || (v != cols && uses_var(y, v));
+        std::unordered_set<int> read;
+        vars_used(y, read);
+        for (int v : m.loops) y_per_task = y_per_task || (v != cols && read.count(v));
     };
     walk(trees, 0, &probe, false);
     out.clear();
@@ -9007,8 +9009,8 @@ static std::string c_tiled_product(const Block& b) {
                 // read across the columns but along a term loop of 16 (a weight gradient's
                 // columns, the output channels, are a plane apart; its terms run along a
                 // row): 16 columns' 16 terms are copied into a block, which is stored
-                // transposed (a panel of 4096 terms by 16 columns, timed alone: a third to a
-                // half of the time of a move per element)
+                // transposed (a panel of 4096 terms by 16 columns, timed by a program of our
+                // own: a third to a half of the time of a move per element)
                 size_t blocks_copied = 0;
                 whole_loop = [&](const Stmt& loop, const std::string& pad) {
                     ExprP xe, ye;
