@@ -4369,9 +4369,10 @@ Tensor stack(const std::vector<Tensor>& ts, int axis, Loc loc) {
     return cat(parts, ax, loc);
 }
 
-// einsum: every operand is lined up on one list of index letters (output letters first, then
-// the summed ones), the operands are multiplied with broadcasting, and the letters that are not
-// in the output are summed away. A letter repeated in one operand takes a diagonal first.
+// einsum: every operand is lined up on one list of index letters (the output's, in its order,
+// with the summed ones among them), the operands are multiplied with broadcasting, and the
+// letters that are not in the output are summed away. A letter repeated in one operand takes a
+// diagonal first.
 namespace detail {
 static const int ELLIPSIS_LABEL = 100;   // ellipsis axes get labels 100, 101, ...
 
@@ -4502,9 +4503,24 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
         for (auto& [l, c] : count)
             if (c == 1) out.push_back(l);
     }
+    // The product's axes: the output's, each summed letter before the first output letter
+    // after it in the first operand that has it, so that this operand's axes keep their order
+    // (a convolution's input [n, c, x, y] into [n, o, x, y]: its windows read, and their
+    // gradient is stored, along the rows of x and y, not across channels).
+    auto is_out = [&](int l) { return std::count(out.begin(), out.end(), l) > 0; };
     std::vector<int> all = out;
-    for (int l : first_seen)
-        if (!std::count(all.begin(), all.end(), l)) all.push_back(l);
+    for (int l : first_seen) {
+        if (is_out(l)) continue;
+        auto at = all.end();
+        for (const std::vector<int>& t : terms) {
+            auto it = std::find(t.begin(), t.end(), l);
+            if (it == t.end()) continue;
+            auto next = std::find_if(it, t.end(), is_out);
+            if (next != t.end()) at = std::find(all.begin(), all.end(), *next);
+            break;
+        }
+        all.insert(at, l);
+    }
     Shape full;
     for (int l : all) full.push_back(size_of[l]);
     Tensor prod;
@@ -4520,7 +4536,8 @@ Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, L
         prod = prod.defined() ? mul(prod, x, loc) : x;
     }
     std::vector<int> summed;
-    for (size_t d = out.size(); d < all.size(); d++) summed.push_back(int(d));
+    for (size_t d = 0; d < all.size(); d++)
+        if (!is_out(all[d])) summed.push_back(int(d));
     if (summed.empty()) return prod;
     return reduce(Op::REDUCE_SUM, prod, summed, false, false, "einsum", loc);   // keeps dtype
 }
@@ -6923,16 +6940,23 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     t.tasks = outer * panels * ((rows + t.row_block - 1) / t.row_block);
     return true;
 }
-// Two outer loops whose variables index everything only as one (v0·E1 + v1, as the batch and
-// time axes of a [B,T,C] activation) become one loop of E0·E1 iterations: a product over B
-// batches of T rows is then one product over B·T rows, which packs its other operand once,
-// not once per batch.
-static bool merge_outer_loops(Block& b) {
-    if (b.body.size() != 1 || b.body[0].kind != SK::LOOP || b.body[0].body.size() != 1 ||
-        b.body[0].body[0].kind != SK::LOOP)
-        return false;
+// Two nested output loops, `depth` loops down, whose variables index everything only as one
+// (v0·E1 + v1) become one loop of E0·E1 iterations. The batch and time axes of a [B,T,C]
+// activation: a product over B batches of T rows is then one product over B·T rows, which
+// packs its other operand once, not once per batch. An image's rows and columns (a
+// convolution's input gradient, [N, C, H, W]): its columns are then its H·W pixels, in tiles
+// of 64, not its W.
+static bool merge_loops(Block& b, size_t depth) {
     Block merged = b;
-    Stmt& loop = merged.body[0];
+    std::vector<Stmt>* body = &merged.body;
+    for (size_t d = 0; d < depth; d++) {
+        if (body->size() != 1 || (*body)[0].kind != SK::LOOP) return false;
+        body = &(*body)[0].body;
+    }
+    if (body->size() != 1 || (*body)[0].kind != SK::LOOP || (*body)[0].body.size() != 1 ||
+        (*body)[0].body[0].kind != SK::LOOP)
+        return false;
+    Stmt& loop = (*body)[0];
     int v0 = loop.id, v1 = loop.body[0].id, j = int(merged.extents.size());
     int64_t e1 = merged.extents[size_t(v1)];
     merged.extents.push_back(merged.extents[size_t(v0)] * e1);
@@ -6961,6 +6985,13 @@ static bool merge_outer_loops(Block& b) {
     b = std::move(merged);
     return true;
 }
+static size_t nested_loops(const Block& b) {   // the loops that each hold only the next
+    size_t n = 0;
+    for (const std::vector<Stmt>* body = &b.body;
+         body->size() == 1 && (*body)[0].kind == SK::LOOP; body = &(*body)[0].body)
+        n++;
+    return n;
+}
 static void pass_tile_products(Program& p) {
     for (size_t k = 0; k < p.blocks.size(); k++) {
         Block& b = p.blocks[k];
@@ -6968,11 +6999,14 @@ static void pass_tile_products(Program& p) {
         for (const ProgramBuffer& pb : p.buffers) locals = locals || pb.local_block == int(k);
         ProductMatch m;
         b.tile = {};
-        for (Block merged = b; !locals && merge_outer_loops(merged);) {
-            Block::Tiles t;
-            if (!match_product(merged, m) || !plan_tiles(merged, m, t)) break;
-            b = merged;
-        }
+        // the innermost pair first (the columns), then the outermost (the rows)
+        for (bool innermost : {true, false})
+            for (Block merged = b; !locals && nested_loops(b) >= 2 &&
+                                   merge_loops(merged, innermost ? nested_loops(b) - 2 : 0);) {
+                Block::Tiles t;
+                if (!match_product(merged, m) || !plan_tiles(merged, m, t)) break;
+                b = merged;
+            }
         if (locals || !match_product(b, m) || !plan_tiles(b, m, b.tile)) {
             b.tile = {};
             continue;

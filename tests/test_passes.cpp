@@ -631,6 +631,26 @@ TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
     }
 }
 
+// A convolution's input gradient (for each kernel position, the weight times the output
+// gradient summed over the output channels) is stored as the input lies, [N, C, H, W], and its
+// product takes each plane's H·W pixels as its columns, two loops merged into one: tiles of 64
+// columns, where W alone would give 16 (and the channels, were they stored last, 32). The
+// padded sum of the positions then reads along rows, not across channels. The bits are the
+// loops'.
+TEST_ON_CPU(tile_products_merge_an_image_plane_into_columns) {
+    Tensor x = Tensor::randn({2, 32, 16, 16}, 40).requires_grad();
+    Tensor w = Tensor::randn({64, 32, 3, 3}, 41);
+    Tensor y = tg::nn::functional::conv2d(x, w, Tensor(), 1, 1);
+    Tensor g = tg::gradients((y * y).sum(), {x})[0];
+    std::string ir = optimized({g}, "all");
+    CHECK(ir.find("[tiles: 4 x 64,") != std::string::npos);
+    CHECK(ir.find("[tiles: 8 x 32,") == std::string::npos);
+    std::vector<std::vector<float>> all = values({g}, "all");
+    CHECK(all == values({g}, "none"));
+    th::EnvGuard env("TG_THREADS", "3");
+    CHECK(values({g}, "all") == all);
+}
+
 // A product over a batch of rows ([B,T,C] @ [C,N]) is one product over B·T rows when every
 // index reads the batch and time variables only as b·T + t; a bias over time alone keeps the
 // loops apart (its index would need t = row % T).
