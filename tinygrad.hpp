@@ -7981,9 +7981,10 @@ static void pass_sum_lanes(Program& p) {
 // range runs as one loop for each stretch between those edges, in order, the variable being
 // the stretch's start plus a variable of its own; simplify then decides each comparison, and
 // the selects go. Each element is computed by the same operations as before: the bits do not
-// change. Not split: a nest's outer loop (parallel_loops cuts it), tiled nests, nests with
-// arrays of their loops (local_temps names a loop), and loops whose iterations share an
-// accumulator.
+// change. Not split: a nest's outer loop (parallel_loops cuts it), tiled nests, a loop that
+// holds an array of its own or of a loop inside it (local_temps names that loop; the loops
+// around it may split: a convolution's padded sum of its positions' gradients, into an array
+// for each channel's plane), and loops whose iterations share an accumulator.
 static const size_t SPLIT_MAX_PIECES = 8;
 // the values of var where a comparison var + k < c, or c < var + k, in body changes
 static std::set<int64_t> edges_of(const std::vector<Stmt>& body, int var, int64_t extent) {
@@ -8013,12 +8014,19 @@ static std::set<int64_t> edges_of(const std::vector<Stmt>& body, int var, int64_
     walk(body);
     return edges;
 }
+static bool holds_loop(const Stmt& loop, const std::unordered_set<int>& vars) {
+    if (vars.count(loop.id)) return true;
+    for (const Stmt& st : loop.body)
+        if (st.kind == SK::LOOP && holds_loop(st, vars)) return true;
+    return false;
+}
+// array_loops: the loops that hold arrays (local_temps)
 static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extents, int& next_acc,
-                           bool outer) {
+                           bool outer, const std::unordered_set<int>& array_loops) {
     for (size_t p = 0; p < body.size(); p++) {
         if (body[p].kind != SK::LOOP) continue;
-        split_at_edges(body[p].body, extents, next_acc, false);
-        if (outer) continue;
+        split_at_edges(body[p].body, extents, next_acc, false, array_loops);
+        if (outer || holds_loop(body[p], array_loops)) continue;
         const Stmt& loop = body[p];   // until it is erased, after its pieces are made
         int64_t extent = extents[size_t(loop.id)];
         std::set<int64_t> edges = edges_of(loop.body, loop.id, extent);
@@ -8068,12 +8076,13 @@ static void split_at_edges(std::vector<Stmt>& body, std::vector<int64_t>& extent
 static void pass_split_at_edges(Program& p) {
     for (size_t k = 0; k < p.blocks.size(); k++) {
         Block& b = p.blocks[k];
-        bool locals = false;
-        for (const ProgramBuffer& pb : p.buffers) locals = locals || pb.local_block == int(k);
-        if (b.tile.rows || locals) continue;
+        std::unordered_set<int> array_loops;
+        for (const ProgramBuffer& pb : p.buffers)
+            if (pb.local_block == int(k)) array_loops.insert(pb.local_loop);
+        if (b.tile.rows) continue;
         size_t vars = b.extents.size();
         int next_acc = accumulators_used(b.body);
-        split_at_edges(b.body, b.extents, next_acc, true);
+        split_at_edges(b.body, b.extents, next_acc, true, array_loops);
         if (b.extents.size() == vars) continue;
         SimplifyMemo memo{&b.extents, {}};
         simplify_stmts(b.body, memo);

@@ -941,6 +941,42 @@ TEST(split_at_edges_runs_a_loop_per_part_of_a_concatenation) {
     CHECK(values({tri}, "all")[0] == values({tri}, "none")[0]);
 }
 
+// A convolution's input gradient before a max pool's gradient: the padded sum of its kernel
+// positions' products goes into an array for each channel's plane (local_temps), which the
+// pool's gradient reads. The loops inside that channel's loop split at the pad's edges, so
+// the sum stores no select; the channel's loop, which holds the array, stays whole. The bits
+// of TG_PASSES=none, on 1 and 3 threads.
+TEST_ON_CPU(split_at_edges_splits_the_loops_inside_one_that_holds_an_array) {
+    Tensor a = data({2, 8, 16, 16}).requires_grad();
+    Tensor w = data({16, 8, 3, 3}, 1);
+    Tensor pooled = tg::nn::functional::max_pool2d(a.relu(), 2);
+    Tensor y = tg::nn::functional::conv2d(pooled, w, Tensor(), 1, 1);
+    Tensor g = tg::gradients((y * y).sum(), {a})[0];
+    std::string ir = optimized({g}, "all");
+    size_t local = ir.find(" local to loop ");
+    CHECK(local != std::string::npos);
+    std::string array = ir.substr(0, local);
+    array = array.substr(array.rfind('\n') + 1);
+    array = array.substr(0, array.find(':')) + "[";   // "bufN["
+    int stores = 0, selects = 0;
+    for (size_t at = 0, end; at < ir.size(); at = end + 1) {
+        end = std::min(ir.find('\n', at), ir.size());
+        std::string line = ir.substr(at, end - at);
+        size_t first = line.find_first_not_of(' ');
+        if (first == std::string::npos || line.compare(first, array.size(), array)) continue;
+        stores++;
+        selects += line.find("where(") != std::string::npos;
+    }
+    CHECK(stores > 1);
+    CHECK_EQ(selects, 0);
+    std::vector<float> all = values({g}, "all")[0];
+    CHECK(all == values({g}, "none")[0]);
+    for (const char* threads : {"1", "3"}) {
+        th::EnvGuard env("TG_THREADS", threads);
+        CHECK(values({g}, "all")[0] == all);
+    }
+}
+
 // A long float sum runs as 16 lanes: lane j adds the j-th element of each block of 16, in
 // block order, and the lanes are summed as a tree. One loop of 16 independent updates, no
 // inner loop of dependent ones; the values agree with float64 on awkward lengths (1, primes,
