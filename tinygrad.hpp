@@ -9035,11 +9035,43 @@ static std::string c_tiled_product(const Block& b) {
                 out += pad + "__builtin_memcpy(to, &" + operand(y, cols, "(col0 + cb)") + ", " +
                        count + " * sizeof(float));\n" + pad + strf("to += %lld;\n", W);
             };
+            // A term that compares the column with constants (a convolution's window, padded
+            // at both ends of each image row) is packed a loop per stretch of columns between
+            // those edges, each with the comparisons decided: no select per element, so the
+            // C compiler vectorizes it (as split_at_edges does for loops).
+            std::vector<int64_t> pack_extents = b.extents;
             Term pack = [&](const ExprP&, const ExprP& y, const std::string& pad) {
-                out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
-                out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
-                assign(pad + "    ", "to[c - cb]", y);
-                out += pad + "}\n" + pad + strf("to += %lld;\n", W);
+                std::set<int64_t> edges =
+                    edges_of({st_store(0, DType::FLOAT32, ix(0), y)}, cols, N);
+                if (edges.empty() || edges.size() + 1 > SPLIT_MAX_PIECES) {
+                    out += pad + "for (int64_t c = cb; c < ce; c++) {\n";
+                    out += pad + strf("    int64_t i%d = col0 + c;\n", cols);
+                    assign(pad + "    ", "to[c - cb]", y);
+                    out += pad + "}\n" + pad + strf("to += %lld;\n", W);
+                    return;
+                }
+                std::vector<int64_t> at{0};
+                at.insert(at.end(), edges.begin(), edges.end());
+                at.push_back(N);
+                for (size_t k = 0; k + 1 < at.size(); k++) {
+                    int var = int(pack_extents.size());
+                    pack_extents.push_back(at[k + 1] - at[k]);
+                    SimplifyMemo memo{&pack_extents, {}};
+                    Rewritten done;
+                    ExprP decided = simplify(substitute(y, [&](const ExprP& e) {
+                        return e->kind == EK::VAR && e->id == cols
+                                   ? ix_add(ex_var(var), ix(at[k])) : nullptr;
+                    }, done), memo);
+                    out += pad + strf("for (int64_t c = cb > %lld - col0 ? cb : %lld - col0, "
+                                      "end = ce < %lld - col0 ? ce : %lld - col0; c < end; "
+                                      "c++) {\n", (long long)at[k], (long long)at[k],
+                                      (long long)at[k + 1], (long long)at[k + 1]);
+                    out += pad + strf("    int64_t i%d = col0 + c", var) +
+                           (at[k] ? strf(" - %lld", (long long)at[k]) : "") + ";\n";
+                    assign(pad + "    ", "to[c - cb]", decided);
+                    out += pad + "}\n";
+                }
+                out += pad + strf("to += %lld;\n", W);
             };
             if (y_along) {
                 out += "            if (cb + 16 <= col_end - col0) {\n";

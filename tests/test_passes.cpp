@@ -651,6 +651,25 @@ TEST_ON_CPU(tile_products_merge_an_image_plane_into_columns) {
     CHECK(values({g}, "all") == all);
 }
 
+// A convolution's windows, packed as a product's columns, compare the column with the pad's
+// edges at both ends of each image row: the pack runs a loop per stretch between the edges,
+// each with its comparisons decided (the pad's stretch stores zeros, the others load with no
+// select), as split_at_edges does for loops. The bits are the loops'.
+TEST_ON_CPU(tile_products_pack_a_stretch_of_columns_between_pad_edges_at_a_time) {
+    Tensor x = Tensor::randn({2, 3, 32, 32}, 42);
+    Tensor w = Tensor::randn({16, 3, 3, 3}, 43);
+    Tensor y = tg::nn::functional::conv2d(x, w, Tensor(), 1, 1);
+    std::string c = tg::inspect({y * 1.0f}).c_source;
+    CHECK(c.find("float ys[") != std::string::npos);
+    CHECK(c.find("for (int64_t c = cb > 1 - col0 ? cb : 1 - col0, end = ce < 32 - col0 ? ce : "
+                 "32 - col0; c < end; c++) {") != std::string::npos);
+    CHECK(c.find("to[c - cb] = 0.0f;") != std::string::npos);
+    std::vector<std::vector<float>> all = values({y}, "all");
+    CHECK(all == values({y}, "none"));
+    th::EnvGuard env("TG_THREADS", "3");
+    CHECK(values({y}, "all") == all);
+}
+
 // A product over a batch of rows ([B,T,C] @ [C,N]) is one product over B·T rows when every
 // index reads the batch and time variables only as b·T + t; a bias over time alone keeps the
 // loops apart (its index would need t = row % T).
