@@ -3965,7 +3965,8 @@ Tensor Tensor::expand(const Shape& shape_in, Loc loc) const {
 }
 Tensor Tensor::pad(const std::vector<std::pair<int64_t, int64_t>>& p, Scalar value, Loc loc) const {
     Tensor padded = wrap(graph_pad(node(), p, loc));
-    if (value.value == 0) return padded;
+    // no pad (a pooling's, padding 0) is this tensor, not a select that a kernel stores again
+    if (value.value == 0 || padded.node() == node()) return padded;
     Tensor inside = wrap(graph_pad(graph_const(1, DType::BOOL, shape(), loc), p, loc));
     return where(inside, padded, value, loc);
 }

@@ -45,6 +45,26 @@ TEST(matmul_bias_relu_is_one_kernel) {
     CHECK(c.find("tg_wheref") != std::string::npos);
 }
 
+// A pad of nothing is the tensor itself, whatever the value: a max pool of padding 0 pads
+// with -inf, which was a select of the ReLU before it, stored beside the ReLU for the pool's
+// gather to read (C1's first layer: 8 MB stored twice a step). Now the ReLU is stored once.
+TEST(pad_of_nothing_is_the_tensor_itself) {
+    Tensor x = data({2, 4, 8, 8});
+    std::vector<std::pair<int64_t, int64_t>> none(4, {0, 0});
+    CHECK_EQ(th::count_of(tg::inspect({x.pad(none, -INFINITY) * 2.0f}).graph, "\n"),
+             th::count_of(tg::inspect({x * 2.0f}).graph, "\n"));
+    Tensor r = x.relu(), pooled = tg::nn::functional::max_pool2d(r, 2);
+    std::string schedule = tg::inspect({r, pooled}).schedule;
+    CHECK_EQ(th::count_of(schedule, ": WHERE\n"), 0);
+    std::vector<float> rv = r.to_vector(), pv = pooled.to_vector();
+    for (size_t c = 0; c < 8; c++)
+        for (size_t i = 0; i < 4; i++)
+            for (size_t j = 0; j < 4; j++) {
+                const float* w = &rv[c * 64 + i * 16 + j * 2];
+                CHECK_EQ(pv[c * 16 + i * 4 + j], std::max({w[0], w[1], w[8], w[9]}));
+            }
+}
+
 // Kernels that run the same code over other buffers (a model's layers, a recurrent layer's
 // steps) share one C function, each called with its own buffers; one of other sizes has its own
 TEST(kernels_of_the_same_code_share_a_function) {
