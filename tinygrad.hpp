@@ -2310,10 +2310,11 @@ static double num_double(Num n, DType dt) { return dtype_is_float(dt) ? n.f : do
 
 // Counter-based uniform [0,1): two rounds of a 32-bit integer hash of (seed, index). The same
 // text is compiled here (interpreter, constant folding) and emitted into every C program, so
-// all devices draw identical numbers.
+// all devices draw identical numbers. The constant added first keeps (0, 0), a fresh process's
+// first draw, from hashing to 0 through both rounds (its first rand was 0, its first randn 0).
 #define TG_RAND_SOURCE                                                                         \
     static inline float tg_rand(uint32_t seed, uint32_t i) {                                   \
-        uint32_t x = i * 0x9E3779B9u ^ seed;                                                   \
+        uint32_t x = (i * 0x9E3779B9u ^ seed) + 0x6A09E667u;                                   \
         x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \
         x ^= seed * 0x85EBCA6Bu;                                                               \
         x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;          \

@@ -264,6 +264,11 @@ TEST(ops_rand) {
     tg::realize({d1, d2, d3});
     CHECK(vals(d1) != vals(d2));
     CHECK(vals(d1) == vals(d3));
+    // seed 0, index 0 (a fresh process's first draw) is no fixed point of the hash: it drew 0,
+    // so a process's first randn was 0 and a first layer's first weight its bound's minus
+    Vec zero_seed = vals(Tensor::rand({4}, 0)), first_normal = vals(Tensor::randn({4}, 0));
+    CHECK(zero_seed[0] > 0 && zero_seed[0] < 1);
+    CHECK(first_normal[0] != 0);
 }
 
 TEST(ops_randn) {
