@@ -2476,11 +2476,12 @@ public:
     // serial loops (W3's step: 256 threads where unfused nests give 262,144). fuse_maps joins
     // elementwise nests whose every loop fuses, so the grid stays whole, and nests over the
     // same rows only where many rows each run on a warp or a block. The CPU's
-    // tiles of vector sums (tile_products) are plan_kernel's business here, and a select costs
-    // a GPU thread less than the loops that split_at_edges makes.
+    // tiles of vector sums (tile_products) are plan_kernel's business here, and a select or a
+    // division by a constant costs a GPU thread less than the loops that split_at_edges and
+    // split_divided make.
     bool runs_pass(const std::string& pass) const override {
         return pass != "fuse_loops" && pass != "local_temps" && pass != "tile_products" &&
-               pass != "sum_lanes" && pass != "split_at_edges";
+               pass != "sum_lanes" && pass != "split_divided" && pass != "split_at_edges";
     }
     // A GPU thread computes a GELU's tanh for less than it costs to store it and load it
     // again: W7's MLP stored the tanh, its sign and e^-2|z| (three tensors of 8192 x 2048 a

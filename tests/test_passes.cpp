@@ -996,6 +996,49 @@ TEST_ON_CPU(split_at_edges_splits_the_loops_inside_one_that_holds_an_array) {
     }
 }
 
+// A max pool's gradient (window 2) reads the index its window kept and that window's gradient
+// at (i / 2, j / 2) and compares (i % 2, j % 2) with the index; an average pool's reads its
+// window's gradient at (i / 2, j / 2). Each loop that divides its variable runs as a loop of
+// halves around one of 2: no loop variable is divided. The bits of TG_PASSES=none, on 1 and 3
+// threads.
+TEST_ON_CPU(split_divided_runs_a_divided_loop_as_quotient_and_remainder) {
+    auto divided_vars = [](const std::string& ir) {   // "(i2 / 2)", "(i3 % 2)"
+        int n = 0;
+        for (size_t at = 0; (at = ir.find("(i", at)) != std::string::npos; at++) {
+            size_t end = ir.find_first_not_of("0123456789", at + 2);
+            n += end > at + 2 && end != std::string::npos &&
+                 (ir.compare(end, 3, " / ") == 0 || ir.compare(end, 3, " % ") == 0);
+        }
+        return n;
+    };
+    Tensor a = data({2, 8, 16, 16}).requires_grad();
+    Tensor max_pooled = tg::nn::functional::max_pool2d(a.relu(), 2);
+    Tensor avg_pooled = tg::nn::functional::avg_pool2d(a, 2);
+    for (const Tensor& pooled : {max_pooled, avg_pooled}) {
+        Tensor g = tg::gradients((pooled * pooled).sum(), {a})[0];
+        std::string before = optimized({g}, "simplify");
+        std::string after = optimized({g}, "simplify,split_divided");
+        CHECK(divided_vars(before) > 0);
+        CHECK_EQ(divided_vars(after), 0);
+        CHECK(th::count_of(after, "for i") > th::count_of(before, "for i"));
+        CHECK_EQ(divided_vars(optimized({g}, "all")), 0);
+        std::vector<float> all = values({g}, "all")[0];
+        CHECK(all == values({g}, "none")[0]);
+        for (const char* threads : {"1", "3"}) {
+            th::EnvGuard env("TG_THREADS", threads);
+            CHECK(values({g}, "all")[0] == all);
+        }
+    }
+    // i / 3 and i / 2 together: no split leaves neither, so the loop stays
+    Tensor x = data({2, 12});
+    Tensor thirds = x.reshape({2, 4, 3}).sum(2, true).expand({2, 4, 3}).reshape({2, 12});
+    Tensor halves = x.reshape({2, 6, 2}).sum(2, true).expand({2, 6, 2}).reshape({2, 12});
+    Tensor mixed = thirds + halves;
+    std::string kept = optimized({mixed}, "simplify");
+    CHECK(divided_vars(kept) > 0);
+    CHECK_EQ(optimized({mixed}, "simplify,split_divided"), kept);
+}
+
 // A long float sum runs as 16 lanes: lane j adds the j-th element of each block of 16, in
 // block order, and the lanes are summed as a tree. One loop of 16 independent updates, no
 // inner loop of dependent ones; the values agree with float64 on awkward lengths (1, primes,
