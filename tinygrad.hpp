@@ -1511,7 +1511,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads,
 // "bilinear", "trilinear": one, two or three axes, the last first; clamped at 0), around
 // o·(in - 1)/(out - 1) with align_corners;
 // "bicubic" (two axes) weighs the four around it, the edge's repeated past it, by Keys' cubic
-// with a = -0.75, as PyTorch; "area" is adaptive_avg_pool
+// with a = -0.75, as PyTorch; "area" is adaptive_avg_pool. An axis enlarged by a power of two
+// in a nearest mode is a view, each input repeated (its gradient sums the copies)
 Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode = "nearest",
                    bool align_corners = false, Loc loc = Loc::here());
 // ... by scale_factor: to ⌊in·scale_factor⌋, in/out above read as 1/scale_factor (PyTorch's
@@ -12724,6 +12725,17 @@ static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>
         int64_t in = x.size(axis), out = sizes[a];
         double scale = align_corners ? (out > 1 ? double(in - 1) / double(out - 1) : 0.0)
                                      : scales[a] > 0 ? 1 / scales[a] : double(in) / double(out);
+        // Enlarged k times, k a power of two: ⌊o/k⌋ and ⌊(o + 1/2)/k⌋ are both o >> log2 k, so
+        // each input repeats k times, a view whose gradient sums the copies (not a scatter)
+        int64_t k = out / in;
+        if (nearest && out == k * in && k > 1 && (k & (k - 1)) == 0 && scale == 1.0 / double(k)) {
+            Shape one = y.shape(), copies = one, merged = one;
+            one.insert(one.begin() + axis + 1, 1);
+            copies.insert(copies.begin() + axis + 1, k);
+            merged[size_t(axis)] = out;
+            y = y.reshape(one).expand(copies).reshape(merged);
+            continue;
+        }
         Tensor o = Tensor::arange(out).cast(x.dtype());   // positions in x's precision
         if (nearest) {
             Tensor src = mode == "nearest" ? o * scale : (o + 0.5) * scale;

@@ -3130,6 +3130,39 @@ TEST(ops_interpolate_and_upsample) {
     CHECK_THROWS(tg::nn::Upsample({6, 7, 8})(x), "Upsample", "size", "[6,7,8]");
 }
 
+// Nearest resizing by a power of two is a view: each input repeated (⌊o/k⌋ is o >> log2 k
+// exactly), no index computed in float and gathered, and its gradient sums each input's
+// copies (no scatter). The values and gradients of loops; other factors still gather.
+TEST(ops_interpolate_nearest_by_a_power_of_two_is_a_view) {
+    namespace F = tg::nn::functional;
+    std::vector<float> xv = randf(2 * 3 * 5 * 4, 404, -2, 2);
+    Tensor x = Tensor::from_vector(xv, {2, 3, 5, 4}).requires_grad();
+    for (const char* mode : {"nearest", "nearest-exact"})
+        for (auto [h, w] : {std::pair<int64_t, int64_t>{10, 16}, {20, 8}}) {
+            Tensor y = F::interpolate(x, {h, w}, mode);
+            std::string graph = tg::inspect({y}).graph;
+            CHECK(graph.find("GATHER") == std::string::npos);
+            CHECK(graph.find("EXPAND") != std::string::npos);
+            Vec want, weights = randd(size_t(6 * h * w), 405), grad(xv.size(), 0.0);
+            for (int64_t nc = 0; nc < 6; nc++)
+                for (int64_t i = 0; i < h; i++)
+                    for (int64_t j = 0; j < w; j++) {
+                        size_t from = size_t((nc * 5 + i / (h / 5)) * 4 + j / (w / 4));
+                        want.push_back(xv[from]);
+                        grad[from] += weights[size_t((nc * h + i) * w + j)];
+                    }
+            CHECK_ALL_NEAR(vals(y), want, 0);
+            Tensor weight = Tensor::from_vector(weights, {2, 3, h, w}).cast(tg::DType::FLOAT32);
+            Tensor loss = (y * weight).sum();
+            Tensor g = tg::gradients(loss, {x})[0];
+            CHECK(tg::inspect({g}).graph.find("SCATTER") == std::string::npos);
+            CHECK_ALL_NEAR(vals(g), grad, 1e-5);
+        }
+    CHECK(tg::inspect({F::interpolate(x, {15, 8}, "nearest")}).graph.find("GATHER") !=
+          std::string::npos);
+    CHECK_ALL_NEAR(vals(tg::nn::Upsample(2.0)(x)), vals(F::interpolate(x, {10, 8})), 0);
+}
+
 // F.pad's modes against loops: output o of a padded axis reads input o - before, mirrored,
 // clamped or wrapped
 TEST(ops_pad_modes) {
