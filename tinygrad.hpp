@@ -12727,11 +12727,12 @@ static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>
                                      : scales[a] > 0 ? 1 / scales[a] : double(in) / double(out);
         // Enlarged k times, k a power of two: ⌊o/k⌋ and ⌊(o + 1/2)/k⌋ are both o >> log2 k, so
         // each input repeats k times, a view whose gradient sums the copies (not a scatter)
-        int64_t k = out / in;
-        if (nearest && out == k * in && k > 1 && (k & (k - 1)) == 0 && scale == 1.0 / double(k)) {
+        int64_t factor = out / in;
+        if (nearest && out == factor * in && factor > 1 && (factor & (factor - 1)) == 0 &&
+            scale == 1.0 / double(factor)) {
             Shape one = y.shape(), copies = one, merged = one;
             one.insert(one.begin() + axis + 1, 1);
-            copies.insert(copies.begin() + axis + 1, k);
+            copies.insert(copies.begin() + axis + 1, factor);
             merged[size_t(axis)] = out;
             y = y.reshape(one).expand(copies).reshape(merged);
             continue;
