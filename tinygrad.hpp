@@ -1166,7 +1166,8 @@ struct MultiheadAttention : Module {
     };
     Output forward(const Tensor& query, const Tensor& key, const Tensor& value,
                    const Tensor& key_padding_mask = Tensor(), bool need_weights = true,
-                   const Tensor& attn_mask = Tensor(), bool average_attn_weights = true);
+                   const Tensor& attn_mask = Tensor(), bool average_attn_weights = true,
+                   Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     std::vector<std::pair<std::string, Module*>> children() override;
@@ -1236,7 +1237,8 @@ struct RNNBase : Module {
     struct Output {
         Tensor output, h_n, c_n;   // c_n: LSTM's
     };
-    Output forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0 = Tensor());
+    Output forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0 = Tensor(),
+                   Loc loc = Loc::here());
     Tensor forward(const Tensor& input) override;   // the output from zeros
     // Each sequence runs its own steps (backward: from its last one): h_n and c_n are its
     // states after them, in batch order; the output is packed as the input.
@@ -1245,7 +1247,7 @@ struct RNNBase : Module {
         Tensor h_n, c_n;
     };
     PackedOutput forward(const PackedSequence& input, const Tensor& h_0 = Tensor(),
-                         const Tensor& c_0 = Tensor());
+                         const Tensor& c_0 = Tensor(), Loc loc = Loc::here());
     Named named_parameters() override;
     std::vector<std::pair<std::string, Module*>> children() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
@@ -1282,7 +1284,8 @@ struct RNNCellBase : Module {
     struct Output {
         Tensor h, c;   // c: LSTMCell's
     };
-    Output forward(const Tensor& input, const Tensor& hx, const Tensor& cx = Tensor());
+    Output forward(const Tensor& input, const Tensor& hx, const Tensor& cx = Tensor(),
+                   Loc loc = Loc::here());
     Tensor forward(const Tensor& input) override;   // h' from zeros
     Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
@@ -13139,7 +13142,8 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
                                                        const Tensor& key_padding_mask,
                                                        bool need_weights,
                                                        const Tensor& attn_mask,
-                                                       bool average_attn_weights) {
+                                                       bool average_attn_weights, Loc loc) {
+    UserLocScope at(loc);
     const int64_t E = embed_dim, H = num_heads, D = embed_dim / num_heads;
     auto shapes = [&] {
         return strf("query %s, key %s, value %s", shape_str(query.shape()).c_str(),
@@ -13556,7 +13560,9 @@ static RNNBase::Output run_layers(RNNBase& m, Tensor x, const Tensor& h_0, const
     if (lstm) out.c_n = state(c_n);
     return out;
 }
-RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0) {
+RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const Tensor& c_0,
+                                 Loc loc) {
+    UserLocScope at(loc);
     const bool batched = input.ndim() == 3;
     if (!(batched || input.ndim() == 2) || input.size(-1) != input_size)
         detail::fail(strf("%s: input %s must be [L, N, %lld]%s or [L, %lld]",
@@ -13571,7 +13577,8 @@ RNNBase::Output RNNBase::forward(const Tensor& input, const Tensor& h_0, const T
     return out;
 }
 RNNBase::PackedOutput RNNBase::forward(const PackedSequence& input, const Tensor& h_0,
-                                       const Tensor& c_0) {
+                                       const Tensor& c_0, Loc loc) {
+    UserLocScope at(loc);
     PaddedSequence padded = pad_packed_sequence(input);
     const Tensor& x = padded.output;
     if (x.ndim() != 3 || x.size(-1) != input_size)
@@ -13617,7 +13624,8 @@ Module::Named RNNCellBase::named_parameters() {
 }
 Tensor RNNCellBase::forward(const Tensor& input) { return forward(input, Tensor()).h; }
 RNNCellBase::Output RNNCellBase::forward(const Tensor& input, const Tensor& hx,
-                                         const Tensor& cx) {
+                                         const Tensor& cx, Loc loc) {
+    UserLocScope at(loc);
     const std::string who = recurrent_name(mode, true);
     const bool batched = input.ndim() == 2, lstm = mode == "LSTM";
     if (!(batched || input.ndim() == 1) || input.size(-1) != input_size)

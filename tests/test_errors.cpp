@@ -263,6 +263,29 @@ TEST(errors_name_callers_file) {
     CHECK_THROWS(x.pow(zeros({4})), here.c_str());
 }
 
+// The modules' forwards that take states or masks besides the input name the caller's line too
+// (a module called as m(x) does through its operator()).
+TEST(errors_from_forwards_with_states_name_the_line) {
+    namespace nn = tg::nn;
+    nn::GRU gru(3, 4);
+    nn::LSTM lstm(3, 4);
+    nn::LSTMCell cell(3, 4);
+    nn::MultiheadAttention attention(6, 2);
+    Tensor x = zeros({5, 2, 3});
+    std::string here = at(__LINE__ + 1);
+    CHECK_THROWS(gru.forward(x, zeros({1, 2, 4}), zeros({1, 2, 4})), "GRU", "c_0", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(lstm.forward(x, zeros({1, 2, 5})), "LSTM", "h_0", "[1,2,5]", here.c_str());
+    tg::nn::PackedSequence packed = tg::nn::pack_padded_sequence(zeros({5, 2, 7}), {5, 3});
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(lstm.forward(packed), "LSTM", "packed", here.c_str());
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(cell.forward(zeros({2, 5}), zeros({2, 4})), "LSTMCell", "[2,5]", here.c_str());
+    Tensor q = zeros({4, 2, 6});
+    here = at(__LINE__ + 1);
+    CHECK_THROWS(attention.forward(q, zeros({4, 2, 5}), q), "MultiheadAttention", here.c_str());
+}
+
 // Operators take the user's line through the conversion of their left operand (or of an index).
 TEST(errors_from_operators_name_the_line) {
     Tensor a = zeros({3}), b = zeros({4});
