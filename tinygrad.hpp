@@ -9091,7 +9091,7 @@ static std::string c_tiled_product(const Block& b) {
         // the last panel's columns past the end are 0, stored term by term along each row of
         // it (W is a multiple of 16: the 16 columns packed at a time below lie in one panel)
         const size_t panel_at = out.size();
-        if (!y_direct && NP) {
+        if (!y_direct && NP && N % W) {
             out += strf("        if ((col_end - col0) %% %lld) {\n", W);
             out += strf("            float *pad = ys + (col_end - col0) / %lld * %lld;\n", W,
                         NT * W);
@@ -9196,10 +9196,13 @@ static std::string c_tiled_product(const Block& b) {
                 const size_t full_at = out.size();
                 walk(part, 4, &pack, true);
                 whole_loop = nullptr;
-                if (blocks_copied) {   // the panel's last columns, fewer than 16, term by term
+                if (blocks_copied && N % 16) {   // the last panel's last columns, term by term
                     out.insert(full_at, "            if (ce - cb == 16) {\n");
                     out += "            } else {\n";
                     walk(part, 4, &pack, true);
+                    out += "            }\n";
+                } else if (blocks_copied) {   // every panel whole vectors of 16 columns
+                    out.insert(full_at, "            {\n");
                     out += "            }\n";
                 } else {
                     out.resize(full_at);
@@ -9217,7 +9220,7 @@ static std::string c_tiled_product(const Block& b) {
             out += strf("            int64_t row[%lld];\n", R);
             out += strf("            for (int r = 0; r < %lld; r++) row[r] = r0 + r < row_end ? "
                         "r0 + r : row_end - 1;\n", R);
-        } else if (!x_direct && NP) {
+        } else if (!x_direct && NP && M % R) {   // the last tile's rows past the end
             out += strf("            for (int64_t r = row_end - r0; r < %lld; r++)\n", R);
             out += strf("                for (int64_t n = 0; n < %lld; n++) xs[n * %lld + r] = "
                         "0;\n", NP, R);

@@ -586,6 +586,35 @@ TEST_ON_CPU(products_pack_a_shared_panel_once_and_copy_blocks_of_terms) {
     CHECK(values({z}, "all") == values({z}, "none"));
 }
 
+// Code for the tails of panels and tiles is written only where a product has them: a
+// convolution's weight gradient of 32 output channels packs its output gradient 16 columns at
+// a time with no loop for a panel's last columns and zeros none past the end; one of 40 has
+// both. A product whose rows are packed (x computed) zeros the rows past the end of its last
+// tile of 8 only where there is one: 12 rows, not 16. The bits are the loops'.
+TEST_ON_CPU(tile_products_write_tail_code_only_for_tails) {
+    th::EnvGuard tile("TG_TILE_MIN_WORK", "1");
+    for (auto [c_out, tails] : {std::pair<int64_t, bool>{32, false}, {40, true}}) {
+        Tensor x = Tensor::randn({4, 3, 16, 16}, 44);
+        Tensor w = Tensor::randn({c_out, 3, 3, 3}, 45).requires_grad();
+        Tensor y = tg::nn::functional::conv2d(x, w, Tensor(), 1, 1);
+        Tensor g = tg::gradients((y * y).sum(), {w})[0];
+        std::string c = tg::inspect({g * 1.0f}).c_source;
+        CHECK(c.find("= block[c][n];") != std::string::npos);
+        CHECK_EQ(c.find("if (ce - cb == 16) {") != std::string::npos, tails);
+        CHECK_EQ(c.find("if ((col_end - col0) % 16) {") != std::string::npos, tails);
+        CHECK(values({g}, "all") == values({g}, "none"));
+    }
+    for (auto [rows, tails] : {std::pair<int64_t, bool>{16, false}, {12, true}}) {
+        Tensor a = data({rows, 64}), w = data({64, 32}, 1);
+        Tensor y = (a * 2.0f + 1.0f).matmul(w);
+        std::string c = tg::inspect({y * 1.0f}).c_source;
+        CHECK(c.find("float xs[") != std::string::npos);
+        CHECK_EQ(c.find("for (int64_t r = row_end - r0; r < 8; r++)") != std::string::npos,
+                 tails);
+        CHECK(values({y}, "all") == values({y}, "none"));
+    }
+}
+
 // The elementwise ops after a product (bias, activation; a weight's update after its
 // gradient) join its nest as the epilogue of each tile: one nest, no temporary.
 TEST_ON_CPU(tile_products_take_their_elementwise_consumers_along) {
