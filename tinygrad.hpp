@@ -139,7 +139,8 @@
    TG_CFLAGS     optimization flags                           default: -O3 -march=native
                  (-fPIC -shared -fno-math-errno -ffp-contract=off are always added, so a
                  value computed twice is the same bits, and -nostdlib -lm: a program is
-                 linked with libm alone; with GCC also -fno-tree-slp-vectorize,
+                 linked with libm alone, unless the flags instrument it (-fsanitize,
+                 -fprofile, --coverage, -fopenmp); with GCC also -fno-tree-slp-vectorize,
                  as GCC 12's SLP vectorizer drops float32 roundings, and -mno-avx512vl where
                  the flags enable AVX-512VL, as its loop vectorizer then miscompiled a
                  compare of loop indices). Set, it builds every program, and no program has
@@ -9899,8 +9900,13 @@ static const char* const QUICK_CFLAGS = "-O0 -march=native";
 static const char* const ALWAYS_CFLAGS = " -fPIC -fno-math-errno -ffp-contract=off";
 // A program is linked with libm alone, not the C library and start files the compiler adds by
 // default: the process that loads it has the C library already, and the linker read its
-// symbols for each program (a small program's link took 44 ms so, 30 ms with these).
-static const char* const LINK_LIBRARIES = " -nostdlib -lm";
+// symbols for each program (a small program's link took 44 ms so, 30 ms with these). Flags
+// that instrument the code keep the default link, which adds their runtime's library.
+static std::string link_libraries(const std::string& flags) {
+    for (const char* instrumenting : {"-fsanitize", "-fprofile", "--coverage", "-fopenmp"})
+        if (flags.find(instrumenting) != std::string::npos) return " -lm";
+    return " -nostdlib -lm";
+}
 
 // The job's flags and key for an optimization (TG_CFLAGS or one of the two above). The
 // toolchain's identity is asked with the optimized flags for both builds (the quick one
@@ -9992,7 +9998,7 @@ static ProgramFn run_compile(const CompileJob& job) {
         std::string output = files.size() == 1 ? "-shared -o " + shell_quote(tmp)
                                                : "-c -o " + shell_quote(objects[i]);
         return cc + " " + flags + more_flags + " " + output + " " + shell_quote(paths[i]) +
-               (files.size() == 1 ? LINK_LIBRARIES : "");
+               (files.size() == 1 ? link_libraries(flags) : "");
     };
     for (size_t i = 0; i < files.size(); i++) cmds.push_back(command(i, ""));
     std::vector<int> status(cmds.size());
@@ -10023,7 +10029,7 @@ static ProgramFn run_compile(const CompileJob& job) {
     if (!objects.empty() && compiled) {   // and linked
         std::string link = cc + " " + flags + " -shared -o " + shell_quote(tmp);
         for (const std::string& o : objects) link += " " + shell_quote(o);
-        cmds.push_back(link + LINK_LIBRARIES);
+        cmds.push_back(link + link_libraries(flags));
         paths.push_back(paths.back());
         messages.emplace_back();
         status.push_back(

@@ -431,6 +431,15 @@ TEST(cflags_replace_only_the_optimization_flags) {
     CHECK_EQ((Tensor::arange(4) * 9 + 1).to_vector<int>(), (std::vector<int>{1, 10, 19, 28}));
 }
 
+// A program is linked without the C library, which the process has, unless its flags
+// instrument it: then the default link adds the instrumentation's runtime, so a program built
+// with -fsanitize=undefined loads in a process built without it (linked without, its
+// __ubsan_handle_* were undefined when loaded).
+TEST_ON_CPU(cflags_that_instrument_the_code_link_their_runtime) {
+    EnvGuard flags("TG_CFLAGS", "-O1 -fsanitize=undefined");
+    CHECK_EQ((Tensor::arange(4) * 7 + 2).to_vector<int>(), (std::vector<int>{2, 9, 16, 23}));
+}
+
 // ---- threads ------------------------------------------------------------------------------
 // A nest whose outer iterations write disjoint rows runs in 16 chunks on TG_THREADS threads;
 // each row is computed as it would be alone, so 1, 2 and 3 threads give the same bits. A nest
