@@ -9197,13 +9197,13 @@ static std::string c_tiled_product(const Block& b) {
                 const size_t full_at = out.size();
                 walk(part, 4, &pack, true);
                 whole_loop = nullptr;
-                if (blocks_copied && N % 16) {   // the last panel's last columns, term by term
-                    out.insert(full_at, "            if (ce - cb == 16) {\n");
-                    out += "            } else {\n";
-                    walk(part, 4, &pack, true);
-                    out += "            }\n";
-                } else if (blocks_copied) {   // every panel whole vectors of 16 columns
-                    out.insert(full_at, "            {\n");
+                if (blocks_copied) {
+                    out.insert(full_at, N % 16 ? "            if (ce - cb == 16) {\n"
+                                               : "            {\n");
+                    if (N % 16) {   // the last panel's last columns, term by term
+                        out += "            } else {\n";
+                        walk(part, 4, &pack, true);
+                    }
                     out += "            }\n";
                 } else {
                     out.resize(full_at);
