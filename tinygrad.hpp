@@ -608,7 +608,8 @@ public:
     Tensor operator[](Index i) const;                  // x[i]: drops the first axis
 
     // autograd
-    Tensor& requires_grad(bool on = true);             // a leaf: backward() fills its grad()
+    // a leaf: backward() fills its grad()
+    Tensor& requires_grad(bool on = true, Loc loc = Loc::here());
     bool tracks_grad() const;                          // requires grad, itself or through inputs
     void backward(const Tensor& seed = Tensor(), Loc loc = Loc::here()) const;  // scalars: seed 1
     Tensor grad() const;                               // undefined until a backward reaches it
@@ -621,7 +622,7 @@ public:
     // running it
     Tensor& realize();                                 // compute now; keeps the result
     Tensor to(const std::string& device, Loc loc = Loc::here()) const;  // a copy there
-    double item() const;                               // the one value of a 1-element tensor
+    double item(Loc loc = Loc::here()) const;                // the one value of a 1-element tensor
     template <typename T = float> std::vector<T> to_vector() const;
     std::string to_string() const;                     // as operator<< prints it
 
@@ -694,7 +695,7 @@ uint64_t rng_state();   // where the seed stream is: manual_seed(rng_state()) la
 // d output / d inputs as lazy tensors that can be differentiated again (a Hessian-vector
 // product is gradients(sum(gradients(f, {x})[0] * v), {x})); backward() accumulates instead.
 std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs,
-                              const Tensor& seed = Tensor());
+                              const Tensor& seed = Tensor(), Loc loc = Loc::here());
 struct NoGrad {                                      // tensors built in this scope track no grad
     NoGrad();
     ~NoGrad();
@@ -710,7 +711,7 @@ class Jit {
 public:
     using Step = std::function<Tensor(const std::vector<Tensor>&)>;
     explicit Jit(Step step);
-    Tensor operator()(const std::vector<Tensor>& inputs);
+    Tensor operator()(const std::vector<Tensor>& inputs, Loc loc = Loc::here());
     int64_t replays() const;                         // calls that ran the compiled program
 private:
     struct State;
@@ -726,7 +727,7 @@ struct Stages {
     std::string optimized_ir;   // after the passes (the CPU's, or those TG_PASSES names)
     std::string c_source;       // what the CPU device compiles
 };
-Stages inspect(const std::vector<Tensor>& tensors);   // builds, runs nothing
+Stages inspect(const std::vector<Tensor>& tensors, Loc loc = Loc::here());   // builds, runs nothing
 
 struct Stats {                  // process-wide counters since start
     int64_t programs_run = 0, compiles = 0, disk_cache_hits = 0, memory_cache_hits = 0;
@@ -771,7 +772,8 @@ namespace nn {
 // default: each child, in order, takes as many as it holds). A layer of your own that draws
 // random tensors itself records their seeds and overrides reset_parameters, and one made of
 // layers calls take_seeds_of_children() in its constructor, so that Sequential can hand out
-// seeds in layer order.
+// seeds in layer order. Constructors that check their arguments take the caller's Loc last, as
+// every API call does, and pass it to the layers they hold: their errors name the user's line.
 struct Module {
     using Named = std::vector<std::pair<std::string, Tensor>>;
     virtual ~Module() = default;
@@ -792,7 +794,8 @@ struct Module {
     // copies each tensor into the parameter of its name (cast to its dtype, moved to its
     // device), all in one program. Checked first: a shape that differs, or with strict a name
     // missing or unknown, is an error that changes nothing
-    void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+    void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true,
+                         Loc loc = Loc::here());
     std::vector<uint64_t> seeds;
     bool training = true;
 protected:
@@ -800,8 +803,9 @@ protected:
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
-    Linear(int64_t in_features, int64_t out_features, bool bias = true);
-    explicit Linear(int64_t out_features);  // learns in_features from its first input
+    Linear(int64_t in_features, int64_t out_features, bool bias = true, Loc loc = Loc::here());
+    // learns in_features from its first input
+    explicit Linear(int64_t out_features, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
@@ -810,14 +814,14 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
     Tensor weight, bias;
 };
 struct Embedding : Module {                 // rows of weight [num, dim] picked by int ids
-    Embedding(int64_t num_embeddings, int64_t embedding_dim);
+    Embedding(int64_t num_embeddings, int64_t embedding_dim, Loc loc = Loc::here());
     Tensor forward(const Tensor& ids) override;
     Named named_parameters() override { return {{"weight", weight}}; }
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     Tensor weight;
 };
 struct LayerNorm : Module {                 // over the last axis: (x - mean)/√(var + eps)·w + b
-    explicit LayerNorm(int64_t dim, double eps = 1e-5);
+    explicit LayerNorm(int64_t dim, double eps = 1e-5, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override { return {{"weight", weight}, {"bias", bias}}; }
     double eps;
@@ -826,7 +830,8 @@ struct LayerNorm : Module {                 // over the last axis: (x - mean)/�
 // x [N, C, *] in num_groups groups of C / num_groups channels, each normalized over its
 // channels and positions, then · weight + bias per channel (affine: ones and zeros to start)
 struct GroupNorm : Module {
-    GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+    GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true,
+              Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     int64_t num_groups, num_channels;
@@ -843,7 +848,8 @@ struct GroupNorm : Module {
 // buffers, and the batch's statistics in eval() too.
 struct BatchNormNd : Module {
     BatchNormNd(int spatial_axes, int64_t num_features, double eps,
-                std::optional<double> momentum, bool affine, bool track_running_stats);
+                std::optional<double> momentum, bool affine, bool track_running_stats,
+                Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     Named named_buffers() override;
@@ -856,8 +862,9 @@ struct BatchNormNd : Module {
 template <int SpatialAxes> struct BatchNorm : BatchNormNd {
     explicit BatchNorm(int64_t num_features, double eps = 1e-5,
                        std::optional<double> momentum = 0.1, bool affine = true,
-                       bool track_running_stats = true)
-        : BatchNormNd(SpatialAxes, num_features, eps, momentum, affine, track_running_stats) {}
+                       bool track_running_stats = true, Loc loc = Loc::here())
+        : BatchNormNd(SpatialAxes, num_features, eps, momentum, affine, track_running_stats,
+                      loc) {}
 };
 using BatchNorm1d = BatchNorm<1>;
 using BatchNorm2d = BatchNorm<2>;
@@ -872,7 +879,7 @@ struct Identity : Module { Tensor forward(const Tensor& x) override { return x; 
 // in eval() x passes as it is. Every call draws a new mask, in a jitted step too: the count of
 // masks drawn is a tensor that the step's program reads and counts on.
 struct Dropout : Module {
-    explicit Dropout(double p = 0.5);
+    explicit Dropout(double p = 0.5, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     double p;
     Tensor draws;   // int64, made on the first call, on the input's device
@@ -905,7 +912,7 @@ struct Softplus : Module {
 // Hardsigmoid, Hardswish, Mish, SELU, CELU, Softsign, LogSigmoid, Tanhshrink, Hardshrink,
 // Softshrink, Threshold, PReLU (a learned weight, 0.25 to start); Softmax and LogSoftmax
 struct Hardtanh : Module {
-    explicit Hardtanh(double min_val = -1, double max_val = 1);
+    explicit Hardtanh(double min_val = -1, double max_val = 1, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     double min_val, max_val;
 };
@@ -928,7 +935,7 @@ struct Hardshrink : Module {
     double lambd;
 };
 struct Softshrink : Module {
-    explicit Softshrink(double lambd = 0.5);
+    explicit Softshrink(double lambd = 0.5, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     double lambd;
 };
@@ -938,7 +945,7 @@ struct Threshold : Module {
     double threshold, value;
 };
 struct PReLU : Module {
-    explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+    explicit PReLU(int64_t num_parameters = 1, double init = 0.25, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override { return {{"weight", weight}}; }
     Tensor weight;
@@ -999,7 +1006,7 @@ struct ConvNd : Module {
     ConvNd(int spatial_axes, int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
            SpatialSizes stride, ConvPadding padding, SpatialSizes dilation, int64_t groups,
            bool bias, bool transposed = false, SpatialSizes output_padding = 0,
-           std::string padding_mode = "zeros");
+           std::string padding_mode = "zeros", Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     Named named_parameters() override;
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
@@ -1013,9 +1020,10 @@ struct ConvNd : Module {
 template <int SpatialAxes> struct Conv : ConvNd {
     Conv(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
          SpatialSizes stride = 1, ConvPadding padding = 0, SpatialSizes dilation = 1,
-         int64_t groups = 1, bool bias = true, std::string padding_mode = "zeros")
+         int64_t groups = 1, bool bias = true, std::string padding_mode = "zeros",
+         Loc loc = Loc::here())
         : ConvNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                 groups, bias, false, 0, std::move(padding_mode)) {}
+                 groups, bias, false, 0, std::move(padding_mode), loc) {}
 };
 using Conv1d = Conv<1>;
 using Conv2d = Conv<2>;
@@ -1024,9 +1032,9 @@ template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order 
     ConvTranspose(int64_t in_channels, int64_t out_channels, SpatialSizes kernel_size,
                   SpatialSizes stride = 1, SpatialSizes padding = 0,
                   SpatialSizes output_padding = 0, int64_t groups = 1, bool bias = true,
-                  SpatialSizes dilation = 1)
+                  SpatialSizes dilation = 1, Loc loc = Loc::here())
         : ConvNd(SpatialAxes, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                 groups, bias, true, output_padding) {}
+                 groups, bias, true, output_padding, "zeros", loc) {}
 };
 using ConvTranspose1d = ConvTranspose<1>;
 using ConvTranspose2d = ConvTranspose<2>;
@@ -1103,8 +1111,9 @@ struct ModuleList : Module {
         add(kept);
         return *kept;
     }
-    template <typename L = Module> L& at(size_t i) {   // layer i as an L, else an error
-        if (i >= layers.size() || !dynamic_cast<L*>(layers[i].get())) at_failed(i);
+    // layer i as an L, else an error
+    template <typename L = Module> L& at(size_t i, Loc loc = Loc::here()) {
+        if (i >= layers.size() || !dynamic_cast<L*>(layers[i].get())) at_failed(i, loc);
         return *dynamic_cast<L*>(layers[i].get());
     }
     size_t size() const { return layers.size(); }
@@ -1112,7 +1121,7 @@ struct ModuleList : Module {
     std::vector<std::pair<std::string, Module*>> children() override;
     std::vector<std::shared_ptr<Module>> layers;
 private:
-    [[noreturn]] void at_failed(size_t i) const;
+    [[noreturn]] void at_failed(size_t i, Loc loc) const;
 };
 
 // Layers in order: nn::Sequential mlp(nn::Linear(16), nn::ReLU(), nn::Linear(1));
@@ -1138,7 +1147,7 @@ struct Sequential : ModuleList {
 // it (a mask of two aranges that fuses into the softmax: no [time, time] tensor is stored),
 // attn_drop drops attention weights while training, and proj mixes the heads.
 struct CausalSelfAttention : Module {
-    CausalSelfAttention(int64_t dim, int64_t heads, double dropout = 0);
+    CausalSelfAttention(int64_t dim, int64_t heads, double dropout = 0, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     std::vector<std::pair<std::string, Module*>> children() override;
     int64_t dim, heads;
@@ -1161,7 +1170,8 @@ struct CausalSelfAttention : Module {
 struct MultiheadAttention : Module {
     MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0,
                        bool bias = true, bool batch_first = false, bool add_bias_kv = false,
-                       bool add_zero_attn = false, int64_t kdim = 0, int64_t vdim = 0);
+                       bool add_zero_attn = false, int64_t kdim = 0, int64_t vdim = 0,
+                       Loc loc = Loc::here());
     struct Output {
         Tensor output, weights;   // weights: undefined without need_weights
     };
@@ -1234,7 +1244,7 @@ struct RNNBase : Module {
     // mode: "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
     RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
             bool bias, bool batch_first, double dropout, bool bidirectional,
-            int64_t proj_size = 0);
+            int64_t proj_size = 0, Loc loc = Loc::here());
     struct Output {
         Tensor output, h_n, c_n;   // c_n: LSTM's
     };
@@ -1262,26 +1272,28 @@ struct RNNBase : Module {
 struct RNN : RNNBase {
     RNN(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1,
         const std::string& nonlinearity = "tanh", bool bias = true, bool batch_first = false,
-        double dropout = 0, bool bidirectional = false);
+        double dropout = 0, bool bidirectional = false, Loc loc = Loc::here());
 };
 struct LSTM : RNNBase {
     LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
          bool batch_first = false, double dropout = 0, bool bidirectional = false,
-         int64_t proj_size = 0)
+         int64_t proj_size = 0, Loc loc = Loc::here())
         : RNNBase("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                  bidirectional, proj_size) {}
+                  bidirectional, proj_size, loc) {}
 };
 struct GRU : RNNBase {
     GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
-        bool batch_first = false, double dropout = 0, bool bidirectional = false)
+        bool batch_first = false, double dropout = 0, bool bidirectional = false,
+        Loc loc = Loc::here())
         : RNNBase("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                  bidirectional) {}
+                  bidirectional, 0, loc) {}
 };
 // One step of those layers: input [N, input_size] (or [input_size]), hx (and cx) [N,
 // hidden_size] (or [hidden_size]), zeros where undefined; weight_ih, weight_hh, bias_ih and
 // bias_hh as PyTorch's cells name them.
 struct RNNCellBase : Module {
-    RNNCellBase(std::string mode, int64_t input_size, int64_t hidden_size, bool bias);
+    RNNCellBase(std::string mode, int64_t input_size, int64_t hidden_size, bool bias,
+                Loc loc = Loc::here());
     struct Output {
         Tensor h, c;   // c: LSTMCell's
     };
@@ -1297,21 +1309,21 @@ struct RNNCellBase : Module {
 };
 struct RNNCell : RNNCellBase {
     RNNCell(int64_t input_size, int64_t hidden_size, bool bias = true,
-            const std::string& nonlinearity = "tanh");
+            const std::string& nonlinearity = "tanh", Loc loc = Loc::here());
 };
 struct LSTMCell : RNNCellBase {
-    LSTMCell(int64_t input_size, int64_t hidden_size, bool bias = true)
-        : RNNCellBase("LSTM", input_size, hidden_size, bias) {}
+    LSTMCell(int64_t input_size, int64_t hidden_size, bool bias = true, Loc loc = Loc::here())
+        : RNNCellBase("LSTM", input_size, hidden_size, bias, loc) {}
 };
 struct GRUCell : RNNCellBase {
-    GRUCell(int64_t input_size, int64_t hidden_size, bool bias = true)
-        : RNNCellBase("GRU", input_size, hidden_size, bias) {}
+    GRUCell(int64_t input_size, int64_t hidden_size, bool bias = true, Loc loc = Loc::here())
+        : RNNCellBase("GRU", input_size, hidden_size, bias, loc) {}
 };
 // GPT's pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)) with mlp Linear(dim, 4·dim),
 // GELU (tanh approximation), Linear(4·dim, dim) and dropout p after attn and mlp.
 // Its names: ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2 (.weight, .bias).
 struct TransformerBlock : Module {
-    TransformerBlock(int64_t dim, int64_t heads, double dropout = 0);
+    TransformerBlock(int64_t dim, int64_t heads, double dropout = 0, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     std::vector<std::pair<std::string, Module*>> children() override;
     LayerNorm ln1;
@@ -1322,13 +1334,16 @@ struct TransformerBlock : Module {
 };
 
 namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
-Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
-Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed());
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed(),
+                       Loc loc = Loc::here());
+Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed(),
+                      Loc loc = Loc::here());
 Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out,
-                      uint64_t seed = Tensor::next_seed());
+                      uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
 Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out,
-                     uint64_t seed = Tensor::next_seed());
-Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tensor::next_seed());
+                     uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tensor::next_seed(),
+               Loc loc = Loc::here());
 }  // namespace init
 
 enum class Reduction { MEAN, SUM, NONE };
@@ -1550,30 +1565,35 @@ namespace optim {
 using Schedule = std::function<Tensor(const Tensor& t)>;
 // linear warm-up from peak/warmup to peak over the first warmup steps, then half a cosine down
 // to min_lr at step total (min_lr after it), as nanoGPT's
-Schedule warmup_cosine(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+Schedule warmup_cosine(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0,
+                       Loc loc = Loc::here());
 // PyTorch's schedulers in closed form, for one scheduler.step() after each optimizer step:
 // step t uses the rate they give after t - 1 of those. StepLR: lr·gamma^⌊(t - 1)/step_size⌋
-Schedule step_lr(double lr, int64_t step_size, double gamma = 0.1);
+Schedule step_lr(double lr, int64_t step_size, double gamma = 0.1, Loc loc = Loc::here());
 // ExponentialLR: lr·gamma^(t - 1)
-Schedule exponential_lr(double lr, double gamma);
+Schedule exponential_lr(double lr, double gamma, Loc loc = Loc::here());
 // CosineAnnealingLR: eta_min + (lr - eta_min)·(1 + cos(π·(t - 1)/t_max))/2
-Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min = 0);
+Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min = 0, Loc loc = Loc::here());
 // LinearLR: lr times a factor going linearly from start_factor to end_factor over total_iters
 // steps, then end_factor
 Schedule linear_lr(double lr, double start_factor = 1.0 / 3, double end_factor = 1.0,
-                   int64_t total_iters = 5);
+                   int64_t total_iters = 5, Loc loc = Loc::here());
 
+// Each refuses a setting PyTorch's refuses: a negative (or NaN) lr, momentum, weight_decay,
+// eps, alpha, lr_decay or initial_accumulator_value, betas outside [0, 1), Nesterov without
+// momentum.
 class Optimizer {
 public:
-    Optimizer(std::vector<Tensor> params, double lr);
+    Optimizer(std::vector<Tensor> params, double lr, Loc loc = Loc::here());
     virtual ~Optimizer() = default;
     void step(Loc loc = Loc::here());   // all updates in one program, with backward's results
     void zero_grad();
-    void set_lr(double lr);       // writes the lr tensor's buffer: nothing recompiles
+    // writes the lr tensor's buffer: nothing recompiles
+    void set_lr(double lr, Loc loc = Loc::here());
     // "t" (steps taken), "lr" and each parameter's state ("state.3.exp_avg"): checkpoints
     // with tg::safetensors; load_state_dict copies them back (shapes checked first)
     std::map<std::string, Tensor> state_dict();
-    void load_state_dict(const std::map<std::string, Tensor>& state);
+    void load_state_dict(const std::map<std::string, Tensor>& state, Loc loc = Loc::here());
     std::vector<Tensor> params;
     Tensor lr;                    // a realized float32 scalar read by the update program
     Tensor t;                     // steps taken, a float32 tensor so a jitted step counts too
@@ -1589,7 +1609,7 @@ protected:
 class SGD : public Optimizer {
 public:
     SGD(std::vector<Tensor> params, double lr, double momentum = 0, double weight_decay = 0,
-        bool nesterov = false);
+        bool nesterov = false, Loc loc = Loc::here());
     double momentum, weight_decay;
     bool nesterov;
 protected:
@@ -1602,7 +1622,7 @@ protected:
 class Adam : public Optimizer {
 public:
     Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
-         double eps = 1e-8, double weight_decay = 0, bool decoupled = false);
+         double eps = 1e-8, double weight_decay = 0, bool decoupled = false, Loc loc = Loc::here());
     double beta1, beta2, eps, weight_decay;
     bool decoupled;
 protected:
@@ -1616,7 +1636,8 @@ protected:
 class RMSprop : public Optimizer {
 public:
     RMSprop(std::vector<Tensor> params, double lr = 1e-2, double alpha = 0.99, double eps = 1e-8,
-            double weight_decay = 0, double momentum = 0, bool centered = false);
+            double weight_decay = 0, double momentum = 0, bool centered = false,
+            Loc loc = Loc::here());
     double alpha, eps, weight_decay, momentum;
     bool centered;
 protected:
@@ -1629,7 +1650,8 @@ protected:
 class Adagrad : public Optimizer {
 public:
     Adagrad(std::vector<Tensor> params, double lr = 1e-2, double lr_decay = 0,
-            double weight_decay = 0, double initial_accumulator_value = 0, double eps = 1e-10);
+            double weight_decay = 0, double initial_accumulator_value = 0, double eps = 1e-10,
+            Loc loc = Loc::here());
     double lr_decay, weight_decay, eps;
 protected:
     std::vector<Tensor> updates() override;
@@ -1639,8 +1661,8 @@ protected:
 class AdamW : public Adam {
 public:
     AdamW(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
-          double eps = 1e-8, double weight_decay = 0.01)
-        : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true) {}
+          double eps = 1e-8, double weight_decay = 0.01, Loc loc = Loc::here())
+        : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true, loc) {}
 };
 }  // namespace optim
 
@@ -1674,11 +1696,12 @@ public:
     // loss(shard) gives the mean loss of one device's rows; the optimizer's parameters live
     // on devices[0]
     using Loss = std::function<Tensor(const std::vector<Tensor>& shard)>;
-    DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer, Loss loss);
+    DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer, Loss loss,
+                 Loc loc = Loc::here());
     // one step on a batch (every tensor the same number of rows); the loss over the batch
-    Tensor operator()(const std::vector<Tensor>& batch);
+    Tensor operator()(const std::vector<Tensor>& batch, Loc loc = Loc::here());
     // the rows each of `devices` takes of a batch of `rows`
-    static std::vector<int64_t> split(int64_t rows, int devices);
+    static std::vector<int64_t> split(int64_t rows, int devices, Loc loc = Loc::here());
     // Across processes (one per GPU; cuda_backend.hpp has NCCL's): called with the first
     // device's merged gradients before the update, it sums them over the processes in place.
     // Each process steps on its part of the global batch, all parts the same size.
@@ -1700,9 +1723,9 @@ private:
 namespace data {
 struct Dataset { Tensor X, Y; };
 // two interleaved half circles (as sklearn's make_moons), X [n,2] float32, Y [n] = -1 or +1
-Dataset moons(int64_t n, double noise = 0.1, uint64_t seed = 0);
+Dataset moons(int64_t n, double noise = 0.1, uint64_t seed = 0, Loc loc = Loc::here());
 // a shuffled order of 0..n-1 cut into int32 index tensors of batch_size (a short tail dropped)
-std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed);
+std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed, Loc loc = Loc::here());
 }  // namespace data
 
 // ---- [PLOT] terminal and SVG plots ------------------------------------------------------- >>plot
@@ -1710,9 +1733,10 @@ namespace plot {
 using Scorer = std::function<Tensor(const Tensor&)>;   // points [N,2] → scores [N] (> 0: +1)
 // regions '.' (score <= 0) and '*' (score > 0), points '#' (label +1) and '+' (label -1)
 std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor& Y,
-                              int width = 72, int height = 28);
+                              int width = 72, int height = 28, Loc loc = Loc::here());
 void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X,
-                           const Tensor& Y, int width = 480, int height = 360);
+                           const Tensor& Y, int width = 480, int height = 360,
+                           Loc loc = Loc::here());
 std::string line_chart(const std::vector<double>& values, int width = 72, int height = 12);
 }  // namespace plot
 
@@ -1720,12 +1744,14 @@ std::string line_chart(const std::vector<double>& values, int width = 72, int he
 // The safetensors format: 8-byte little-endian header size, a JSON header naming each
 // tensor's dtype, shape and byte range, then the bytes. float32, float64, int32, int64, bool.
 namespace safetensors {
-void save(const std::string& path, const std::map<std::string, Tensor>& tensors);
+void save(const std::string& path, const std::map<std::string, Tensor>& tensors,
+          Loc loc = Loc::here());
 // throws, returning nothing, on any defect
-std::map<std::string, Tensor> load(const std::string& path);
+std::map<std::string, Tensor> load(const std::string& path, Loc loc = Loc::here());
 // the same from the bytes of a file in memory; name is what errors call it
 std::map<std::string, Tensor> load_bytes(const std::string& bytes,
-                                         const std::string& name = "(memory)");
+                                         const std::string& name = "(memory)",
+                                         Loc loc = Loc::here());
 }  // namespace safetensors
 
 // ---- [DEVICE] where programs run: the seam for backends -------------------------------- >>device
@@ -3250,7 +3276,7 @@ Tensor Tensor::from_vector(const std::vector<bool>& v, const Shape& shape, Loc l
 
 // -- what it is
 const NodeP& Tensor::node() const {
-    if (!node_) throw Error("tensor is undefined (default-constructed and never assigned)");
+    if (!node_) fail("tensor is undefined (default-constructed and never assigned)");
     return node_;
 }
 const Shape& Tensor::shape() const { return node()->shape; }
@@ -4712,7 +4738,8 @@ static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
 }  // namespace detail
 
 std::vector<Tensor> gradients(const Tensor& output, const std::vector<Tensor>& inputs,
-                              const Tensor& seed) {
+                              const Tensor& seed, Loc loc) {
+    UserLocScope at(loc);
     Gradients grads = backpropagate(output, seed);
     std::vector<Tensor> out;
     for (const Tensor& x : inputs) {
@@ -4727,7 +4754,8 @@ NoGrad::~NoGrad() { no_grad_depth--; }
 
 // Any tensor that does not depend on a leaf can become one. A lazy leaf is computed with the
 // next program (at once while a jit traces: the traced program must not compute it again).
-Tensor& Tensor::requires_grad(bool on) {
+Tensor& Tensor::requires_grad(bool on, Loc loc) {
+    UserLocScope at(loc);
     Node& n = *node();
     if (on && !dtype_is_float(n.dtype))
         fail(strf("requires_grad: only float tensors can require gradients, got %s",
@@ -11548,7 +11576,8 @@ static std::vector<NodeP> capture_realizes(const std::function<void()>& body) {
 Jit::Jit(Step step) : state_(std::make_shared<State>()) { state_->step = std::move(step); }
 int64_t Jit::replays() const { return state_->replays; }
 
-Tensor Jit::operator()(const std::vector<Tensor>& inputs) {
+Tensor Jit::operator()(const std::vector<Tensor>& inputs, Loc loc) {
+    UserLocScope at(loc);
     State& st = *state_;
     realize_pending_leaves();   // parameters are computed once, not by every replay
     for (const Tensor& x : inputs)
@@ -11623,7 +11652,8 @@ void synchronize() { detail::finish_all_in_flight(); }
 ProgramInfo last_program() { return detail::last_program_info; }
 int threads() { return detail::thread_count(); }
 
-Stages inspect(const std::vector<Tensor>& tensors) {
+Stages inspect(const std::vector<Tensor>& tensors, Loc loc) {
+    UserLocScope at(loc);
     std::vector<NodeP> nodes;
     for (const Tensor& t : tensors) nodes.push_back(t.node());
     Schedule sched;
@@ -11804,7 +11834,8 @@ static std::string format_tensor(const Tensor& t) {
 }
 }  // namespace detail
 
-double Tensor::item() const {
+double Tensor::item(Loc loc) const {
+    UserLocScope at(loc);
     if (numel() != 1)
         fail(strf("item: tensor of shape %s has %lld elements, not 1", shape_str(shape()).c_str(),
                   (long long)numel()));
@@ -11818,23 +11849,28 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_
 // Tests: tests/test_training.cpp (and the losses' gradients in tests/test_autograd.cpp).
 namespace nn {
 namespace init {
-Tensor uniform(const Shape& shape, double low, double high, uint64_t seed) {
+Tensor uniform(const Shape& shape, double low, double high, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
     return detail::add_c(detail::mul_c(Tensor::rand(shape, seed), high - low, {}), low, {});
 }
 // bound √(6/fan_in): uniform with the variance 2/fan_in that keeps ReLU activations steady
-Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed) {
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed, Loc loc) {
     double b = std::sqrt(6.0 / double(fan_in));
-    return uniform(shape, -b, b, seed);
+    return uniform(shape, -b, b, seed, loc);
 }
-Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed) {
+Tensor kaiming_normal(const Shape& shape, int64_t fan_in, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
     return detail::mul_c(Tensor::randn(shape, seed), std::sqrt(2.0 / double(fan_in)), {});
 }
 // bound √(6/(fan_in + fan_out)): variance 2/(fan_in + fan_out)
-Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
+Tensor xavier_uniform(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed,
+                      Loc loc) {
     double b = std::sqrt(6.0 / double(fan_in + fan_out));
-    return uniform(shape, -b, b, seed);
+    return uniform(shape, -b, b, seed, loc);
 }
-Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
+Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed,
+                     Loc loc) {
+    detail::UserLocScope at(loc);
     return detail::mul_c(Tensor::randn(shape, seed), std::sqrt(2.0 / double(fan_in + fan_out)), {});
 }
 }  // namespace init
@@ -11885,7 +11921,8 @@ std::map<std::string, Tensor> Module::state_dict() {
     for (auto& [name, t] : named_buffers()) out[name] = t;
     return out;
 }
-void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict, Loc loc) {
+    detail::UserLocScope at(loc);
     std::vector<std::pair<Tensor, Tensor>> copies;   // (parameter, value)
     std::string missing, unexpected;
     std::set<std::string> known;
@@ -11917,7 +11954,8 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
     tg::realize(assigns);
 }
 
-Linear::Linear(int64_t in, int64_t out, bool bias) : out_features(out), has_bias(bias) {
+Linear::Linear(int64_t in, int64_t out, bool bias, Loc loc) : out_features(out), has_bias(bias) {
+    detail::UserLocScope at(loc);
     if (in <= 0 || out <= 0)
         detail::fail(strf("Linear: sizes must be positive, got in %lld, out %lld", (long long)in,
                           (long long)out));
@@ -11932,7 +11970,8 @@ void Linear::reset_parameters(const std::vector<uint64_t>& s) {
     weight = init::uniform({out_features, in_features}, -b, b, s.at(0)).requires_grad();
     if (has_bias) bias = init::uniform({out_features}, -b, b, s.at(1)).requires_grad();
 }
-Linear::Linear(int64_t out) : out_features(out) {
+Linear::Linear(int64_t out, Loc loc) : out_features(out) {
+    detail::UserLocScope at(loc);
     if (out <= 0)
         detail::fail(strf("Linear: out_features must be positive, got %lld", (long long)out));
 }
@@ -11950,7 +11989,8 @@ Module::Named Linear::named_parameters() {
     return {{"weight", weight}, {"bias", bias}};
 }
 
-Embedding::Embedding(int64_t num, int64_t dim) : weight(Tensor::zeros({num, dim})) {
+Embedding::Embedding(int64_t num, int64_t dim, Loc loc)
+    : weight(Tensor::zeros({num, dim}, DType::FLOAT32, loc)) {
     reset_parameters({Tensor::next_seed()});   // weight holds only the shape until then
 }
 void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
@@ -11959,10 +11999,10 @@ void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
 }
 Tensor Embedding::forward(const Tensor& ids) { return weight[ids]; }
 
-LayerNorm::LayerNorm(int64_t dim, double e)
+LayerNorm::LayerNorm(int64_t dim, double e, Loc loc)
     : eps(e),
-      weight(Tensor::ones({dim}).requires_grad()),
-      bias(Tensor::zeros({dim}).requires_grad()) {}
+      weight(Tensor::ones({dim}, DType::FLOAT32, loc).requires_grad()),
+      bias(Tensor::zeros({dim}, DType::FLOAT32, loc).requires_grad()) {}
 Tensor LayerNorm::forward(const Tensor& x) {
     return functional::layer_norm(x, weight, bias, eps);
 }
@@ -11975,7 +12015,8 @@ static Tensor dropout_mask(const Tensor& x, double p, const Tensor& u) {
     if (p == 1) return x * 0;
     return where(u >= p, x * (1 / (1 - p)), 0);
 }
-Dropout::Dropout(double p_) : p(p_) {
+Dropout::Dropout(double p_, Loc loc) : p(p_) {
+    detail::UserLocScope at(loc);
     check_dropout_p(p, "Dropout");
     seeds = {Tensor::next_seed()};
 }
@@ -12072,7 +12113,9 @@ Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc) {
 }
 }  // namespace functional
 
-Hardtanh::Hardtanh(double min_val_, double max_val_) : min_val(min_val_), max_val(max_val_) {
+Hardtanh::Hardtanh(double min_val_, double max_val_, Loc loc)
+    : min_val(min_val_), max_val(max_val_) {
+    detail::UserLocScope at(loc);
     if (!(min_val <= max_val))
         detail::fail(strf("Hardtanh: min_val %g must not exceed max_val %g", min_val, max_val));
 }
@@ -12087,12 +12130,14 @@ Tensor Softsign::forward(const Tensor& x) { return functional::softsign(x); }
 Tensor LogSigmoid::forward(const Tensor& x) { return functional::logsigmoid(x); }
 Tensor Tanhshrink::forward(const Tensor& x) { return functional::tanhshrink(x); }
 Tensor Hardshrink::forward(const Tensor& x) { return functional::hardshrink(x, lambd); }
-Softshrink::Softshrink(double lambd_) : lambd(lambd_) {
+Softshrink::Softshrink(double lambd_, Loc loc) : lambd(lambd_) {
+    detail::UserLocScope at(loc);
     if (!(lambd >= 0)) detail::fail(strf("Softshrink: lambd %g must be at least 0", lambd));
 }
 Tensor Softshrink::forward(const Tensor& x) { return functional::softshrink(x, lambd); }
 Tensor Threshold::forward(const Tensor& x) { return functional::threshold(x, threshold, value); }
-PReLU::PReLU(int64_t num_parameters, double init) {
+PReLU::PReLU(int64_t num_parameters, double init, Loc loc) {
+    detail::UserLocScope at(loc);
     if (num_parameters < 1)
         detail::fail(strf("PReLU: num_parameters must be at least 1, got %lld",
                           (long long)num_parameters));
@@ -12891,8 +12936,9 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc)
 }
 }  // namespace functional
 
-GroupNorm::GroupNorm(int64_t groups, int64_t channels, double e, bool affine)
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double e, bool affine, Loc loc)
     : num_groups(groups), num_channels(channels), eps(e) {
+    detail::UserLocScope at(loc);
     if (groups <= 0 || channels <= 0 || channels % groups != 0)
         detail::fail(strf("GroupNorm: %lld channels do not split into %lld groups",
                           (long long)channels, (long long)groups));
@@ -12914,8 +12960,9 @@ Module::Named GroupNorm::named_parameters() {
 
 // The buffers are realized from the start: a constant would fold into a jitted step's program.
 BatchNormNd::BatchNormNd(int axes, int64_t features, double e, std::optional<double> m,
-                         bool affine, bool track_running_stats)
+                         bool affine, bool track_running_stats, Loc loc)
     : spatial_axes(axes), num_features(features), eps(e), momentum(m) {
+    detail::UserLocScope at(loc);
     if (features <= 0)
         detail::fail(strf("BatchNorm%dd: num_features must be positive, got %lld", axes,
                           (long long)features));
@@ -12956,7 +13003,8 @@ Module::Named BatchNormNd::named_buffers() {
 
 ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
                ConvPadding padding_, SpatialSizes dilation_, int64_t groups_, bool bias_,
-               bool transposed_, SpatialSizes output_padding_, std::string padding_mode_)
+               bool transposed_, SpatialSizes output_padding_, std::string padding_mode_,
+               Loc loc)
     : spatial_axes(axes),
       in_channels(in),
       out_channels(out),
@@ -12965,6 +13013,7 @@ ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSi
       padding_mode(std::move(padding_mode_)),
       has_bias(bias_),
       transposed(transposed_) {
+    detail::UserLocScope at(loc);
     const std::string label = strf("Conv%s%dd", transposed ? "Transpose" : "", axes);
     const char* name = label.c_str();
     if (axes < 1 || axes > 3)
@@ -13065,7 +13114,8 @@ ModuleList& ModuleList::add(std::shared_ptr<Module> layer) {
 Tensor ModuleList::forward(const Tensor&) {
     detail::fail("ModuleList: it has no forward of its own; call its layers (at<L>(i))");
 }
-void ModuleList::at_failed(size_t i) const {
+void ModuleList::at_failed(size_t i, Loc loc) const {
+    detail::UserLocScope at(loc);
     if (i >= layers.size())
         detail::fail(strf("ModuleList: layer %zu of %zu", i, layers.size()));
     detail::fail(strf("ModuleList: layer %zu is not of the type asked for", i));
@@ -13076,8 +13126,9 @@ std::vector<std::pair<std::string, Module*>> ModuleList::children() {
     return out;
 }
 
-CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout)
-    : dim(d), heads(h), qkv(d, 3 * d), proj(d, d), attn_drop(dropout) {
+CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout, Loc loc)
+    : dim(d), heads(h), qkv(d, 3 * d, true, loc), proj(d, d, true, loc), attn_drop(dropout, loc) {
+    detail::UserLocScope at(loc);
     if (h <= 0 || d % h != 0)
         detail::fail(strf("CausalSelfAttention: dim %lld is not a multiple of heads %lld",
                           (long long)d, (long long)h));
@@ -13085,10 +13136,12 @@ CausalSelfAttention::CausalSelfAttention(int64_t d, int64_t h, double dropout)
 }
 MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias,
                                        bool batch_first_, bool add_bias_kv_,
-                                       bool add_zero_attn_, int64_t kdim_, int64_t vdim_)
+                                       bool add_zero_attn_, int64_t kdim_, int64_t vdim_,
+                                       Loc loc)
     : embed_dim(e), num_heads(h), kdim(kdim_ ? kdim_ : e), vdim(vdim_ ? vdim_ : e),
       has_bias(bias), batch_first(batch_first_), add_bias_kv(add_bias_kv_),
-      add_zero_attn(add_zero_attn_), out_proj(e, e, bias), attn_drop(dropout) {
+      add_zero_attn(add_zero_attn_), out_proj(e, e, bias, loc), attn_drop(dropout, loc) {
+    detail::UserLocScope at(loc);
     if (h <= 0 || e % h != 0)
         detail::fail(strf("MultiheadAttention: embed_dim %lld is not a multiple of num_heads "
                           "%lld", (long long)e, (long long)h));
@@ -13253,10 +13306,10 @@ int64_t recurrent_gates(const std::string& mode, const char* who) {
 std::string recurrent_name(const std::string& mode, bool cell) {
     return (mode.rfind("RNN", 0) == 0 ? std::string("RNN") : mode) + (cell ? "Cell" : "");
 }
-std::string rnn_mode(const std::string& nonlinearity, const char* who) {
+std::string rnn_mode(const std::string& nonlinearity, const char* who, Loc loc) {
     if (nonlinearity != "tanh" && nonlinearity != "relu")
         detail::fail(strf("%s: nonlinearity \"%s\" is not tanh or relu", who,
-                          nonlinearity.c_str()));
+                          nonlinearity.c_str()), loc);
     return nonlinearity == "tanh" ? "RNN_TANH" : "RNN_RELU";
 }
 void check_recurrent_sizes(const std::string& who, int64_t input_size, int64_t hidden_size) {
@@ -13319,10 +13372,11 @@ RecurrentState recurrent_step(const std::string& mode, const Tensor& x_part,
 
 RNNBase::RNNBase(std::string mode_, int64_t input_size_, int64_t hidden_size_, int64_t layers,
                  bool bias, bool batch_first_, double dropout, bool bidirectional_,
-                 int64_t proj_size_)
+                 int64_t proj_size_, Loc loc)
     : mode(std::move(mode_)), input_size(input_size_), hidden_size(hidden_size_),
       num_layers(layers), proj_size(proj_size_), has_bias(bias), batch_first(batch_first_),
-      bidirectional(bidirectional_), drop(dropout) {
+      bidirectional(bidirectional_), drop(dropout, loc) {
+    detail::UserLocScope at(loc);
     const std::string who = recurrent_name(mode, false);
     recurrent_gates(mode, who.c_str());
     check_recurrent_sizes(who, input_size, hidden_size);
@@ -13603,14 +13657,15 @@ RNNBase::PackedOutput RNNBase::forward(const PackedSequence& input, const Tensor
 }
 RNN::RNN(int64_t input_size, int64_t hidden_size, int64_t num_layers,
          const std::string& nonlinearity, bool bias, bool batch_first, double dropout,
-         bool bidirectional)
-    : RNNBase(rnn_mode(nonlinearity, "RNN"), input_size, hidden_size, num_layers, bias,
-              batch_first, dropout, bidirectional) {}
+         bool bidirectional, Loc loc)
+    : RNNBase(rnn_mode(nonlinearity, "RNN", loc), input_size, hidden_size, num_layers, bias,
+              batch_first, dropout, bidirectional, 0, loc) {}
 
 RNNCellBase::RNNCellBase(std::string mode_, int64_t input_size_, int64_t hidden_size_,
-                         bool bias)
+                         bool bias, Loc loc)
     : mode(std::move(mode_)), input_size(input_size_), hidden_size(hidden_size_),
       has_bias(bias) {
+    detail::UserLocScope at(loc);
     const std::string who = recurrent_name(mode, true);
     recurrent_gates(mode, who.c_str());
     check_recurrent_sizes(who, input_size, hidden_size);
@@ -13655,12 +13710,13 @@ RNNCellBase::Output RNNCellBase::forward(const Tensor& input, const Tensor& hx,
     return {s.h.squeeze(0), lstm ? s.c.squeeze(0) : Tensor()};
 }
 RNNCell::RNNCell(int64_t input_size, int64_t hidden_size, bool bias,
-                 const std::string& nonlinearity)
-    : RNNCellBase(rnn_mode(nonlinearity, "RNNCell"), input_size, hidden_size, bias) {}
+                 const std::string& nonlinearity, Loc loc)
+    : RNNCellBase(rnn_mode(nonlinearity, "RNNCell", loc), input_size, hidden_size, bias, loc) {}
 
-TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout)
-    : ln1(d), attn(d, heads, dropout), ln2(d),
-      mlp(Linear(d, 4 * d), GELU(true), Linear(4 * d, d)), drop(dropout) {
+TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, Loc loc)
+    : ln1(d, 1e-5, loc), attn(d, heads, dropout, loc), ln2(d, 1e-5, loc),
+      mlp(Linear(d, 4 * d, true, loc), GELU(true), Linear(4 * d, d, true, loc)),
+      drop(dropout, loc) {
     take_seeds_of_children();
 }
 std::vector<std::pair<std::string, Module*>> TransformerBlock::children() {
@@ -13792,10 +13848,10 @@ static Tensor scalar_tensor(double v) {
 // Every parameter must be able to receive a gradient: a leaf that requires grad.
 // lr(t) = peak·t/warmup up to warmup; then min + (peak - min)·(1 + cos(π·p))/2, p the part of
 // the decay done, clamped to [0, 1]
-Schedule warmup_cosine(double peak, int64_t warmup, int64_t total, double min_lr) {
+Schedule warmup_cosine(double peak, int64_t warmup, int64_t total, double min_lr, Loc loc) {
     if (warmup < 0 || total <= warmup)
         detail::fail(strf("warmup_cosine: need 0 <= warmup < total, got warmup %lld, total %lld",
-                          (long long)warmup, (long long)total));
+                          (long long)warmup, (long long)total), loc);
     return [=](const Tensor& t) {
         Tensor rising = t * float(peak / double(std::max<int64_t>(warmup, 1)));
         Tensor done = ((t - float(warmup)) * float(1.0 / double(total - warmup))).clamp(0.0, 1.0);
@@ -13809,40 +13865,48 @@ Schedule warmup_cosine(double peak, int64_t warmup, int64_t total, double min_lr
 static Tensor power_of(double gamma, const Tensor& k) {
     return (k * float(std::log2(gamma))).exp2();
 }
-Schedule step_lr(double lr, int64_t step_size, double gamma) {
+Schedule step_lr(double lr, int64_t step_size, double gamma, Loc loc) {
     if (step_size < 1 || !(gamma > 0))
         detail::fail(strf("step_lr: need step_size >= 1 and gamma > 0, got step_size %lld, "
-                          "gamma %g", (long long)step_size, gamma));
+                          "gamma %g", (long long)step_size, gamma), loc);
     return [=](const Tensor& t) {
         return power_of(gamma, ((t - 1.0f) * float(1.0 / double(step_size))).floor()) * float(lr);
     };
 }
-Schedule exponential_lr(double lr, double gamma) {
-    if (!(gamma > 0)) detail::fail(strf("exponential_lr: need gamma > 0, got %g", gamma));
+Schedule exponential_lr(double lr, double gamma, Loc loc) {
+    if (!(gamma > 0)) detail::fail(strf("exponential_lr: need gamma > 0, got %g", gamma), loc);
     return [=](const Tensor& t) { return power_of(gamma, t - 1.0f) * float(lr); };
 }
-Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min) {
-    if (t_max < 1) detail::fail(strf("cosine_annealing_lr: need t_max >= 1, got %lld",
-                                     (long long)t_max));
+Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min, Loc loc) {
+    if (t_max < 1)
+        detail::fail(strf("cosine_annealing_lr: need t_max >= 1, got %lld", (long long)t_max),
+                     loc);
     return [=](const Tensor& t) {
         Tensor angle = (t - 1.0f) * float(detail::PI / double(t_max));
         return (angle.cos() + 1.0f) * float((lr - eta_min) / 2) + float(eta_min);
     };
 }
-Schedule linear_lr(double lr, double start_factor, double end_factor, int64_t total_iters) {
+Schedule linear_lr(double lr, double start_factor, double end_factor, int64_t total_iters,
+                   Loc loc) {
     if (total_iters < 1 || !(start_factor > 0 && start_factor <= 1) ||
         !(end_factor >= 0 && end_factor <= 1))
         detail::fail(strf("linear_lr: need 0 < start_factor <= 1, 0 <= end_factor <= 1 and "
                           "total_iters >= 1, got %g, %g, %lld", start_factor, end_factor,
-                          (long long)total_iters));
+                          (long long)total_iters), loc);
     return [=](const Tensor& t) {
         Tensor done = ((t - 1.0f) * float(1.0 / double(total_iters))).clamp(0.0, 1.0);
         return (done * float(end_factor - start_factor) + float(start_factor)) * float(lr);
     };
 }
 
-Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
-    : params(std::move(ps)), lr(scalar_tensor(learning_rate)), t(scalar_tensor(0)) {
+// PyTorch's checks of the settings: none negative (or NaN)
+static void check_at_least_0(const char* who, const char* name, double value) {
+    if (!(value >= 0)) detail::fail(strf("%s: %s must be at least 0, got %g", who, name, value));
+}
+Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate, Loc loc)
+    : params(std::move(ps)) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("optimizer", "lr", learning_rate);
     if (params.empty())
         detail::fail("optimizer: no parameters (a layer that learns its input width, such as "
                      "nn::Linear(out), has none until its first call)");
@@ -13856,8 +13920,9 @@ Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate)
                                             "fills its grad(): pass the leaf tensors"
                                           : "does not require grad: call requires_grad() on it"));
     }
-    lr = on_device_of(params[0], lr, Loc::here());   // the update reads them there
-    t = on_device_of(params[0], t, Loc::here());
+    // on the parameters' device: the update reads them there
+    lr = on_device_of(params[0], scalar_tensor(learning_rate), Loc::here());
+    t = on_device_of(params[0], scalar_tensor(0), Loc::here());
 }
 void Optimizer::step(Loc loc) {
     detail::UserLocScope at(loc);
@@ -13882,7 +13947,8 @@ std::map<std::string, Tensor> Optimizer::state_dict() {
             out[strf("state.%zu.%s", i, name.c_str())] = tensor;
     return out;
 }
-void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, Loc loc) {
+    detail::UserLocScope at(loc);
     std::map<std::string, Tensor> mine = state_dict();
     for (auto& [name, tensor] : mine) {
         auto it = state.find(name);
@@ -13906,14 +13972,24 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
 void Optimizer::zero_grad() {
     for (Tensor& p : params) p.zero_grad();
 }
-void Optimizer::set_lr(double value) {
+void Optimizer::set_lr(double value, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("set_lr", "lr", value);
     float v = float(value);
     detail::await_buffer(*lr.node()->buffer);
     lr.node()->buffer->device->copy_in(lr.node()->buffer->ptr, &v, sizeof v);
 }
 
-SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bool nest)
-    : Optimizer(std::move(ps), learning_rate), momentum(mom), weight_decay(wd), nesterov(nest) {
+SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bool nest,
+         Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc),
+      momentum(mom),
+      weight_decay(wd),
+      nesterov(nest) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("SGD", "momentum", momentum);
+    check_at_least_0("SGD", "weight_decay", weight_decay);
+    if (nesterov && momentum == 0) detail::fail("SGD: nesterov needs a momentum above 0");
     if (momentum != 0)
         for (const Tensor& p : params)
             buffers.push_back(Tensor::zeros_like(p).realize());
@@ -13940,13 +14016,20 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> SGD::param_state() {
 }
 
 Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e, double wd,
-           bool dec)
-    : Optimizer(std::move(ps), learning_rate),
+           bool dec, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc),
       beta1(b1),
       beta2(b2),
       eps(e),
       weight_decay(wd),
       decoupled(dec) {
+    detail::UserLocScope at(loc);
+    const char* who = decoupled ? "AdamW" : "Adam";
+    for (double beta : {beta1, beta2})
+        if (!(beta >= 0 && beta < 1))
+            detail::fail(strf("%s: betas must be in [0, 1), got %g and %g", who, beta1, beta2));
+    check_at_least_0(who, "eps", eps);
+    check_at_least_0(who, "weight_decay", weight_decay);
     for (const Tensor& p : params) {
         m.push_back(Tensor::zeros_like(p).realize());
         v.push_back(Tensor::zeros_like(p).realize());
@@ -13977,13 +14060,18 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
 }
 
 RMSprop::RMSprop(std::vector<Tensor> ps, double learning_rate, double a, double e, double wd,
-                 double mom, bool c)
-    : Optimizer(std::move(ps), learning_rate),
+                 double mom, bool c, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc),
       alpha(a),
       eps(e),
       weight_decay(wd),
       momentum(mom),
       centered(c) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("RMSprop", "alpha", alpha);
+    check_at_least_0("RMSprop", "eps", eps);
+    check_at_least_0("RMSprop", "weight_decay", weight_decay);
+    check_at_least_0("RMSprop", "momentum", momentum);
     for (const Tensor& p : params) {
         square_avg.push_back(Tensor::zeros_like(p).realize());
         if (centered) grad_avg.push_back(Tensor::zeros_like(p).realize());
@@ -14023,8 +14111,13 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> RMSprop::param_state() 
 }
 
 Adagrad::Adagrad(std::vector<Tensor> ps, double learning_rate, double decay, double wd,
-                 double initial, double e)
-    : Optimizer(std::move(ps), learning_rate), lr_decay(decay), weight_decay(wd), eps(e) {
+                 double initial, double e, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), lr_decay(decay), weight_decay(wd), eps(e) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("Adagrad", "lr_decay", lr_decay);
+    check_at_least_0("Adagrad", "weight_decay", weight_decay);
+    check_at_least_0("Adagrad", "initial_accumulator_value", initial);
+    check_at_least_0("Adagrad", "eps", eps);
     for (const Tensor& p : params) sums.push_back(Tensor::full_like(p, initial).realize());
 }
 std::vector<Tensor> Adagrad::updates() {
@@ -14145,8 +14238,9 @@ struct DataParallel::State {
 };
 
 DataParallel::DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer,
-                           Loss loss)
+                           Loss loss, Loc loc)
     : state_(std::make_shared<State>()) {
+    UserLocScope at(loc);
     State& st = *state_;
     if (devices.empty()) fail("DataParallel: no devices");
     for (const std::string& name : devices) {
@@ -14177,7 +14271,8 @@ DataParallel::DataParallel(std::vector<std::string> devices, optim::Optimizer& o
     st.computed_at.resize(n);
 }
 
-std::vector<int64_t> DataParallel::split(int64_t rows, int devices) {
+std::vector<int64_t> DataParallel::split(int64_t rows, int devices, Loc loc) {
+    UserLocScope at(loc);
     if (devices < 1) fail("DataParallel::split: need at least one device");
     if (rows < devices)
         fail(strf("DataParallel: a batch of %lld rows cannot be split over %d devices (every "
@@ -14427,34 +14522,39 @@ static double ms_between(std::chrono::steady_clock::time_point a,
 }
 }  // namespace detail
 
-Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
+Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in, Loc loc) {
     using clock = std::chrono::steady_clock;
     State& st = *state_;
     auto t_step = clock::now();
     size_t N = st.devs.size();
     finish_all_in_flight();
-    // 1. the batch realized, its rows split
-    if (jit_capture)
-        fail("DataParallel: a step cannot run inside a jitted function (it compiles its own "
-             "programs once; call it directly)");
-    if (batch_in.empty()) fail("DataParallel: the batch has no tensors");
+    // 1. the batch checked (naming the caller's line: the programs built below do not, so
+    // that their code is the same from any line), realized, its rows split
     std::vector<Tensor> batch;
-    for (size_t i = 0; i < batch_in.size(); i++) {
-        const Tensor& b = batch_in[i];
-        if (b.ndim() == 0)
-            fail(strf("DataParallel: batch tensor %zu is a scalar; each is split along its "
-                      "first axis", i));
-        if (b.shape()[0] != batch_in[0].shape()[0])
-            fail(strf("DataParallel: batch tensors 0 and %zu have %s and %s rows: each is split "
-                      "along its first axis", i, shape_str(batch_in[0].shape()).c_str(),
-                      shape_str(b.shape()).c_str()));
-        batch.push_back(b.node()->op == Op::BUFFER ? b : b.contiguous());
+    std::vector<int64_t> sizes;
+    {
+        UserLocScope at(loc);
+        if (jit_capture)
+            fail("DataParallel: a step cannot run inside a jitted function (it compiles its own "
+                 "programs once; call it directly)");
+        if (batch_in.empty()) fail("DataParallel: the batch has no tensors");
+        for (size_t i = 0; i < batch_in.size(); i++) {
+            const Tensor& b = batch_in[i];
+            if (b.ndim() == 0)
+                fail(strf("DataParallel: batch tensor %zu is a scalar; each is split along its "
+                          "first axis", i));
+            if (b.shape()[0] != batch_in[0].shape()[0])
+                fail(strf("DataParallel: batch tensors 0 and %zu have %s and %s rows: each is "
+                          "split along its first axis", i,
+                          shape_str(batch_in[0].shape()).c_str(), shape_str(b.shape()).c_str()));
+            batch.push_back(b.node()->op == Op::BUFFER ? b : b.contiguous());
+        }
+        sizes = split(batch_in[0].shape()[0], int(N));
     }
     realize_pending_leaves(RunMode::NOW);   // the devices' copies are made from them below
     for (Tensor& b : batch)
         if (!b.realized()) realize_nodes({b.node()}, true);
     int64_t rows = batch[0].shape()[0];
-    std::vector<int64_t> sizes = split(rows, int(N));
     // 2. the programs (the first step of a shard size builds them) and each device's buffers.
     // The tree adds k + stride into k for strides 1, 2, 4, ... below `last`; the update adds
     // device `last` into 0 (or, with processes to sum over, the merge does it first).
@@ -14591,7 +14691,8 @@ Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in) {
 namespace data {
 // sklearn's make_moons: the upper half circle (label -1) and a lower one shifted right and down
 // (label +1), n/2 points each, plus Gaussian noise from Tensor::randn
-Dataset moons(int64_t n, double noise, uint64_t seed) {
+Dataset moons(int64_t n, double noise, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
     if (n < 2) detail::fail(strf("moons: need at least 2 points, got %lld", (long long)n));
     int64_t n_out = n / 2, n_in = n - n_out;
     std::vector<float> xy, labels;
@@ -14609,7 +14710,8 @@ Dataset moons(int64_t n, double noise, uint64_t seed) {
     return {X.realize(), Tensor::from_vector(labels, {n})};
 }
 
-std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed) {
+std::vector<Tensor> batches(int64_t n, int64_t batch_size, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
     if (batch_size <= 0 || n < 0)
         detail::fail(strf("batches: need n >= 0 and batch_size > 0, got n %lld, batch_size %lld",
                           (long long)n, (long long)batch_size));
@@ -14664,7 +14766,9 @@ Grid grid_scores(const Scorer& score, const Tensor& X, const Tensor& Y, int w, i
 }
 }  // namespace
 
-std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h) {
+std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor& Y, int w, int h,
+                              Loc loc) {
+    detail::UserLocScope at(loc);
     Grid g = grid_scores(score, X, Y, w, h);
     std::vector<std::string> rows(size_t(h), std::string(size_t(w), ' '));
     for (int r = 0; r < h; r++)
@@ -14682,7 +14786,8 @@ std::string decision_boundary(const Scorer& score, const Tensor& X, const Tensor
 }
 
 void decision_boundary_svg(const std::string& path, const Scorer& score, const Tensor& X,
-                           const Tensor& Y, int w, int h) {
+                           const Tensor& Y, int w, int h, Loc loc) {
+    detail::UserLocScope at(loc);
     const int cell = 6;
     Grid g = grid_scores(score, X, Y, w / cell, h / cell);
     std::string svg =
@@ -14907,7 +15012,8 @@ int64_t whole_number(const Json* v, JsonParser& p, const std::string& what) {
 }
 }  // namespace
 
-void save(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+void save(const std::string& path, const std::map<std::string, Tensor>& tensors, Loc loc) {
+    detail::UserLocScope at(loc);
     check_little_endian(path);
     std::string header = "{", body;
     for (auto& [name, t] : tensors) {
@@ -14932,14 +15038,17 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors)
     detail::write_file_atomic(path, file + header + body);
 }
 
-std::map<std::string, Tensor> load(const std::string& path) {
+std::map<std::string, Tensor> load(const std::string& path, Loc loc) {
+    detail::UserLocScope at(loc);
     std::string file;
     if (!detail::read_file(path, file))
         detail::fail("safetensors: cannot read " + path + ": " + std::strerror(errno));
     return load_bytes(file, path);
 }
 
-std::map<std::string, Tensor> load_bytes(const std::string& file, const std::string& path) {
+std::map<std::string, Tensor> load_bytes(const std::string& file, const std::string& path,
+                                         Loc loc) {
+    detail::UserLocScope at(loc);
     check_little_endian(path);
     if (file.size() < 8)
         detail::fail(strf("safetensors: %s: file of %zu bytes is too short for a header",

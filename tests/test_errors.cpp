@@ -286,6 +286,91 @@ TEST(errors_from_forwards_with_states_name_the_line) {
     CHECK_THROWS(attention.forward(q, zeros({4, 2, 5}), q), "MultiheadAttention", here.c_str());
 }
 
+// Layers', optimizers' and schedules' constructors check their arguments, and they, the
+// checkpoints' loads and saves, the data helpers, a jitted or data-parallel step and item()
+// name the caller's line: what the library builds inside them is attributed to it.
+#define CHECK_THROWS_HERE(expr, ...)                                                           \
+    do {                                                                                       \
+        std::string here_ = at(__LINE__);                                                      \
+        CHECK_THROWS(expr, __VA_ARGS__, here_.c_str());                                        \
+    } while (0)
+TEST(errors_from_constructors_and_steps_name_the_line) {
+    namespace nn = tg::nn;
+    namespace optim = tg::optim;
+    CHECK_THROWS_HERE(nn::Linear(0, 3), "Linear", "in 0");
+    CHECK_THROWS_HERE(nn::Linear(-2), "Linear", "-2");
+    CHECK_THROWS_HERE(nn::Embedding(-1, 3), "[-1,3]");
+    CHECK_THROWS_HERE(nn::LayerNorm(-1), "[-1]");
+    CHECK_THROWS_HERE(nn::GroupNorm(3, 4), "GroupNorm", "3 groups");
+    CHECK_THROWS_HERE(nn::BatchNorm2d(0), "BatchNorm2d", "num_features");
+    CHECK_THROWS_HERE(nn::Dropout(2), "Dropout", "p must be in [0, 1]");
+    CHECK_THROWS_HERE(nn::Hardtanh(1, 0), "Hardtanh", "min_val");
+    CHECK_THROWS_HERE(nn::Softshrink(-1), "Softshrink", "lambd");
+    CHECK_THROWS_HERE(nn::PReLU(0), "PReLU", "num_parameters");
+    CHECK_THROWS_HERE(nn::Conv2d(3, 4, 3, 1, 0, 1, 2), "Conv2d", "groups 2");
+    CHECK_THROWS_HERE(nn::Conv1d(3, 4, 3, 1, 0, 1, 1, true, "mirror"), "Conv1d", "mirror");
+    CHECK_THROWS_HERE(nn::ConvTranspose2d(3, 4, 0), "ConvTranspose2d", "kernel_size");
+    CHECK_THROWS_HERE(nn::CausalSelfAttention(10, 3), "CausalSelfAttention", "heads 3");
+    CHECK_THROWS_HERE(nn::CausalSelfAttention(10, 2, 1.5), "Dropout", "1.5");
+    CHECK_THROWS_HERE(nn::MultiheadAttention(10, 3), "MultiheadAttention", "num_heads 3");
+    CHECK_THROWS_HERE(nn::TransformerBlock(10, 3), "CausalSelfAttention", "heads 3");
+    CHECK_THROWS_HERE(nn::LSTM(3, 4, 0), "LSTM", "num_layers");
+    CHECK_THROWS_HERE(nn::GRU(3, 4, 1, true, false, -0.5), "Dropout", "-0.5");
+    CHECK_THROWS_HERE(nn::RNN(3, 4, 1, "sigmoid"), "RNN", "sigmoid");
+    CHECK_THROWS_HERE(nn::RNNCell(3, 4, true, "x"), "RNNCell", "\"x\"");
+    CHECK_THROWS_HERE(nn::GRUCell(0, 4), "GRUCell", "input_size 0");
+    CHECK_THROWS_HERE(nn::init::kaiming_uniform({-3}, 1), "[-3]");
+
+    nn::Sequential model(nn::Linear(2, 3));
+    CHECK_THROWS_HERE(model.at<nn::Conv2d>(0), "ModuleList", "type");
+    CHECK_THROWS_HERE(model.at(3), "ModuleList", "layer 3 of 1");
+    CHECK_THROWS_HERE(model.load_state_dict({{"0.weight", zeros({3})}}), "0.weight", "[3,2]");
+
+    std::vector<Tensor> params = model.parameters();
+    CHECK_THROWS_HERE(optim::SGD(params, -1), "lr must be at least 0", "-1");
+    CHECK_THROWS_HERE(optim::SGD(params, 0.1, -0.9), "SGD", "momentum");
+    CHECK_THROWS_HERE(optim::SGD(params, 0.1, 0, 0, true), "SGD", "nesterov");
+    CHECK_THROWS_HERE(optim::Adam(params, 1e-3, 1.0), "Adam", "betas", "[0, 1)");
+    CHECK_THROWS_HERE(optim::AdamW(params, 1e-3, 0.9, 0.999, -1e-8), "AdamW", "eps");
+    CHECK_THROWS_HERE(optim::RMSprop(params, 1e-2, -0.5), "RMSprop", "alpha");
+    CHECK_THROWS_HERE(optim::Adagrad(params, 1e-2, 0, -1), "Adagrad", "weight_decay");
+    CHECK_THROWS_HERE(optim::Adagrad(params, 1e-2, 0, 0, -0.1), "initial_accumulator_value");
+    CHECK_THROWS_HERE(optim::SGD({zeros({3})}, 0.1), "does not require grad");
+    CHECK_THROWS_HERE(optim::warmup_cosine(1, -1, 10), "warmup_cosine");
+    CHECK_THROWS_HERE(optim::step_lr(1, 0), "step_lr");
+    CHECK_THROWS_HERE(optim::exponential_lr(1, 0), "exponential_lr");
+    CHECK_THROWS_HERE(optim::cosine_annealing_lr(1, 0), "cosine_annealing_lr");
+    CHECK_THROWS_HERE(optim::linear_lr(1, 0), "linear_lr");
+    optim::SGD sgd(params, 0.1);
+    CHECK_THROWS_HERE(sgd.set_lr(-0.5), "set_lr", "-0.5");
+    CHECK_THROWS_HERE(sgd.load_state_dict({{"t", zeros({})}}), "lr is missing");
+    CHECK(std::abs(sgd.lr.item() - 0.1) < 1e-7);   // the refused rate was not written
+
+    auto loss = [](const std::vector<Tensor>& shard) { return shard[0].sum(); };
+    CHECK_THROWS_HERE(tg::DataParallel({}, sgd, loss), "DataParallel", "no devices");
+    tg::DataParallel two({"CPU:0", "CPU:1"}, sgd, loss);
+    CHECK_THROWS_HERE(two({zeros({1})}), "DataParallel", "1 rows");
+    CHECK_THROWS_HERE(two({zeros({4}), zeros({3})}), "DataParallel", "[4]", "[3]");
+    CHECK_THROWS_HERE(tg::DataParallel::split(4, 0), "split");
+    tg::Jit doubled([](const std::vector<Tensor>& in) { return in[0] * 2; });
+    doubled({zeros({3})});
+    CHECK_THROWS_HERE(doubled({zeros({3}), zeros({3})}), "jit", "1 inputs", "2");
+
+    CHECK_THROWS_HERE(tg::safetensors::load("/nonexistent/model.safetensors"), "cannot read");
+    CHECK_THROWS_HERE(tg::safetensors::load_bytes("short"), "too short");
+    CHECK_THROWS_HERE(tg::safetensors::save("/nonexistent/m.safetensors", {{"a", zeros({2})}}),
+                      "cannot write");
+    CHECK_THROWS_HERE(tg::data::moons(1), "moons");
+    CHECK_THROWS_HERE(tg::data::batches(10, 0, 1), "batches");
+    auto score = [](const Tensor& p) { return p.sum(1); };
+    CHECK_THROWS_HERE(tg::plot::decision_boundary(score, zeros({4, 3}), zeros({4})), "plot");
+    CHECK_THROWS_HERE(zeros({3}).item(), "item", "3 elements");
+    CHECK_THROWS_HERE(ints({1, 2}).requires_grad(), "requires_grad", "int32");
+    Tensor w = zeros({3}).requires_grad();
+    CHECK_THROWS_HERE(tg::gradients(zeros({3}).sum(), {w}), "does not depend");
+    CHECK_THROWS_HERE(tg::inspect({Tensor()}), "undefined");
+}
+
 // Operators take the user's line through the conversion of their left operand (or of an index).
 TEST(errors_from_operators_name_the_line) {
     Tensor a = zeros({3}), b = zeros({4});
