@@ -1379,7 +1379,8 @@ Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Redu
 // Scales the gradients of params so that their global L2 norm is at most max_norm: each times
 // min(1, max_norm / (norm + 1e-6)), as PyTorch's; lazily, so the scaling joins the optimizer's
 // program (and a jitted step). Returns the norm before clipping.
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
+                       Loc loc = Loc::here());
 
 // PyTorch's torch.nn.functional as free functions: namespace F = tg::nn::functional;
 namespace functional {
@@ -12145,7 +12146,8 @@ PReLU::PReLU(int64_t num_parameters, double init, Loc loc) {
 }
 Tensor PReLU::forward(const Tensor& x) { return functional::prelu(x, weight); }
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, Loc loc) {
+    detail::UserLocScope at(loc);
     NoGrad no_grad;
     Tensor total = Tensor::zeros({});
     for (const Tensor& p : params)

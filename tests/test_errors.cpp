@@ -369,6 +369,7 @@ TEST(errors_from_constructors_and_steps_name_the_line) {
     Tensor w = zeros({3}).requires_grad();
     CHECK_THROWS_HERE(tg::gradients(zeros({3}).sum(), {w}), "does not depend");
     CHECK_THROWS_HERE(tg::inspect({Tensor()}), "undefined");
+    CHECK_THROWS_HERE(nn::clip_grad_norm_({w, Tensor()}, 1.0), "undefined");
 }
 
 // Operators take the user's line through the conversion of their left operand (or of an index).
