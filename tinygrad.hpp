@@ -769,7 +769,8 @@ namespace nn {
 // children(): its parameters, train()/eval(), state_dict() and reseeding then reach them.
 // Random initial values come from the global seed stream (manual_seed): seeds lists the ones a
 // layer drew, and reset_parameters(seeds) draws its parameters again from the given ones (by
-// default: each child, in order, takes as many as it holds). A layer of your own that draws
+// default: each child, in order, takes as many as it holds; a count other than the layer's is
+// an error that changes nothing). A layer of your own that draws
 // random tensors itself records their seeds and overrides reset_parameters, and one made of
 // layers calls take_seeds_of_children() in its constructor, so that Sequential can hand out
 // seeds in layer order. Constructors that check their arguments take the caller's Loc last, as
@@ -800,6 +801,9 @@ struct Module {
     bool training = true;
 protected:
     void take_seeds_of_children();   // seeds = the children's, in order (for a constructor)
+    // an error unless new_seeds holds `wanted` (what `layer` draws), before anything changes
+    static void check_seed_count(const std::vector<uint64_t>& new_seeds, size_t wanted,
+                                 const char* layer);
 };
 
 struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTorch's init
@@ -1105,7 +1109,7 @@ struct Upsample : Module {
 
 // Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
 struct ModuleList : Module {
-    ModuleList& add(std::shared_ptr<Module> layer);
+    ModuleList& add(std::shared_ptr<Module> layer, Loc loc = Loc::here());
     template <typename L> L& append(L layer) {   // a copy of layer, kept; returns it
         auto kept = std::make_shared<L>(std::move(layer));
         add(kept);
@@ -1135,8 +1139,8 @@ struct Sequential : ModuleList {
         std::sort(drawn.begin(), drawn.end());
         reset_parameters(drawn);
     }
-    Sequential& add(std::shared_ptr<Module> layer) {
-        ModuleList::add(std::move(layer));
+    Sequential& add(std::shared_ptr<Module> layer, Loc loc = Loc::here()) {
+        ModuleList::add(std::move(layer), loc);
         return *this;
     }
     Tensor forward(const Tensor& x) override;
@@ -11897,11 +11901,21 @@ std::vector<Tensor> Module::parameters() {
     for (auto& [name, t] : named_parameters()) out.push_back(t);
     return out;
 }
+void Module::check_seed_count(const std::vector<uint64_t>& s, size_t wanted,
+                              const char* layer) {
+    if (s.size() != wanted)
+        detail::fail(strf("%s: reset_parameters takes the %zu seeds it draws, got %zu", layer,
+                          wanted, s.size()));
+}
+// A layer without children keeps its own seeds (Dropout's); one with children hands them out.
 void Module::reset_parameters(const std::vector<uint64_t>& s) {
+    size_t wanted = 0;
+    for (auto& [name, child] : children()) wanted += child->seeds.size();
+    check_seed_count(s, children().empty() ? seeds.size() : wanted, "layer");
     seeds = s;
     size_t at = 0;
     for (auto& [name, child] : children()) {
-        size_t n = std::min(child->seeds.size(), s.size() - at);
+        size_t n = child->seeds.size();
         std::vector<uint64_t> mine(s.begin() + long(at), s.begin() + long(at + n));
         at += n;
         if (mine != child->seeds) child->reset_parameters(mine);
@@ -11966,7 +11980,9 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Loc loc) : out_features(out),
 }
 // PyTorch's default: U(-1/√in, 1/√in) for the weight and the bias
 void Linear::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, in_features < 0 ? 0 : has_bias ? 2 : 1, "Linear");
     seeds = s;
+    if (in_features < 0) return;   // nothing to draw before the first call
     double b = 1 / std::sqrt(double(in_features));
     weight = init::uniform({out_features, in_features}, -b, b, s.at(0)).requires_grad();
     if (has_bias) bias = init::uniform({out_features}, -b, b, s.at(1)).requires_grad();
@@ -11995,6 +12011,7 @@ Embedding::Embedding(int64_t num, int64_t dim, Loc loc)
     reset_parameters({Tensor::next_seed()});   // weight holds only the shape until then
 }
 void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, 1, "Embedding");
     seeds = s;
     weight = Tensor::randn(weight.shape(), s.at(0)).requires_grad();
 }
@@ -13043,6 +13060,8 @@ ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSi
                               : std::vector<uint64_t>{Tensor::next_seed()});
 }
 void ConvNd::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, has_bias ? 2 : 1,
+                     strf("Conv%s%dd", transposed ? "Transpose" : "", spatial_axes).c_str());
     seeds = s;
     Shape shape = transposed ? Shape{in_channels, out_channels / groups}
                              : Shape{out_channels, in_channels / groups};
@@ -13108,8 +13127,8 @@ Tensor AvgPoolNd::forward(const Tensor& x) {
                : functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
 }
 
-ModuleList& ModuleList::add(std::shared_ptr<Module> layer) {
-    if (!layer) detail::fail("ModuleList: add of an empty layer pointer");
+ModuleList& ModuleList::add(std::shared_ptr<Module> layer, Loc loc) {
+    if (!layer) detail::fail("ModuleList: add of an empty layer pointer", loc);
     layers.push_back(std::move(layer));
     return *this;
 }
@@ -13161,6 +13180,8 @@ size_t MultiheadAttention::own_seeds() const {
 }
 // seeds: in_proj_weight's (or q's, k's and v's), bias_k's and bias_v's, then the children's
 void MultiheadAttention::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, own_seeds() + out_proj.seeds.size() + attn_drop.seeds.size(),
+                     "MultiheadAttention");
     Module::reset_parameters(std::vector<uint64_t>(s.begin() + std::ptrdiff_t(own_seeds()),
                                                    s.end()));
     seeds = s;
@@ -13401,6 +13422,7 @@ void RNNBase::reset_parameters(const std::vector<uint64_t>& s) {
     const int64_t D = bidirectional ? 2 : 1, per_cell = cell_parameters();
     const int64_t state = proj_size ? proj_size : hidden_size;
     const size_t own = size_t(num_layers * D * per_cell);
+    check_seed_count(s, own + drop.seeds.size(), recurrent_name(mode, false).c_str());
     Module::reset_parameters(std::vector<uint64_t>(s.begin() + long(own), s.end()));
     seeds = s;
     weight_ih.clear(), weight_hh.clear(), bias_ih.clear(), bias_hh.clear(), weight_hr.clear();
@@ -13676,6 +13698,7 @@ RNNCellBase::RNNCellBase(std::string mode_, int64_t input_size_, int64_t hidden_
     reset_parameters(s);
 }
 void RNNCellBase::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, has_bias ? 4 : 2, recurrent_name(mode, true).c_str());
     seeds = s;
     std::vector<Tensor> p =
         recurrent_parameters(recurrent_gates(mode, "RNNCellBase") * hidden_size, input_size,

@@ -324,6 +324,7 @@ TEST(errors_from_constructors_and_steps_name_the_line) {
     nn::Sequential model(nn::Linear(2, 3));
     CHECK_THROWS_HERE(model.at<nn::Conv2d>(0), "ModuleList", "type");
     CHECK_THROWS_HERE(model.at(3), "ModuleList", "layer 3 of 1");
+    CHECK_THROWS_HERE(model.add(nullptr), "ModuleList", "empty layer pointer");
     CHECK_THROWS_HERE(model.load_state_dict({{"0.weight", zeros({3})}}), "0.weight", "[3,2]");
 
     std::vector<Tensor> params = model.parameters();

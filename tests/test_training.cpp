@@ -438,6 +438,46 @@ TEST(nn_sequential_chains_and_collects_parameters) {
     for (double v : vals(built(Tensor::ones({4, 2})))) CHECK(v > 0 && v < 1);
 }
 
+// reset_parameters(seeds) draws a layer's parameters again: from its own seeds, the values it
+// was made with; Sequential hands each layer its share in order. Another count of seeds than
+// the layer draws is an error that changes nothing.
+TEST(nn_reset_parameters_draws_again_and_checks_the_count) {
+    tg::manual_seed(14);
+    nn::Sequential net(nn::Linear(3, 4), nn::ReLU(), nn::Dropout(0.5), nn::Conv1d(2, 3, 3),
+                       nn::LSTMCell(2, 3), nn::Embedding(5, 2));
+    std::vector<uint64_t> own = net.seeds;
+    CHECK_EQ(own.size(), size_t(2 + 1 + 2 + 4 + 1));
+    std::vector<Vec> made;
+    for (const Tensor& p : net.parameters()) made.push_back(vals(p));
+    std::vector<uint64_t> other = own;
+    for (uint64_t& s : other) s += 1000;
+    net.reset_parameters(other);
+    CHECK(net.seeds == other);
+    CHECK(net.at<nn::Dropout>(2).seeds == std::vector<uint64_t>{other[2]});
+    std::vector<Tensor> ps = net.parameters();
+    for (size_t i = 0; i < ps.size(); i++) CHECK(vals(ps[i]) != made[i]);
+    net.reset_parameters(own);
+    ps = net.parameters();
+    for (size_t i = 0; i < ps.size(); i++) CHECK_ALL_NEAR(vals(ps[i]), made[i], 0);
+
+    CHECK_THROWS(net.reset_parameters({1, 2}), "takes the 10 seeds", "got 2");
+    CHECK(net.seeds == own);
+    CHECK_THROWS(net.at<nn::Linear>(0).reset_parameters({1}), "Linear", "2 seeds", "got 1");
+    CHECK_THROWS(net.at<nn::LSTMCell>(4).reset_parameters({1}), "LSTMCell", "4 seeds");
+    CHECK_THROWS(net.at<nn::Embedding>(5).reset_parameters({}), "Embedding", "1 seeds");
+    CHECK_THROWS(net.at<nn::Dropout>(2).reset_parameters({}), "1 seeds", "got 0");
+    CHECK_THROWS(net.at<nn::ReLU>(1).reset_parameters({7}), "0 seeds", "got 1");
+    nn::LSTM lstm(2, 3, 2);
+    CHECK_THROWS(lstm.reset_parameters({1}), "LSTM", "9 seeds");
+    CHECK_THROWS(net.at<nn::Conv1d>(3).reset_parameters({1}), "Conv1d", "2 seeds");
+    nn::MultiheadAttention attention(4, 2);
+    CHECK_THROWS(attention.reset_parameters({1}), "MultiheadAttention", "4 seeds");
+    for (size_t i = 0; i < ps.size(); i++) CHECK_ALL_NEAR(vals(ps[i]), made[i], 0);
+    nn::Linear lazy(4);
+    lazy.reset_parameters({});   // nothing to draw before its first call
+    CHECK(lazy.parameters().empty());
+}
+
 TEST(nn_init_bounds_and_standard_deviations) {
     const Shape shape{100, 200};   // 20000 samples
     // kaiming_uniform: U(-b, b), b = √(6/fan_in)
