@@ -3042,11 +3042,20 @@ static const double LN2 = 0.693147180559945309417, PI = 3.14159265358979323846;
 
 static Tensor wrap(NodeP n) { return Tensor(std::move(n)); }
 static const NodeP& N(const Tensor& t) { return t.node(); }
+// An operand never assigned (Tensor h; h + x): the error names the op and the caller's line,
+// which Tensor::node()'s alone cannot. Checked where most calls first touch their operands.
+static const Tensor& check_defined(const Tensor& t, const char* op, Loc loc) {
+    if (!t.defined())
+        fail(strf("%s: an operand is undefined (default-constructed and never assigned)", op),
+             loc);
+    return t;
+}
 
 static Tensor un(Op op, const Tensor& x, Loc loc) { return wrap(graph_unary(op, N(x), loc)); }
 
 static Tensor as_float(const Tensor& x, Loc loc) {
-    return dtype_is_float(x.dtype()) ? x : x.cast(DType::FLOAT32, loc);
+    bool is_float = dtype_is_float(check_defined(x, "elementwise op", loc).dtype());
+    return is_float ? x : x.cast(DType::FLOAT32, loc);
 }
 
 static Tensor const_like(const Tensor& x, double v, DType dt, Loc loc) {
@@ -3064,6 +3073,7 @@ static DType scalar_dtype(DType t, Scalar s) {
 // Broadcast and promote two operands of an elementwise op.
 static std::pair<Tensor, Tensor> operands(const Tensor& a, const Tensor& b, const char* op, Loc loc,
                                           bool need_float = false) {
+    check_defined(a, op, loc), check_defined(b, op, loc);
     Shape s = broadcast_shape(a.shape(), b.shape(), op, loc);
     DType dt = promote(a.dtype(), b.dtype());
     if (need_float && !dtype_is_float(dt)) dt = DType::FLOAT32;
@@ -3125,6 +3135,7 @@ static void check_not_empty(const Shape& s, const std::vector<int>& axes, const 
 
 static Tensor reduce(Op op, const Tensor& x, std::vector<int> axes, bool all, bool keepdim,
                      const char* name, Loc loc) {
+    check_defined(x, name, loc);
     if (all) { axes.clear(); for (int i = 0; i < x.ndim(); i++) axes.push_back(i); }
     std::vector<int> ax = normalize_axes(axes, x.shape(), name, loc);
     if (x.ndim() == 0) return x;   // a scalar reduced over its one (implicit) axis
@@ -3355,6 +3366,7 @@ TG_SCALAR_OPERATORS(==) TG_SCALAR_OPERATORS(!=)
 #undef TG_SCALAR_OPERATORS
 
 Tensor Tensor::cast(DType dtype, Loc loc) const {
+    check_defined(*this, "cast", loc);
     if (dtype == DType::INDEX) fail("cast: index is not a tensor dtype", loc);
     return wrap(graph_cast(node(), dtype, loc));
 }
@@ -3605,6 +3617,8 @@ Tensor Tensor::pow(Scalar e, Loc loc) const {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(cond, "where", loc), check_defined(a, "where", loc);
+    check_defined(b, "where", loc);
     Shape s = broadcast_shape(broadcast_shape(cond.shape(), a.shape(), "where", loc), b.shape(),
                               "where", loc);
     DType dt = promote(a.dtype(), b.dtype());
@@ -3626,7 +3640,8 @@ Tensor Tensor::sum(int axis, bool keepdim, Loc loc) const {
 }
 // Integers and bools are summed in int64, as in PyTorch (int32 sums overflow soon).
 Tensor Tensor::sum(const std::vector<int>& axes, bool keepdim, Loc loc) const {
-    Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
+    Tensor x = dtype_is_float(check_defined(*this, "sum", loc).dtype()) ? *this
+                                                                       : cast(DType::INT64, loc);
     return reduce(Op::REDUCE_SUM, x, axes, axes.empty(), keepdim, "sum", loc);
 }
 Tensor Tensor::mean(Loc loc) const { return mean(std::vector<int>{}, false, loc).reshape({}, loc); }
@@ -3635,7 +3650,7 @@ Tensor Tensor::mean(int axis, bool keepdim, Loc loc) const {
 }
 // mean = sum / (number of elements reduced)
 Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
-    normalize_axes(axes, shape(), "mean", loc);
+    normalize_axes(axes, check_defined(*this, "mean", loc).shape(), "mean", loc);
     Tensor x = as_float(*this, loc);
     Tensor s = x.sum(axes, keepdim, loc);
     double count = double(numel()) / double(std::max<int64_t>(1, s.numel()));
@@ -3955,6 +3970,7 @@ Tensor Tensor::norm(double p, const std::vector<int>& axes, bool keepdim, Loc lo
 
 // -- movement
 Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
+    check_defined(*this, "reshape", loc);
     Shape s = shape_in;
     int infer = -1;
     int64_t known = 1;
@@ -3977,12 +3993,14 @@ Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
 }
 Tensor Tensor::view(const Shape& shape, Loc loc) const { return reshape(shape, loc); }
 Tensor Tensor::permute(const std::vector<int>& order, Loc loc) const {
+    check_defined(*this, "permute", loc);
     std::vector<int> o = order;
     for (int& a : o)
         if (a < 0 && a >= -ndim()) a += ndim();
     return wrap(graph_permute(node(), o, loc));
 }
 Tensor Tensor::transpose(int a0, int a1, Loc loc) const {
+    check_defined(*this, "transpose", loc);
     int i0 = normalize_axis(a0, size_t(ndim()), "transpose", shape(), loc);
     int i1 = normalize_axis(a1, size_t(ndim()), "transpose", shape(), loc);
     if (ndim() == 0) return *this;
@@ -3992,6 +4010,7 @@ Tensor Tensor::transpose(int a0, int a1, Loc loc) const {
     return permute(order, loc);
 }
 Tensor Tensor::expand(const Shape& shape_in, Loc loc) const {
+    check_defined(*this, "expand", loc);
     if (shape_in.size() < shape().size())
         fail(strf("expand: cannot expand %s to %s", shape_str(shape()).c_str(),
                   shape_str(shape_in).c_str()), loc);
@@ -4174,7 +4193,7 @@ Tensor Tensor::t(Loc loc) const {
     return ndim() < 2 ? *this : transpose(0, 1, loc);
 }
 Tensor Tensor::mT(Loc loc) const {
-    if (ndim() < 2)
+    if (check_defined(*this, "mT", loc).ndim() < 2)
         fail(strf("mT: %s has fewer than 2 axes", shape_str(shape()).c_str()), loc);
     return transpose(-2, -1, loc);
 }
@@ -4195,6 +4214,7 @@ Tensor Tensor::bmm(const Tensor& other, Loc loc) const {
     return matmul(other, loc);
 }
 Tensor Tensor::matmul(const Tensor& other, Loc loc) const {
+    check_defined(*this, "matmul", loc), check_defined(other, "matmul", loc);
     if (ndim() == 0 || other.ndim() == 0)
         fail(strf("matmul: %s @ %s: both operands need at least one axis",
                   shape_str(shape()).c_str(), shape_str(other.shape()).c_str()),

@@ -373,6 +373,26 @@ TEST(errors_from_constructors_and_steps_name_the_line) {
     CHECK_THROWS_HERE(nn::clip_grad_norm_({w, Tensor()}, 1.0), "undefined");
 }
 
+// A tensor never assigned, as an operand of the usual first calls (operators, reductions,
+// products, reshapes, casts, where, elementwise math): the error names the op and the line.
+TEST(errors_from_undefined_operands_name_the_op_and_line) {
+    Tensor never, x = zeros({2, 3});
+    const char* undefined = "undefined (default-constructed and never assigned)";
+    CHECK_THROWS_HERE(never + x, "add", undefined);
+    CHECK_THROWS_HERE(x * never, "mul", undefined);
+    CHECK_THROWS_HERE(never.sum(), "sum", undefined);
+    CHECK_THROWS_HERE(never.mean(0), "mean", undefined);
+    CHECK_THROWS_HERE(never.max(1), "max", undefined);
+    CHECK_THROWS_HERE(never.exp(), undefined);
+    CHECK_THROWS_HERE(x.matmul(never), "matmul", undefined);
+    CHECK_THROWS_HERE(never.reshape({6}), "reshape", undefined);
+    CHECK_THROWS_HERE(never.mT(), "mT", undefined);
+    CHECK_THROWS_HERE(never.transpose(0, 1), "transpose", undefined);
+    CHECK_THROWS_HERE(never.cast(DType::INT32), "cast", undefined);
+    CHECK_THROWS_HERE(tg::where(x > 0, never, x), "where", undefined);
+    CHECK_THROWS_HERE(never.item(), undefined);
+}
+
 // Operators take the user's line through the conversion of their left operand (or of an index).
 TEST(errors_from_operators_name_the_line) {
     Tensor a = zeros({3}), b = zeros({4});
