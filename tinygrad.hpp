@@ -620,10 +620,10 @@ public:
     Tensor assign(const Tensor& value, Loc loc = Loc::here()) const;  // lazy; realize it
 
     // running it
-    Tensor& realize();                                 // compute now; keeps the result
+    Tensor& realize(Loc loc = Loc::here());            // compute now; keeps the result
     Tensor to(const std::string& device, Loc loc = Loc::here()) const;  // a copy there
     double item(Loc loc = Loc::here()) const;                // the one value of a 1-element tensor
-    template <typename T = float> std::vector<T> to_vector() const;
+    template <typename T = float> std::vector<T> to_vector(Loc loc = Loc::here()) const;
     std::string to_string() const;                     // as operator<< prints it
 
 private:
@@ -642,15 +642,17 @@ struct ValuesIndices : Tensor {
 };
 
 namespace detail {
-std::vector<double> tensor_values(const Tensor& t);   // NaN canonical
-std::vector<int64_t> tensor_ints(const Tensor& t);    // exact; floats truncated, saturating
+// loc: where an undefined tensor's error points (by default, the caller of the library)
+std::vector<double> tensor_values(const Tensor& t, Loc loc = {});   // NaN canonical
+// exact; floats truncated, saturating
+std::vector<int64_t> tensor_ints(const Tensor& t, Loc loc = {});
 }  // namespace detail
-template <typename T> std::vector<T> Tensor::to_vector() const {
+template <typename T> std::vector<T> Tensor::to_vector(Loc loc) const {
     if constexpr (std::is_integral_v<T>) {
-        std::vector<int64_t> values = detail::tensor_ints(*this);
+        std::vector<int64_t> values = detail::tensor_ints(*this, loc);
         return std::vector<T>(values.begin(), values.end());
     } else {
-        std::vector<double> values = detail::tensor_values(*this);
+        std::vector<double> values = detail::tensor_values(*this, loc);
         return std::vector<T>(values.begin(), values.end());
     }
 }
@@ -688,7 +690,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here
 Tensor stack(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
 // "ij,jk->ik", implicit output ("ij,jk"), "..." for broadcast batch axes, "ii->i" diagonals
 Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc loc = Loc::here());
-void realize(const std::vector<Tensor>& tensors);    // several results in one program
+// several results in one program
+void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
 uint64_t rng_state();   // where the seed stream is: manual_seed(rng_state()) later resumes it
 
@@ -11697,14 +11700,14 @@ Stages inspect(const std::vector<Tensor>& tensors, Loc loc) {
     return st;
 }
 
-void realize(const std::vector<Tensor>& tensors) {
+void realize(const std::vector<Tensor>& tensors, Loc loc) {
     std::vector<NodeP> nodes;
-    for (const Tensor& t : tensors) nodes.push_back(t.node());
+    for (const Tensor& t : tensors) nodes.push_back(N(check_defined(t, "realize", loc)));
     realize_nodes(nodes);
 }
 
-Tensor& Tensor::realize() {
-    realize_nodes({node()});
+Tensor& Tensor::realize(Loc loc) {
+    realize_nodes({N(check_defined(*this, "realize", loc))});
     return *this;
 }
 
@@ -11753,7 +11756,8 @@ static std::vector<char> tensor_bytes(const Tensor& t) {
 }
 // A NaN's sign and payload are not part of its value (a C compiler may turn a + (-b) into
 // a - b, which changes them): every NaN reads as the same quiet NaN, on every device.
-std::vector<double> tensor_values(const Tensor& t) {
+std::vector<double> tensor_values(const Tensor& t, Loc loc) {
+    check_defined(t, "to_vector", loc);
     std::vector<char> raw = tensor_bytes(t);
     std::vector<double> out(size_t(t.numel()));
     for (size_t i = 0; i < out.size(); i++) {
@@ -11763,7 +11767,8 @@ std::vector<double> tensor_values(const Tensor& t) {
     return out;
 }
 // Integers exactly (int64 beyond 2^53 too); floats truncated toward zero, saturating.
-std::vector<int64_t> tensor_ints(const Tensor& t) {
+std::vector<int64_t> tensor_ints(const Tensor& t, Loc loc) {
+    check_defined(t, "to_vector", loc);
     std::vector<char> raw = tensor_bytes(t);
     std::vector<int64_t> out(size_t(t.numel()));
     for (size_t i = 0; i < out.size(); i++) {
@@ -11859,11 +11864,11 @@ static std::string format_tensor(const Tensor& t) {
 }
 }  // namespace detail
 
+// The line names the checks' errors only: reading runs the program as any realize does.
 double Tensor::item(Loc loc) const {
-    UserLocScope at(loc);
-    if (numel() != 1)
+    if (check_defined(*this, "item", loc).numel() != 1)
         fail(strf("item: tensor of shape %s has %lld elements, not 1", shape_str(shape()).c_str(),
-                  (long long)numel()));
+                  (long long)numel()), loc);
     return tensor_values(*this)[0];
 }
 std::string Tensor::to_string() const { return format_tensor(*this); }

@@ -374,7 +374,8 @@ TEST(errors_from_constructors_and_steps_name_the_line) {
 }
 
 // A tensor never assigned, as an operand of the usual first calls (operators, reductions,
-// products, reshapes, casts, where, elementwise math): the error names the op and the line.
+// products, reshapes, casts, where, elementwise math) or read: the error names the op and the
+// line.
 TEST(errors_from_undefined_operands_name_the_op_and_line) {
     Tensor never, x = zeros({2, 3});
     const char* undefined = "undefined (default-constructed and never assigned)";
@@ -390,7 +391,11 @@ TEST(errors_from_undefined_operands_name_the_op_and_line) {
     CHECK_THROWS_HERE(never.transpose(0, 1), "transpose", undefined);
     CHECK_THROWS_HERE(never.cast(DType::INT32), "cast", undefined);
     CHECK_THROWS_HERE(tg::where(x > 0, never, x), "where", undefined);
-    CHECK_THROWS_HERE(never.item(), undefined);
+    CHECK_THROWS_HERE(never.item(), "item", undefined);
+    CHECK_THROWS_HERE(never.to_vector(), "to_vector", undefined);
+    CHECK_THROWS_HERE(never.to_vector<int>(), "to_vector", undefined);
+    CHECK_THROWS_HERE(never.realize(), "realize", undefined);
+    CHECK_THROWS_HERE(tg::realize({x, never}), "realize", undefined);
 }
 
 // Operators take the user's line through the conversion of their left operand (or of an index).
