@@ -773,11 +773,11 @@ namespace nn {
 // Random initial values come from the global seed stream (manual_seed): seeds lists the ones a
 // layer drew, and reset_parameters(seeds) draws its parameters again from the given ones (by
 // default: each child, in order, takes as many as it holds; a count other than the layer's is
-// an error that changes nothing). A layer of your own that draws
-// random tensors itself records their seeds and overrides reset_parameters, and one made of
-// layers calls take_seeds_of_children() in its constructor, so that Sequential can hand out
-// seeds in layer order. Constructors that check their arguments take the caller's Loc last, as
-// every API call does, and pass it to the layers they hold: their errors name the user's line.
+// an error that changes nothing). A layer of your own that draws random tensors itself records
+// their seeds and overrides reset_parameters (check_seed_count first), and one made of layers
+// calls take_seeds_of_children() in its constructor, so that Sequential can hand out seeds in
+// layer order. Constructors that check their arguments take the caller's Loc last, as every
+// API call does, and pass it to the layers they hold: their errors name the user's line.
 struct Module {
     using Named = std::vector<std::pair<std::string, Tensor>>;
     virtual ~Module() = default;
