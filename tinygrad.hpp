@@ -800,6 +800,11 @@ struct Module {
     // missing or unknown, is an error that changes nothing
     void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true,
                          Loc loc = Loc::here());
+    // moves every parameter and buffer to device ("CUDA", "CPU:1", ...) in place, as PyTorch's
+    // module.to: the tensors keep their identity, their values (and gradients) are copied
+    // there. Make the optimizer after it (its state lives where the parameters were); a graph
+    // built before that reads them, and a tg::Jit traced before, are refused afterwards.
+    Module& to(const std::string& device, Loc loc = Loc::here());
     std::vector<uint64_t> seeds;
     bool training = true;
 protected:
@@ -2512,6 +2517,7 @@ struct Buffer {
     std::shared_ptr<Buffer> arena;   // set: this buffer is a part of arena's memory
     uint64_t made = ++buffers_made;  // a program in the background started before it cannot use it
     std::shared_ptr<RunOutcome> made_by;   // the background program that computes it, if any
+    bool moved = false;   // its tensor moved to another device (Module::to): stale for programs
     Buffer(Device* dev, DType dt, int64_t n)
         : device(dev), ptr(dev->alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(dt))),
           dtype(dt), numel(n) {}
@@ -11645,6 +11651,10 @@ Tensor Jit::operator()(const std::vector<Tensor>& inputs, Loc loc) {
             fail(strf("jit: input %zu is on %s, traced on %s", i, inputs[i].device().c_str(),
                       traced_on->name()));
     }
+    for (const auto& b : st.run.buffers)
+        if (b->moved)
+            fail("jit: a tensor the step was traced with has moved to another device since "
+                 "(Module::to); trace the step again, in a new tg::Jit");
     if (!st.run.buffers.empty()) finish_in_flight(*st.run.buffers[0]->device);
     for (const Tensor& x : inputs) throw_if_failed(*x.node()->buffer);
     std::vector<void*> ptrs;
@@ -11992,6 +12002,45 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
     for (auto& [p, v] : copies)
         assigns.push_back(p.assign(v.device() == p.device() ? v : v.to(p.device())));
     tg::realize(assigns);
+}
+// Each tensor's node takes a copy of its buffer on the device: every handle (the layer's, an
+// optimizer's) sees it there. The copy counts as an in-place update, so a node built before
+// that reads it is a stale read; the old buffer is marked, so a jitted step bound to it stops.
+Module& Module::to(const std::string& name, Loc loc) {
+    detail::UserLocScope at(loc);
+    Device& dst = detail::device(name);
+    if (detail::jit_capture)
+        detail::fail("Module::to: a jitted step cannot move a layer; move it before the step");
+    Named tensors = named_parameters(), buffers = named_buffers();
+    tensors.insert(tensors.end(), buffers.begin(), buffers.end());
+    detail::finish_all_in_flight();   // a step in the background may still write them
+    std::vector<detail::NodeP> pending;
+    for (auto& [label, t] : tensors) {
+        if (!t.realized()) pending.push_back(t.node());
+        if (t.grad().defined() && !t.grad().realized()) pending.push_back(t.grad().node());
+    }
+    if (!pending.empty()) detail::realize_nodes(pending, true);
+    uint64_t now = ++detail::update_count;
+    auto move = [&](detail::Node& n) {
+        std::shared_ptr<detail::Buffer> copy = detail::copy_buffer(*n.buffer, &dst);
+        copy->written_at = now;
+        copy->written_by = loc;
+        n.buffer->moved = true;
+        n.buffer = std::move(copy);
+        n.device = &dst;
+    };
+    for (auto& [label, t] : tensors) {
+        detail::Node& n = *t.node();
+        if (n.buffer->device == &dst) continue;
+        move(n);
+        if (!n.grad) continue;
+        detail::NodeP g =
+            detail::node_make(Op::BUFFER, n.grad->dtype, n.grad->shape, {}, n.grad->loc);
+        g->buffer = n.grad->buffer;
+        move(*g);
+        n.grad = g;
+    }
+    return *this;
 }
 
 Linear::Linear(int64_t in, int64_t out, bool bias, Loc loc) : out_features(out), has_bias(bias) {
@@ -13976,6 +14025,12 @@ Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate, Loc loc)
 }
 void Optimizer::step(Loc loc) {
     detail::UserLocScope at(loc);
+    const detail::Device* state_on = detail::node_device(lr.node().get());
+    for (size_t i = 0; i < params.size(); i++)
+        if (detail::node_device(params[i].node().get()) != state_on)
+            detail::fail(strf("optimizer: parameter %zu is on %s, its state on %s: the layer "
+                              "moved (Module::to) after the optimizer was made; make it after",
+                              i, params[i].device().c_str(), lr.device().c_str()));
     std::vector<Tensor> assigns;
     {
         NoGrad no_grad;
@@ -14287,6 +14342,17 @@ struct DataParallel::State {
     std::vector<std::chrono::steady_clock::time_point> computed_at;     // per device
 };
 
+// Checked at each step too: a layer may have moved since (Module::to).
+static void check_parameters_on_first_device(const DataParallel::State& st) {
+    const std::vector<Tensor>& params = st.opt->params;
+    for (size_t i = 0; i < params.size(); i++) {
+        Device* d = node_device(params[i].node().get());
+        if (d && d != st.devs[0])
+            fail(strf("DataParallel: parameter %zu (%s) is on %s; the parameters live on the "
+                      "first device, %s", i, shape_str(params[i].shape()).c_str(), d->name(),
+                      st.devs[0]->name()));
+    }
+}
 DataParallel::DataParallel(std::vector<std::string> devices, optim::Optimizer& optimizer,
                            Loss loss, Loc loc)
     : state_(std::make_shared<State>()) {
@@ -14304,14 +14370,8 @@ DataParallel::DataParallel(std::vector<std::string> devices, optim::Optimizer& o
                           st.devs[0]->name(), d->name()));
         st.devs.push_back(d);
     }
-    for (size_t i = 0; i < optimizer.params.size(); i++) {
-        Device* d = node_device(optimizer.params[i].node().get());
-        if (d && d != st.devs[0])
-            fail(strf("DataParallel: parameter %zu (%s) is on %s; the parameters live on the "
-                      "first device, %s", i, shape_str(optimizer.params[i].shape()).c_str(),
-                      d->name(), st.devs[0]->name()));
-    }
     st.opt = &optimizer;
+    check_parameters_on_first_device(st);
     st.loss = std::move(loss);
     size_t n = st.devs.size();
     st.replicas.resize(n);
@@ -14600,6 +14660,7 @@ Tensor DataParallel::operator()(const std::vector<Tensor>& batch_in, Loc loc) {
             batch.push_back(b.node()->op == Op::BUFFER ? b : b.contiguous());
         }
         sizes = split(batch_in[0].shape()[0], int(N));
+        check_parameters_on_first_device(st);
     }
     realize_pending_leaves(RunMode::NOW);   // the devices' copies are made from them below
     for (Tensor& b : batch)

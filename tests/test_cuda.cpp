@@ -456,6 +456,35 @@ TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
         if (!gpu(&why_)) SKIP("no GPU: " + why_);                                             \
     } while (0)
 
+// A model built on the CPU moves to the GPU (Module::to) and trains there: its forward agrees
+// with the CPU's, an optimizer made after steps it there, and it comes back with those bits.
+TEST(cuda_module_to_moves_a_model_to_the_gpu_and_back) {
+    NEED_GPU();
+    EnvGuard cpu("TG_DEVICE", "CPU");
+    tg::manual_seed(41);
+    tg::nn::Sequential net(tg::nn::Linear(5, 7), tg::nn::GELU(), tg::nn::Linear(7, 2));
+    Tensor x = Tensor::randn({4, 5});
+    std::vector<float> on_cpu = values(net(x));
+    net.to("CUDA");
+    for (const Tensor& p : net.parameters()) CHECK_EQ(p.device(), std::string("CUDA"));
+    Tensor y = net(x.to("CUDA"));
+    CHECK_EQ(y.device(), std::string("CUDA"));
+    CHECK_ALL_NEAR(values(y), on_cpu, 1e-5);
+    tg::optim::SGD opt(net.parameters(), 0.1);
+    y.square().mean().backward();
+    opt.step();
+    std::vector<float> stepped;
+    for (const Tensor& p : net.parameters())
+        for (float v : values(p)) stepped.push_back(v);
+    net.to("CPU");
+    std::vector<float> back;
+    for (const Tensor& p : net.parameters()) {
+        CHECK_EQ(p.device(), std::string("CPU"));
+        for (float v : values(p)) back.push_back(v);
+    }
+    CHECK_ALL_NEAR(back, stepped, 0);
+}
+
 // A GELU between two products, forward and backward, planned as each device plans it: the
 // GPU computes the tanh again in the backward kernel (about 30 operations an element) rather
 // than store it, its sign and e^-2|z| in the forward product's epilogue and load them there

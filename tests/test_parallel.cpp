@@ -389,3 +389,60 @@ TEST_ON_CPU(data_parallel_copies_to_devices_it_cannot_read) {
     CHECK(same_bits(copied, direct));
     CHECK_ALL_NEAR(copied, train_mlp({}, 4, 23), 2e-5);
 }
+
+// Module::to moves a layer's parameters, buffers and gradients to another device in place:
+// the handles taken before see them there with the same bits, and a step of an optimizer made
+// after runs there as on the first device. What still points at the old storage is refused:
+// a graph built before the move (a stale read), an optimizer made before, a jit traced before,
+// a data-parallel step whose first device is the old one.
+TEST_ON_CPU(module_to_moves_a_layer_in_place) {
+    auto model_and_data = [](nn::Sequential& net, Task& task) {
+        tg::manual_seed(31);
+        net.add(std::make_shared<nn::Linear>(6, 8))
+            .add(std::make_shared<nn::BatchNorm1d>(8))
+            .add(std::make_shared<nn::ReLU>())
+            .add(std::make_shared<nn::Linear>(8, 3));
+        task = Task(10, 6, 3, 77);
+    };
+    auto loss_of = [](nn::Sequential& net, const Tensor& X, const Tensor& Y) {
+        return nn::cross_entropy(net(X), Y);
+    };
+    nn::Sequential here, moved;
+    Task task(1, 1, 2, 0), same(1, 1, 2, 0);
+    model_and_data(here, task);
+    model_and_data(moved, same);
+    // one step on CPU for both, so that there are gradients and running statistics to move
+    for (nn::Sequential* net : {&here, &moved}) loss_of(*net, task.X, task.Y).backward();
+    Tensor weight = moved.at<nn::Linear>(0).weight;   // a handle taken before the move
+    Tensor stale = weight * 2;
+    optim::SGD before(moved.parameters(), 0.1);
+    tg::Jit traced([&](const std::vector<Tensor>& in) { return moved(in[0]); });
+    traced({task.X});
+    tg::DataParallel two({"CPU", "CPU:1"}, before, [&](const std::vector<Tensor>& shard) {
+        return loss_of(moved, shard[0], shard[1]);
+    });
+    here(task.X).realize();   // as the trace ran moved's: BatchNorm's statistics move alike
+
+    CHECK(&moved.to("CPU:1") == &moved);
+    for (auto& [name, t] : moved.state_dict()) CHECK_EQ(t.device(), std::string("CPU:1"));
+    CHECK_EQ(weight.device(), std::string("CPU:1"));
+    CHECK_EQ(weight.grad().device(), std::string("CPU:1"));
+    CHECK(same_bits(values(weight.grad()), values(here.at<nn::Linear>(0).weight.grad())));
+    CHECK(same_bits(flat(moved.parameters()), flat(here.parameters())));
+    CHECK_THROWS(stale.realize(), "stale read");
+    CHECK_THROWS(before.step(), "optimizer", "CPU:1", "Module::to");
+    CHECK_THROWS(traced({task.X}), "jit", "moved");
+    CHECK_THROWS(two({task.X, task.Y}), "DataParallel", "parameter 0", "CPU:1");
+
+    optim::SGD on_cpu(here.parameters(), 0.1), on_cpu1(moved.parameters(), 0.1);
+    on_cpu.step();
+    on_cpu1.step();
+    Tensor a = loss_of(here, task.X, task.Y);
+    Tensor b = loss_of(moved, task.X.to("CPU:1"), task.Y.to("CPU:1"));
+    CHECK_EQ(b.device(), std::string("CPU:1"));
+    CHECK(same_bits(values(a), values(b)));
+    CHECK(same_bits(flat(moved.parameters()), flat(here.parameters())));
+    CHECK(same_bits(values(moved.at<nn::BatchNorm1d>(1).running_mean),
+                    values(here.at<nn::BatchNorm1d>(1).running_mean)));
+    CHECK_THROWS(moved.to("NOPE"), "unknown device");
+}
