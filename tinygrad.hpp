@@ -789,6 +789,7 @@ struct Module {
     virtual Named named_buffers();                    // the children's, "child.name"
     virtual void reset_parameters(const std::vector<uint64_t>& new_seeds);
     Tensor operator()(const Tensor& x, Loc loc = Loc::here());
+    void zero_grad();   // forgets every parameter's gradient (PyTorch's set_to_none)
     // training (the default) or evaluating, with every child: Dropout acts only while training
     virtual void train(bool on = true);
     void eval() { train(false); }
@@ -11960,6 +11961,9 @@ void Module::take_seeds_of_children() {
     seeds.clear();
     for (auto& [name, child] : children())
         seeds.insert(seeds.end(), child->seeds.begin(), child->seeds.end());
+}
+void Module::zero_grad() {
+    for (Tensor& p : parameters()) p.zero_grad();
 }
 void Module::train(bool on) {
     training = on;

@@ -478,6 +478,18 @@ TEST(nn_reset_parameters_draws_again_and_checks_the_count) {
     CHECK(lazy.parameters().empty());
 }
 
+// model.zero_grad() forgets every parameter's gradient, as PyTorch's (set_to_none).
+TEST(nn_module_zero_grad_forgets_every_gradient) {
+    tg::manual_seed(15);
+    nn::Sequential net(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+    net(Tensor::ones({2, 3})).sum().backward();
+    for (const Tensor& p : net.parameters()) CHECK(p.grad().defined());
+    net.zero_grad();
+    for (const Tensor& p : net.parameters()) CHECK(!p.grad().defined());
+    net(Tensor::ones({2, 3})).sum().backward();   // accumulates from nothing again
+    CHECK_ALL_NEAR(vals(net.at<nn::Linear>(2).bias.grad()), (Vec{2, 2}), 0);
+}
+
 TEST(nn_init_bounds_and_standard_deviations) {
     const Shape shape{100, 200};   // 20000 samples
     // kaiming_uniform: U(-b, b), b = √(6/fan_in)
