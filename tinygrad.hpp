@@ -11945,12 +11945,13 @@ void Module::check_seed_count(const std::vector<uint64_t>& s, size_t wanted,
 }
 // A layer without children keeps its own seeds (Dropout's); one with children hands them out.
 void Module::reset_parameters(const std::vector<uint64_t>& s) {
+    std::vector<std::pair<std::string, Module*>> kids = children();
     size_t wanted = 0;
-    for (auto& [name, child] : children()) wanted += child->seeds.size();
-    check_seed_count(s, children().empty() ? seeds.size() : wanted, "layer");
+    for (auto& [name, child] : kids) wanted += child->seeds.size();
+    check_seed_count(s, kids.empty() ? seeds.size() : wanted, "layer");
     seeds = s;
     size_t at = 0;
-    for (auto& [name, child] : children()) {
+    for (auto& [name, child] : kids) {
         size_t n = child->seeds.size();
         std::vector<uint64_t> mine(s.begin() + long(at), s.begin() + long(at + n));
         at += n;
@@ -13214,10 +13215,9 @@ Tensor ModuleList::forward(const Tensor&) {
     detail::fail("ModuleList: it has no forward of its own; call its layers (at<L>(i))");
 }
 void ModuleList::at_failed(size_t i, Loc loc) const {
-    detail::UserLocScope at(loc);
     if (i >= layers.size())
-        detail::fail(strf("ModuleList: layer %zu of %zu", i, layers.size()));
-    detail::fail(strf("ModuleList: layer %zu is not of the type asked for", i));
+        detail::fail(strf("ModuleList: layer %zu of %zu", i, layers.size()), loc);
+    detail::fail(strf("ModuleList: layer %zu is not of the type asked for", i), loc);
 }
 std::vector<std::pair<std::string, Module*>> ModuleList::children() {
     std::vector<std::pair<std::string, Module*>> out;
