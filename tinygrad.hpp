@@ -205,8 +205,10 @@
    integers give float32. Comparisons give bool. Sums of integers and bools are int64, and so
    are indices (argmax, argmin, x.max(axis).indices, topk), as in PyTorch.
    Values, the same on every device: integer arithmetic wraps around (two's complement), an
-   integer x % 0 is 0 (PyTorch raises); a float cast to an integer truncates and saturates at
-   the ends of the range, NaN giving 0 (NaN cast to bool is true);
+   integer x % 0 is 0 (PyTorch raises); a / b is IEEE division, correctly rounded as
+   PyTorch's (21/7 is 3, not 21·(1/7)), and a float % is exact for quotients below 2^53;
+   a float cast to an integer truncates and saturates at the ends of the range, NaN giving 0
+   (NaN cast to bool is true);
    NaN propagates through max, min, argmax (the first NaN), maximum, minimum and relu; every
    NaN reads as the same NaN. A float sum is a fixed tree of partial sums of at most 16 terms,
    so its error grows with the logarithm of the length; a term that is a product x·y joins its
@@ -328,7 +330,7 @@ struct Scalar {
     X(MAX,         BINARY,   "tg_max{f}({0}, {1})") /* NaN if either is NaN                  */ \
     X(CMPLT,       BINARY,   "({0} < {1})")                                                    \
     X(CMPEQ,       BINARY,   "({0} == {1})")                                                   \
-    X(IDIV,        BINARY,   "({0} / {1})")        /* integers, truncating like C            */ \
+    X(DIV,         BINARY,   "({0} / {1})")        /* IEEE; integers truncate like C         */ \
     X(MOD,         BINARY,   "({0} % {1})")                                                    \
     X(WHERE,       TERNARY,  "({0} ? {1} : {2})")                                              \
     X(REDUCE_SUM,  REDUCE,   "")                   /* over a set of axes, keeping them as 1  */ \
@@ -604,7 +606,8 @@ public:
     // index[i] of this (index 1-D, one per slice of source)
     Tensor index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha = 1,
                      Loc loc = Loc::here()) const;
-    Tensor operator[](Operand index) const;            // rows: C[X], X [B,T] → [B,T,E]
+    // rows: C[X], X [B,T] → [B,T,E]; a negative index counts from the end, as in PyTorch
+    Tensor operator[](Operand index) const;
     Tensor operator[](Index i) const;                  // x[i]: drops the first axis
 
     // autograd
@@ -616,8 +619,9 @@ public:
     void zero_grad();                                  // forgets the gradient
     Tensor detach() const;                             // same values, no gradient history
 
-    // writing into existing storage: the optimizers' in-place update
-    Tensor assign(const Tensor& value, Loc loc = Loc::here()) const;  // lazy; realize it
+    // writing into existing storage: the optimizers' in-place update. Lazy: the write happens
+    // when the returned tensor is realized, so dropping it drops the write (a warning)
+    [[nodiscard]] Tensor assign(const Tensor& value, Loc loc = Loc::here()) const;
 
     // running it
     Tensor& realize(Loc loc = Loc::here());            // compute now; keeps the result
@@ -1368,8 +1372,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = R
 // -log_probs[target], as cross_entropy after log_softmax (classes on the last axis)
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::MEAN,
                 int64_t ignore_index = -100, Loc loc = Loc::here());
-// -(t·ln p + (1 - t)·ln(1 - p)) for probabilities p, each logarithm at least -100 as
-// PyTorch's (a p outside [0, 1] gives NaN); binary_cross_entropy_with_logits is steadier
+// -(t·ln p + (1 - t)·ln(1 - p)) for probabilities p, each logarithm at least -100, and the
+// gradient (p - t)/max(p(1 - p), 1e-12), as PyTorch's: finite at p = 0 and 1 (a p outside
+// [0, 1] gives NaN); binary_cross_entropy_with_logits is steadier
 Tensor binary_cross_entropy(const Tensor& probabilities, const Tensor& target,
                            Reduction r = Reduction::MEAN, Loc loc = Loc::here());
 // max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
@@ -1506,10 +1511,9 @@ Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride
 Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
                   SpatialSizes padding = 0, bool count_include_pad = true,
                   Loc loc = Loc::here());
-// rows of weight [num, dim] picked by int32 or int64 ids
-inline Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here()) {
-    return weight[Operand(ids, loc)];
-}
+// rows of weight [num, dim] picked by int32 or int64 ids, each in [0, num) (checked when the
+// program runs; unlike x[ids], a negative id is an error, as in PyTorch)
+Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here());
 // (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
 Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
@@ -1535,8 +1539,9 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis = 1, doubl
 Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 // PyTorch's F.pad: pads holds (before, after) pairs from the last axis backward; mode
-// "constant" (value; a negative size cuts), "reflect" (mirrored about the edge, which is not
-// repeated), "replicate" (the edge repeated) or "circular" (wrapped around)
+// "constant" (value), "reflect" (mirrored about the edge, which is not repeated),
+// "replicate" (the edge repeated) or "circular" (wrapped around); in every mode a negative
+// size cuts
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads,
            const std::string& mode = "constant", double value = 0, Loc loc = Loc::here());
 // x [N, C, *spatial] (or [C, *spatial]) resized along its spatial axes to size, as PyTorch's
@@ -1632,7 +1637,10 @@ protected:
     std::vector<Tensor> buffers;
 };
 // m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr·m̂/(√v̂ + eps) with bias-corrected m̂, v̂;
-// weight_decay adds wd·p to g (Adam) or subtracts lr·wd·p from p (AdamW, decoupled)
+// weight_decay adds wd·p to g (Adam) or subtracts lr·wd·p from p (AdamW, decoupled). As in
+// PyTorch, t counts a parameter's own steps, those it had a gradient in: t less the steps it
+// had none in ("state.i.skipped"), so a parameter that first gets one late starts its bias
+// correction there
 class Adam : public Optimizer {
 public:
     Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
@@ -1642,7 +1650,7 @@ public:
 protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
-    std::vector<Tensor> m, v;
+    std::vector<Tensor> m, v, skipped;
 };
 // v = α v + (1-α) g² (centered: minus the square of the mean g kept alike), then
 // d = g/(√v + eps) and, with momentum, b = μ b + d, d = b; p -= lr·d; weight_decay adds wd·p
@@ -1659,8 +1667,9 @@ protected:
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> square_avg, grad_avg, buffers;
 };
-// s = s + g², p -= lr_t·g/(√s + eps) with lr_t = lr / (1 + (t - 1)·lr_decay); s starts at
-// initial_accumulator_value; weight_decay adds wd·p to g, as PyTorch's
+// s = s + g², p -= lr_t·g/(√s + eps) with lr_t = lr / (1 + (t - 1)·lr_decay), t the steps
+// the parameter had a gradient in, as Adam's; s starts at initial_accumulator_value;
+// weight_decay adds wd·p to g, as PyTorch's
 class Adagrad : public Optimizer {
 public:
     Adagrad(std::vector<Tensor> params, double lr = 1e-2, double lr_decay = 0,
@@ -1670,7 +1679,7 @@ public:
 protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
-    std::vector<Tensor> sums;
+    std::vector<Tensor> sums, skipped;
 };
 class AdamW : public Adam {
 public:
@@ -2454,7 +2463,7 @@ static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
         case Op::ADD: r.i = dt == DType::BOOL ? (x | y) != 0 : wrap_int(dt, x + y); return r;
         case Op::MUL: r.i = dt == DType::BOOL ? (x & y) != 0 : wrap_int(dt, x * y); return r;
         case Op::MAX: r.i = std::max(sx, sy); return r;
-        case Op::IDIV:   // truncating like C; x / 0 = 0 and MIN / -1 wraps, where C traps
+        case Op::DIV:   // truncating like C; x / 0 = 0 and MIN / -1 wraps, where C traps
             r.i = sy == 0 ? 0 : sy == -1 ? wrap_int(dt, 0 - x) : sx / sy;
             return r;
         case Op::MOD: r.i = sy == 0 || sy == -1 ? 0 : sx % sy; return r;
@@ -2471,6 +2480,7 @@ static Num alu_eval(Op op, DType dt, DType in, const Num* a) {
         case Op::COS: r.f = f32 ? std::cos(float(x)) : std::cos(x); return r;
         case Op::SQRT: r.f = f32 ? std::sqrt(float(x)) : std::sqrt(x); return r;
         case Op::RECIP: r.f = f32 ? 1.0f / float(x) : 1.0 / x; return r;
+        case Op::DIV: r.f = f32 ? double(float(x) / float(y)) : x / y; return r;
         case Op::ADD: r.f = f32 ? double(float(x) + float(y)) : x + y; return r;
         case Op::MUL: r.f = f32 ? double(float(x) * float(y)) : x * y; return r;
         case Op::MAX: r.f = std::isnan(x) || x > y ? x : y; return r;
@@ -3095,12 +3105,14 @@ static Tensor bin(Op op, const Tensor& a, const Tensor& b, const char* name, Loc
     return wrap(graph_binary(op, N(x), N(y), loc));
 }
 
-static Tensor scalar_operand(const Tensor& like, Scalar s, Loc loc) {
-    return const_like(like, s.value, scalar_dtype(like.dtype(), s), loc);
+static Tensor scalar_operand(const Tensor& like, Scalar s, const char* op, Loc loc) {
+    DType dt = scalar_dtype(check_defined(like, op, loc).dtype(), s);
+    return const_like(like, s.value, dt, loc);
 }
 
 static void check_not_bool(const Tensor& x, const char* op, Loc loc) {
-    if (x.dtype() == DType::BOOL) fail(strf("%s: not supported for bool tensors", op), loc);
+    if (check_defined(x, op, loc).dtype() == DType::BOOL)
+        fail(strf("%s: not supported for bool tensors", op), loc);
 }
 
 // x + c, x * c with c in x's dtype: the building blocks of the compositions below
@@ -3189,10 +3201,11 @@ static Tensor on_device_of(const Tensor& x, const Tensor& made, Loc loc) {
 Tensor Tensor::zeros_like(const Tensor& x, Loc loc) { return full_like(x, 0, loc); }
 Tensor Tensor::ones_like(const Tensor& x, Loc loc) { return full_like(x, 1, loc); }
 Tensor Tensor::full_like(const Tensor& x, Scalar value, Loc loc) {
+    check_defined(x, "full_like", loc);
     return on_device_of(x, full(x.shape(), value, x.dtype(), loc), loc);
 }
 static void check_float_like(const Tensor& x, const char* op, Loc loc) {
-    if (!dtype_is_float(x.dtype()))
+    if (!dtype_is_float(check_defined(x, op, loc).dtype()))
         fail(strf("%s: %s %s is not a float tensor (random values are float)", op,
                   dtype_name(x.dtype()), shape_str(x.shape()).c_str()), loc);
 }
@@ -3326,27 +3339,43 @@ Tensor operator-(Operand a, const Tensor& b) {                         // a + (-
     check_not_bool(x, "sub", a.loc);
     return add(x, neg(y, a.loc), a.loc);
 }
-Tensor operator/(Operand a, const Tensor& b) {                         // a · (1/b)
+// IEEE division, the correctly rounded quotient as PyTorch's (21/7 is 3), not a·(1/b)
+Tensor operator/(Operand a, const Tensor& b) {
     auto [x, y] = operands(a.tensor, b, "div", a.loc, true);
-    return mul(x, y.reciprocal(a.loc), a.loc);
+    return wrap(graph_binary(Op::DIV, N(x), N(y), a.loc));
 }
 // Integers: C's remainder, moved by b where its sign differs from b's (x % 0 is 0).
-// Floats: a - b·floor(a/b), moved by b where a rounded a/b made its sign differ from b's; a
-// finite a over an infinite b is a itself, or b where their signs differ. The gradient is
-// 1 for a and -floor(a/b) for b, as PyTorch's.
+// Floats: r = a - b·floor(a/b) in float64 (in float32, b·floor(a/b) rounds by as much as b
+// itself once a/b passes 2^24). The quotient, rounded, may be a whole number too low or too
+// high: r is then b further on, or its sign differs from b's, and moves back by b. A zero r
+// is +0 (PyTorch's takes a's sign). A finite
+// a over an infinite b is a itself, or b where their signs differ. The gradient is 1 for a
+// and -floor(a/b) for b, as PyTorch's.
 Tensor operator%(Operand a_in, const Tensor& b_in) {
     Loc loc = a_in.loc;
     UserLocScope at(loc);   // for the operators below
     auto [a, b] = operands(a_in.tensor, b_in, "remainder", loc);
     check_not_bool(a, "remainder", loc);
-    Tensor r;
-    if (dtype_is_float(a.dtype())) r = a - b * (a / b).floor(loc);
-    else r = wrap(graph_binary(Op::MOD, N(a), N(b), loc));
-    Tensor moved = where((r != 0).minimum((r < 0) != (b < 0), loc), r + b, r, loc);
-    if (!dtype_is_float(a.dtype())) return moved;
+    if (!dtype_is_float(a.dtype())) {
+        Tensor r = wrap(graph_binary(Op::MOD, N(a), N(b), loc));
+        return where((r != 0).minimum((r < 0) != (b < 0), loc), r + b, r, loc);
+    }
+    Tensor a64 = a.cast(DType::FLOAT64, loc), b64 = b.cast(DType::FLOAT64, loc);
+    Tensor q = (a64 / b64).floor(loc), r;
+    if (a.dtype() == DType::FLOAT32) {
+        // q = high + low, each times a float32 b exact in float64 (27 and 26 bits by 24), and
+        // so is what they leave of a: r is exact for quotients below 2^53
+        Tensor high = mul_c(mul_c(q, 1.0 / 67108864, loc).floor(loc), 67108864, loc);
+        r = (a64 - b64 * high) - b64 * (q - high);
+    } else {
+        r = a64 - b64 * q;
+    }
+    Tensor same_sign = (r < 0) == (b64 < 0);
+    r = where(same_sign.minimum(r.abs(loc) >= b64.abs(loc), loc), r - b64, r, loc);
+    r = where((r != 0).minimum((r < 0) != (b64 < 0), loc), r + b64, r, loc).cast(a.dtype(), loc);
     Tensor a_finite = a.abs(loc) < INFINITY, b_infinite = b.abs(loc) == INFINITY;
     Tensor over_infinity = where((a != 0).minimum((a < 0) != (b < 0), loc), b, a, loc);
-    return where(a_finite.minimum(b_infinite, loc), over_infinity, moved, loc);
+    return where(a_finite.minimum(b_infinite, loc), over_infinity, r, loc);
 }
 Tensor operator<(Operand a, const Tensor& b) { return bin(Op::CMPLT, a.tensor, b, "lt", a.loc); }
 Tensor operator>(Operand a, const Tensor& b) { return bin(Op::CMPLT, b, a.tensor, "gt", a.loc); }
@@ -3364,10 +3393,12 @@ Tensor operator>=(Operand a, const Tensor& b) {                        // (b < a
 }
 #define TG_SCALAR_OPERATORS(op)                                                                \
     Tensor operator op(Operand a, Scalar b) {                                                  \
-        return Operand(a.tensor, a.loc) op scalar_operand(a.tensor, b, a.loc);                 \
+        Tensor s = scalar_operand(a.tensor, b, "operator" #op, a.loc);                         \
+        return Operand(a.tensor, a.loc) op s;                                                  \
     }                                                                                          \
     Tensor operator op(Scalar a, Operand b) {                                                  \
-        return Operand(scalar_operand(b.tensor, a, b.loc), b.loc) op b.tensor;                 \
+        Tensor s = scalar_operand(b.tensor, a, "operator" #op, b.loc);                         \
+        return Operand(s, b.loc) op b.tensor;                                                  \
     }
 TG_SCALAR_OPERATORS(+) TG_SCALAR_OPERATORS(-) TG_SCALAR_OPERATORS(*) TG_SCALAR_OPERATORS(/)
 TG_SCALAR_OPERATORS(%)
@@ -3467,6 +3498,7 @@ Tensor Tensor::softplus(double beta, double threshold, Loc loc) const {
 }
 // (x > 0) - (x < 0), as PyTorch's: NaN and -0 give 0; bool stays bool
 Tensor Tensor::sign(Loc loc) const {
+    check_defined(*this, "sign", loc);
     if (dtype() == DType::BOOL) return *this;
     UserLocScope at(loc);
     Tensor x = detach();
@@ -3501,6 +3533,7 @@ Tensor Tensor::lerp(const Tensor& end, double weight, Loc loc) const {
     return std::fabs(weight) < 0.5 ? *this + d * weight : end - d * (1 - weight);
 }
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
+    check_defined(*this, "masked_fill", loc), check_defined(mask, "masked_fill", loc);
     if (mask.dtype() != DType::BOOL)
         fail(strf("masked_fill: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
                   dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
@@ -3530,12 +3563,14 @@ Tensor Tensor::expm1(Loc loc) const {
 }
 // x·x; a bool squares as int64, as in PyTorch
 Tensor Tensor::square(Loc loc) const {
+    check_defined(*this, "square", loc);
     Tensor x = dtype() == DType::BOOL ? cast(DType::INT64, loc) : *this;
     return mul(x, x, loc);
 }
 // A float with |x| >= 2^23 (2^52 in float64) is whole already; a smaller one goes through int64,
 // and a zero result keeps x's sign (trunc(-0.5) = -0). No gradient reaches x, as in PyTorch.
 Tensor Tensor::trunc(Loc loc) const {
+    check_defined(*this, "trunc", loc);
     if (!dtype_is_float(dtype())) return *this;
     UserLocScope at(loc);   // for the operators below
     Tensor x = detach();
@@ -3545,16 +3580,19 @@ Tensor Tensor::trunc(Loc loc) const {
                  signed_t, x, loc);
 }
 Tensor Tensor::floor(Loc loc) const {
+    check_defined(*this, "floor", loc);
     if (!dtype_is_float(dtype())) return *this;
     Tensor t = trunc(loc);
     return where(t > detach(), add_c(t, -1, loc), t, loc);
 }
 Tensor Tensor::ceil(Loc loc) const {
+    check_defined(*this, "ceil", loc);
     if (!dtype_is_float(dtype())) return *this;
     Tensor t = trunc(loc);
     return where(t < detach(), add_c(t, 1, loc), t, loc);
 }
 Tensor Tensor::abs(Loc loc) const {
+    check_defined(*this, "abs", loc);
     if (dtype() == DType::BOOL) return *this;
     Tensor m = maximum(neg(*this, loc), loc);
     return dtype_is_float(dtype()) ? add_c(m, 0, loc) : m;
@@ -3563,7 +3601,7 @@ Tensor Tensor::maximum(const Tensor& o, Loc loc) const {
     return bin(Op::MAX, *this, o, "maximum", loc);
 }
 Tensor Tensor::maximum(Scalar o, Loc loc) const {
-    return maximum(scalar_operand(*this, o, loc), loc);
+    return maximum(scalar_operand(*this, o, "maximum", loc), loc);
 }
 // min(a, b) = r(max(r(a), r(b))), r = reversed_order; for bool, a and b = a·b
 Tensor Tensor::minimum(const Tensor& o, Loc loc) const {
@@ -3572,16 +3610,17 @@ Tensor Tensor::minimum(const Tensor& o, Loc loc) const {
     return reversed_order(reversed_order(x, loc).maximum(reversed_order(y, loc), loc), loc);
 }
 Tensor Tensor::minimum(Scalar o, Loc loc) const {
-    return minimum(scalar_operand(*this, o, loc), loc);
+    return minimum(scalar_operand(*this, o, "minimum", loc), loc);
 }
 Tensor Tensor::logical_not(Loc loc) const {
+    check_defined(*this, "logical_not", loc);
     return wrap(graph_binary(Op::CMPEQ, node(), graph_const(0, dtype(), shape(), loc), loc));
 }
 // x^y = 2^(y·log2|x|) with C's (and PyTorch's) special cases:
 // - the sign of x (-0 and -∞ too) is kept for an odd integer y; a finite x < 0 with a
 //   fractional y gives NaN;
 // - at |x| = 0: 0 for y > 0, ∞ for y < 0 (the logarithm sees 1 there, so the gradients at a
-//   zero base are 0, not NaN);
+//   zero base are 0 where PyTorch's are ±∞, for y < 1, or NaN); y = 1 gives x, gradient 1;
 // - 1 for y = 0 (x ∞ or NaN too), for x = 1 (y NaN too) and for |x| = 1, y = ±∞.
 // A float with |y| >= 2^24 (2^53 for float64) is an even integer; a smaller one converts to
 // int32 (int64) exactly, which decides "integer" and "odd".
@@ -3606,12 +3645,15 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     Tensor exactly_one = ((y == 0).minimum((ax < INFINITY).logical_not(loc), loc))
                              .maximum((x == 1).minimum(y != y, loc), loc)
                              .maximum((ax == 1).minimum(ay == INFINITY, loc), loc);
-    return where(exactly_one, one,
-                 where(undefined, const_like(x, NAN, dt, loc), signed_mag, loc), loc);
+    Tensor result = where(exactly_one, one,
+                          where(undefined, const_like(x, NAN, dt, loc), signed_mag, loc), loc);
+    // x^1 is x: at a zero base too, where the gradient is then 1, not the 0 above
+    return where(zero.minimum(y == 1, loc), x, result, loc);
 }
 // Whole exponents up to 64 by repeated squaring: exact, integer tensors stay integer (for an
 // int exponent), and x^-k = 1/x^k.
 Tensor Tensor::pow(Scalar e, Loc loc) const {
+    check_defined(*this, "pow", loc);
     if (e.value == std::floor(e.value) && std::fabs(e.value) <= 64 &&
         (e.value >= 0 || e.is_float || dtype_is_float(dtype()))) {
         DType dt = scalar_dtype(dtype(), e);
@@ -3623,7 +3665,7 @@ Tensor Tensor::pow(Scalar e, Loc loc) const {
         return e.value < 0 ? result.reciprocal(loc) : result;
     }
     if (e.value == 0.5) return as_float(*this, loc).sqrt(loc);
-    return pow(scalar_operand(*this, e, loc), loc);
+    return pow(scalar_operand(*this, e, "pow", loc), loc);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
@@ -3637,10 +3679,10 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
                             N(b.cast(dt, loc).expand(s, loc)), loc));
 }
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc) {
-    return where(cond, scalar_operand(b, a, loc), b, loc);
+    return where(cond, scalar_operand(b, a, "where", loc), b, loc);
 }
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
-    return where(cond, a, scalar_operand(a, b, loc), loc);
+    return where(cond, a, scalar_operand(a, b, "where", loc), loc);
 }
 
 // -- reductions
@@ -3676,20 +3718,25 @@ Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
 }
 Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
 ValuesIndices Tensor::min(int axis, bool keepdim, Loc loc) const {
+    check_defined(*this, "min", loc);
     return {min(std::vector<int>{axis}, keepdim, loc), argmin(axis, keepdim, loc)};
 }
 // min x = r(max(r(x))), r = reversed_order; for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
+    check_defined(*this, "min", loc);
     std::vector<int> reduced = axes;   // none: all
     for (int i = 0; axes.empty() && i < ndim(); i++) reduced.push_back(i);
     check_not_empty(shape(), normalize_axes(reduced, shape(), "min", loc), "min", loc);
     if (dtype() == DType::BOOL) return logical_not(loc).max(axes, keepdim, loc).logical_not(loc);
     return reversed_order(reversed_order(*this, loc).max(axes, keepdim, loc), loc);
 }
-Tensor Tensor::argmax(Loc loc) const { return flatten(0, -1, loc).argmax(0, false, loc); }
+Tensor Tensor::argmax(Loc loc) const {
+    return check_defined(*this, "argmax", loc).flatten(0, -1, loc).argmax(0, false, loc);
+}
 // The first index of the maximum (or of the first NaN, which is the maximum then):
 // n - max over the axis of (x == max or x is NaN ? n - i : 0)
 Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
+    check_defined(*this, "argmax", loc);
     UserLocScope at(loc);   // for the operators below
     int ax = normalize_axis(axis, shape().size(), "argmax", shape(), loc);
     check_not_empty(shape(), {ax}, "argmax", loc);
@@ -3706,8 +3753,11 @@ Tensor Tensor::argmax(int axis, bool keepdim, Loc loc) const {
 }
 
 // The first index of the minimum: the argmax of reversed_order(x)
-Tensor Tensor::argmin(Loc loc) const { return flatten(0, -1, loc).argmin(0, false, loc); }
+Tensor Tensor::argmin(Loc loc) const {
+    return check_defined(*this, "argmin", loc).flatten(0, -1, loc).argmin(0, false, loc);
+}
 Tensor Tensor::argmin(int axis, bool keepdim, Loc loc) const {
+    check_defined(*this, "argmin", loc);
     if (dtype() == DType::BOOL) return logical_not(loc).argmax(axis, keepdim, loc);
     return reversed_order(*this, loc).argmax(axis, keepdim, loc);
 }
@@ -3846,6 +3896,7 @@ static Tensor cumsum_last(const Tensor& x, Loc loc) {
     return add(inner, before.unsqueeze(-1, loc), loc).reshape(flat, loc).slice(-1, 0, n, 1, loc);
 }
 Tensor Tensor::cumsum(int axis, Loc loc) const {
+    check_defined(*this, "cumsum", loc);
     int ax = normalize_axis(axis, shape().size(), "cumsum", shape(), loc);
     if (ndim() == 0) return dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
     Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
@@ -3883,9 +3934,11 @@ Tensor Tensor::logsumexp(const std::vector<int>& axes, bool keepdim, Loc loc) co
     return add(sum.log(loc), m.reshape(sum.shape(), loc), loc);
 }
 Tensor Tensor::prod(Loc loc) const {
+    check_defined(*this, "prod", loc);
     return (ndim() == 0 ? *this : flatten(0, -1, loc).prod(0, false, loc)).reshape({}, loc);
 }
 Tensor Tensor::prod(int axis, bool keepdim, Loc loc) const {
+    check_defined(*this, "prod", loc);
     UserLocScope at(loc);   // for the operators below
     int ax = normalize_axis(axis, shape().size(), "prod", shape(), loc);
     Tensor x = dtype_is_float(dtype()) ? *this : cast(DType::INT64, loc);
@@ -3938,6 +3991,7 @@ Tensor Tensor::var(int axis, int64_t correction, bool keepdim, Loc loc) const {
 // n - correction <= 0 divides by 0 (inf, or NaN for a sum of 0), as in PyTorch
 Tensor Tensor::var(const std::vector<int>& axes, int64_t correction, bool keepdim,
                    Loc loc) const {
+    check_defined(*this, "var", loc);
     std::vector<int> all = axes;
     for (int i = 0; axes.empty() && i < ndim(); i++) all.push_back(i);
     normalize_axes(all, shape(), "var", loc);
@@ -4032,6 +4086,7 @@ Tensor Tensor::expand(const Shape& shape_in, Loc loc) const {
     return wrap(graph_expand(graph_reshape(node(), src, loc), target, loc));
 }
 Tensor Tensor::pad(const std::vector<std::pair<int64_t, int64_t>>& p, Scalar value, Loc loc) const {
+    check_defined(*this, "pad", loc);
     Tensor padded = wrap(graph_pad(node(), p, loc));
     // no pad (a pooling's, padding 0) is this tensor, not a select that a kernel stores again
     if (value.value == 0 || padded.node() == node()) return padded;
@@ -4039,6 +4094,7 @@ Tensor Tensor::pad(const std::vector<std::pair<int64_t, int64_t>>& p, Scalar val
     return where(inside, padded, value, loc);
 }
 Tensor Tensor::shrink(const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc) const {
+    check_defined(*this, "shrink", loc);
     return wrap(graph_shrink(node(), p, loc));
 }
 // x[start:end:step] as Python and PyTorch read it: negative bounds count from the end, bounds
@@ -4046,6 +4102,7 @@ Tensor Tensor::shrink(const std::vector<std::pair<int64_t, int64_t>>& p, Loc loc
 // shrink, and for step > 1 pad to a multiple of step, fold the axis into [count, step] and
 // keep column 0.
 Tensor Tensor::slice(int axis, int64_t start, int64_t end, int64_t step, Loc loc) const {
+    check_defined(*this, "slice", loc);
     int ax = normalize_axis(axis, shape().size(), "slice", shape(), loc, false);
     if (step < 1)
         fail(strf("slice: step must be positive, got %lld (as in PyTorch; for a reversed slice, "
@@ -4073,16 +4130,19 @@ Tensor Tensor::slice(int axis, int64_t start, int64_t end, int64_t step, Loc loc
     return x.reshape(folded, loc).shrink(keep, loc).reshape(out, loc);
 }
 Tensor Tensor::flip(const std::vector<int>& axes, Loc loc) const {
+    check_defined(*this, "flip", loc);
     return wrap(graph_flip(node(), normalize_axes(axes, shape(), "flip", loc), loc));
 }
 Tensor Tensor::flip(int axis, Loc loc) const { return flip(std::vector<int>{axis}, loc); }
 Tensor Tensor::squeeze(Loc loc) const {
+    check_defined(*this, "squeeze", loc);
     Shape s;
     for (int64_t d : shape())
         if (d != 1) s.push_back(d);
     return reshape(s, loc);
 }
 Tensor Tensor::squeeze(int axis, Loc loc) const {
+    check_defined(*this, "squeeze", loc);
     int ax = normalize_axis(axis, shape().size(), "squeeze", shape(), loc);
     if (ndim() == 0 || shape()[size_t(ax)] != 1) return *this;
     Shape s = shape();
@@ -4090,12 +4150,14 @@ Tensor Tensor::squeeze(int axis, Loc loc) const {
     return reshape(s, loc);
 }
 Tensor Tensor::unsqueeze(int axis, Loc loc) const {
+    check_defined(*this, "unsqueeze", loc);
     int ax = normalize_axis(axis, shape().size() + 1, "unsqueeze", shape(), loc);
     Shape s = shape();
     s.insert(s.begin() + ax, 1);
     return reshape(s, loc);
 }
 Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
+    check_defined(*this, "flatten", loc);
     if (ndim() == 0) return reshape({1}, loc);
     int s = normalize_axis(start_axis, shape().size(), "flatten", shape(), loc);
     int e = normalize_axis(end_axis, shape().size(), "flatten", shape(), loc);
@@ -4107,10 +4169,12 @@ Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
     out.insert(out.end(), shape().begin() + e + 1, shape().end());
     return reshape(out, loc);
 }
-Tensor Tensor::contiguous(Loc loc) const { return un(Op::CONTIGUOUS, *this, loc); }
+Tensor Tensor::contiguous(Loc loc) const {
+    return un(Op::CONTIGUOUS, check_defined(*this, "contiguous", loc), loc);
+}
 // a select on two aranges, which fuses into whatever reads it: no mask is stored
 static Tensor triangle(const Tensor& x, int64_t diagonal, bool lower, const char* op, Loc loc) {
-    if (x.ndim() < 2)
+    if (check_defined(x, op, loc).ndim() < 2)
         fail(strf("%s: x %s needs at least 2 axes", op, shape_str(x.shape()).c_str()), loc);
     UserLocScope at(loc);
     int64_t rows = x.size(-2), cols = x.size(-1);
@@ -4125,6 +4189,7 @@ Tensor Tensor::roll(int64_t shift, int axis, Loc loc) const {
 // the last shift elements, then the others: two slices joined
 Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int>& axes,
                     Loc loc) const {
+    check_defined(*this, "roll", loc);
     if (shifts.size() != axes.size())
         fail(strf("roll: %zu shifts for %zu axes", shifts.size(), axes.size()), loc);
     Tensor y = *this;
@@ -4148,6 +4213,7 @@ Tensor Tensor::clone(Loc loc) const { return contiguous(loc); }
 // x as [1, d0, 1, d1, ...] (leading 1s for new axes), expanded to [r0, d0, r1, d1, ...] and
 // merged to [r0·d0, r1·d1, ...]
 Tensor Tensor::repeat(const std::vector<int64_t>& repeats, Loc loc) const {
+    check_defined(*this, "repeat", loc);
     if (repeats.size() < size_t(ndim()))
         fail(strf("repeat: %zu repeats for %s: give at least one per axis", repeats.size(),
                   shape_str(shape()).c_str()), loc);
@@ -4163,6 +4229,7 @@ Tensor Tensor::repeat(const std::vector<int64_t>& repeats, Loc loc) const {
     return reshape(folded, loc).expand(expanded, loc).reshape(out, loc);
 }
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int axis, Loc loc) const {
+    check_defined(*this, "split", loc);
     int ax = normalize_axis(axis, shape().size(), "split", shape(), loc, false);
     int64_t total = 0;
     for (int64_t n : sizes) {
@@ -4181,6 +4248,7 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int axis, L
     return pieces;
 }
 std::vector<Tensor> Tensor::split(int64_t size, int axis, Loc loc) const {
+    check_defined(*this, "split", loc);
     int ax = normalize_axis(axis, shape().size(), "split", shape(), loc, false);
     if (size < 1) fail(strf("split: size must be positive, got %lld", (long long)size), loc);
     int64_t n = shape()[size_t(ax)];
@@ -4190,6 +4258,7 @@ std::vector<Tensor> Tensor::split(int64_t size, int axis, Loc loc) const {
     return split(sizes, ax, loc);
 }
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int axis, Loc loc) const {
+    check_defined(*this, "chunk", loc);
     int ax = normalize_axis(axis, shape().size(), "chunk", shape(), loc, false);
     if (chunks < 1)
         fail(strf("chunk: chunks must be positive, got %lld", (long long)chunks), loc);
@@ -4197,6 +4266,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int axis, Loc loc) const {
     return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), ax, loc);
 }
 Tensor Tensor::t(Loc loc) const {
+    check_defined(*this, "t", loc);
     if (ndim() > 2)
         fail(strf("t: %s has %d axes; t() takes at most 2 (mT() swaps the last two)",
                   shape_str(shape()).c_str(), ndim()), loc);
@@ -4212,12 +4282,14 @@ Tensor Tensor::mT(Loc loc) const {
 // a [..., n, k] @ b [..., k, m] = sum over k of a[..., n, k, 1] · b[..., 1, k, m]; a 1-D operand
 // gets a unit axis (front for a, back for b) that is removed from the result.
 Tensor Tensor::mm(const Tensor& other, Loc loc) const {
+    check_defined(*this, "mm", loc), check_defined(other, "mm", loc);
     if (ndim() != 2 || other.ndim() != 2)
         fail(strf("mm: %s @ %s: both operands must have 2 axes (matmul broadcasts)",
                   shape_str(shape()).c_str(), shape_str(other.shape()).c_str()), loc);
     return matmul(other, loc);
 }
 Tensor Tensor::bmm(const Tensor& other, Loc loc) const {
+    check_defined(*this, "bmm", loc), check_defined(other, "bmm", loc);
     if (ndim() != 3 || other.ndim() != 3 || size(0) != other.size(0))
         fail(strf("bmm: %s @ %s: both operands must have 3 axes and the same batch size",
                   shape_str(shape()).c_str(), shape_str(other.shape()).c_str()), loc);
@@ -4315,6 +4387,7 @@ static Tensor attention_weights(const Tensor& q, const Tensor& k, bool causal, L
 }  // namespace detail
 
 static void check_index(const Tensor& src, const Tensor& index, const char* op, Loc loc) {
+    check_defined(src, op, loc), check_defined(index, op, loc);
     if (index.dtype() != DType::INT32 && index.dtype() != DType::INT64)
         fail(strf("%s: index must be int32 or int64, got %s (source %s, index %s)", op,
                   dtype_name(index.dtype()), shape_str(src.shape()).c_str(),
@@ -4343,6 +4416,7 @@ Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
 }
 Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
+    check_defined(src, "scatter_add", loc);
     check_index(*this, index, "scatter_add", loc);
     int ax = normalize_axis(axis, shape().size(), "scatter_add", shape(), loc, false);
     auto shapes = [&] {
@@ -4366,6 +4440,7 @@ Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc
 }
 Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha,
                          Loc loc) const {
+    check_defined(source, "index_add", loc);
     check_index(*this, index, "index_add", loc);
     int ax = normalize_axis(axis, shape().size(), "index_add", shape(), loc, false);
     Shape expected = shape();
@@ -4383,16 +4458,27 @@ Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Sc
     Tensor scaled = alpha.value == 1 ? source : mul_c(source, alpha.value, loc);
     return scatter_add(ax, index.reshape(along, loc).expand(expected, loc), scaled, loc);
 }
+// src's rows that ix picks, [*ix.shape, *src.shape[1:]]; the program checks the range. With
+// from_end, a negative index counts from the end (wrapped after the flatten, so that the
+// select reads it at its own position and computes it there)
+static Tensor rows_of(const Tensor& src, const Tensor& ix, Loc loc, bool from_end = false) {
+    Shape out = ix.shape();
+    out.insert(out.end(), src.shape().begin() + 1, src.shape().end());
+    Tensor rows = ix.flatten(0, -1, loc);
+    if (from_end) rows = where(rows < 0, rows + src.size(0), rows, loc);
+    return src.index_select(0, rows, loc).reshape(out, loc);
+}
 Tensor Tensor::operator[](Operand index) const {
     const Tensor& ix = index.tensor;
     Loc loc = index.loc;
     check_index(*this, ix, "index", loc);
-    Shape out = ix.shape();
-    out.insert(out.end(), shape().begin() + 1, shape().end());
-    return index_select(0, ix.flatten(0, -1, loc), loc).reshape(out, loc);
+    if (ndim() == 0) fail("index: cannot index a 0-d tensor", loc);
+    UserLocScope at(loc);   // for the operators below
+    return rows_of(*this, ix, loc, true);
 }
 Tensor Tensor::operator[](Index index) const {
-    if (ndim() == 0) fail("index: cannot index a 0-d tensor", index.loc);
+    if (check_defined(*this, "index", index.loc).ndim() == 0)
+        fail("index: cannot index a 0-d tensor", index.loc);
     int64_t n = shape()[0], j = wrap_index(index.i, n);
     if (j < 0 || j >= n)
         fail(strf("index: %lld out of range for shape %s", (long long)index.i,
@@ -4403,6 +4489,7 @@ Tensor Tensor::operator[](Index index) const {
 // cat: each piece is padded to the full length along the axis and the pieces are added
 Tensor cat(const std::vector<Tensor>& ts, int axis, Loc loc) {
     if (ts.empty()) fail("cat: no tensors", loc);
+    for (const Tensor& t : ts) check_defined(t, "cat", loc);
     int ax = normalize_axis(axis, ts[0].shape().size(), "cat", ts[0].shape(), loc, false);
     DType dt = ts[0].dtype();
     int64_t total = 0;
@@ -4429,6 +4516,7 @@ Tensor cat(const std::vector<Tensor>& ts, int axis, Loc loc) {
 }
 Tensor stack(const std::vector<Tensor>& ts, int axis, Loc loc) {
     if (ts.empty()) fail("stack: no tensors", loc);
+    for (const Tensor& t : ts) check_defined(t, "stack", loc);
     for (const Tensor& t : ts)
         if (t.shape() != ts[0].shape())
             fail(strf("stack: shapes %s and %s differ", shape_str(ts[0].shape()).c_str(),
@@ -4460,6 +4548,7 @@ static Tensor diagonal_last2(const Tensor& x, Loc loc) {
 }  // namespace detail
 
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
+    for (const Tensor& t : operands) check_defined(t, "einsum", loc);
     std::string spec;
     for (char c : spec_in)
         if (!std::isspace((unsigned char)c)) spec += c;
@@ -4657,7 +4746,11 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
         };
         return {mul(g, share(a < b), loc), mul(g, share(b < a), loc)};
     }
-    case Op::CMPLT: case Op::CMPEQ: case Op::IDIV: case Op::MOD:   // piecewise constant: 0
+    case Op::DIV:   // d(a/b) = da/b - ((a/b)/b)·db, as PyTorch's; integers: piecewise constant
+        // a/b is computed again, not read: the quotient need not be stored for the gradient
+        if (!dtype_is_float(dt)) return {};
+        return {g / src(1), neg(mul(g, (src(0) / src(1)) / src(1), loc), loc)};
+    case Op::CMPLT: case Op::CMPEQ: case Op::MOD:   // piecewise constant: 0
         return {};
     case Op::WHERE: {   // d where(c,a,b) = [c] da + [not c] db
         // relu's output passes relu's test (x <= 0) as x does: the gradient tests the output,
@@ -4836,6 +4929,7 @@ void Tensor::backward(const Tensor& seed, Loc loc) const {
 }
 
 Tensor Tensor::assign(const Tensor& value, Loc loc) const {
+    check_defined(*this, "assign", loc);
     if (!value.defined()) fail("assign: value is undefined", loc);
     if (broadcast_shape(shape(), value.shape(), "assign", loc) != shape())
         fail(strf("assign: value of shape %s does not fit target %s",
@@ -4954,7 +5048,7 @@ static bool vectorizes_poorly(Op op) {
 static int64_t op_cost(Op op) {
     switch (op) {
     case Op::EXP2: case Op::LOG2: case Op::SIN: case Op::COS: case Op::RAND: return 8;
-    case Op::SQRT: case Op::RECIP: case Op::IDIV: case Op::MOD: return 4;
+    case Op::SQRT: case Op::RECIP: case Op::DIV: case Op::MOD: return 4;
     case Op::GATHER: return 2;
     case Op::CONST: case Op::ARANGE: return 0;
     default: return op_kind(op) == OpKind::MOVEMENT ? 0 : 1;
@@ -5450,7 +5544,7 @@ static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Sha
     std::vector<ExprP> out;
     for (size_t d = 0; d < to.size(); d++) {
         if (to[d] == 1) { out.push_back(ix(0)); continue; }
-        ExprP q = ex_alu(Op::IDIV, DType::INDEX, {lin, ix(st[d])});
+        ExprP q = ex_alu(Op::DIV, DType::INDEX, {lin, ix(st[d])});
         out.push_back(ex_alu(Op::MOD, DType::INDEX, {q, ix(to[d])}));
     }
     return out;
@@ -5511,7 +5605,7 @@ static void vars_only_divided(const ExprP& e, std::unordered_set<int>& vars) {
     std::function<void(const ExprP&, bool)> walk = [&](const ExprP& part, bool under) {
         if (!seen[under].insert(part.get())) return;
         if (part->kind == EK::VAR) (under ? divided : plain).insert(part->id);
-        bool divides = part->kind == EK::ALU && part->op == Op::IDIV &&
+        bool divides = part->kind == EK::ALU && part->op == Op::DIV &&
                        part->src[1]->kind == EK::CONST && part->src[1]->num > 1;
         for (const ExprP& src : part->src) walk(src, under || divides);
     };
@@ -6088,7 +6182,7 @@ static std::string expr_str(const ExprP& e, const ExprNames* names) {
     switch (e->op) {
     case Op::ADD: return "(" + unparen_sum(e->src[0], s(0)) + " + " + s(1) + ")";
     case Op::MUL: return s(0) + "*" + s(1);
-    case Op::IDIV: return "(" + s(0) + " / " + s(1) + ")";
+    case Op::DIV: return "(" + s(0) + " / " + s(1) + ")";
     case Op::MOD: return "(" + s(0) + " % " + s(1) + ")";
     case Op::CMPLT: return "(" + s(0) + " < " + s(1) + ")";
     case Op::CMPEQ: return "(" + s(0) + " == " + s(1) + ")";
@@ -6268,11 +6362,11 @@ static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
         int64_t p[] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
         return {*std::min_element(p, p + 4), *std::max_element(p, p + 4), true};
     }
-    case Op::IDIV: case Op::MOD: {
+    case Op::DIV: case Op::MOD: {
         Range a = r(0);
         if (e->src[1]->kind != EK::CONST || e->src[1]->num <= 0 || !a.known || a.lo < 0) return {};
         int64_t c = int64_t(e->src[1]->num);
-        if (e->op == Op::IDIV) return {a.lo / c, a.hi / c, true};
+        if (e->op == Op::DIV) return {a.lo / c, a.hi / c, true};
         return {0, std::min(a.hi, c - 1), true};
     }
     case Op::WHERE: {
@@ -6328,7 +6422,7 @@ struct Linear {
     bool fold_div_mod() {
         for (size_t i = 0; i < terms.size(); i++) {
             const ExprP& d = terms[i].second;
-            if (d->kind != EK::ALU || d->op != Op::IDIV || d->src[1]->kind != EK::CONST) continue;
+            if (d->kind != EK::ALU || d->op != Op::DIV || d->src[1]->kind != EK::CONST) continue;
             int64_t c = int64_t(d->src[1]->num);
             for (size_t j = 0; j < terms.size(); j++) {
                 const ExprP& m = terms[j].second;
@@ -6384,7 +6478,7 @@ static ExprP compared_alone(const ExprP& e, SimplifyMemo& memo) {
     // s·x + k < c ⇔ x < ⌈(c - k) / s⌉
     int64_t bound = floor_div(int64_t(s[1]->num) - lin.constant + scale - 1, scale);
     bool changed = scale != 1 || lin.constant != 0;
-    if (x->kind == EK::ALU && x->op == Op::IDIV && x->src[1]->kind == EK::CONST &&
+    if (x->kind == EK::ALU && x->op == Op::DIV && x->src[1]->kind == EK::CONST &&
         x->src[1]->num > 0) {
         Range r = range_of(x->src[0], *memo.extents);
         if (r.known && r.lo >= 0) {
@@ -6444,19 +6538,19 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
         while (lin.fold_div_mod()) {}
         return lin.build();
     }
-    if ((e->op != Op::IDIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0)
+    if ((e->op != Op::DIV && e->op != Op::MOD) || s[1]->kind != EK::CONST || s[1]->num <= 0)
         return e;
     int64_t c = int64_t(s[1]->num);
     Range r = range_of(s[0], *memo.extents);
-    if (e->op == Op::IDIV && c == 1) return s[0];
+    if (e->op == Op::DIV && c == 1) return s[0];
     if (e->op == Op::MOD && c == 1) return ix(0);
-    if (r.known && r.lo >= 0 && r.hi < c) return e->op == Op::IDIV ? ix(0) : s[0];
+    if (r.known && r.lo >= 0 && r.hi < c) return e->op == Op::DIV ? ix(0) : s[0];
     if (!r.known || r.lo < 0) return e;
     // (x / a) / b = x / (a·b) for x >= 0
-    if (e->op == Op::IDIV && s[0]->kind == EK::ALU && s[0]->op == Op::IDIV &&
+    if (e->op == Op::DIV && s[0]->kind == EK::ALU && s[0]->op == Op::DIV &&
         s[0]->src[1]->kind == EK::CONST)
         return again(
-            ex_alu(Op::IDIV, DType::INDEX, {s[0]->src[0], ix(c * int64_t(s[0]->src[1]->num))}));
+            ex_alu(Op::DIV, DType::INDEX, {s[0]->src[0], ix(c * int64_t(s[0]->src[1]->num))}));
     // (q·c + r) / c = q + r / c and (q·c + r) % c = r % c, for x >= 0 and r >= 0
     Linear lin, quotient, rest;
     lin.add(1, s[0]);
@@ -6490,7 +6584,7 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
         }
         if (best > 1) {
             ExprP q = multiple.build(), n = ix(c / best);
-            if (e->op == Op::IDIV) return again(ex_alu(Op::IDIV, DType::INDEX, {q, n}));
+            if (e->op == Op::DIV) return again(ex_alu(Op::DIV, DType::INDEX, {q, n}));
             ExprP remainder = ex_alu(Op::MOD, DType::INDEX, {q, n});
             return again(ix_add(ix_mul(remainder, best), small.build()));
         }
@@ -6499,7 +6593,7 @@ static ExprP simplify_node(const ExprP& e, SimplifyMemo& memo) {
     Range rr = range_of(rest_e, *memo.extents);
     if (!moved || !rr.known || rr.lo < 0) return e;
     if (e->op == Op::MOD) return again(ex_alu(Op::MOD, DType::INDEX, {rest_e, ix(c)}));
-    return again(ix_add(quotient.build(), ex_alu(Op::IDIV, DType::INDEX, {rest_e, ix(c)})));
+    return again(ix_add(quotient.build(), ex_alu(Op::DIV, DType::INDEX, {rest_e, ix(c)})));
 }
 
 static ExprP simplify(const ExprP& e, SimplifyMemo& memo) {
@@ -7022,7 +7116,7 @@ static void each_division(const std::vector<Stmt>& body,
         for (const Stmt& st : stmts) {
             for (const ExprP& e : {st.idx, st.val})
                 each_part(e, seen, [&](const ExprP& part) {
-                    if (part->kind == EK::ALU && (part->op == Op::IDIV || part->op == Op::MOD))
+                    if (part->kind == EK::ALU && (part->op == Op::DIV || part->op == Op::MOD))
                         f(*part);
                 });
             walk(st.body);
@@ -7053,7 +7147,7 @@ static bool merge_loops(Block& b, size_t depth) {
     std::vector<Stmt> inner = std::move(loop.body[0].body);
     loop.body = std::move(inner);
     loop.id = j;
-    substitute_var(loop.body, v0, ex_alu(Op::IDIV, DType::INDEX, {ex_var(j), ix(e1)}));
+    substitute_var(loop.body, v0, ex_alu(Op::DIV, DType::INDEX, {ex_var(j), ix(e1)}));
     substitute_var(loop.body, v1, ex_alu(Op::MOD, DType::INDEX, {ex_var(j), ix(e1)}));
     SimplifyMemo memo{&merged.extents, {}};
     simplify_stmts(loop.body, memo);
@@ -12094,7 +12188,7 @@ void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
     seeds = s;
     weight = Tensor::randn(weight.shape(), s.at(0)).requires_grad();
 }
-Tensor Embedding::forward(const Tensor& ids) { return weight[ids]; }
+Tensor Embedding::forward(const Tensor& ids) { return functional::embedding(ids, weight); }
 
 LayerNorm::LayerNorm(int64_t dim, double e, Loc loc)
     : eps(e),
@@ -12264,6 +12358,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                   Loc loc) {
     detail::UserLocScope at(loc);
+    const Shape& xs = detail::check_defined(x, "layer_norm", loc).shape();
+    for (const Tensor* t : {&weight, &bias}) {   // each broadcast to x's shape, x's unchanged
+        if (!t->defined()) continue;
+        const Shape& ts = t->shape();
+        bool fits = ts.size() <= xs.size();
+        for (size_t i = 1; fits && i <= ts.size(); i++)
+            fits = ts[ts.size() - i] == 1 || ts[ts.size() - i] == xs[xs.size() - i];
+        if (!fits)
+            detail::fail(strf("layer_norm: %s %s does not fit x %s (normalized over its last "
+                              "axis, of %lld)", t == &weight ? "weight" : "bias",
+                              shape_str(ts).c_str(), shape_str(xs).c_str(),
+                              (long long)(xs.empty() ? 0 : xs.back())));
+    }
     Tensor centered = x - x.mean(-1, true);
     Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
     if (weight.defined()) y = y * weight;
@@ -12978,25 +13085,29 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string&
     for (size_t a = 0; a < pads.size() / 2; a++) {
         int axis = x.ndim() - 1 - int(a);
         int64_t n = x.size(axis), before = pads[2 * a], after = pads[2 * a + 1];
+        if (n + before + after < 0)
+            detail::fail(strf("pad: %s cut axis %d of x %s below nothing",
+                              shape_str(pads).c_str(), axis, shape_str(x.shape()).c_str()));
         if (constant) {   // pad what grows, then cut what shrinks
             std::vector<std::pair<int64_t, int64_t>> grow(size_t(x.ndim()), {0, 0});
             grow[size_t(axis)] = {std::max<int64_t>(before, 0), std::max<int64_t>(after, 0)};
             y = y.pad(grow, value);
-            if (n + before + after < 0)
-                detail::fail(strf("pad: %s cut axis %d of x %s below nothing",
-                                  shape_str(pads).c_str(), axis, shape_str(x.shape()).c_str()));
             y = y.slice(axis, std::max<int64_t>(-before, 0),
                         y.size(axis) - std::max<int64_t>(-after, 0));
             continue;
         }
+        // an output position reads source position `from`, mirrored, held or wrapped into
+        // the axis; a cut only moves where `from` starts or ends
         int64_t most = mode == "reflect" ? n - 1 : mode == "circular" ? n : INT64_MAX;
-        if (before < 0 || after < 0 || before > most || after > most || n == 0)
-            detail::fail(strf("pad: %s pads of %s along axis %d of x %s must be at least 0 and "
-                              "at most %s", mode.c_str(), shape_str(pads).c_str(), axis,
+        if (n == 0 && before + after > 0)
+            detail::fail(strf("pad: %s cannot pad axis %d of x %s: it is empty", mode.c_str(),
+                              axis, shape_str(x.shape()).c_str()));
+        if (before > most || after > most)
+            detail::fail(strf("pad: %s pads of %s along axis %d of x %s must be at most %s "
+                              "(%lld)", mode.c_str(), shape_str(pads).c_str(), axis,
                               shape_str(x.shape()).c_str(),
-                              mode == "reflect" ? "the axis's size - 1"
-                              : mode == "circular" ? "the axis's size"
-                                                   : "any (the axis not empty)"));
+                              mode == "reflect" ? "the axis's size - 1" : "the axis's size",
+                              (long long)most));
         Tensor from = Tensor::arange(n + before + after) - before;
         Tensor source = mode == "replicate" ? from.clamp(0, n - 1)
                         : mode == "circular" ? from % n
@@ -13024,7 +13135,11 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
     // the identity's rows, picked by an index that the program checks
     Tensor classes = Tensor::arange(num_classes);
     Tensor identity = classes.reshape({num_classes, 1}) == classes.reshape({1, num_classes});
-    return identity.cast(DType::INT64)[Operand(ids, loc)];
+    return rows_of(identity.cast(DType::INT64), ids, loc);
+}
+Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc) {
+    check_index(weight, ids, "embedding", loc);
+    return rows_of(weight, ids, loc);
 }
 Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);
@@ -13893,8 +14008,16 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r,
 Tensor binary_cross_entropy(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("binary_cross_entropy", p, t);
-    Tensor log_p = p.log().clamp(-100), log_not_p = (1.0f - p).log().clamp(-100);
-    return reduce_loss(-(t * log_p + (1.0f - t) * log_not_p), r);
+    // Where p(1 - p) >= 1e-12 no logarithm reaches -100, and their own gradient is PyTorch's
+    // formula. Elsewhere (p = 1, or p below 1e-12) the loss is the clamped logarithms of p
+    // detached, plus (p - t)²/2e-12 less itself detached: 0, with PyTorch's gradient there.
+    // The logarithms' side reads 1/2 there, so that no ∞·0 reaches the gradient.
+    Tensor edge = p * (1.0f - p) < 1e-12f, held = p.detach();
+    Tensor safe = where(edge, 0.5f, p);
+    Tensor inside = -(t * safe.log() + (1.0f - t) * (1.0f - safe).log());
+    Tensor clamped = -(t * held.log().clamp(-100) + (1.0f - t) * (1.0f - held).log().clamp(-100));
+    Tensor pull = ((p - t) * (p - t) - (held - t) * (held - t)) * float(0.5 / 1e-12);
+    return reduce_loss(where(edge, clamped + pull, inside), r);
 }
 // (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
 // min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.
@@ -13947,6 +14070,19 @@ namespace optim {
 static Tensor scalar_tensor(double v) {
     return Tensor::from_vector(std::vector<float>{float(v)}, {});
 }
+// Steps a parameter had no gradient in (0 at first, where it lives), so that t less it is the
+// parameter's own count, as PyTorch keeps one: it changes only in such a step, so that the
+// usual step, every parameter with a gradient, reads it and writes nothing more
+static Tensor skipped_steps_of(const Tensor& p) {
+    return on_device_of(p, scalar_tensor(0), Loc::here()).realize();
+}
+// this step's count for parameter i (its update follows), or the skip noted in out (none)
+static std::optional<Tensor> own_step(const Tensor& step_t, Tensor& skipped, bool has_grad,
+                                      std::vector<Tensor>& out) {
+    if (has_grad) return step_t - skipped;
+    out.push_back(skipped.assign(skipped + 1.0f));
+    return std::nullopt;
+}
 
 // Every parameter must be able to receive a gradient: a leaf that requires grad.
 // lr(t) = peak·t/warmup up to warmup; then min + (peak - min)·(1 + cos(π·p))/2, p the part of
@@ -13973,7 +14109,8 @@ Schedule step_lr(double lr, int64_t step_size, double gamma, Loc loc) {
         detail::fail(strf("step_lr: need step_size >= 1 and gamma > 0, got step_size %lld, "
                           "gamma %g", (long long)step_size, gamma), loc);
     return [=](const Tensor& t) {
-        return power_of(gamma, ((t - 1.0f) * float(1.0 / double(step_size))).floor()) * float(lr);
+        // (t - 1/2)/step_size, not (t - 1)/step_size: a rounded 41·(1/41) is just below 1
+        return power_of(gamma, ((t - 0.5f) * float(1.0 / double(step_size))).floor()) * float(lr);
     };
 }
 Schedule exponential_lr(double lr, double gamma, Loc loc) {
@@ -14142,16 +14279,18 @@ Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, d
     for (const Tensor& p : params) {
         m.push_back(Tensor::zeros_like(p).realize());
         v.push_back(Tensor::zeros_like(p).realize());
+        skipped.push_back(skipped_steps_of(p));
     }
 }
 std::vector<Tensor> Adam::updates() {
     std::vector<Tensor> out;
-    // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
-    Tensor c1 = 1.0f - (step_t * float(std::log2(beta1))).exp2();
-    Tensor c2 = 1.0f - (step_t * float(std::log2(beta2))).exp2();
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = params[i].grad();
-        if (!g.defined()) continue;
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
+        Tensor c1 = 1.0f - (*t * float(std::log2(beta1))).exp2();
+        Tensor c2 = 1.0f - (*t * float(std::log2(beta2))).exp2();
         if (weight_decay != 0 && !decoupled) g = g + p * float(weight_decay);
         Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
         Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
@@ -14164,7 +14303,7 @@ std::vector<Tensor> Adam::updates() {
 std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
     for (size_t i = 0; i < params.size(); i++)
-        out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}});
+        out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}, {"skipped", skipped[i]}});
     return out;
 }
 
@@ -14227,14 +14366,18 @@ Adagrad::Adagrad(std::vector<Tensor> ps, double learning_rate, double decay, dou
     check_at_least_0("Adagrad", "weight_decay", weight_decay);
     check_at_least_0("Adagrad", "initial_accumulator_value", initial);
     check_at_least_0("Adagrad", "eps", eps);
-    for (const Tensor& p : params) sums.push_back(Tensor::full_like(p, initial).realize());
+    for (const Tensor& p : params) {
+        sums.push_back(Tensor::full_like(p, initial).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
 }
 std::vector<Tensor> Adagrad::updates() {
     std::vector<Tensor> out;
-    Tensor lr_t = step_lr / ((step_t - 1.0f) * float(lr_decay) + 1.0f);
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = p.grad();
-        if (!g.defined()) continue;
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        Tensor lr_t = step_lr / ((*t - 1.0f) * float(lr_decay) + 1.0f);
         if (weight_decay != 0) g = g + p * float(weight_decay);
         Tensor sum = sums[i].assign(sums[i] + g * g);
         out.insert(out.end(), {sum, p.assign(p - lr_t * (g / (sum.sqrt() + float(eps))))});
@@ -14243,7 +14386,8 @@ std::vector<Tensor> Adagrad::updates() {
 }
 std::vector<std::vector<std::pair<std::string, Tensor>>> Adagrad::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
-    for (const Tensor& sum : sums) out.push_back({{"sum", sum}});
+    for (size_t i = 0; i < sums.size(); i++)
+        out.push_back({{"sum", sums[i]}, {"skipped", skipped[i]}});
     return out;
 }
 }  // namespace optim

@@ -692,7 +692,7 @@ TEST(autograd_pow_at_zero_base) {
     // finite at a zero base for y >= 1, however pow is composed
     Tensor a = T({0, 1.5}, {2}).requires_grad(), b = T({0, 1.5}, {2}).requires_grad();
     Tensor c = T({0, 1.5}, {2}).requires_grad(), d = T({0, 1.5}, {2}).requires_grad();
-    Tensor x = T({0, 0, 2}, {3}).requires_grad(), y = T({2, 3, 2}, {3}).requires_grad();
+    Tensor x = T({0, 0, 2, 0, -0.0}, {5}).requires_grad(), y = T({2, 3, 2, 1, 1}, {5}).requires_grad();
     a.pow(2.0).sum().backward();
     b.pow(1.0).sum().backward();
     c.pow(2.5).sum().backward();
@@ -703,8 +703,9 @@ TEST(autograd_pow_at_zero_base) {
     CHECK_ALL_NEAR(vals(b.grad()), (Vec{1, 1}), 1e-12);
     CHECK_ALL_NEAR(vals(c.grad()), (Vec{0, 2.5 * std::pow(1.5, 1.5)}), 1e-12);
     CHECK_ALL_NEAR(vals(d.grad()), (Vec{0, 3}), 1e-12);
-    CHECK_ALL_NEAR(vals(x.grad()), (Vec{0, 0, 4}), 1e-12);
-    CHECK_ALL_NEAR(vals(y.grad()), (Vec{0, 0, 4 * std::log(2.0)}), 1e-12);
+    CHECK_ALL_NEAR(vals(x.grad()), (Vec{0, 0, 4, 1, 1}), 1e-12);   // x^1 is x, at 0 too
+    CHECK_ALL_NEAR(vals(y.grad()), (Vec{0, 0, 4 * std::log(2.0), 0, 0}), 1e-12);
+    CHECK(std::signbit(vals(x.detach().pow(y.detach()))[4]));            // (-0)^1 = -0
 }
 
 // ---- second order -----------------------------------------------------------------------------

@@ -351,7 +351,7 @@ TEST(cuda_plans_nests_for_the_gpu) {
         for (const auto& l : launches) {
             tg::detail::KernelPlan plan = tg::detail::plan_kernel(p, l.block, l.part);
             const std::string& title = l.part.title;
-            if (title.find("RECIP SQRT ASSIGN") != std::string::npos)
+            if (title.find("DIV SQRT ASSIGN") != std::string::npos)   // Adam's update
                 adam = adam || (plan.items == 128 && !plan.cooperative);
             if (title.find("SCATTER_ADD") != std::string::npos && plan.serial && n >= many_rows_to)
                 scatter = scatter || (plan.items == 8 && plan.splits == 1 &&

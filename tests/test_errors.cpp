@@ -396,6 +396,65 @@ TEST(errors_from_undefined_operands_name_the_op_and_line) {
     CHECK_THROWS_HERE(never.to_vector<int>(), "to_vector", undefined);
     CHECK_THROWS_HERE(never.realize(), "realize", undefined);
     CHECK_THROWS_HERE(tg::realize({x, never}), "realize", undefined);
+    // a scalar operand, and the calls that first read the shape or dtype of an operand
+    Tensor i = Tensor::from_vector({0, 1});
+    CHECK_THROWS_HERE(never + 1, "operator+", undefined);
+    CHECK_THROWS_HERE(2 * never, "operator*", undefined);
+    CHECK_THROWS_HERE(never < 1, "operator<", undefined);
+    CHECK_THROWS_HERE(-never, "neg", undefined);
+    CHECK_THROWS_HERE(never.maximum(1), "maximum", undefined);
+    CHECK_THROWS_HERE(never.pow(2), "pow", undefined);
+    CHECK_THROWS_HERE(tg::where(x > 0, 1.0f, never), "where", undefined);
+    CHECK_THROWS_HERE(Tensor::zeros_like(never), "full_like", undefined);
+    CHECK_THROWS_HERE(Tensor::randn_like(never), "randn_like", undefined);
+    CHECK_THROWS_HERE(never.sign(), "sign", undefined);
+    CHECK_THROWS_HERE(never.abs(), "abs", undefined);
+    CHECK_THROWS_HERE(never.square(), "square", undefined);
+    CHECK_THROWS_HERE(never.floor(), "floor", undefined);
+    CHECK_THROWS_HERE(never.ceil(), "ceil", undefined);
+    CHECK_THROWS_HERE(never.trunc(), "trunc", undefined);
+    CHECK_THROWS_HERE(never.logical_not(), "logical_not", undefined);
+    CHECK_THROWS_HERE(never.clamp(0, 1), "clamp", undefined);
+    CHECK_THROWS_HERE(x.masked_fill(never, 1), "masked_fill", undefined);
+    CHECK_THROWS_HERE(never.min(0), "min", undefined);
+    CHECK_THROWS_HERE(never.prod(), "prod", undefined);
+    CHECK_THROWS_HERE(never.cumsum(0), "cumsum", undefined);
+    CHECK_THROWS_HERE(never.argmax(), "argmax", undefined);
+    CHECK_THROWS_HERE(never.argmin(0), "argmin", undefined);
+    CHECK_THROWS_HERE(never.std(), "var", undefined);
+    CHECK_THROWS_HERE(never.t(), "t:", undefined);
+    CHECK_THROWS_HERE(never.pad({{1, 1}}), "pad", undefined);
+    CHECK_THROWS_HERE(never.slice(0, 0, 1), "slice", undefined);
+    CHECK_THROWS_HERE(never.flip(0), "flip", undefined);
+    CHECK_THROWS_HERE(never.squeeze(), "squeeze", undefined);
+    CHECK_THROWS_HERE(never.unsqueeze(0), "unsqueeze", undefined);
+    CHECK_THROWS_HERE(never.flatten(), "flatten", undefined);
+    CHECK_THROWS_HERE(never.clone(), "contiguous", undefined);
+    CHECK_THROWS_HERE(never.tril(), "tril", undefined);
+    CHECK_THROWS_HERE(never.roll(1, 0), "roll", undefined);
+    CHECK_THROWS_HERE(never.repeat({2}), "repeat", undefined);
+    CHECK_THROWS_HERE(never.chunk(2), "chunk", undefined);
+    CHECK_THROWS_HERE(never.split(1), "split", undefined);
+    CHECK_THROWS_HERE(x.mm(never), "mm", undefined);
+    CHECK_THROWS_HERE(never.bmm(x), "bmm", undefined);
+    CHECK_THROWS_HERE(x.gather(0, never), "gather", undefined);
+    CHECK_THROWS_HERE(x.scatter_add(0, i, never), "scatter_add", undefined);
+    CHECK_THROWS_HERE(x.index_add(0, i, never), "index_add", undefined);
+    CHECK_THROWS_HERE(never[i], "index", undefined);
+    CHECK_THROWS_HERE(never[0], "index", undefined);
+    CHECK_THROWS_HERE(never.assign(x), "assign", undefined);
+    CHECK_THROWS_HERE(tg::cat({x, never}), "cat", undefined);
+    CHECK_THROWS_HERE(tg::stack({x, never}), "stack", undefined);
+    CHECK_THROWS_HERE(tg::einsum("ij->ji", {never}), "einsum", undefined);
+}
+
+// A layer norm's weight and bias must fit the last axis of x, the one it normalizes.
+TEST(errors_layer_norm_names_the_width_it_needs) {
+    tg::nn::LayerNorm norm(4);
+    Tensor x = zeros({2, 5});
+    CHECK_THROWS_HERE(norm(x), "layer_norm", "weight [4] does not fit x [2,5]", "of 5");
+    CHECK_THROWS_HERE(tg::nn::functional::layer_norm(x, Tensor(), zeros({4})), "bias [4]");
+    CHECK_EQ(norm(zeros({2, 4})).shape(), (tg::Shape{2, 4}));
 }
 
 // Operators take the user's line through the conversion of their left operand (or of an index).

@@ -1554,6 +1554,11 @@ TEST(ops_index_select_embedding) {
     std::vector<int32_t> xv = {4, 0, 2, 2, 1, 4};
     Tensor C = Tensor::from_vector(cv, {5, 3}), X = Tensor::from_vector(xv, {2, 3});
     Tensor emb = C[X], emb1 = C[Tensor::from_vector(std::vector<int32_t>{1, 3})];
+    CHECK_ALL_NEAR(vals(C[Tensor::from_vector({-1, 0, -5})]),
+                   vals(C[Tensor::from_vector({4, 0, 0})]), 0);   // from the end, as PyTorch
+    CHECK_THROWS(tg::nn::functional::embedding(Tensor::from_vector({-1}), C).realize(),
+                 "index out of range [0, 5)", "got -1");
+    CHECK_THROWS(C[Tensor::from_vector({-6})].realize(), "index out of range", "got -1");
     CHECK(r0.shape() == S({3, 5}));
     CHECK(r1.shape() == S({4, 3}));
     CHECK(emb.shape() == S({2, 3, 3}));
@@ -2077,6 +2082,25 @@ TEST(ops_cumprod) {
 }
 
 // % is Python's remainder (the divisor's sign); floor, ceil, trunc as C's
+// float % is fmod's, moved by b where the signs differ, exactly (PyTorch's): whole multiples
+// give 0, and a quotient far past 2^24 still leaves the exact remainder
+TEST(ops_remainder_of_whole_multiples_and_large_quotients) {
+    std::vector<float> a, b;
+    for (int i = 1; i <= 300; i++)
+        for (int k : {-3, -1, 1, 2, 5}) a.push_back(float(i * k)), b.push_back(float(i));
+    for (float big : {1e10f, -1e10f, 3e7f, 1e5f, -2.5e12f})
+        for (float d : {3.3f, 6.2831855f, -0.7f}) a.push_back(big), b.push_back(d);
+    Vec got = vals(Tensor::from_vector(a) % Tensor::from_vector(b)), want;
+    for (size_t i = 0; i < a.size(); i++) {
+        float m = std::fmod(a[i], b[i]);   // exact
+        want.push_back(m != 0 && ((m < 0) != (b[i] < 0)) ? double(m + b[i]) : double(m));
+    }
+    CHECK_ALL_NEAR(got, want, 0);
+    Tensor x = Tensor::from_vector({7.5f, -7.5f, 40.f}).requires_grad();
+    (x % Tensor::from_vector({2.f, 2.f, 8.f})).sum().backward();
+    CHECK_ALL_NEAR(vals(x.grad()), (Vec{1, 1, 1}), 0);
+}
+
 TEST(ops_remainder_floor_ceil_trunc) {
     std::vector<int32_t> a = {-7, 7, -7, 7, 0, 6, -6, 5}, b = {3, -3, -3, 3, 4, 3, 3, 0};
     Tensor ri = Tensor::from_vector(a) % Tensor::from_vector(b);
@@ -2958,6 +2982,15 @@ TEST(ops_lr_schedules_roll_lerp) {
         CHECK_NEAR(cosine[size_t(i)], 0.05 + 0.45 * (1 + std::cos(M_PI * i / 10)) / 2, 1e-6);
         CHECK_NEAR(linear[size_t(i)], 0.5 * (0.25 + 0.75 * std::min(i, 6) / 6.0), 1e-6);
     }
+    // every step size to 2000 decays at its step: (t - 1)·(1/41) rounds below 1 at t = 42
+    Tensor steps = Tensor::arange(1, 2001).cast(DType::FLOAT32);
+    for (int64_t size : {41, 47, 83, 97, 1000, 1999}) {
+        Vec lr = vals(O::step_lr(1, size, 0.5)(steps));
+        for (int64_t i = 0; i < 2000; i++)
+            if (lr[size_t(i)] != std::ldexp(1.0, -int(i / size)))
+                th::report(__FILE__, __LINE__, "step_lr, step size " + std::to_string(size) +
+                                                   ", step " + std::to_string(i + 1));
+    }
     CHECK_THROWS(O::step_lr(0.1, 0), "step_lr", "step_size 0");
     CHECK_THROWS(O::exponential_lr(0.1, 0), "exponential_lr", "gamma > 0");
     CHECK_THROWS(O::cosine_annealing_lr(0.1, 0), "cosine_annealing_lr", "t_max >= 1");
@@ -3195,6 +3228,13 @@ TEST(ops_pad_modes) {
     CHECK_ALL_NEAR(vals(F::pad(x, {-1, 2, 0, -2}, "constant", 5)),
                    vals(x.slice(1, 0, 1).slice(2, 1, 4).pad({{0, 0}, {0, 0}, {0, 2}}, 5)), 0);
     CHECK(F::pad(x, {3, 0}, "reflect").shape() == S({2, 3, 7}));
+    // every mode: a negative size cuts, as PyTorch's, before or after the padding
+    Tensor r = Tensor::from_vector({1.f, 2.f, 3.f, 4.f, 5.f}, {1, 5});
+    CHECK_ALL_NEAR(vals(F::pad(r, {-1, 2}, "replicate")), (Vec{2, 3, 4, 5, 5, 5}), 0);
+    CHECK_ALL_NEAR(vals(F::pad(r, {2, -2}, "reflect")), (Vec{3, 2, 1, 2, 3}), 0);
+    CHECK_ALL_NEAR(vals(F::pad(r, {-2, 1}, "circular")), (Vec{3, 4, 5, 1}), 0);
+    CHECK_THROWS(F::pad(r, {-3, -3}, "replicate"), "pad", "below nothing");
+    CHECK_THROWS(F::pad(r.slice(1, 0, 0), {1, 0}, "replicate"), "pad", "empty");
     CHECK_THROWS(F::pad(x, {4, 0}, "reflect"), "pad", "reflect", "at most the axis's size - 1");
     CHECK_THROWS(F::pad(x, {5, 0}, "circular"), "pad", "circular", "[5,0]");
     CHECK_THROWS(F::pad(x, {1, 1, 1}), "pad", "3 sizes", "[2,3,4]");

@@ -843,6 +843,36 @@ TEST(optim_adamw_three_steps_match_reference) {
     CHECK(diff > 1e-3);
 }
 
+// As PyTorch's, Adam, AdamW and Adagrad count each parameter's steps apart: b, with no
+// gradient in the first two steps, takes a first step (bias correction 1 - β, no lr decay)
+// in the third, to 1 - lr·(g/(|g| + eps) + decay); the state says it skipped two steps.
+TEST(optim_steps_are_counted_per_parameter) {
+    auto check = [](auto make, const char* name, double decay) {
+        Tensor a = Tensor::from_vector({1.0f}).requires_grad();
+        Tensor b = Tensor::from_vector({1.0f}).requires_grad();
+        auto opt = make(std::vector<Tensor>{a, b});
+        for (int s = 0; s < 3; s++) {
+            Tensor loss = (a * a).sum();
+            if (s == 2) loss = loss + (b * 2.0f).sum();
+            opt.zero_grad();
+            loss.backward();
+            opt.step();
+        }
+        double torch_b = 1 - 0.1 * (2 / (2 + 1e-8) + decay);   // a first step, lr 0.1
+        if (std::fabs(b.item() - torch_b) > 1e-6)
+            th::report(__FILE__, __LINE__, std::string(name) + ": b " + std::to_string(b.item()) +
+                                               ", PyTorch's " + std::to_string(torch_b));
+        auto state = opt.state_dict();
+        CHECK_EQ(state.at("state.0.skipped").item(), 0.0);
+        CHECK_EQ(state.at("state.1.skipped").item(), 2.0);
+        CHECK_EQ(state.at("t").item(), 3.0);
+    };
+    check([](std::vector<Tensor> ps) { return optim::Adam(ps, 0.1); }, "Adam", 0);
+    check([](std::vector<Tensor> ps) { return optim::AdamW(ps, 0.1); }, "AdamW", 0.01);
+    check([](std::vector<Tensor> ps) { return optim::Adagrad(ps, 0.1, 1.0, 0, 0, 1e-8); },
+          "Adagrad", 0);
+}
+
 TEST(optim_set_lr_changes_step_without_recompiling) {
     // loss = Σ c·p: the gradient is c whatever p is, so each step moves p by -lr·c
     std::vector<float> c = {1, -2, 0.5f, 4};
@@ -2596,4 +2626,16 @@ TEST(loss_binary_cross_entropy_matches_loop) {
     for (double w : want) mean += w / double(want.size());
     CHECK_NEAR(nn::binary_cross_entropy(fv(p), fv(t)).item(), mean, F32);
     CHECK_THROWS(nn::binary_cross_entropy(fv(p), fv({1, 0})), "binary_cross_entropy", "[6]", "[2]");
+    // the gradient is PyTorch's (p - t)/max(p(1 - p), 1e-12): finite where p is 0 or 1, so a
+    // saturated sigmoid passes 0, not NaN
+    Tensor pg = fv(p).requires_grad();
+    nn::binary_cross_entropy(pg, fv(t), nn::Reduction::SUM).backward();
+    Vec grad;
+    for (size_t i = 0; i < p.size(); i++)
+        grad.push_back((double(p[i]) - t[i]) / std::max(double(p[i]) * (1 - double(p[i])), 1e-12));
+    CHECK_ALL_NEAR(vals(pg.grad()), grad, F32);
+    Tensor x = fv({20, -20, 3}).requires_grad();
+    nn::binary_cross_entropy(x.sigmoid(), fv({1, 0, 1})).backward();
+    CHECK_ALL_NEAR(vals(x.grad()), (Vec{0, 1 / (1 + std::exp(20.0)) / 3, (1 / (1 + std::exp(-3.0)) - 1) / 3}),
+                   F32);
 }
