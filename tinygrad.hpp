@@ -464,6 +464,25 @@ public:
     Tensor ceil(Loc loc = Loc::here()) const;
     Tensor log1p(Loc loc = Loc::here()) const;         // ln(1 + x), accurate for tiny x
     Tensor expm1(Loc loc = Loc::here()) const;         // e^x - 1, accurate for tiny x
+    Tensor tan(Loc loc = Loc::here()) const;           // sin x / cos x
+    // the nearest whole number, a half to the even one (2.5 → 2, as torch.round); a zero
+    // keeps x's sign; integers as they are; no gradient reaches x
+    Tensor round(Loc loc = Loc::here()) const;
+    // bool: NaN; ±∞; neither (integers: false, false, true), as torch.isnan, isinf, isfinite
+    Tensor isnan(Loc loc = Loc::here()) const;
+    Tensor isinf(Loc loc = Loc::here()) const;
+    Tensor isfinite(Loc loc = Loc::here()) const;
+    // NaN, +∞ and -∞ replaced: by nan, and by posinf and neginf (default: the dtype's largest
+    // and lowest finite values), as torch.nan_to_num; the gradient passes where x is finite
+    Tensor nan_to_num(double nan = 0, std::optional<double> posinf = std::nullopt,
+                      std::optional<double> neginf = std::nullopt, Loc loc = Loc::here()) const;
+    // C's remainder, with x's sign (torch.fmod; % takes other's sign): exact, as %
+    Tensor fmod(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor fmod(Scalar other, Loc loc = Loc::here()) const;
+    // ⌊x / other⌋ as Python's // and torch.floor_divide (1 // 0.1 is 9: 0.1f is above 1/10);
+    // integers stay integers (x // 0 is 0, where PyTorch raises); no gradient, as PyTorch's
+    Tensor floor_divide(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor floor_divide(Scalar other, Loc loc = Loc::here()) const;
     // min(max(x, min), max), either bound optional; the gradient passes where
     // min <= x <= max, as in PyTorch
     Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
@@ -3590,6 +3609,84 @@ Tensor Tensor::ceil(Loc loc) const {
     if (!dtype_is_float(dtype())) return *this;
     Tensor t = trunc(loc);
     return where(t < detach(), add_c(t, 1, loc), t, loc);
+}
+// f = floor x and d = x - f (exact: |x| < 2^23 has bits below the point, a larger x is whole
+// and d is 0); up where d > 1/2, or d = 1/2 and f is odd (f/2 not whole)
+Tensor Tensor::round(Loc loc) const {
+    check_defined(*this, "round", loc);
+    if (!dtype_is_float(dtype())) return *this;
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = detach(), f = x.floor(loc), d = x - f;
+    Tensor half = mul_c(f, 0.5, loc), odd = half.floor(loc) != half;
+    Tensor r = where((d > 0.5).maximum((d == 0.5).minimum(odd, loc), loc), add_c(f, 1, loc), f,
+                     loc);
+    return where(r == 0, mul_c(x, 0, loc), r, loc);
+}
+Tensor Tensor::tan(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "tan", loc), loc);
+    return x.sin(loc) / x.cos(loc);
+}
+Tensor Tensor::isnan(Loc loc) const {
+    Tensor x = check_defined(*this, "isnan", loc);
+    return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);
+}
+Tensor Tensor::isinf(Loc loc) const {
+    check_defined(*this, "isinf", loc);
+    if (!dtype_is_float(dtype())) return const_like(*this, 0, DType::BOOL, loc);
+    return bin(Op::CMPEQ, abs(loc), const_like(*this, INFINITY, dtype(), loc), "isinf", loc);
+}
+Tensor Tensor::isfinite(Loc loc) const {
+    check_defined(*this, "isfinite", loc);
+    if (!dtype_is_float(dtype())) return const_like(*this, 1, DType::BOOL, loc);
+    return bin(Op::CMPLT, abs(loc), const_like(*this, INFINITY, dtype(), loc), "isfinite", loc);
+}
+Tensor Tensor::nan_to_num(double nan, std::optional<double> posinf,
+                          std::optional<double> neginf, Loc loc) const {
+    check_defined(*this, "nan_to_num", loc);
+    if (!dtype_is_float(dtype())) return *this;
+    UserLocScope at(loc);   // for the operators below
+    double most = dtype() == DType::FLOAT32 ? double(std::numeric_limits<float>::max())
+                                            : std::numeric_limits<double>::max();
+    Tensor y = where(isnan(loc), nan, *this, loc);
+    y = where(*this == INFINITY, posinf.value_or(most), y, loc);
+    return where(*this == -INFINITY, neginf.value_or(-most), y, loc);
+}
+// x % other, moved back by other where its sign is not x's; a finite x over an infinite other
+// is x (% gives other where their signs differ)
+Tensor Tensor::fmod(const Tensor& other, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    auto [a, b] = operands(*this, other, "fmod", loc);
+    check_not_bool(a, "fmod", loc);
+    if (!dtype_is_float(a.dtype())) return wrap(graph_binary(Op::MOD, N(a), N(b), loc));
+    Tensor r = Operand(a, loc) % b;
+    r = where((r != 0).minimum((r < 0) != (a < 0), loc), r - b, r, loc);
+    return where(a.isfinite(loc).minimum(b.isinf(loc), loc), a, r, loc);
+}
+Tensor Tensor::fmod(Scalar other, Loc loc) const {
+    return fmod(scalar_operand(*this, other, "fmod", loc), loc);
+}
+// Integers: C's quotient, one lower where the remainder's sign is not b's. Floats: PyTorch's
+// (a - fmod(a, b))/b, one lower where fmod's sign is not b's, then rounded to the nearest
+// whole number (the division may land just off it); a zero quotient keeps a/b's sign
+Tensor Tensor::floor_divide(const Tensor& other, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    auto [a, b] = operands(detach(), other.detach(), "floor_divide", loc);
+    check_not_bool(a, "floor_divide", loc);
+    if (!dtype_is_float(a.dtype())) {
+        Tensor q = wrap(graph_binary(Op::DIV, N(a), N(b), loc));
+        Tensor r = wrap(graph_binary(Op::MOD, N(a), N(b), loc));
+        return q - ((r != 0).minimum((r < 0) != (b < 0), loc)).cast(a.dtype(), loc);
+    }
+    Tensor m = a.fmod(b, loc), d = (a - m) / b;
+    d = where((m != 0).minimum((m < 0) != (b < 0), loc), add_c(d, -1, loc), d, loc);
+    Tensor f = d.floor(loc);
+    f = where(d - f > 0.5, add_c(f, 1, loc), f, loc);
+    Tensor q = a / b;
+    return where(b == 0, q, where(d == 0, mul_c(q, 0, loc), f, loc), loc);
+}
+Tensor Tensor::floor_divide(Scalar other, Loc loc) const {
+    return floor_divide(scalar_operand(*this, other, "floor_divide", loc), loc);
 }
 Tensor Tensor::abs(Loc loc) const {
     check_defined(*this, "abs", loc);
@@ -8763,6 +8860,7 @@ struct CExprs {
         if (e->op == Op::MUL && wraps) form = "(({t})((u{t}){0} * (u{t}){1}))";
         if (e->op == Op::NEG && wraps) form = "(({t})(0u - (u{t}){0}))";
         if (e->op == Op::MOD && wraps) form = "tg_imod({0}, {1})";   // C traps at 0 and -1
+        if (e->op == Op::DIV && wraps) form = "(({t})tg_idiv({0}, {1}))";
         if (e->op == Op::CAST && is_bool) form = "({0} != 0)";
         if (e->op == Op::CAST && wraps && dtype_is_float(e->src[0]->dtype))
             form = e->dtype == DType::INT32 ? "tg_f2i({0})" : "tg_f2l({0})";
@@ -9617,6 +9715,10 @@ static const std::pair<const char*, const char*> C_HELPERS[] = {
     {"tg_imod(",
      "static inline int64_t tg_imod(int64_t a, int64_t b) {\n"
      "    return b == 0 || b == -1 ? 0 : a % b;\n"
+     "}\n"},
+    {"tg_idiv(",   // as alu_eval: x / 0 = 0, MIN / -1 wraps
+     "static inline int64_t tg_idiv(int64_t a, int64_t b) {\n"
+     "    return b == 0 ? 0 : b == -1 ? (int64_t)(0u - (uint64_t)a) : a / b;\n"
      "}\n"},
     {"tg_wherei(",
      "static inline int64_t tg_wherei(int c, int64_t a, int64_t b) {\n"

@@ -267,6 +267,8 @@ TEST(autograd_mm_bmm_t_mT_square_clone) {
     gc.add1("log1p", [](const Tensor& x) { return (x * 0.9).log1p(); }, a);   // |x| < 1
     gc.add1("log1p near 0", [](const Tensor& x) { return (x * 1e-4).log1p() * 1e4; }, a);
     gc.add1("expm1", [](const Tensor& x) { return (x * 2.0).expm1(); }, a);
+    gc.add1("tan", [](const Tensor& x) { return (x * 0.7).tan(); }, a);   // |x| < π/2
+    gc.add1("nan_to_num", [](const Tensor& x) { return (x * 2.0).nan_to_num(); }, a);
     gc.add1("split", [](const Tensor& x) {
         std::vector<Tensor> p = x.split({1, 3}, 1);
         return p[0] * p[1].sum(1, true); }, a);
@@ -294,6 +296,7 @@ TEST(autograd_max_min_topk_cumsum_remainder_functional) {
     gc.add1("cumsum of 300 (blocks)", [](const Tensor& x) { return x.cumsum(0) * x; },
             long_row);
     gc.add2("remainder", [](const Tensor& x, const Tensor& y) { return x % y; }, a, b);
+    gc.add2("fmod", [](const Tensor& x, const Tensor& y) { return x.fmod(y); }, a, b);
     gc.add1("x % 0.9", [](const Tensor& x) { return x % 0.9; }, a);
     gc.add1("floor(x) * x", [](const Tensor& x) { return x.floor() * x + x.ceil(); }, a);
     gc.add2("F::linear", [&](const Tensor& x, const Tensor& y) { return F::linear(x, y); }, a, w);

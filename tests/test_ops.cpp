@@ -2101,6 +2101,78 @@ TEST(ops_remainder_of_whole_multiples_and_large_quotients) {
     CHECK_ALL_NEAR(vals(x.grad()), (Vec{1, 1, 1}), 0);
 }
 
+// round (halves to even, a zero with x's sign), tan, fmod (C's, x's sign), isnan, isinf,
+// isfinite and nan_to_num against the C library, special values too
+TEST(ops_round_tan_fmod_and_tests_of_special_values) {
+    std::vector<float> xv = {2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 1.5f, -0.4f, 0.49999997f, 7.2f,
+                             -7.7f, 8388609.0f, 1e30f, -0.f, INFINITY, -INFINITY, NAN};
+    Tensor x = Tensor::from_vector(xv);
+    Vec r = vals(x.round()), t = vals(x.tan());
+    for (size_t i = 0; i < xv.size(); i++) {
+        double want = std::nearbyint(double(xv[i]));   // to even, in the default mode
+        bool same = std::isnan(want) ? std::isnan(r[i])
+                                     : r[i] == want && std::signbit(r[i]) == std::signbit(want);
+        if (!same) th::report(__FILE__, __LINE__, "round(" + std::to_string(xv[i]) + ")");
+        double tw = std::tan(double(xv[i]));
+        if (std::isfinite(tw) && std::fabs(tw) < 1e3) CHECK_NEAR(t[i], tw, 1e-5 * (1 + std::fabs(tw)));
+    }
+    CHECK(Tensor::from_vector({3, -4}).round().dtype() == DType::INT32);
+    std::vector<bool> nan, inf, fin;
+    for (float v : xv) nan.push_back(std::isnan(v)), inf.push_back(std::isinf(v)),
+                       fin.push_back(std::isfinite(v));
+    CHECK(x.isnan().to_vector<bool>() == nan);
+    CHECK(x.isinf().to_vector<bool>() == inf);
+    CHECK(x.isfinite().to_vector<bool>() == fin);
+    CHECK(x.isnan().dtype() == DType::BOOL);
+    Tensor ints = Tensor::from_vector({1, -2});
+    CHECK(ints.isnan().to_vector<bool>() == (std::vector<bool>{false, false}));
+    CHECK(ints.isinf().to_vector<bool>() == (std::vector<bool>{false, false}));
+    CHECK(ints.isfinite().to_vector<bool>() == (std::vector<bool>{true, true}));
+    Vec n = vals(x.nan_to_num()), n2 = vals(x.nan_to_num(-1, 5, -6));
+    CHECK_EQ(n[13], double(std::numeric_limits<float>::max()));
+    CHECK_EQ(n[14], -double(std::numeric_limits<float>::max()));
+    CHECK_EQ(n[15], 0.0);
+    CHECK_ALL_NEAR((Vec{n2[13], n2[14], n2[15], n2[8]}), (Vec{5, -6, -1, 7.2}), 1e-6);
+    std::vector<float> a = {7, -7, 7, -7, 5.5f, -6, 1e10f, -1e10f, 3, -3, INFINITY, 0},
+                       b = {3, 3, -3, -3, 2, 3, 3.3f, 6.2831855f, INFINITY, INFINITY, 2, 0};
+    Vec f = vals(Tensor::from_vector(a).fmod(Tensor::from_vector(b)));
+    for (size_t i = 0; i < a.size(); i++) {
+        double want = std::fmod(a[i], b[i]);
+        bool same = std::isnan(want) ? std::isnan(f[i]) : f[i] == want;
+        if (!same) th::report(__FILE__, __LINE__, "fmod at " + std::to_string(i));
+    }
+    CHECK(Tensor::from_vector({-7, 7}).fmod(3).to_vector<int64_t>() ==
+          (std::vector<int64_t>{-1, 1}));
+    CHECK_THROWS(Tensor::from_vector({true}).fmod(Tensor::from_vector({true})), "fmod", "bool");
+}
+
+// floor_divide as PyTorch 1.13 gave on these values (Python's //): a float quotient just off
+// a whole number, signs, zeros and infinities; integers in C's types, x // 0 is 0 and
+// MIN // -1 wraps (PyTorch raises, or traps)
+TEST(ops_floor_divide_as_python) {
+    Tensor a = Tensor::from_vector({1.f, 7.f, -7.f, 7.5f, -0.5f, 0.5f, 0.f, 5.f, -5.f, 0.f, 1e10f,
+                                    -3.f});
+    Tensor b = Tensor::from_vector({0.1f, 2.f, 2.f, -2.f, 1.f, -1.f, -3.f, 0.f, 0.f, 0.f, 3.3f,
+                                    INFINITY});
+    Vec q = vals(a.floor_divide(b));
+    Vec want = {9, 3, -4, -4, -1, -1, -0.0, INFINITY, -INFINITY, NAN, 3030302976.0, -1};
+    for (size_t i = 0; i < want.size(); i++) {
+        bool same = std::isnan(want[i]) ? std::isnan(q[i])
+                                        : q[i] == want[i] && std::signbit(q[i]) == std::signbit(want[i]);
+        if (!same) th::report(__FILE__, __LINE__, "floor_divide at " + std::to_string(i));
+    }
+    Tensor ai = Tensor::from_vector({7, -7, 7, -7, 0, 5, INT32_MIN, 3});
+    Tensor bi = Tensor::from_vector({2, 2, -2, -2, 3, 0, -1, 3});
+    Tensor qi = ai.floor_divide(bi);
+    CHECK(qi.dtype() == DType::INT32);
+    CHECK(qi.to_vector<int64_t>() ==
+          (std::vector<int64_t>{3, -4, -4, 3, 0, 0, INT32_MIN, 1}));
+    CHECK(Tensor::from_vector({-7, 7}).floor_divide(2.0).to_vector<float>() ==
+          (std::vector<float>{-4, 3}));
+    Tensor yes = Tensor::from_vector({true});
+    CHECK_THROWS(yes.floor_divide(yes), "floor_divide", "bool");
+}
+
 TEST(ops_remainder_floor_ceil_trunc) {
     std::vector<int32_t> a = {-7, 7, -7, 7, 0, 6, -6, 5}, b = {3, -3, -3, 3, 4, 3, 3, 0};
     Tensor ri = Tensor::from_vector(a) % Tensor::from_vector(b);
