@@ -1629,7 +1629,8 @@ public:
     // writes the lr tensor's buffer: nothing recompiles
     void set_lr(double lr, Loc loc = Loc::here());
     // "t" (steps taken), "lr" and each parameter's state ("state.3.exp_avg"): checkpoints
-    // with tg::safetensors; load_state_dict copies them back (shapes checked first)
+    // with tg::safetensors; load_state_dict copies them back (shapes checked first; a state
+    // saved before parameters counted their skipped steps loads with 0 for each)
     std::map<std::string, Tensor> state_dict();
     void load_state_dict(const std::map<std::string, Tensor>& state, Loc loc = Loc::here());
     std::vector<Tensor> params;
@@ -14298,8 +14299,14 @@ std::map<std::string, Tensor> Optimizer::state_dict() {
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, Loc loc) {
     detail::UserLocScope at(loc);
     std::map<std::string, Tensor> mine = state_dict();
+    // a state saved before parameters counted their skipped steps holds none: 0 each, as
+    // every parameter's count was the optimizer's then
+    auto skips = [](const std::string& name) {
+        return name.size() > 8 && name.compare(name.size() - 8, 8, ".skipped") == 0;
+    };
     for (auto& [name, tensor] : mine) {
         auto it = state.find(name);
+        if (it == state.end() && skips(name)) continue;
         if (it == state.end())
             detail::fail("optimizer load_state_dict: " + name + " is missing from the state");
         if (it->second.shape() != tensor.shape())
@@ -14312,7 +14319,8 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, Loc 
             detail::fail("optimizer load_state_dict: " + name + " is not in this optimizer");
     std::vector<Tensor> assigns;
     for (auto& [name, tensor] : mine) {
-        const Tensor& v = state.at(name);
+        auto it = state.find(name);
+        Tensor v = it != state.end() ? it->second : Tensor::zeros_like(tensor);
         assigns.push_back(tensor.assign(v.device() == tensor.device() ? v : v.to(tensor.device())));
     }
     realize(assigns);

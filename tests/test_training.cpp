@@ -866,6 +866,16 @@ TEST(optim_steps_are_counted_per_parameter) {
         CHECK_EQ(state.at("state.0.skipped").item(), 0.0);
         CHECK_EQ(state.at("state.1.skipped").item(), 2.0);
         CHECK_EQ(state.at("t").item(), 3.0);
+        // a state saved before the counts were kept loads with 0 for each
+        auto before = state;
+        before.erase("state.0.skipped");
+        before.erase("state.1.skipped");
+        auto fresh = make(std::vector<Tensor>{a, b});
+        fresh.load_state_dict(state);
+        CHECK_EQ(fresh.state_dict().at("state.1.skipped").item(), 2.0);
+        fresh.load_state_dict(before);
+        CHECK_EQ(fresh.state_dict().at("state.1.skipped").item(), 0.0);
+        CHECK_EQ(fresh.state_dict().at("t").item(), 3.0);
     };
     check([](std::vector<Tensor> ps) { return optim::Adam(ps, 0.1); }, "Adam", 0);
     check([](std::vector<Tensor> ps) { return optim::AdamW(ps, 0.1); }, "AdamW", 0.01);
