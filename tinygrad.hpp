@@ -3368,9 +3368,8 @@ Tensor operator/(Operand a, const Tensor& b) {
 // Floats: r = a - b·floor(a/b) in float64 (in float32, b·floor(a/b) rounds by as much as b
 // itself once a/b passes 2^24). The quotient, rounded, may be a whole number too low or too
 // high: r is then b further on, or its sign differs from b's, and moves back by b. A zero r
-// is +0 (PyTorch's takes a's sign). A finite
-// a over an infinite b is a itself, or b where their signs differ. The gradient is 1 for a
-// and -floor(a/b) for b, as PyTorch's.
+// is +0 (PyTorch's takes a's sign). A finite a over an infinite b is a itself, or b where
+// their signs differ. The gradient is 1 for a and -floor(a/b) for b, as PyTorch's.
 Tensor operator%(Operand a_in, const Tensor& b_in) {
     Loc loc = a_in.loc;
     UserLocScope at(loc);   // for the operators below
@@ -3393,9 +3392,8 @@ Tensor operator%(Operand a_in, const Tensor& b_in) {
     Tensor same_sign = (r < 0) == (b64 < 0);
     r = where(same_sign.minimum(r.abs(loc) >= b64.abs(loc), loc), r - b64, r, loc);
     r = where((r != 0).minimum((r < 0) != (b64 < 0), loc), r + b64, r, loc).cast(a.dtype(), loc);
-    Tensor a_finite = a.abs(loc) < INFINITY, b_infinite = b.abs(loc) == INFINITY;
     Tensor over_infinity = where((a != 0).minimum((a < 0) != (b < 0), loc), b, a, loc);
-    return where(a_finite.minimum(b_infinite, loc), over_infinity, r, loc);
+    return where(a.isfinite(loc).minimum(b.isinf(loc), loc), over_infinity, r, loc);
 }
 Tensor operator<(Operand a, const Tensor& b) { return bin(Op::CMPLT, a.tensor, b, "lt", a.loc); }
 Tensor operator>(Operand a, const Tensor& b) { return bin(Op::CMPLT, b, a.tensor, "gt", a.loc); }
