@@ -849,19 +849,33 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
     bool has_bias = true;
     Tensor weight, bias;
 };
-struct Embedding : Module {                 // rows of weight [num, dim] picked by int ids
-    Embedding(int64_t num_embeddings, int64_t embedding_dim, Loc loc = Loc::here());
+// Rows of weight [num, dim] (N(0, 1) to start) picked by int ids. The row padding_idx (negative:
+// from the end) starts as zeros and gets no gradient, as PyTorch's: a padding id's vector stays.
+struct Embedding : Module {
+    Embedding(int64_t num_embeddings, int64_t embedding_dim,
+              std::optional<int64_t> padding_idx = std::nullopt, Loc loc = Loc::here());
     Tensor forward(const Tensor& ids) override;
     Named named_parameters() override { return {{"weight", weight}}; }
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    std::optional<int64_t> padding_idx;   // in [0, num_embeddings)
     Tensor weight;
 };
-struct LayerNorm : Module {                 // over the last axis: (x - mean)/√(var + eps)·w + b
-    explicit LayerNorm(int64_t dim, double eps = 1e-5, Loc loc = Loc::here());
+// Over the last axes, normalized_shape: (x - mean)/√(var + eps), then · weight + bias (ones and
+// zeros to start, normalized_shape each) where elementwise_affine (and bias) hold
+struct LayerNorm : Module {
+    explicit LayerNorm(int64_t dim, double eps = 1e-5, bool elementwise_affine = true,
+                       bool bias = true, Loc loc = Loc::here());
+    explicit LayerNorm(const Shape& normalized_shape, double eps = 1e-5,
+                       bool elementwise_affine = true, bool bias = true, Loc loc = Loc::here());
+    // LayerNorm({3, 4}) (a braced list alone would also fit the copy constructor)
+    explicit LayerNorm(std::initializer_list<int64_t> normalized_shape, double eps = 1e-5,
+                       bool elementwise_affine = true, bool bias = true, Loc loc = Loc::here())
+        : LayerNorm(Shape(normalized_shape), eps, elementwise_affine, bias, loc) {}
     Tensor forward(const Tensor& x) override;
-    Named named_parameters() override { return {{"weight", weight}, {"bias", bias}}; }
+    Named named_parameters() override;
+    Shape normalized_shape;
     double eps;
-    Tensor weight, bias;
+    Tensor weight, bias;   // undefined where not learned
 };
 // x [N, C, *] in num_groups groups of C / num_groups channels, each normalized over its
 // channels and positions, then · weight + bias per channel (affine: ones and zeros to start)
@@ -1382,23 +1396,43 @@ Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tens
                Loc loc = Loc::here());
 }  // namespace init
 
-enum class Reduction { MEAN, SUM, NONE };
-// logits [N, C] (or [..., C]), target int32 [N] (or [...]): -log softmax(logits)[target]; a
-// target equal to ignore_index (PyTorch's -100) adds 0 and no gradient, and the mean is over
-// the others
+// MEAN: over the items (a loss with class weights divides by their sum); BATCHMEAN, kl_div's
+// alone: the sum over the first axis's length, the KL divergence's per-sample mean
+enum class Reduction { MEAN, SUM, NONE, BATCHMEAN };
+// logits [N, C] (or [..., C]), target int32 or int64 [N] (or [...]): -log softmax(logits)
+// [target], times weight[target] where a class weight [C] is given; a target equal to
+// ignore_index (PyTorch's -100) adds 0 and no gradient, and the mean is over the others (the
+// sum of their weights). label_smoothing ε mixes in the uniform target: (1 - ε)·that + ε/C·
+// -Σ_c weight_c·log softmax(logits)_c. A float target of the logits' shape holds each class's
+// probability: -Σ_c weight_c·t_c·log softmax(logits)_c, with t smoothed the same way, the mean
+// over the rows.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN,
-                     int64_t ignore_index = -100, Loc loc = Loc::here());
-// -log_probs[target], as cross_entropy after log_softmax (classes on the last axis)
+                     int64_t ignore_index = -100, double label_smoothing = 0,
+                     const Tensor& weight = Tensor(), Loc loc = Loc::here());
+// -log_probs[target]·weight[target], as cross_entropy after log_softmax (classes on the last
+// axis)
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::MEAN,
-                int64_t ignore_index = -100, Loc loc = Loc::here());
+                int64_t ignore_index = -100, const Tensor& weight = Tensor(),
+                Loc loc = Loc::here());
 // -(t·ln p + (1 - t)·ln(1 - p)) for probabilities p, each logarithm at least -100, and the
 // gradient (p - t)/max(p(1 - p), 1e-12), as PyTorch's: finite at p = 0 and 1 (a p outside
-// [0, 1] gives NaN); binary_cross_entropy_with_logits is steadier
+// [0, 1] gives NaN); binary_cross_entropy_with_logits is steadier. weight (broadcast to p's
+// shape) scales each item's loss.
 Tensor binary_cross_entropy(const Tensor& probabilities, const Tensor& target,
-                           Reduction r = Reduction::MEAN, Loc loc = Loc::here());
-// max(x,0) - x·t + ln(1 + e^-|x|), targets in [0, 1]
+                           Reduction r = Reduction::MEAN, const Tensor& weight = Tensor(),
+                           Loc loc = Loc::here());
+// (1 - t)·x - (1 + (pos_weight - 1)·t)·ln σ(x), targets in [0, 1], times weight; pos_weight
+// (one per class, on the last axis, or broadcast) weighs the positive targets' term
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
-                                        Reduction r = Reduction::MEAN, Loc loc = Loc::here());
+                                        Reduction r = Reduction::MEAN,
+                                        const Tensor& weight = Tensor(),
+                                        const Tensor& pos_weight = Tensor(),
+                                        Loc loc = Loc::here());
+// The Kullback-Leibler divergence of input's distribution from target's, input holding log
+// probabilities: t·(ln t - input) (0 where t = 0), or e^t·(t - input) with log_target. MEAN
+// is over every element, as PyTorch's; BATCHMEAN gives the divergence per sample.
+Tensor kl_div(const Tensor& input, const Tensor& target, Reduction r = Reduction::MEAN,
+              bool log_target = false, Loc loc = Loc::here());
 Tensor mse_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
                 Loc loc = Loc::here());
 Tensor l1_loss(const Tensor& prediction, const Tensor& target, Reduction r = Reduction::MEAN,
@@ -1531,10 +1565,16 @@ Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride
                   SpatialSizes padding = 0, bool count_include_pad = true,
                   Loc loc = Loc::here());
 // rows of weight [num, dim] picked by int32 or int64 ids, each in [0, num) (checked when the
-// program runs; unlike x[ids], a negative id is an error, as in PyTorch)
-Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc = Loc::here());
+// program runs; unlike x[ids], a negative id is an error, as in PyTorch); the row padding_idx
+// gets no gradient
+Tensor embedding(const Tensor& ids, const Tensor& weight,
+                 std::optional<int64_t> padding_idx = std::nullopt, Loc loc = Loc::here());
 // (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
 Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                  double eps = 1e-5, Loc loc = Loc::here());
+// the same over x's last axes, normalized_shape, as PyTorch's F.layer_norm
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
 // x [N, C, *] normalized over groups of C / groups channels (as nn::GroupNorm), then
 // · weight + bias per channel where given
@@ -1589,6 +1629,7 @@ using nn::binary_cross_entropy_with_logits;
 using nn::cross_entropy;
 using nn::hinge_loss;
 using nn::huber_loss;
+using nn::kl_div;
 using nn::l1_loss;
 using nn::mse_loss;
 using nn::nll_loss;
@@ -2335,6 +2376,13 @@ static Shape broadcast_shape(const Shape& a, const Shape& b, const char* op, Loc
         out[i] = da == 1 ? db : da;
     }
     return out;
+}
+// whether from broadcasts to the shape to, leaving it unchanged (an expand's rule)
+static bool broadcasts_to(const Shape& from, const Shape& to) {
+    if (from.size() > to.size()) return false;
+    for (size_t i = 1; i <= from.size(); i++)
+        if (from[from.size() - i] != 1 && from[from.size() - i] != to[to.size() - i]) return false;
+    return true;
 }
 
 // Sizes are non-negative, and the product of the nonzero ones (the element count, the largest
@@ -12280,23 +12328,52 @@ Module::Named Linear::named_parameters() {
     return {{"weight", weight}, {"bias", bias}};
 }
 
-Embedding::Embedding(int64_t num, int64_t dim, Loc loc)
+// padding_idx within [-rows, rows), as a row: negative counts from the end
+static std::optional<int64_t> padding_row(std::optional<int64_t> padding_idx, int64_t rows,
+                                          const char* op) {
+    if (!padding_idx) return padding_idx;
+    if (*padding_idx < -rows || *padding_idx >= rows)
+        detail::fail(strf("%s: padding_idx %lld is out of range for %lld embeddings", op,
+                          (long long)*padding_idx, (long long)rows));
+    return *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
+}
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> padding, Loc loc)
     : weight(Tensor::zeros({num, dim}, DType::FLOAT32, loc)) {
+    detail::UserLocScope at(loc);
+    padding_idx = padding_row(padding, num, "Embedding");
     reset_parameters({Tensor::next_seed()});   // weight holds only the shape until then
 }
 void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
     check_seed_count(s, 1, "Embedding");
     seeds = s;
-    weight = Tensor::randn(weight.shape(), s.at(0)).requires_grad();
+    Tensor w = Tensor::randn(weight.shape(), s.at(0));
+    if (padding_idx) {
+        Tensor rows = Tensor::arange(weight.size(0)).reshape({-1, 1});
+        w = where(rows == *padding_idx, 0.0f, w).realize();
+    }
+    weight = w.requires_grad();
 }
-Tensor Embedding::forward(const Tensor& ids) { return functional::embedding(ids, weight); }
+Tensor Embedding::forward(const Tensor& ids) {
+    return functional::embedding(ids, weight, padding_idx);
+}
 
-LayerNorm::LayerNorm(int64_t dim, double e, Loc loc)
-    : eps(e),
-      weight(Tensor::ones({dim}, DType::FLOAT32, loc).requires_grad()),
-      bias(Tensor::zeros({dim}, DType::FLOAT32, loc).requires_grad()) {}
+LayerNorm::LayerNorm(int64_t dim, double e, bool elementwise_affine, bool has_bias, Loc loc)
+    : LayerNorm(Shape{dim}, e, elementwise_affine, has_bias, loc) {}
+LayerNorm::LayerNorm(const Shape& shape, double e, bool elementwise_affine, bool has_bias,
+                     Loc loc)
+    : normalized_shape(shape), eps(e) {
+    if (!elementwise_affine) return;
+    weight = Tensor::ones(shape, DType::FLOAT32, loc).requires_grad();
+    if (has_bias) bias = Tensor::zeros(shape, DType::FLOAT32, loc).requires_grad();
+}
+Module::Named LayerNorm::named_parameters() {
+    Named named;
+    if (weight.defined()) named.push_back({"weight", weight});
+    if (bias.defined()) named.push_back({"bias", bias});
+    return named;
+}
 Tensor LayerNorm::forward(const Tensor& x) {
-    return functional::layer_norm(x, weight, bias, eps);
+    return functional::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
 static void check_dropout_p(double p, const char* op) {
@@ -12458,22 +12535,30 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc
 }
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                   Loc loc) {
+    const Shape& xs = detail::check_defined(x, "layer_norm", loc).shape();
+    if (xs.empty()) detail::fail("layer_norm: x is a scalar; it has no axis to normalize", loc);
+    return layer_norm(x, Shape{xs.back()}, weight, bias, eps, loc);
+}
+// weight and bias broadcast to x's shape, x's unchanged (normalized_shape itself, or less)
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps, Loc loc) {
     detail::UserLocScope at(loc);
     const Shape& xs = detail::check_defined(x, "layer_norm", loc).shape();
-    for (const Tensor* t : {&weight, &bias}) {   // each broadcast to x's shape, x's unchanged
-        if (!t->defined()) continue;
-        const Shape& ts = t->shape();
-        bool fits = ts.size() <= xs.size();
-        for (size_t i = 1; fits && i <= ts.size(); i++)
-            fits = ts[ts.size() - i] == 1 || ts[ts.size() - i] == xs[xs.size() - i];
-        if (!fits)
+    size_t k = normalized_shape.size();
+    if (k == 0 || k > xs.size() || !std::equal(normalized_shape.begin(), normalized_shape.end(),
+                                               xs.end() - ptrdiff_t(k)))
+        detail::fail(strf("layer_norm: x %s does not end in normalized_shape %s",
+                          shape_str(xs).c_str(), shape_str(normalized_shape).c_str()));
+    for (const Tensor* t : {&weight, &bias})
+        if (t->defined() && !broadcasts_to(t->shape(), xs))
             detail::fail(strf("layer_norm: %s %s does not fit x %s (normalized over its last "
-                              "axis, of %lld)", t == &weight ? "weight" : "bias",
-                              shape_str(ts).c_str(), shape_str(xs).c_str(),
-                              (long long)(xs.empty() ? 0 : xs.back())));
-    }
-    Tensor centered = x - x.mean(-1, true);
-    Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
+                              "axes, %s)", t == &weight ? "weight" : "bias",
+                              shape_str(t->shape()).c_str(), shape_str(xs).c_str(),
+                              shape_str(normalized_shape).c_str()));
+    std::vector<int> axes;
+    for (size_t i = 0; i < k; i++) axes.push_back(-1 - int(i));
+    Tensor centered = x - x.mean(axes, true);
+    Tensor y = centered * ((centered * centered).mean(axes, true) + eps).rsqrt();
     if (weight.defined()) y = y * weight;
     return bias.defined() ? y + bias : y;
 }
@@ -13238,9 +13323,14 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
     Tensor identity = classes.reshape({num_classes, 1}) == classes.reshape({1, num_classes});
     return rows_of(identity.cast(DType::INT64), ids, loc);
 }
-Tensor embedding(const Tensor& ids, const Tensor& weight, Loc loc) {
+Tensor embedding(const Tensor& ids, const Tensor& weight, std::optional<int64_t> padding_idx,
+                 Loc loc) {
     check_index(weight, ids, "embedding", loc);
-    return rows_of(weight, ids, loc);
+    detail::UserLocScope at(loc);
+    Tensor rows = rows_of(weight, ids, loc);
+    std::optional<int64_t> padding = padding_row(padding_idx, weight.size(0), "embedding");
+    if (!padding) return rows;   // a padding id's row: its value without its gradient
+    return where((ids == *padding).unsqueeze(-1), rows.detach(), rows);
 }
 Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);
@@ -14033,7 +14123,8 @@ RNNCell::RNNCell(int64_t input_size, int64_t hidden_size, bool bias,
     : RNNCellBase(rnn_mode(nonlinearity, "RNNCell", loc), input_size, hidden_size, bias, loc) {}
 
 TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, Loc loc)
-    : ln1(d, 1e-5, loc), attn(d, heads, dropout, loc), ln2(d, 1e-5, loc),
+    : ln1(d, 1e-5, true, true, loc), attn(d, heads, dropout, loc),
+      ln2(d, 1e-5, true, true, loc),
       mlp(Linear(d, 4 * d, true, loc), GELU(true), Linear(4 * d, d, true, loc)),
       drop(dropout, loc) {
     take_seeds_of_children();
@@ -14068,7 +14159,10 @@ Tensor Sequential::forward(const Tensor& x) {
     return y;
 }
 
-static Tensor reduce_loss(const Tensor& per_item, Reduction r) {
+static Tensor reduce_loss(const Tensor& per_item, Reduction r, const char* op) {
+    if (r == Reduction::BATCHMEAN)
+        detail::fail(strf("%s: Reduction::BATCHMEAN is kl_div's alone; use MEAN, SUM or NONE",
+                          op));
     if (r == Reduction::MEAN) return per_item.mean();
     if (r == Reduction::SUM) return per_item.sum();
     return per_item;
@@ -14078,37 +14172,105 @@ static void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
         detail::fail(strf("%s: shapes %s and %s differ", op, shape_str(a.shape()).c_str(),
                           shape_str(b.shape()).c_str()));
 }
-// -scores[target] over the last axis (after log_softmax for cross_entropy)
+// a float weight [C] for scores [..., C], C their last axis's length
+static void check_class_weight(const char* op, const Tensor& weight, const Tensor& scores) {
+    if (!weight.defined()) return;
+    if (!dtype_is_float(weight.dtype()) || weight.shape() != Shape{scores.size(-1)})
+        detail::fail(strf("%s: weight is %s %s; it must be a float tensor of one weight per "
+                          "class, [%lld] for scores %s", op, dtype_name(weight.dtype()),
+                          shape_str(weight.shape()).c_str(), (long long)scores.size(-1),
+                          shape_str(scores.shape()).c_str()));
+}
+// -Σ_c weight_c·t_c·log_probs_c over the last axis, t a probability per class
+static Tensor soft_target_loss(const char* op, const Tensor& log_probs, const Tensor& target,
+                               Reduction r, double label_smoothing, const Tensor& weight) {
+    Tensor t = label_smoothing == 0 ? target
+        : target * (1 - label_smoothing) + label_smoothing / double(log_probs.size(-1));
+    Tensor terms = log_probs * t;
+    Tensor loss = -(weight.defined() ? terms * weight : terms).sum(-1);
+    return reduce_loss(loss, r, op);
+}
+// -log_probs[target]·weight[target] over the last axis, mixed with the uniform target's loss by
+// label_smoothing; the mean divides by the kept targets' weights
 static Tensor picked_loss(const char* op, const char* input, const Tensor& scores,
                           const Tensor& target, Reduction r, int64_t ignore_index,
-                          bool log_softmax, Loc loc) {
+                          double label_smoothing, const Tensor& weight, bool log_softmax,
+                          Loc loc) {
     detail::UserLocScope at(loc);
+    detail::check_defined(scores, op, loc), detail::check_defined(target, op, loc);
+    if (scores.ndim() == 0)
+        detail::fail(strf("%s: %s is a scalar; it needs an axis of classes", op, input));
+    Shape lead(scores.shape().begin(), scores.shape().end() - 1);
+    check_class_weight(op, weight, scores);
+    if (!(label_smoothing >= 0 && label_smoothing <= 1))
+        detail::fail(strf("%s: label_smoothing must be in [0, 1], got %g", op,
+                          label_smoothing));
+    Tensor log_probs = log_softmax ? scores.log_softmax(-1) : scores;
+    if (log_softmax && dtype_is_float(target.dtype())) {   // cross_entropy's alone
+        if (ignore_index != -100)
+            detail::fail(strf("%s: ignore_index %lld does not apply to probability targets "
+                              "(float %s)", op, (long long)ignore_index,
+                              shape_str(target.shape()).c_str()));
+        if (target.shape() != scores.shape())
+            detail::fail(strf("%s: %s %s need int32 or int64 class indices of shape %s or float "
+                              "probabilities of shape %s, got %s %s", op, input,
+                              shape_str(scores.shape()).c_str(), shape_str(lead).c_str(),
+                              shape_str(scores.shape()).c_str(),
+                              dtype_name(target.dtype()), shape_str(target.shape()).c_str()));
+        return soft_target_loss(op, log_probs, target, r, label_smoothing, weight);
+    }
     if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
-        detail::fail(strf("%s: targets must be int32 or int64 class indices, got %s", op,
+        detail::fail(strf("%s: targets must be int32 or int64 class indices%s, got %s", op,
+                          log_softmax ? " or float probabilities" : "",
                           dtype_name(target.dtype())));
-    Shape lead(scores.shape().begin(), scores.shape().end() - (scores.ndim() ? 1 : 0));
-    if (scores.ndim() == 0 || target.shape() != lead)
+    if (target.shape() != lead)
         detail::fail(strf("%s: %s %s need targets of shape %s, got %s", op, input,
                           shape_str(scores.shape()).c_str(), shape_str(lead).c_str(),
                           shape_str(target.shape()).c_str()));
     // an ignored target picks class 0, whose loss is then replaced by 0
     Tensor kept = target != ignore_index, picks = where(kept, target, 0);
-    Tensor log_probs = log_softmax ? scores.log_softmax(-1) : scores;
-    Tensor picked = log_probs.gather(-1, picks.unsqueeze(-1)).squeeze(-1);
-    Tensor loss = where(kept, -picked, 0.0f);
-    return r == Reduction::MEAN ? loss.sum() / kept.sum() : reduce_loss(loss, r);
+    Tensor picked = -log_probs.gather(-1, picks.unsqueeze(-1)).squeeze(-1);
+    Tensor kept_weight = kept.cast(scores.dtype());
+    if (weight.defined()) {
+        Tensor picked_weight = weight.cast(scores.dtype()).gather(0, picks.reshape({-1}));
+        picked_weight = picked_weight.reshape(target.shape());
+        kept_weight = kept_weight * picked_weight;
+        picked = picked * picked_weight;
+    }
+    Tensor loss = where(kept, picked, 0.0f);
+    if (label_smoothing > 0) {
+        Tensor every = weight.defined() ? log_probs * weight.cast(scores.dtype()) : log_probs;
+        Tensor smooth = where(kept, -every.sum(-1), 0.0f);
+        loss = loss * (1 - label_smoothing) + smooth * (label_smoothing / double(scores.size(-1)));
+    }
+    if (r != Reduction::MEAN) return reduce_loss(loss, r, op);
+    return loss.sum() / kept_weight.sum();
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
-                     int64_t ignore_index, Loc loc) {
-    return picked_loss("cross_entropy", "logits", logits, target, r, ignore_index, true, loc);
+                     int64_t ignore_index, double label_smoothing, const Tensor& weight,
+                     Loc loc) {
+    return picked_loss("cross_entropy", "logits", logits, target, r, ignore_index,
+                       label_smoothing, weight, true, loc);
 }
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r,
-                int64_t ignore_index, Loc loc) {
-    return picked_loss("nll_loss", "log_probs", log_probs, target, r, ignore_index, false, loc);
+                int64_t ignore_index, const Tensor& weight, Loc loc) {
+    return picked_loss("nll_loss", "log_probs", log_probs, target, r, ignore_index, 0, weight,
+                       false, loc);
 }
-Tensor binary_cross_entropy(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
+// weight broadcast to the loss's shape, the loss's unchanged
+static Tensor weighed(const char* op, const char* name, const Tensor& loss,
+                      const Tensor& weight) {
+    if (!weight.defined()) return loss;
+    if (!broadcasts_to(weight.shape(), loss.shape()))
+        detail::fail(strf("%s: %s %s does not broadcast to the loss's shape %s", op, name,
+                          shape_str(weight.shape()).c_str(), shape_str(loss.shape()).c_str()));
+    return loss * weight;
+}
+Tensor binary_cross_entropy(const Tensor& p, const Tensor& t, Reduction r, const Tensor& weight,
+                            Loc loc) {
     detail::UserLocScope at(loc);
-    check_same_shape("binary_cross_entropy", p, t);
+    const char* op = "binary_cross_entropy";
+    check_same_shape(op, p, t);
     // Where p(1 - p) >= 1e-12 no logarithm reaches -100, and their own gradient is PyTorch's
     // formula. Elsewhere (p = 1, or p below 1e-12) the loss is the clamped logarithms of p
     // detached, plus (p - t)²/2e-12 less itself detached: 0, with PyTorch's gradient there.
@@ -14118,48 +14280,70 @@ Tensor binary_cross_entropy(const Tensor& p, const Tensor& t, Reduction r, Loc l
     Tensor inside = -(t * safe.log() + (1.0f - t) * (1.0f - safe).log());
     Tensor clamped = -(t * held.log().clamp(-100) + (1.0f - t) * (1.0f - held).log().clamp(-100));
     Tensor pull = ((p - t) * (p - t) - (held - t) * (held - t)) * float(0.5 / 1e-12);
-    return reduce_loss(where(edge, clamped + pull, inside), r);
+    return reduce_loss(weighed(op, "weight", where(edge, clamped + pull, inside), weight),
+                       r, op);
 }
 // (1 - t)·x - ln σ(x), with ln σ(x) = min(x, 0) - ln(1 + e^-|x|): no overflow for any x. The
 // min and |x| take the same side at 0, so the kinks cancel and the gradient is σ(x) - t there too.
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, Reduction r, Loc loc) {
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, Reduction r,
+                                        const Tensor& weight, const Tensor& pos_weight,
+                                        Loc loc) {
     detail::UserLocScope at(loc);
-    check_same_shape("binary_cross_entropy_with_logits", x, t);
+    const char* op = "binary_cross_entropy_with_logits";
+    check_same_shape(op, x, t);
     Tensor below = x < 0;
     Tensor min0 = where(below, x, 0), abs = where(below, -x, x);
     Tensor log_sigmoid = min0 - ((-abs).exp() + 1.0f).log();
-    return reduce_loss((1.0f - t) * x - log_sigmoid, r);
+    if (pos_weight.defined())   // 1 + (pos_weight - 1)·t
+        log_sigmoid = log_sigmoid * (weighed(op, "pos_weight", t, pos_weight - 1.0f) + 1.0f);
+    Tensor loss = (1.0f - t) * x - log_sigmoid;
+    return reduce_loss(weighed(op, "weight", loss, weight), r, op);
+}
+Tensor kl_div(const Tensor& input, const Tensor& t, Reduction r, bool log_target, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("kl_div", input, t);
+    Tensor loss;
+    if (log_target) {
+        loss = t.exp() * (t - input);
+    } else {   // t·ln t is 0 at t = 0 (the logarithm sees 1 there: no 0·∞ in the gradient)
+        Tensor zero = t == 0;
+        loss = where(zero, 0.0f, t * where(zero, 1.0f, t).log()) - t * input;
+    }
+    if (r != Reduction::BATCHMEAN) return reduce_loss(loss, r, "kl_div");
+    return input.ndim() ? loss.sum() / double(input.size(0)) : loss.sum();
 }
 Tensor mse_loss(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("mse_loss", p, t);
     Tensor d = p - t;
-    return reduce_loss(d * d, r);
+    return reduce_loss(d * d, r, "mse_loss");
 }
 Tensor l1_loss(const Tensor& p, const Tensor& t, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("l1_loss", p, t);
-    return reduce_loss((p - t).abs(), r);
+    return reduce_loss((p - t).abs(), r, "l1_loss");
 }
 Tensor smooth_l1_loss(const Tensor& p, const Tensor& t, Reduction r, double beta, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("smooth_l1_loss", p, t);
     if (!(beta >= 0)) detail::fail(strf("smooth_l1_loss: beta must be >= 0, got %g", beta));
     Tensor d = (p - t).abs();
-    if (beta == 0) return reduce_loss(d, r);
-    return reduce_loss(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), r);
+    if (beta == 0) return reduce_loss(d, r, "smooth_l1_loss");
+    return reduce_loss(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), r,
+                       "smooth_l1_loss");
 }
 Tensor huber_loss(const Tensor& p, const Tensor& t, Reduction r, double delta, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("huber_loss", p, t);
     if (!(delta > 0)) detail::fail(strf("huber_loss: delta must be > 0, got %g", delta));
     Tensor d = (p - t).abs();
-    return reduce_loss(where(d <= delta, d * d * 0.5, (d - 0.5 * delta) * delta), r);
+    return reduce_loss(where(d <= delta, d * d * 0.5, (d - 0.5 * delta) * delta), r,
+                       "huber_loss");
 }
 Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("hinge_loss", s, y);
-    return reduce_loss((1.0f - y * s).relu(), r);
+    return reduce_loss((1.0f - y * s).relu(), r, "hinge_loss");
 }
 }  // namespace nn
 

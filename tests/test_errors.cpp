@@ -448,13 +448,27 @@ TEST(errors_from_undefined_operands_name_the_op_and_line) {
     CHECK_THROWS_HERE(tg::einsum("ij->ji", {never}), "einsum", undefined);
 }
 
-// A layer norm's weight and bias must fit the last axis of x, the one it normalizes.
+// A layer norm's x must end in the shape it normalizes over, and its weight and bias must fit.
 TEST(errors_layer_norm_names_the_width_it_needs) {
     tg::nn::LayerNorm norm(4);
     Tensor x = zeros({2, 5});
-    CHECK_THROWS_HERE(norm(x), "layer_norm", "weight [4] does not fit x [2,5]", "of 5");
+    CHECK_THROWS_HERE(norm(x), "layer_norm", "x [2,5] does not end in normalized_shape [4]");
+    CHECK_THROWS_HERE(tg::nn::functional::layer_norm(x, zeros({4})), "layer_norm",
+                      "weight [4] does not fit x [2,5]", "axes, [5]");
     CHECK_THROWS_HERE(tg::nn::functional::layer_norm(x, Tensor(), zeros({4})), "bias [4]");
+    CHECK_THROWS_HERE(tg::nn::functional::layer_norm(x, {3, 5}), "[2,5]", "[3,5]");
+    CHECK_THROWS_HERE(tg::nn::functional::layer_norm(zeros({}), tg::Shape{}), "layer_norm", "[]");
+    CHECK_THROWS_HERE(tg::nn::functional::layer_norm(zeros({})), "layer_norm", "scalar");
     CHECK_EQ(norm(zeros({2, 4})).shape(), (tg::Shape{2, 4}));
+}
+
+// An embedding's padding_idx must name one of its rows.
+TEST(errors_embedding_padding_idx_out_of_range) {
+    CHECK_THROWS_HERE(tg::nn::Embedding(5, 2, 5), "Embedding", "padding_idx 5", "5 embeddings");
+    CHECK_THROWS_HERE(tg::nn::Embedding(5, 2, -6), "Embedding", "padding_idx -6");
+    Tensor ids = Tensor::from_vector(std::vector<int32_t>{0, 1});
+    CHECK_THROWS_HERE(tg::nn::functional::embedding(ids, zeros({3, 2}), 3), "embedding",
+                      "padding_idx 3", "3 embeddings");
 }
 
 // Operators take the user's line through the conversion of their left operand (or of an index).

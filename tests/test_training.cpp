@@ -402,6 +402,61 @@ TEST(nn_layernorm_normalizes_last_axis) {
     CHECK_ALL_NEAR(vals(out), want, F32);
 }
 
+// padding_idx: that row starts as zeros and no gradient reaches it, the others' as usual
+TEST(nn_embedding_padding_idx_keeps_its_row) {
+    tg::manual_seed(11);
+    nn::Embedding emb(5, 3, -1);   // the last row, 4
+    CHECK(emb.padding_idx == std::optional<int64_t>(4));
+    CHECK_ALL_NEAR(vals(emb.weight.slice(0, 4, 5)), (Vec{0, 0, 0}), 0);
+    CHECK(moments(vals(emb.weight.slice(0, 0, 4))).sd > 0.3);
+    Tensor ids = Tensor::from_vector(std::vector<int64_t>{4, 1, 4, 0, 1}, {5});
+    Tensor scale = Tensor::from_vector(Vec{1, 2, 3, 4, 5}, {5, 1}).cast(DType::FLOAT32);
+    (emb(ids) * scale).sum().backward();
+    Vec g = vals(emb.weight.grad());   // row 1 from ids 1 and 4 (2 + 5), row 0 from id 3 (4)
+    CHECK_ALL_NEAR(g, (Vec{4, 4, 4, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0}), 0);
+    // functional, on rows that are not zero: the value stays, the gradient does not
+    Tensor w = Tensor::from_vector(Vec{1, 2, 3, 4, 5, 6}, {3, 2}).cast(DType::FLOAT32).requires_grad();
+    Tensor some = Tensor::from_vector(std::vector<int32_t>{0, 2, 0});
+    Tensor picked = nn::functional::embedding(some, w, 0);
+    CHECK_ALL_NEAR(vals(picked), (Vec{1, 2, 5, 6, 1, 2}), 0);
+    picked.sum().backward();
+    CHECK_ALL_NEAR(vals(w.grad()), (Vec{0, 0, 0, 0, 1, 1}), 0);
+}
+
+// LayerNorm over the last two axes, against the formula; without affine parameters, or bias
+TEST(nn_layernorm_over_several_axes_and_without_affine) {
+    std::vector<float> xs = randf(2 * 3 * 4, 40, -2, 3);
+    Vec want_plain;
+    for (int64_t n = 0; n < 2; n++) {
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < 12; i++) mean += xs[size_t(n * 12 + i)];
+        mean /= 12;
+        for (int64_t i = 0; i < 12; i++) var += std::pow(xs[size_t(n * 12 + i)] - mean, 2);
+        var /= 12;
+        for (int64_t i = 0; i < 12; i++)
+            want_plain.push_back((xs[size_t(n * 12 + i)] - mean) / std::sqrt(var + 1e-5));
+    }
+    Tensor x = fv(xs, {2, 3, 4});
+    nn::LayerNorm plain({3, 4}, 1e-5, false);
+    CHECK(plain.named_parameters().empty());
+    CHECK(plain.state_dict().empty());
+    CHECK_ALL_NEAR(vals(plain(x)), want_plain, F32);
+    nn::LayerNorm affine({3, 4});
+    CHECK_EQ(affine.weight.shape(), (Shape{3, 4}));
+    std::vector<float> w = randf(12, 41, 0.5, 2), b = randf(12, 42);
+    affine.weight = fv(w, {3, 4}).requires_grad();
+    affine.bias = fv(b, {3, 4}).requires_grad();
+    Vec want;
+    for (size_t i = 0; i < want_plain.size(); i++) want.push_back(want_plain[i] * w[i % 12] + b[i % 12]);
+    CHECK_ALL_NEAR(vals(affine(x)), want, F32);
+    CHECK_ALL_NEAR(vals(nn::functional::layer_norm(x, {3, 4}, affine.weight, affine.bias)), want, F32);
+    nn::LayerNorm no_bias(4, 1e-5, true, false);
+    auto named = no_bias.named_parameters();
+    CHECK_EQ(named.size(), size_t(1));
+    CHECK_EQ(named.at(0).first, std::string("weight"));
+    CHECK(!no_bias.bias.defined());
+}
+
 TEST(nn_sequential_chains_and_collects_parameters) {
     tg::manual_seed(12);
     nn::Sequential net(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2), nn::Tanh());
@@ -614,6 +669,99 @@ TEST(loss_cross_entropy_matches_loop) {
     CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(target, {6, 1})), "cross_entropy", "[6,1]");
     CHECK_THROWS(nn::cross_entropy(Tensor::zeros({}), Tensor::from_vector(std::vector<int32_t>{0}, {})),
                  "cross_entropy");
+}
+
+// Values and gradients (of the result's sum) from PyTorch 1.13's F.cross_entropy, F.nll_loss,
+// F.kl_div and the binary losses on these float64 inputs, rounded to 10 places
+TEST(loss_options_match_pytorch_class_weights_smoothing_soft_targets_kl_pos_weight) {
+    const double TOL = 1e-9;
+    Vec logits = {0.5, -1.25, 2.0, 1.5, 0.25, -0.75, -2.0, 1.0, 0.5, 0.0, 3.0, -1.5};
+    Tensor target = Tensor::from_vector(std::vector<int64_t>{0, 2, -100, 1});
+    Tensor weight = Tensor::from_vector(Vec{0.5, 2.0, 1.5});
+    Tensor probs = Tensor::from_vector(Vec{0.2, 0.3, 0.5, 1, 0, 0, 0.25, 0.25, 0.5, 0.6, 0.1, 0.3},
+                                       {4, 3});
+    auto check = [&](auto loss, const Vec& want, const Vec& want_grad) {
+        Tensor x = Tensor::from_vector(logits, {4, 3}).requires_grad();
+        Tensor v = loss(x);
+        CHECK_ALL_NEAR(vals(v), want, TOL);
+        CHECK_ALL_NEAR(vals(tg::gradients(v.sum(), {x})[0]), want_grad, TOL);
+    };
+    using R = nn::Reduction;
+    check([&](const Tensor& x) { return nn::cross_entropy(x, target, R::MEAN, -100, 0.2, weight); },
+          {1.3688534384}, {-0.078863303, -0.0282122099, 0.1070755129, 0.2550947918, 0.0421400881,
+                           -0.2972348799, 0, 0, 0, 0.0135669885, 0.0065463892, -0.0201133777});
+    check([&](const Tensor& x) { return nn::cross_entropy(x, target, R::NONE, -100, 0.2, weight); },
+          {1.2384146554, 3.5766531605, 0, 0.6603459378},
+          {-0.3154532119, -0.1128488398, 0.4283020517, 1.020379167, 0.1685603525, -1.1889395196, 0, 0,
+           0, 0.0542679539, 0.0261855568, -0.0804535107});
+    check([&](const Tensor& x) { return nn::cross_entropy(x, target, R::MEAN, -100, 0.2); },
+          {1.5574694959}, {-0.2299488282, -0.0119799754, 0.2419288036, 0.2172578915, 0.0463899791,
+                           -0.2636478706, 0, 0, 0, -0.0065791352, 0.0253109129, -0.0187317777});
+    check([&](const Tensor& x) { return nn::cross_entropy(x, target, R::SUM, -100, 0, weight); },
+          {4.8555476962}, {-0.4115899089, 0.0153633702, 0.3962265388, 1.0776605117, 0.308754906,
+                           -1.3864154177, 0, 0, 0, 0.0938585221, -0.1148011891, 0.0209426671});
+    check([&](const Tensor& x) { return nn::nll_loss(x, target, R::MEAN, -100, weight); },
+          {-1.28125}, {-0.125, 0, 0, 0, 0, -0.375, 0, 0, 0, 0, -0.5, 0});
+    // probabilities as targets: the mean is over the rows
+    check([&](const Tensor& x) { return nn::cross_entropy(x, probs, R::MEAN, -100, 0.1, weight); },
+          {1.8156556987}, {0.0369149238, -0.140617843, 0.1037029191, -0.0118941169, 0.0133511714,
+                           -0.0014570545, -0.0219902354, 0.0777431113, -0.0557528759,
+                           -0.0600712284, 0.1712339364, -0.111162708});
+    Vec soft_grad = {-0.0231798179, -0.2692732597, 0.2924530776, -0.2815596588, 0.205836604,
+                     0.0757230549, -0.2199411124, 0.3537488961, -0.1338077837, -0.553070739,
+                     0.8425994054, -0.2895286665};
+    check([&](const Tensor& x) { return nn::cross_entropy(x, probs, R::NONE); },
+          {1.5076219831, 0.3306726094, 1.5045969023, 3.2091138953}, soft_grad);
+    // kl_div of log_softmax(x) from probs: MEAN over the 12 elements, BATCHMEAN over the 4 rows
+    check([&](const Tensor& x) { return nn::kl_div(x.log_softmax(-1), probs); }, {0.2987238234},
+          {-0.0019316515, -0.0224394383, 0.0243710898, -0.0234633049, 0.0171530503, 0.0063102546,
+           -0.018328426, 0.0294790747, -0.0111506486, -0.0460892282, 0.0702166171, -0.0241273889});
+    check([&](const Tensor& x) { return nn::kl_div(x.log_softmax(-1), probs, R::BATCHMEAN); },
+          {0.8961714701},
+          {-0.0057949545, -0.0673183149, 0.0731132694, -0.0703899147, 0.051459151, 0.0189307637,
+           -0.0549852781, 0.088437224, -0.0334519459, -0.1382676847, 0.2106498514, -0.0723821666});
+    Tensor log_probs = probs.log().clamp(-50);
+    check([&](const Tensor& x) { return nn::kl_div(x.log_softmax(-1), log_probs, R::SUM, true); },
+          {3.5846858804}, soft_grad);
+    // binary losses with a weight per row and a positive weight per class (the last row's 0)
+    Tensor t = Tensor::from_vector(Vec{1, 0, 0.5, 0, 1, 1, 0.25, 0, 1, 1, 1, 0}, {4, 3});
+    Tensor pos_weight = Tensor::from_vector(Vec{3.0, 0.5, 2.0});
+    Tensor row_weight = Tensor::from_vector(Vec{1.0, 0.5, 2.0, 0.0}, {4, 1});
+    check([&](const Tensor& x) {
+              return nn::binary_cross_entropy_with_logits(x, t, R::NONE, row_weight, pos_weight);
+          },
+          {1.4222309525, 0.2519290813, 1.1903920166, 0.850706639, 0.143984855, 1.1368710061,
+           3.3807840331, 2.626523375, 1.8963079367, 0, 0, 0},
+          {-1.1326220064, 0.2227001388, 0.321195617, 0.4087872381, -0.1094558748, -0.6791786992,
+           -1.1423912339, 1.4621171573, -1.5101626752, 0, 0, 0});
+    check([&](const Tensor& x) {
+              return nn::binary_cross_entropy_with_logits(x, t, R::MEAN, Tensor(), pos_weight);
+          },
+          {1.1153861015}, {-0.0943851672, 0.0185583449, 0.0267663014, 0.0681312063, -0.0182426458,
+                           -0.1131964499, -0.0475996347, 0.0609215482, -0.0629234448, -0.125,
+                           -0.001976078, 0.015202127});
+    check([&](const Tensor& x) {
+              return nn::binary_cross_entropy(x.sigmoid(), t, R::SUM, row_weight);
+          },
+          {8.388579294}, {-0.3775406688, 0.2227001388, 0.380797078, 0.4087872381, -0.2189117496,
+                          -0.3395893496, -0.261594156, 1.4621171573, -0.7550813376, 0, 0, 0});
+    // errors
+    Tensor x = Tensor::from_vector(logits, {4, 3});
+    CHECK_THROWS(nn::cross_entropy(x, target, R::MEAN, -100, 0, Tensor::ones({4})), "cross_entropy",
+                 "weight", "[4]", "[3]", "[4,3]");
+    CHECK_THROWS(nn::cross_entropy(x, target, R::MEAN, -100, 1.5), "cross_entropy",
+                 "label_smoothing", "1.5");
+    CHECK_THROWS(nn::cross_entropy(x, probs, R::MEAN, 0), "cross_entropy", "ignore_index",
+                 "probability");
+    CHECK_THROWS(nn::cross_entropy(x, probs.reshape({3, 4})), "cross_entropy", "[4,3]", "[3,4]");
+    CHECK_THROWS(nn::cross_entropy(x, target, R::BATCHMEAN), "cross_entropy", "BATCHMEAN",
+                 "kl_div");
+    CHECK_THROWS(nn::mse_loss(x, x, R::BATCHMEAN), "mse_loss", "BATCHMEAN");
+    CHECK_THROWS(nn::kl_div(x, probs.reshape({2, 6})), "kl_div", "[4,3]", "[2,6]");
+    CHECK_THROWS(nn::binary_cross_entropy_with_logits(x, t, R::MEAN, Tensor(), Tensor::ones({4})),
+                 "binary_cross_entropy_with_logits", "pos_weight", "[4]");
+    CHECK_THROWS(nn::binary_cross_entropy(x.sigmoid(), t, R::MEAN, Tensor::ones({2, 1, 1})),
+                 "binary_cross_entropy", "weight", "[2,1,1]", "[4,3]");
 }
 
 TEST(loss_bce_with_logits_matches_loop_and_stays_finite) {
