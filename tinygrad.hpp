@@ -1657,10 +1657,33 @@ Schedule cosine_annealing_lr(double lr, int64_t t_max, double eta_min = 0, Loc l
 // steps, then end_factor
 Schedule linear_lr(double lr, double start_factor = 1.0 / 3, double end_factor = 1.0,
                    int64_t total_iters = 5, Loc loc = Loc::here());
+// MultiStepLR: lr·gamma^(the milestones at most t - 1)
+Schedule multi_step_lr(double lr, std::vector<int64_t> milestones, double gamma = 0.1,
+                       Loc loc = Loc::here());
+// OneCycleLR (its momentum left alone, as cycle_momentum=False): from max_lr/div_factor up to
+// max_lr over the first pct_start of total_steps, then down to max_lr/div_factor/
+// final_div_factor at the last, by half a cosine (cosine) or linearly; three_phase: back to
+// the first rate over as many steps, then down to the last. After total_steps, the last rate.
+Schedule one_cycle_lr(double max_lr, int64_t total_steps, double pct_start = 0.3,
+                      bool cosine = true, double div_factor = 25, double final_div_factor = 1e4,
+                      bool three_phase = false, Loc loc = Loc::here());
+
+// Parameters with settings of their own, as PyTorch's param groups (each optimizer takes a list
+// of groups where it takes parameters): weight_decay, and lr, which follows the optimizer's:
+// the group's rate at a step is the optimizer's (lr, set_lr's or the schedule's) times
+// group lr / optimizer lr. Unset, the optimizer's.
+//   AdamW opt({{decayed, std::nullopt, 0.1}, {biases_and_norms, std::nullopt, 0.0}}, 6e-4);
+struct ParamGroup {
+    ParamGroup(std::vector<Tensor> group_params, std::optional<double> group_lr = std::nullopt,
+               std::optional<double> group_weight_decay = std::nullopt)
+        : params(std::move(group_params)), lr(group_lr), weight_decay(group_weight_decay) {}
+    std::vector<Tensor> params;
+    std::optional<double> lr, weight_decay;
+};
 
 // Each refuses a setting PyTorch's refuses: a negative (or NaN) lr, momentum, weight_decay,
 // eps, alpha, lr_decay or initial_accumulator_value, betas outside [0, 1), Nesterov without
-// momentum.
+// momentum; and a parameter in two groups.
 class Optimizer {
 public:
     Optimizer(std::vector<Tensor> params, double lr, Loc loc = Loc::here());
@@ -1682,14 +1705,29 @@ protected:
     virtual std::vector<Tensor> updates() = 0;   // the assignments of one step
     // each parameter's state tensors by name ("exp_avg"), in params' order (none by default)
     virtual std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() { return {}; }
+    // the groups' settings for params (in their order), checked; by the constructors that
+    // take groups
+    void set_groups(const std::vector<ParamGroup>& groups, const char* who, Loc loc);
+    Tensor lr_of(size_t i) const;                            // step_lr for parameter i
+    double weight_decay_of(size_t i, double optimizers) const;
     Tensor step_t, step_lr;       // in updates(): this step's count (t + 1) and learning rate
+private:
+    std::vector<double> lr_scales;                        // per parameter; empty: all 1
+    std::vector<std::optional<double>> weight_decays;     // per parameter; empty: none set
 };
+// the parameters of groups, in order
+std::vector<Tensor> params_of(const std::vector<ParamGroup>& groups);
 // OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + d and d = b (Nesterov: d + μ·b);
 // p = p - lr·d
 class SGD : public Optimizer {
 public:
     SGD(std::vector<Tensor> params, double lr, double momentum = 0, double weight_decay = 0,
         bool nesterov = false, Loc loc = Loc::here());
+    SGD(const std::vector<ParamGroup>& groups, double lr, double momentum = 0,
+        double weight_decay = 0, bool nesterov = false, Loc loc = Loc::here())
+        : SGD(params_of(groups), lr, momentum, weight_decay, nesterov, loc) {
+        set_groups(groups, "SGD", loc);
+    }
     double momentum, weight_decay;
     bool nesterov;
 protected:
@@ -1701,17 +1739,24 @@ protected:
 // weight_decay adds wd·p to g (Adam) or subtracts lr·wd·p from p (AdamW, decoupled). As in
 // PyTorch, t counts a parameter's own steps, those it had a gradient in: t less the steps it
 // had none in ("state.i.skipped"), so a parameter that first gets one late starts its bias
-// correction there
+// correction there. amsgrad: v̂ from the largest v so far ("state.i.max_exp_avg_sq").
 class Adam : public Optimizer {
 public:
     Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
-         double eps = 1e-8, double weight_decay = 0, bool decoupled = false, Loc loc = Loc::here());
+         double eps = 1e-8, double weight_decay = 0, bool decoupled = false,
+         bool amsgrad = false, Loc loc = Loc::here());
+    Adam(const std::vector<ParamGroup>& groups, double lr = 1e-3, double beta1 = 0.9,
+         double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+         bool decoupled = false, bool amsgrad = false, Loc loc = Loc::here())
+        : Adam(params_of(groups), lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, loc) {
+        set_groups(groups, decoupled ? "AdamW" : "Adam", loc);
+    }
     double beta1, beta2, eps, weight_decay;
-    bool decoupled;
+    bool decoupled, amsgrad;
 protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
-    std::vector<Tensor> m, v, skipped;
+    std::vector<Tensor> m, v, v_max, skipped;
 };
 // v = α v + (1-α) g² (centered: minus the square of the mean g kept alike), then
 // d = g/(√v + eps) and, with momentum, b = μ b + d, d = b; p -= lr·d; weight_decay adds wd·p
@@ -1721,6 +1766,12 @@ public:
     RMSprop(std::vector<Tensor> params, double lr = 1e-2, double alpha = 0.99, double eps = 1e-8,
             double weight_decay = 0, double momentum = 0, bool centered = false,
             Loc loc = Loc::here());
+    RMSprop(const std::vector<ParamGroup>& groups, double lr = 1e-2, double alpha = 0.99,
+            double eps = 1e-8, double weight_decay = 0, double momentum = 0,
+            bool centered = false, Loc loc = Loc::here())
+        : RMSprop(params_of(groups), lr, alpha, eps, weight_decay, momentum, centered, loc) {
+        set_groups(groups, "RMSprop", loc);
+    }
     double alpha, eps, weight_decay, momentum;
     bool centered;
 protected:
@@ -1736,6 +1787,13 @@ public:
     Adagrad(std::vector<Tensor> params, double lr = 1e-2, double lr_decay = 0,
             double weight_decay = 0, double initial_accumulator_value = 0, double eps = 1e-10,
             Loc loc = Loc::here());
+    Adagrad(const std::vector<ParamGroup>& groups, double lr = 1e-2, double lr_decay = 0,
+            double weight_decay = 0, double initial_accumulator_value = 0, double eps = 1e-10,
+            Loc loc = Loc::here())
+        : Adagrad(params_of(groups), lr, lr_decay, weight_decay, initial_accumulator_value, eps,
+                  loc) {
+        set_groups(groups, "Adagrad", loc);
+    }
     double lr_decay, weight_decay, eps;
 protected:
     std::vector<Tensor> updates() override;
@@ -1745,8 +1803,13 @@ protected:
 class AdamW : public Adam {
 public:
     AdamW(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
-          double eps = 1e-8, double weight_decay = 0.01, Loc loc = Loc::here())
-        : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true, loc) {}
+          double eps = 1e-8, double weight_decay = 0.01, bool amsgrad = false,
+          Loc loc = Loc::here())
+        : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true, amsgrad, loc) {}
+    AdamW(const std::vector<ParamGroup>& groups, double lr = 1e-3, double beta1 = 0.9,
+          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0.01,
+          bool amsgrad = false, Loc loc = Loc::here())
+        : Adam(groups, lr, beta1, beta2, eps, weight_decay, true, amsgrad, loc) {}
 };
 }  // namespace optim
 
@@ -14424,6 +14487,46 @@ Schedule linear_lr(double lr, double start_factor, double end_factor, int64_t to
     };
 }
 
+Schedule multi_step_lr(double lr, std::vector<int64_t> milestones, double gamma, Loc loc) {
+    if (!(gamma > 0)) detail::fail(strf("multi_step_lr: need gamma > 0, got %g", gamma), loc);
+    return [=](const Tensor& t) {
+        Tensor passed = Tensor::zeros_like(t);   // milestones at most t - 1
+        for (int64_t m : milestones) passed = passed + (t - 0.5f >= float(m)).cast(DType::FLOAT32);
+        return power_of(gamma, passed) * float(lr);
+    };
+}
+// PyTorch's phases over s = t - 1 scheduler steps: each from its start rate at s = its start
+// to its end rate at s = its end, the first ending at pct_start·total - 1, the last at total - 1
+Schedule one_cycle_lr(double max_lr, int64_t total, double pct_start, bool cosine, double div,
+                      double final_div, bool three_phase, Loc loc) {
+    struct Phase { double end, from, to; };
+    double first = max_lr / div, last = first / final_div, up = pct_start * double(total) - 1;
+    std::vector<Phase> phases = {{up, first, max_lr}, {double(total) - 1, max_lr, last}};
+    if (three_phase)
+        phases = {{up, first, max_lr}, {2 * up, max_lr, first}, {double(total) - 1, first, last}};
+    bool ordered = total >= 1 && pct_start >= 0 && pct_start <= 1 && div > 0 && final_div > 0;
+    for (size_t i = 0; i < phases.size(); i++)
+        ordered = ordered && phases[i].end > (i ? phases[i - 1].end : 0);
+    if (!ordered)
+        detail::fail(strf("one_cycle_lr: total_steps %lld, pct_start %g, div_factor %g and "
+                          "final_div_factor %g leave a phase without steps (or a factor not "
+                          "above 0)", (long long)total, pct_start, div, final_div), loc);
+    return [=](const Tensor& t) {
+        Tensor s = t - 1.0f, rate;
+        for (size_t i = phases.size(); i-- > 0;) {
+            double start = i ? phases[i - 1].end : 0;
+            const Phase& ph = phases[i];
+            Tensor done = ((s - float(start)) * float(1 / (ph.end - start))).clamp(0.0, 1.0);
+            Tensor here = cosine
+                ? ((done * float(detail::PI)).cos() + 1.0f) * float((ph.from - ph.to) / 2) +
+                      float(ph.to)
+                : done * float(ph.to - ph.from) + float(ph.from);
+            rate = rate.defined() ? where(s <= float(ph.end), here, rate) : here;
+        }
+        return rate;
+    };
+}
+
 // PyTorch's checks of the settings: none negative (or NaN)
 static void check_at_least_0(const char* who, const char* name, double value) {
     if (!(value >= 0)) detail::fail(strf("%s: %s must be at least 0, got %g", who, name, value));
@@ -14510,6 +14613,41 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, Loc 
 void Optimizer::zero_grad() {
     for (Tensor& p : params) p.zero_grad();
 }
+std::vector<Tensor> params_of(const std::vector<ParamGroup>& groups) {
+    std::vector<Tensor> out;
+    for (const ParamGroup& g : groups) out.insert(out.end(), g.params.begin(), g.params.end());
+    return out;
+}
+void Optimizer::set_groups(const std::vector<ParamGroup>& groups, const char* who, Loc loc) {
+    detail::UserLocScope at(loc);
+    double base_lr = lr.item();
+    std::map<const detail::Node*, size_t> group_of;
+    for (size_t gi = 0; gi < groups.size(); gi++) {
+        const ParamGroup& g = groups[gi];
+        if (g.lr) check_at_least_0(who, strf("group %zu's lr", gi).c_str(), *g.lr);
+        if (g.lr && *g.lr != base_lr && base_lr == 0)
+            detail::fail(strf("%s: group %zu's lr %g follows the optimizer's, which is 0: give "
+                              "the optimizer an lr above 0", who, gi, *g.lr));
+        if (g.weight_decay)
+            check_at_least_0(who, strf("group %zu's weight_decay", gi).c_str(), *g.weight_decay);
+        for (const Tensor& p : g.params) {
+            auto [it, fresh] = group_of.insert({p.node().get(), gi});
+            if (!fresh)
+                detail::fail(strf("%s: a parameter (%s) is in groups %zu and %zu", who,
+                                  shape_str(p.shape()).c_str(), it->second, gi));
+            bool own_lr = g.lr && float(*g.lr) != float(base_lr);
+            lr_scales.push_back(own_lr ? *g.lr / base_lr : 1.0);
+            weight_decays.push_back(g.weight_decay);
+        }
+    }
+}
+Tensor Optimizer::lr_of(size_t i) const {
+    double scale = i < lr_scales.size() ? lr_scales[i] : 1.0;
+    return scale == 1.0 ? step_lr : step_lr * float(scale);
+}
+double Optimizer::weight_decay_of(size_t i, double optimizers) const {
+    return i < weight_decays.size() && weight_decays[i] ? *weight_decays[i] : optimizers;
+}
 void Optimizer::set_lr(double value, Loc loc) {
     detail::UserLocScope at(loc);
     check_at_least_0("set_lr", "lr", value);
@@ -14537,13 +14675,14 @@ std::vector<Tensor> SGD::updates() {
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = p.grad();
         if (!g.defined()) continue;
-        Tensor d = weight_decay != 0 ? g + p * float(weight_decay) : g;
+        double wd = weight_decay_of(i, weight_decay);
+        Tensor d = wd != 0 ? g + p * float(wd) : g;
         if (momentum != 0) {
             Tensor b = buffers[i].assign(buffers[i] * float(momentum) + d);
             out.push_back(b);
             d = nesterov ? d + b * float(momentum) : b;
         }
-        out.push_back(p.assign(p - step_lr * d));
+        out.push_back(p.assign(p - lr_of(i) * d));
     }
     return out;
 }
@@ -14554,13 +14693,14 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> SGD::param_state() {
 }
 
 Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e, double wd,
-           bool dec, Loc loc)
+           bool dec, bool ams, Loc loc)
     : Optimizer(std::move(ps), learning_rate, loc),
       beta1(b1),
       beta2(b2),
       eps(e),
       weight_decay(wd),
-      decoupled(dec) {
+      decoupled(dec),
+      amsgrad(ams) {
     detail::UserLocScope at(loc);
     const char* who = decoupled ? "AdamW" : "Adam";
     for (double beta : {beta1, beta2})
@@ -14571,6 +14711,7 @@ Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, d
     for (const Tensor& p : params) {
         m.push_back(Tensor::zeros_like(p).realize());
         v.push_back(Tensor::zeros_like(p).realize());
+        if (amsgrad) v_max.push_back(Tensor::zeros_like(p).realize());
         skipped.push_back(skipped_steps_of(p));
     }
 }
@@ -14583,12 +14724,15 @@ std::vector<Tensor> Adam::updates() {
         // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
         Tensor c1 = 1.0f - (*t * float(std::log2(beta1))).exp2();
         Tensor c2 = 1.0f - (*t * float(std::log2(beta2))).exp2();
-        if (weight_decay != 0 && !decoupled) g = g + p * float(weight_decay);
+        double wd = weight_decay_of(i, weight_decay);
+        if (wd != 0 && !decoupled) g = g + p * float(wd);
         Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
         Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
+        out.insert(out.end(), {mi, vi});
+        if (amsgrad) out.push_back(vi = v_max[i].assign(v_max[i].maximum(vi)));
         Tensor update = (mi / c1) / ((vi / c2).sqrt() + float(eps));
-        if (weight_decay != 0 && decoupled) update = update + p * float(weight_decay);
-        out.insert(out.end(), {mi, vi, p.assign(p - step_lr * update)});
+        if (wd != 0 && decoupled) update = update + p * float(wd);
+        out.push_back(p.assign(p - lr_of(i) * update));
     }
     return out;
 }
@@ -14596,6 +14740,8 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adam::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
     for (size_t i = 0; i < params.size(); i++)
         out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}, {"skipped", skipped[i]}});
+    if (amsgrad)
+        for (size_t i = 0; i < params.size(); i++) out[i].push_back({"max_exp_avg_sq", v_max[i]});
     return out;
 }
 
@@ -14623,7 +14769,7 @@ std::vector<Tensor> RMSprop::updates() {
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = p.grad();
         if (!g.defined()) continue;
-        if (weight_decay != 0) g = g + p * float(weight_decay);
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
         Tensor v = square_avg[i].assign(square_avg[i] * float(alpha) + g * g * float(1 - alpha));
         out.push_back(v);
         if (centered) {
@@ -14636,7 +14782,7 @@ std::vector<Tensor> RMSprop::updates() {
             d = buffers[i].assign(buffers[i] * float(momentum) + d);
             out.push_back(d);
         }
-        out.push_back(p.assign(p - step_lr * d));
+        out.push_back(p.assign(p - lr_of(i) * d));
     }
     return out;
 }
@@ -14669,8 +14815,8 @@ std::vector<Tensor> Adagrad::updates() {
         Tensor p = params[i], g = p.grad();
         std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
         if (!t) continue;
-        Tensor lr_t = step_lr / ((*t - 1.0f) * float(lr_decay) + 1.0f);
-        if (weight_decay != 0) g = g + p * float(weight_decay);
+        Tensor lr_t = lr_of(i) / ((*t - 1.0f) * float(lr_decay) + 1.0f);
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
         Tensor sum = sums[i].assign(sums[i] + g * g);
         out.insert(out.end(), {sum, p.assign(p - lr_t * (g / (sum.sqrt() + float(eps))))});
     }

@@ -3063,6 +3063,21 @@ TEST(ops_lr_schedules_roll_lerp) {
                 th::report(__FILE__, __LINE__, "step_lr, step size " + std::to_string(size) +
                                                    ", step " + std::to_string(i + 1));
     }
+    // MultiStepLR (a milestone given twice counts twice) and OneCycleLR: PyTorch 1.13's rates
+    Vec multi = vals(O::multi_step_lr(0.5, {2, 5, 9, 5}, 0.5)(t));
+    Vec one_cos = vals(O::one_cycle_lr(0.5, 12)(t));
+    Vec one_lin3 = vals(O::one_cycle_lr(0.5, 12, 0.25, false, 10, 100, true)(t));
+    CHECK_ALL_NEAR(multi, (Vec{0.5, 0.5, 0.25, 0.25, 0.25, 0.0625, 0.0625, 0.0625, 0.0625, 0.03125,
+                               0.03125, 0.03125}), 1e-7);
+    CHECK_ALL_NEAR(one_cos, (Vec{0.02, 0.1748948271, 0.4396425796, 0.4972077177, 0.4665064849,
+                                 0.405872827, 0.3236894988, 0.2313185513, 0.1415304991,
+                                 0.0667387651, 0.0172834937, 2e-06}), 1e-6);
+    CHECK_ALL_NEAR(one_lin3, (Vec{0.05, 0.275, 0.5, 0.275, 0.05, 0.0429285714, 0.0358571429,
+                                  0.0287857143, 0.0217142857, 0.0146428571, 0.0075714286, 0.0005}),
+                   1e-6);
+    CHECK_NEAR(vals(O::one_cycle_lr(0.5, 12)(t + 20.0f)).back(), 2e-6, 1e-6);   // past the end
+    CHECK_THROWS(O::multi_step_lr(0.1, {1}, 0), "multi_step_lr", "gamma > 0");
+    CHECK_THROWS(O::one_cycle_lr(0.1, 3), "one_cycle_lr", "total_steps 3", "without steps");
     CHECK_THROWS(O::step_lr(0.1, 0), "step_lr", "step_size 0");
     CHECK_THROWS(O::exponential_lr(0.1, 0), "exponential_lr", "gamma > 0");
     CHECK_THROWS(O::cosine_annealing_lr(0.1, 0), "cosine_annealing_lr", "t_max >= 1");

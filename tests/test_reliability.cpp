@@ -193,7 +193,7 @@ TEST(parameters_that_cannot_train_are_refused) {
     CHECK_THROWS(tg::optim::SGD({w, scaled}, 0.1), "optimizer", "parameter 1", "float32 [3]",
                  here.c_str(), "never", "leaf");
     CHECK_THROWS(tg::optim::Adam({Tensor::ones({2})}, 0.1), "parameter 0", "requires_grad()");
-    CHECK_THROWS(tg::optim::SGD({}, 0.1), "optimizer", "no parameters");
+    CHECK_THROWS(tg::optim::SGD(std::vector<Tensor>{}, 0.1), "optimizer", "no parameters");
     tg::nn::Sequential lazy(tg::nn::Linear(4));
     CHECK_THROWS(tg::optim::SGD(lazy.parameters(), 0.1), "no parameters", "first call");
     CHECK_THROWS(scaled.requires_grad(), "requires_grad", "not a leaf", "detach()");

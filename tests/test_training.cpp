@@ -936,8 +936,8 @@ TEST(optim_sgd_nesterov_three_steps) { check_sgd_momentum(true); }
 namespace {
 // PyTorch's Adam / AdamW with bias correction, in double
 Vec adam_reference(const Quadratic& q, int steps, double lr, double b1, double b2, double eps, double wd,
-                   bool decoupled) {
-    Vec p = D(q.p0), m(p.size(), 0.0), v(p.size(), 0.0);
+                   bool decoupled, bool amsgrad = false) {
+    Vec p = D(q.p0), m(p.size(), 0.0), v(p.size(), 0.0), v_max(p.size(), 0.0);
     for (int t = 1; t <= steps; t++) {
         Vec next = p;
         for (size_t i = 0; i < p.size(); i++) {
@@ -945,7 +945,9 @@ Vec adam_reference(const Quadratic& q, int steps, double lr, double b1, double b
             if (!decoupled) g += wd * p[i];
             m[i] = b1 * m[i] + (1 - b1) * g;
             v[i] = b2 * v[i] + (1 - b2) * g * g;
-            double mhat = m[i] / (1 - std::pow(b1, t)), vhat = v[i] / (1 - std::pow(b2, t));
+            v_max[i] = std::max(v_max[i], v[i]);   // amsgrad: the largest v so far
+            double mhat = m[i] / (1 - std::pow(b1, t));
+            double vhat = (amsgrad ? v_max[i] : v[i]) / (1 - std::pow(b2, t));
             double upd = mhat / (std::sqrt(vhat) + eps);
             if (decoupled) upd += wd * p[i];
             next[i] = p[i] - lr * upd;
@@ -989,6 +991,82 @@ TEST(optim_adamw_three_steps_match_reference) {
     double diff = 0;
     for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, std::fabs(got[i] - coupled[i]));
     CHECK(diff > 1e-3);
+}
+
+// amsgrad divides by the largest v so far: where the gradient shrinks (the quadratic's, as p
+// nears c) and v with it (β2 0.6 forgets fast), p moves less than Adam's; the state has
+// max_exp_avg_sq
+TEST(optim_adam_amsgrad_matches_reference) {
+    Quadratic q(6, 75);
+    for (bool decoupled : {false, true}) {
+        Tensor p = quad_param(q);
+        optim::Adam opt({p}, 0.2, 0.9, 0.6, 1e-8, 0.1, decoupled, true);
+        for (int s = 1; s <= 4; s++) {
+            quad_step(q, p, opt);
+            CHECK_ALL_NEAR(vals(p), adam_reference(q, s, 0.2, 0.9, 0.6, 1e-8, 0.1, decoupled, true),
+                           1e-5);
+        }
+        Vec plain = adam_reference(q, 4, 0.2, 0.9, 0.6, 1e-8, 0.1, decoupled), got = vals(p);
+        double diff = 0;
+        for (size_t i = 0; i < got.size(); i++) diff = std::max(diff, std::fabs(got[i] - plain[i]));
+        CHECK(diff > 1e-4);
+        CHECK(opt.state_dict().count("state.0.max_exp_avg_sq") == 1);
+    }
+    Tensor p = quad_param(q);
+    optim::AdamW opt({p}, 0.2, 0.9, 0.6, 1e-8, 0.1, true);
+    CHECK(opt.amsgrad && opt.decoupled);
+}
+
+// A group's parameters move as an optimizer of the group's settings alone moves them; its lr
+// follows the optimizer's (set_lr here) in proportion
+TEST(optim_param_groups_follow_their_settings) {
+    Quadratic qa(6, 80), qb(6, 81);
+    auto compare = [&](auto make_grouped, auto make_alone) {
+        Tensor a = quad_param(qa), b = quad_param(qb), a1 = quad_param(qa), b1 = quad_param(qb);
+        auto grouped = make_grouped(a, b);
+        auto alone_a = make_alone(a1, 0.05, 0.0);
+        auto alone_b = make_alone(b1, 0.1, -1.0);   // -1: the optimizer's weight_decay
+        for (int s = 1; s <= 4; s++) {
+            if (s == 3) grouped.set_lr(0.2), alone_a.set_lr(0.1), alone_b.set_lr(0.2);
+            grouped.zero_grad();
+            (qa.loss(a) + qb.loss(b)).backward();
+            grouped.step();
+            quad_step(qa, a1, alone_a);
+            quad_step(qb, b1, alone_b);
+        }
+        CHECK_ALL_NEAR(vals(a), vals(a1), 1e-6);
+        CHECK_ALL_NEAR(vals(b), vals(b1), 1e-6);
+    };
+    using optim::ParamGroup;
+    compare([](Tensor a, Tensor b) {
+                return optim::SGD({{{a}, 0.05, 0.0}, {{b}}}, 0.1, 0.9, 0.3);
+            },
+            [](Tensor p, double lr, double wd) {
+                return optim::SGD({p}, lr, 0.9, wd < 0 ? 0.3 : wd);
+            });
+    compare([](Tensor a, Tensor b) {
+                return optim::AdamW({{{a}, 0.05, 0.0}, {{b}}}, 0.1, 0.9, 0.99, 1e-8, 0.3, true);
+            },
+            [](Tensor p, double lr, double wd) {
+                return optim::AdamW({p}, lr, 0.9, 0.99, 1e-8, wd < 0 ? 0.3 : wd, true);
+            });
+    compare([](Tensor a, Tensor b) {
+                return optim::RMSprop({{{a}, 0.05, 0.0}, {{b}}}, 0.1, 0.9, 1e-8, 0.3);
+            },
+            [](Tensor p, double lr, double wd) {
+                return optim::RMSprop({p}, lr, 0.9, 1e-8, wd < 0 ? 0.3 : wd);
+            });
+    compare([](Tensor a, Tensor b) {
+                return optim::Adagrad({{{a}, 0.05, 0.0}, {{b}}}, 0.1, 0.01, 0.3);
+            },
+            [](Tensor p, double lr, double wd) {
+                return optim::Adagrad({p}, lr, 0.01, wd < 0 ? 0.3 : wd);
+            });
+    Tensor a = quad_param(qa), b = quad_param(qb);
+    CHECK_THROWS(optim::SGD({{{a, b}}, {{b}}}, 0.1), "SGD", "a parameter ([2,3]) is in groups 0 and 1");
+    CHECK_THROWS(optim::Adam({{{a}, -0.1}}, 0.1), "Adam", "group 0's lr", "-0.1");
+    CHECK_THROWS(optim::AdamW({{{a}}, {{b}, std::nullopt, -1.0}}), "AdamW", "group 1's weight_decay");
+    CHECK_THROWS(optim::SGD({{{a}, 0.1}}, 0.0), "SGD", "group 0's lr 0.1", "optimizer's, which is 0");
 }
 
 // As PyTorch's, Adam, AdamW and Adagrad count each parameter's steps apart: b, with no
