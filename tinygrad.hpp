@@ -465,6 +465,19 @@ public:
     Tensor log1p(Loc loc = Loc::here()) const;         // ln(1 + x), accurate for tiny x
     Tensor expm1(Loc loc = Loc::here()) const;         // e^x - 1, accurate for tiny x
     Tensor tan(Loc loc = Loc::here()) const;           // sin x / cos x
+    // composed from the primitives to within a few units in the last place of float32 and
+    // float64 (tests/test_ops.cpp checks them against C's); their gradients are those of the
+    // compositions: PyTorch's, finite where PyTorch's are
+    Tensor atan(Loc loc = Loc::here()) const;
+    Tensor asin(Loc loc = Loc::here()) const;
+    Tensor acos(Loc loc = Loc::here()) const;
+    Tensor atan2(const Tensor& x, Loc loc = Loc::here()) const;   // this y over x, C's atan2
+    Tensor sinh(Loc loc = Loc::here()) const;
+    Tensor cosh(Loc loc = Loc::here()) const;
+    Tensor asinh(Loc loc = Loc::here()) const;
+    Tensor acosh(Loc loc = Loc::here()) const;
+    Tensor atanh(Loc loc = Loc::here()) const;
+    Tensor log10(Loc loc = Loc::here()) const;
     // the nearest whole number, a half to the even one (2.5 → 2, as torch.round); a zero
     // keeps x's sign; integers as they are; no gradient reaches x
     Tensor round(Loc loc = Loc::here()) const;
@@ -655,8 +668,10 @@ private:
 
 // What x.max(axis), x.min(axis) and x.topk(k) give, as torch.return_types: .values and the
 // int64 .indices; it is also the values tensor itself, so x.max(1, true) stands where a tensor
-// is expected, and auto [values, indices] = x.max(1) unpacks it. The gradient of max and min
-// values goes to every tie evenly; topk's to the elements it picked.
+// is expected, and auto [values, indices] = x.max(1) unpacks it. As in PyTorch, the gradient
+// of these values goes to the elements at the indices (the first of tied ones), while that of
+// max and min over all elements or a list of axes (PyTorch's amax, amin) goes to every tie
+// evenly.
 struct ValuesIndices : Tensor {
     Tensor values, indices;
     ValuesIndices(const Tensor& v, const Tensor& i) : Tensor(v), values(v), indices(i) {}
@@ -3737,6 +3752,114 @@ Tensor Tensor::tan(Loc loc) const {
     Tensor x = as_float(check_defined(*this, "tan", loc), loc);
     return x.sin(loc) / x.cos(loc);
 }
+// Odd functions work on a = s·x, s = ±1 the sign of x (1 at 0, and at -0, so that a keeps its
+// zero's sign), so that their gradient at 0 is not |x|'s 0. A branch that where() does not take
+// still gets a zero gradient, and 0·∞ is NaN: each branch reads x only where it is taken.
+//
+// atan a for a >= 0: 1/a above 1 (then π/2 less), (√3·a - 1)/(a + √3) above tan(π/12) (then
+// π/6 more), leaving |a| <= 0.268, where the series Σ (-1)^k a^(2k+1)/(2k+1) is below an ulp
+// after 7 terms in float32, 15 in float64.
+Tensor Tensor::atan(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "atan", loc), loc), s = sign_pm1(x, loc);
+    Tensor a = x * s;
+    Tensor inverted = a > 1;
+    a = where(inverted, where(inverted, a, 1.0, loc).reciprocal(loc), a, loc);
+    Tensor shifted = a > 0.2679491924311227;
+    const double root3 = std::sqrt(3.0);
+    Tensor a_shifted = where(shifted, a, 0.0, loc);
+    a = where(shifted, (a_shifted * root3 - 1.0) / (a_shifted + root3), a, loc);
+    Tensor z = a * a;
+    int last = x.dtype() == DType::FLOAT32 ? 7 : 15;
+    auto term = [](int k) { return (k % 2 ? -1.0 : 1.0) / (2 * k + 1); };
+    Tensor series = const_like(z, term(last), z.dtype(), loc);
+    for (int k = last - 1; k >= 0; k--) series = series * z + term(k);
+    Tensor r = a * series;
+    r = where(shifted, r + PI / 6, r, loc);
+    return where(inverted, PI / 2 - r, r, loc) * s;
+}
+// asin u = atan(u/√(1 - u²)) for |u| <= 1/2; asin a = π/2 - 2·asin √((1 - a)/2) above, whose
+// root is at most 1/2 and exact near a = 1 (acos alike)
+static Tensor asin_near_0(const Tensor& u, Loc loc) {
+    return (u / ((1.0 - u) * (1.0 + u)).sqrt(loc)).atan(loc);
+}
+Tensor Tensor::asin(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "asin", loc), loc), s = sign_pm1(x, loc);
+    Tensor a = x * s, near_0 = a <= 0.5;
+    Tensor inner = asin_near_0(where(near_0, a, 0.0, loc), loc);
+    Tensor outer = PI / 2 - 2.0 * asin_near_0(((1.0 - where(near_0, 1.0, a, loc)) * 0.5).sqrt(loc),
+                                              loc);
+    return where(near_0, inner, outer, loc) * s;
+}
+// π/2 - asin x for |x| <= 1/2; 2·asin √((1 - x)/2) above, π less that of -x below
+Tensor Tensor::acos(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "acos", loc), loc), near_0 = x.abs(loc) <= 0.5;
+    Tensor inner = PI / 2 - asin_near_0(where(near_0, x, 0.0, loc), loc);
+    Tensor a = where(near_0, 1.0, x, loc), s = sign_pm1(a, loc);
+    Tensor half = 2.0 * asin_near_0(((1.0 - a * s) * 0.5).sqrt(loc), loc);
+    return where(near_0, inner, where(a < 0, PI - half, half, loc), loc);
+}
+// whether x's sign bit is set: x < 0, or x is -0 (1/x is -∞); NaN: no
+static Tensor sign_bit(const Tensor& x, Loc loc) {
+    Tensor zero = x == 0;
+    return (x < 0).maximum(zero.minimum(where(zero, x, 1.0, loc).reciprocal(loc) < 0, loc), loc);
+}
+// C's atan2: where |y| > |x|, ±π/2 - atan(x/y); else atan(y/x), and ±π more where x's sign bit
+// is set (the sign of y's). Both infinite: the angle of their signs.
+Tensor Tensor::atan2(const Tensor& other, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    auto [y0, x0] = operands(*this, other, "atan2", loc, true);
+    Tensor both_infinite = y0.isinf(loc).minimum(x0.isinf(loc), loc);
+    Tensor y = where(both_infinite, sign_pm1(y0, loc), y0, loc);
+    Tensor x = where(both_infinite, sign_pm1(x0, loc), x0, loc);
+    Tensor steep = y.abs(loc) > x.abs(loc), y_below = sign_bit(y, loc);
+    Tensor x_side = where(steep, y_below.cast(y.dtype(), loc) * -PI + PI / 2, 0.0, loc);
+    Tensor across = (x / where(steep, y, 1.0, loc)).atan(loc);
+    Tensor along = (y / where(steep.maximum(x == 0, loc), 1.0, x, loc)).atan(loc);
+    Tensor turned = where(y_below, along - PI, along + PI, loc);
+    return where(steep, x_side - across, where(sign_bit(x, loc), turned, along, loc), loc);
+}
+// sinh x = (u + u/(u + 1))/2 with u = e^x - 1 for |x| < 1 (no cancellation), else (e^x - e^-x)/2
+Tensor Tensor::sinh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "sinh", loc), loc), small = x.abs(loc) < 1;
+    Tensor u = where(small, x, 0.0, loc).expm1(loc), xl = where(small, 1.0, x, loc);
+    return where(small, (u + u / (u + 1.0)) * 0.5, (xl.exp(loc) - (-xl).exp(loc)) * 0.5, loc);
+}
+Tensor Tensor::cosh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "cosh", loc), loc);
+    return (x.exp(loc) + (-x).exp(loc)) * 0.5;
+}
+// asinh a = ln(1 + a + a²/(1 + √(1 + a²))), exact near 0; ln a + ln 2 once a² would overflow.
+// asinh and atanh give x itself at 0 (its sign kept, its gradient 1).
+Tensor Tensor::asinh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "asinh", loc), loc), s = sign_pm1(x, loc);
+    Tensor a = x * s, huge = a > 1e18;
+    Tensor small = where(huge, 1.0, a, loc), large = where(huge, a, 1.0, loc);
+    Tensor near = (small + small * small / ((small * small + 1.0).sqrt(loc) + 1.0)).log1p(loc);
+    return where(x == 0, x, where(huge, large.log(loc) + LN2, near, loc) * s, loc);
+}
+// acosh x = ln(1 + d + √d·√(d + 2)) with d = x - 1, exact near 1 (NaN below); ln x + ln 2 for
+// huge x
+Tensor Tensor::acosh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "acosh", loc), loc), huge = x > 1e18;
+    Tensor d = where(huge, 1.0, x, loc) - 1.0, large = where(huge, x, 1.0, loc);
+    Tensor near = (d + d.sqrt(loc) * (d + 2.0).sqrt(loc)).log1p(loc);
+    return where(huge, large.log(loc) + LN2, near, loc);
+}
+// atanh a = ln(1 + 2a/(1 - a))/2
+Tensor Tensor::atanh(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "atanh", loc), loc), s = sign_pm1(x, loc);
+    Tensor a = x * s;
+    return where(x == 0, x, (2.0 * a / (1.0 - a)).log1p(loc) * 0.5 * s, loc);
+}
+Tensor Tensor::log10(Loc loc) const { return mul_c(log2(loc), std::log10(2.0), loc); }
 Tensor Tensor::isnan(Loc loc) const {
     Tensor x = check_defined(*this, "isnan", loc);
     return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);
@@ -3917,16 +4040,27 @@ Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return mul_c(s, 1 / count, loc);
 }
 Tensor Tensor::max(Loc loc) const { return max(std::vector<int>{}, false, loc).reshape({}, loc); }
+// the elements of x at indices along axis (its gradient goes there alone); indices from
+// argmax or argmin with keepdim as given
+static Tensor at_indices(const Tensor& x, int axis, const Tensor& indices, bool keepdim,
+                         Loc loc) {
+    if (x.ndim() == 0) return x;
+    Tensor picked = x.gather(axis, keepdim ? indices : indices.unsqueeze(axis, loc), loc);
+    return keepdim ? picked : picked.squeeze(axis, loc);
+}
 ValuesIndices Tensor::max(int axis, bool keepdim, Loc loc) const {
-    return {max(std::vector<int>{axis}, keepdim, loc), argmax(axis, keepdim, loc)};
+    Tensor indices = argmax(axis, keepdim, loc);
+    if (tracks_grad()) return {at_indices(*this, axis, indices, keepdim, loc), indices};
+    return {max(std::vector<int>{axis}, keepdim, loc), indices};
 }
 Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return reduce(Op::REDUCE_MAX, *this, axes, axes.empty(), keepdim, "max", loc);
 }
 Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
 ValuesIndices Tensor::min(int axis, bool keepdim, Loc loc) const {
-    check_defined(*this, "min", loc);
-    return {min(std::vector<int>{axis}, keepdim, loc), argmin(axis, keepdim, loc)};
+    Tensor indices = argmin(axis, keepdim, loc);
+    if (tracks_grad()) return {at_indices(*this, axis, indices, keepdim, loc), indices};
+    return {min(std::vector<int>{axis}, keepdim, loc), indices};
 }
 // min x = r(max(r(x))), r = reversed_order; for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {

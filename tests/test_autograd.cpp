@@ -636,7 +636,7 @@ TEST(autograd_gradients_agree_with_backward) {
 
 // ---- ties: the PyTorch convention -------------------------------------------------------------
 
-TEST(autograd_max_ties_split_evenly) {
+TEST(autograd_max_ties_as_pytorch) {
     Tensor x = T({1, 3, 3, 2}, {4}).requires_grad();
     x.max().backward();
     CHECK_ALL_NEAR(vals(x.grad()), (Vec{0, 0.5, 0.5, 0}), 1e-15);
@@ -646,12 +646,29 @@ TEST(autograd_max_ties_split_evenly) {
     CHECK_ALL_NEAR(vals(y.grad()), (Vec{1, 0, 0, 0}), 1e-15);
 
     Tensor z = T({5, 5, 5, 1, 1, 4}, {2, 3}).requires_grad();
-    z.max(1).sum().backward();   // row 0: three-way tie; row 1: one maximum
+    z.max(std::vector<int>{1}).sum().backward();   // row 0: three-way tie; row 1: one maximum
     CHECK_ALL_NEAR(vals(z.grad()), (Vec{1.0 / 3, 1.0 / 3, 1.0 / 3, 0, 0, 1}), 1e-15);
+
+    // max(axis) and min(axis), which give indices too, pass it to the index (the first tie)
+    Tensor z1 = T({5, 5, 5, 1, 1, 4}, {2, 3}).requires_grad();
+    z1.max(1).sum().backward();
+    CHECK_ALL_NEAR(vals(z1.grad()), (Vec{1, 0, 0, 0, 0, 1}), 1e-15);
+    Tensor z2 = T({5, 5, 5, 1, 1, 4}, {2, 3}).requires_grad();
+    auto [values, indices] = z2.max(1, true);
+    CHECK_EQ(values.shape(), (tg::Shape{2, 1}));
+    CHECK_ALL_NEAR(vals(values), (Vec{5, 4}), 0);
+    (values * T({2, 3}, {2, 1})).sum().backward();
+    CHECK_ALL_NEAR(vals(z2.grad()), (Vec{2, 0, 0, 0, 0, 3}), 1e-15);
 
     Tensor w = T({2, 7, 2, 7}, {2, 2}).requires_grad();
     w.min(0).sum().backward();   // column 0: tie between 2 and 2
-    CHECK_ALL_NEAR(vals(w.grad()), (Vec{0.5, 0.5, 0.5, 0.5}), 1e-15);
+    CHECK_ALL_NEAR(vals(w.grad()), (Vec{1, 1, 0, 0}), 1e-15);
+    Tensor w1 = T({2, 7, 2, 7}, {2, 2}).requires_grad();
+    w1.min(std::vector<int>{0}).sum().backward();
+    CHECK_ALL_NEAR(vals(w1.grad()), (Vec{0.5, 0.5, 0.5, 0.5}), 1e-15);
+    Tensor s = T({3}, {}).requires_grad();   // a scalar: max(0) is itself
+    s.max(0).backward();
+    CHECK_ALL_NEAR(vals(s.grad()), (Vec{1}), 0);
 
     Tensor a = T({1, 2, 3}, {3}).requires_grad(), b = T({1, 5, 0}, {3}).requires_grad();
     a.maximum(b).sum().backward();

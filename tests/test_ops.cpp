@@ -2146,6 +2146,107 @@ TEST(ops_round_tan_fmod_and_tests_of_special_values) {
     CHECK_THROWS(Tensor::from_vector({true}).fmod(Tensor::from_vector({true})), "fmod", "bool");
 }
 
+// Inverse trigonometric and hyperbolic functions against the C library's, in float64 (within
+// 4 ulp) and float32 (within 2 ulp of float32 of the exact value), with special values; sinh
+// and cosh as exp, whose error grows with |x| (x/ln 2 is rounded); their gradients against the
+// derivatives' formulas
+TEST(ops_inverse_trig_and_hyperbolic_match_c) {
+    Vec grid;
+    for (double v = -3; v <= 3.0001; v += 0.0625) grid.push_back(v);
+    for (double v : {1e-30, 1e-8, 3e-4, 0.2679, 0.2680, 0.4999, 0.5, 0.5001, 0.9999, 0.99999999,
+                     1.0, 1.0000001, 7.5, 123.25, 1e6, 1e17, 1e19, 1e300})
+        grid.push_back(v), grid.push_back(-v);
+    for (double v : Vec{0.0, -0.0, INFINITY, -INFINITY, NAN}) grid.push_back(v);
+    struct Fn {
+        const char* name;
+        Tensor (Tensor::*ours)(tg::Loc) const;
+        double (*c)(double);
+        bool as_exp = false;
+    };
+    const Fn fns[] = {{"atan", &Tensor::atan, [](double v) { return std::atan(v); }},
+                      {"asin", &Tensor::asin, [](double v) { return std::asin(v); }},
+                      {"acos", &Tensor::acos, [](double v) { return std::acos(v); }},
+                      {"sinh", &Tensor::sinh, [](double v) { return std::sinh(v); }, true},
+                      {"cosh", &Tensor::cosh, [](double v) { return std::cosh(v); }, true},
+                      {"asinh", &Tensor::asinh, [](double v) { return std::asinh(v); }},
+                      {"acosh", &Tensor::acosh, [](double v) { return std::acosh(v); }},
+                      {"atanh", &Tensor::atanh, [](double v) { return std::atanh(v); }},
+                      {"log10", &Tensor::log10, [](double v) { return std::log10(v); }}};
+    auto same = [](double got, double want, double ulp) {
+        if (std::isnan(want)) return std::isnan(got);
+        if (std::isinf(want) || want == 0) return got == want && std::signbit(got) == std::signbit(want);
+        return std::fabs(got - want) <= ulp * std::fabs(want);
+    };
+    for (const Fn& f : fns) {
+        Vec got64 = vals((Tensor::from_vector(grid).*f.ours)(tg::Loc::here()));
+        std::vector<float> grid32(grid.begin(), grid.end());
+        Vec got32 = vals((Tensor::from_vector(grid32).*f.ours)(tg::Loc::here()));
+        for (size_t i = 0; i < grid.size(); i++) {
+            double want64 = f.c(grid[i]), want32 = f.c(double(grid32[i]));
+            double ulps = f.as_exp ? 4 + 2 * std::fabs(grid[i]) : 4;
+            bool in_float = std::fabs(want32) < 3e38 && (want32 == 0 || std::fabs(want32) > 1e-37);
+            if (!same(got64[i], want64, ulps * 2.2e-16))
+                th::report(__FILE__, __LINE__, std::string(f.name) + "(" + std::to_string(grid[i]) +
+                                                   ") float64: " + th::show(got64[i]) + " != " +
+                                                   th::show(want64));
+            if (in_float && !same(got32[i], float(want32), ulps / 2 * 1.2e-7))
+                th::report(__FILE__, __LINE__, std::string(f.name) + "(" + std::to_string(grid32[i]) +
+                                                   ") float32: " + th::show(got32[i]) + " != " +
+                                                   th::show(want32));
+        }
+    }
+    // atan2 over every pair of signs, zeros and infinities, and a grid
+    Vec ys, xs;
+    Vec edge = {0.0, -0.0, 1.0, -1.0, 2.5, -1e-300, INFINITY, -INFINITY, NAN};
+    for (double y : edge)
+        for (double x : edge) ys.push_back(y), xs.push_back(x);
+    for (double y = -2; y <= 2; y += 0.375)
+        for (double x = -2; x <= 2; x += 0.3125) ys.push_back(y), xs.push_back(x);
+    Vec a2 = vals(Tensor::from_vector(ys).atan2(Tensor::from_vector(xs)));
+    for (size_t i = 0; i < ys.size(); i++)
+        if (!same(a2[i], std::atan2(ys[i], xs[i]), 4 * 2.2e-16))
+            th::report(__FILE__, __LINE__, "atan2(" + th::show(ys[i]) + ", " + th::show(xs[i]) +
+                                               "): " + th::show(a2[i]));
+    CHECK(Tensor::from_vector({1, 2}).atan2(Tensor::from_vector({1, 2})).dtype() == DType::FLOAT32);
+    // gradients: 1/(1 + x²), ±1/√(1 - x²), cosh, sinh, 1/√(x² + 1), 1/√(x² - 1), 1/(1 - x²)
+    Vec pts = {-0.9, -0.5, -0.3, 0.0, 0.2, 0.5, 0.7, 0.95};
+    auto grad_of = [&](Tensor (Tensor::*fn)(tg::Loc) const, const Vec& at) {
+        Tensor x = Tensor::from_vector(at).requires_grad();
+        (x.*fn)(tg::Loc::here()).sum().backward();
+        return vals(x.grad());
+    };
+    Vec ga = grad_of(&Tensor::atan, pts), gs = grad_of(&Tensor::asin, pts),
+        gc = grad_of(&Tensor::acos, pts), gsh = grad_of(&Tensor::sinh, pts),
+        gch = grad_of(&Tensor::cosh, pts), gash = grad_of(&Tensor::asinh, pts),
+        gath = grad_of(&Tensor::atanh, pts);
+    for (size_t i = 0; i < pts.size(); i++) {
+        double v = pts[i];
+        CHECK_NEAR(ga[i], 1 / (1 + v * v), 1e-14);
+        CHECK_NEAR(gs[i], 1 / std::sqrt(1 - v * v), 1e-14);
+        CHECK_NEAR(gc[i], -1 / std::sqrt(1 - v * v), 1e-14);
+        CHECK_NEAR(gsh[i], std::cosh(v), 1e-14);
+        CHECK_NEAR(gch[i], std::sinh(v), 1e-14);
+        CHECK_NEAR(gash[i], 1 / std::sqrt(v * v + 1), 1e-14);
+        CHECK_NEAR(gath[i], 1 / (1 - v * v), 1e-14);
+    }
+    Vec gah = grad_of(&Tensor::acosh, {1.5, 2.0, 10.0});
+    CHECK_ALL_NEAR(gah, (Vec{1 / std::sqrt(1.25), 1 / std::sqrt(3.0), 1 / std::sqrt(99.0)}), 1e-14);
+    Tensor y = Tensor::from_vector(Vec{1.0, -2.0, 0.5, 3.0}).requires_grad();
+    Tensor x = Tensor::from_vector(Vec{2.0, 0.0, -1.5, -0.25}).requires_grad();
+    y.atan2(x).sum().backward();
+    Vec gy = vals(y.grad()), gx = vals(x.grad());
+    Vec yv = {1.0, -2.0, 0.5, 3.0}, xv = {2.0, 0.0, -1.5, -0.25};
+    for (size_t i = 0; i < 4; i++) {
+        double r2 = xv[i] * xv[i] + yv[i] * yv[i];
+        CHECK_NEAR(gy[i], xv[i] / r2, 1e-14);
+        CHECK_NEAR(gx[i], -yv[i] / r2, 1e-14);
+    }
+    // no NaN where the other branches' values would be infinite
+    Vec edges = grad_of(&Tensor::asin, {1.0, -1.0, 0.0});
+    CHECK(std::isinf(edges[0]) && std::isinf(edges[1]) && edges[2] == 1);
+    CHECK(grad_of(&Tensor::atan, {INFINITY, 0.0}) == (Vec{0, 1}));
+}
+
 // floor_divide as PyTorch 1.13 gave on these values (Python's //): a float quotient just off
 // a whole number, signs, zeros and infinities; integers in C's types, x // 0 is 0 and
 // MIN // -1 wraps (PyTorch raises, or traps)
