@@ -478,6 +478,11 @@ public:
     Tensor acosh(Loc loc = Loc::here()) const;
     Tensor atanh(Loc loc = Loc::here()) const;
     Tensor log10(Loc loc = Loc::here()) const;
+    // the error function and 1 - it, to a few ulp of float32 and within 1e-14 in float64 (erfc
+    // as exp: its error grows with x²); their gradients, the compositions', within 5e-7 of
+    // (2/√π)·e^(-x²) in float32 and 3e-13 in float64
+    Tensor erf(Loc loc = Loc::here()) const;
+    Tensor erfc(Loc loc = Loc::here()) const;
     // the nearest whole number, a half to the even one (2.5 → 2, as torch.round); a zero
     // keeps x's sign; integers as they are; no gradient reaches x
     Tensor round(Loc loc = Loc::here()) const;
@@ -629,6 +634,13 @@ public:
     Tensor log_softmax(int axis = -1, Loc loc = Loc::here()) const;
     Tensor gather(int axis, const Tensor& index, Loc loc = Loc::here()) const;  // torch.gather
     Tensor index_select(int axis, const Tensor& index, Loc loc = Loc::here()) const;
+    // The coordinates of the nonzero elements (NaN among them), [n, dim()] int64 in row-major
+    // order, as torch.nonzero (argwhere); and the elements where mask (bool, broadcast with
+    // this) is true, flattened, as torch.masked_select (its gradient goes back to them). Their
+    // shapes depend on values: each runs what it reads first, as PyTorch's syncs.
+    Tensor nonzero(Loc loc = Loc::here()) const;
+    Tensor argwhere(Loc loc = Loc::here()) const { return nonzero(loc); }
+    Tensor masked_select(const Tensor& mask, Loc loc = Loc::here()) const;
     // gather's adjoint, as torch.scatter_add: this with src[i][j] added at [index[i][j]][j]
     // (axis 0). index has this's rank and is no longer than src along any axis, nor than this
     // along the others; repeated indices add up, in index order (the same bits every run)
@@ -1814,6 +1826,27 @@ protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> sums, skipped;
+};
+// PyTorch's ReduceLROnPlateau: step(metric) after each epoch; once the metric has not improved
+// on its best (below best·(1 - threshold), or best - threshold when not relative; above
+// best·(1 + threshold) or best + threshold when maximizing) for more than patience steps, the
+// rate is multiplied by factor (at least min_lr; a change under eps is skipped) through
+// set_lr, and cooldown steps follow in which no step counts as bad. It sets the optimizer's
+// lr: a schedule set on the optimizer would override it.
+class ReduceLROnPlateau {
+public:
+    explicit ReduceLROnPlateau(Optimizer& optimizer, bool maximize = false, double factor = 0.1,
+                               int64_t patience = 10, double threshold = 1e-4,
+                               bool relative_threshold = true, int64_t cooldown = 0,
+                               double min_lr = 0, double eps = 1e-8, Loc loc = Loc::here());
+    void step(double metric, Loc loc = Loc::here());
+    void step(const Tensor& metric, Loc loc = Loc::here()) { step(metric.item(loc), loc); }
+    Optimizer& optimizer;
+    bool maximize, relative_threshold;
+    double factor, threshold, min_lr, eps;
+    int64_t patience, cooldown;
+    double best;                            // ±∞ until the first step
+    int64_t bad_steps = 0, cooldown_left = 0;
 };
 class AdamW : public Adam {
 public:
@@ -3594,9 +3627,8 @@ Tensor Tensor::relu(Loc loc) const {
     UserLocScope at(loc);
     return where(*this <= 0, 0, *this, loc);
 }
-// gelu x = x/2 · (1 + erf(x/√2)); erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7):
-//   erf z = sign(z)·(1 - t(a1 + t(a2 + t(a3 + t(a4 + t a5))))·e^(-z²)),  t = 1/(1 + p|z|)
-// tanh_approximation: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))
+// gelu x = x/2 · (1 + erf(x/√2)) = x/2 · erfc(-x/√2), which keeps its precision where x is
+// far below 0; tanh_approximation: x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))
 Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
     Tensor x = as_float(*this, loc);
@@ -3605,15 +3637,7 @@ Tensor Tensor::gelu(bool tanh_approximation, Loc loc) const {
                              std::sqrt(2 / PI), loc);
         return mul(mul_c(x, 0.5, loc), add_c(inner.tanh(loc), 1, loc), loc);
     }
-    Tensor z = mul_c(x, 1 / std::sqrt(2.0), loc), az = z.abs(loc);
-    Tensor t = add_c(mul_c(az, 0.3275911, loc), 1, loc).reciprocal(loc);
-    Tensor poly = const_like(t, 1.061405429, t.dtype(), loc);
-    for (double a : {-1.453152027, 1.421413741, -0.284496736, 0.254829592})
-        poly = add_c(mul(poly, t, loc), a, loc);
-    poly = mul(poly, t, loc);
-    Tensor erf_abs = add_c(neg(mul(poly, neg(mul(z, z, loc), loc).exp(loc), loc), loc), 1, loc);
-    Tensor erf = where(z < 0, neg(erf_abs, loc), erf_abs, loc);
-    return mul(mul_c(x, 0.5, loc), add_c(erf, 1, loc), loc);
+    return mul(mul_c(x, 0.5, loc), mul_c(x, -1 / std::sqrt(2.0), loc).erfc(loc), loc);
 }
 Tensor Tensor::silu(Loc loc) const {
     Tensor x = as_float(*this, loc);
@@ -3675,6 +3699,38 @@ Tensor Tensor::lerp(const Tensor& end, double weight, Loc loc) const {
     UserLocScope at(loc);
     Tensor d = end - *this;
     return std::fabs(weight) < 0.5 ? *this + d * weight : end - d * (1 - weight);
+}
+// the row-major positions of x's nonzero elements, read from the device
+static std::vector<int64_t> nonzero_positions(const Tensor& x) {
+    Tensor nonzero = x.dtype() == DType::BOOL ? x : x != 0;
+    std::vector<bool> flags = nonzero.to_vector<bool>();
+    std::vector<int64_t> positions;
+    for (size_t i = 0; i < flags.size(); i++)
+        if (flags[i]) positions.push_back(int64_t(i));
+    return positions;
+}
+Tensor Tensor::nonzero(Loc loc) const {
+    check_defined(*this, "nonzero", loc);
+    std::vector<int64_t> positions = nonzero_positions(*this), coordinates;
+    const Shape& shape = this->shape();
+    for (int64_t at : positions) {
+        size_t first = coordinates.size();
+        coordinates.resize(first + shape.size());
+        for (size_t d = shape.size(); d-- > 0; at /= shape[d])
+            coordinates[first + d] = at % shape[d];
+    }
+    Shape out = {int64_t(positions.size()), int64_t(shape.size())};
+    return on_device_of(*this, Tensor::from_vector(coordinates, out, loc), loc);
+}
+Tensor Tensor::masked_select(const Tensor& mask, Loc loc) const {
+    check_defined(*this, "masked_select", loc), check_defined(mask, "masked_select", loc);
+    if (mask.dtype() != DType::BOOL)
+        fail(strf("masked_select: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
+                  dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
+    Shape both = broadcast_shape(shape(), mask.shape(), "masked_select", loc);
+    std::vector<int64_t> positions = nonzero_positions(mask.expand(both, loc));
+    Tensor picks = on_device_of(*this, Tensor::from_vector(positions, {-1}, loc), loc);
+    return expand(both, loc).reshape({-1}, loc).gather(0, picks, loc);
 }
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
     check_defined(*this, "masked_fill", loc), check_defined(mask, "masked_fill", loc);
@@ -3828,10 +3884,12 @@ Tensor Tensor::sinh(Loc loc) const {
     Tensor u = where(small, x, 0.0, loc).expm1(loc), xl = where(small, 1.0, x, loc);
     return where(small, (u + u / (u + 1.0)) * 0.5, (xl.exp(loc) - (-xl).exp(loc)) * 0.5, loc);
 }
+// cosh x = 1 + 2·sinh²(x/2): its gradient, sinh x, keeps its precision near 0
 Tensor Tensor::cosh(Loc loc) const {
     UserLocScope at(loc);   // for the operators below
-    Tensor x = as_float(check_defined(*this, "cosh", loc), loc);
-    return (x.exp(loc) + (-x).exp(loc)) * 0.5;
+    Tensor half = as_float(check_defined(*this, "cosh", loc), loc) * 0.5;
+    Tensor s = half.sinh(loc);
+    return s * s * 2.0 + 1.0;
 }
 // asinh a = ln(1 + a + a²/(1 + √(1 + a²))), exact near 0; ln a + ln 2 once a² would overflow.
 // asinh and atanh give x itself at 0 (its sign kept, its gradient 1).
@@ -3852,14 +3910,66 @@ Tensor Tensor::acosh(Loc loc) const {
     Tensor near = (d + d.sqrt(loc) * (d + 2.0).sqrt(loc)).log1p(loc);
     return where(huge, large.log(loc) + LN2, near, loc);
 }
-// atanh a = ln(1 + 2a/(1 - a))/2
+// atanh x = (ln(1 + x) - ln(1 - x))/2: no cancellation, and ±∞ with gradient ∞ at ±1
 Tensor Tensor::atanh(Loc loc) const {
     UserLocScope at(loc);   // for the operators below
-    Tensor x = as_float(check_defined(*this, "atanh", loc), loc), s = sign_pm1(x, loc);
-    Tensor a = x * s;
-    return where(x == 0, x, (2.0 * a / (1.0 - a)).log1p(loc) * 0.5 * s, loc);
+    Tensor x = as_float(check_defined(*this, "atanh", loc), loc);
+    return where(x == 0, x, (x.log1p(loc) - (-x).log1p(loc)) * 0.5, loc);
 }
 Tensor Tensor::log10(Loc loc) const { return mul_c(log2(loc), std::log10(2.0), loc); }
+// erf below |x| = 1/2 by its series (2/√π)·Σ (-1)^k x^(2k+1)/(k!(2k+1)), below an ulp after 6
+// terms in float32, 12 in float64
+static Tensor erf_near_0(const Tensor& x, Loc loc) {
+    int last = x.dtype() == DType::FLOAT32 ? 6 : 12;
+    auto term = [](int k) {
+        double factorial = 1;
+        for (int i = 2; i <= k; i++) factorial *= i;
+        return (k % 2 ? -1.0 : 1.0) / (factorial * (2 * k + 1));
+    };
+    Tensor z = x * x, series = const_like(x, term(last), x.dtype(), loc);
+    for (int k = last - 1; k >= 0; k--) series = series * z + term(k);
+    return x * series * (2 / std::sqrt(PI));
+}
+// erfc a for a >= 1/2: t·e^(P - a²), t = 1/(1 + a/2) in (0, 0.8], P a Chebyshev series in
+// u = 2.5t - 1 fitted (for this project, to values of 60 digits) to ln(erfc(a)·e^(a²)/t):
+// relative error 3e-15 with its 21 terms, 8e-9 with the first 11, float32's
+static Tensor erfc_beyond_half(const Tensor& a, Loc loc) {
+    static const double chebyshev[21] = {
+        -0.78318707272405941, 0.505894793317341, 0.020165332295700576, -0.0041507842704837598,
+        -0.00069293930331306363, 8.0613044480826149e-05, 2.5850999510726438e-05,
+        -2.4532413616384918e-06, -1.0665628951134214e-06, 1.0956136221595969e-07,
+        4.6182837598607291e-08, -6.3050889564930604e-09, -1.9633312309252888e-09,
+        3.9793688726141791e-10, 7.3597100636035693e-11, -2.4619650762502872e-11,
+        -1.7696955012524935e-12, 1.3810619314824582e-12, -4.6512793616670749e-14,
+        -6.3710148268114346e-14, 9.9475983006413578e-15};
+    Tensor b = where(a > 28.0, 28.0, a, loc);   // erfc 28 is 0 in float64: no ∞·0 in gradients
+    Tensor t = (b * 0.5 + 1.0).reciprocal(loc), u2 = t * 5.0 - 2.0;   // 2u
+    // Clenshaw: b_k = 2u·b_(k+1) - b_(k+2) + c_k, P = c_0 + u·b_1 - b_2
+    Tensor b1 = const_like(t, 0, t.dtype(), loc), b2 = b1;
+    for (int k = a.dtype() == DType::FLOAT32 ? 10 : 20; k >= 1; k--) {
+        Tensor next = u2 * b1 - b2 + chebyshev[k];
+        b2 = b1, b1 = next;
+    }
+    Tensor p = u2 * 0.5 * b1 - b2 + chebyshev[0];
+    return t * (p - b * b).exp(loc);
+}
+// Each branch reads x only where it is taken (see atan)
+Tensor Tensor::erf(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "erf", loc), loc), s = sign_pm1(x, loc);
+    Tensor near_0 = x.abs(loc) < 0.5;
+    Tensor far = 1.0 - erfc_beyond_half(where(near_0, 1.0, x * s, loc), loc);
+    return where(near_0, erf_near_0(where(near_0, x, 0.0, loc), loc), far * s, loc);
+}
+// 1 - erf x below 1/2; erfc |x| beyond, and 2 less it below -1/2
+Tensor Tensor::erfc(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "erfc", loc), loc), s = sign_pm1(x, loc);
+    Tensor near_0 = x.abs(loc) < 0.5;
+    Tensor tail = erfc_beyond_half(where(near_0, 1.0, x * s, loc), loc);
+    Tensor far = where(x < 0, 2.0 - tail, tail, loc);
+    return where(near_0, 1.0 - erf_near_0(where(near_0, x, 0.0, loc), loc), far, loc);
+}
 Tensor Tensor::isnan(Loc loc) const {
     Tensor x = check_defined(*this, "isnan", loc);
     return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);
@@ -4041,7 +4151,8 @@ Tensor Tensor::mean(const std::vector<int>& axes, bool keepdim, Loc loc) const {
 }
 Tensor Tensor::max(Loc loc) const { return max(std::vector<int>{}, false, loc).reshape({}, loc); }
 // the elements of x at indices along axis (its gradient goes there alone); indices from
-// argmax or argmin with keepdim as given
+// argmax or argmin with keepdim as given. max and min build their values first all the same,
+// so that a bad axis is named in their own words.
 static Tensor at_indices(const Tensor& x, int axis, const Tensor& indices, bool keepdim,
                          Loc loc) {
     if (x.ndim() == 0) return x;
@@ -4049,18 +4160,16 @@ static Tensor at_indices(const Tensor& x, int axis, const Tensor& indices, bool 
     return keepdim ? picked : picked.squeeze(axis, loc);
 }
 ValuesIndices Tensor::max(int axis, bool keepdim, Loc loc) const {
-    Tensor indices = argmax(axis, keepdim, loc);
-    if (tracks_grad()) return {at_indices(*this, axis, indices, keepdim, loc), indices};
-    return {max(std::vector<int>{axis}, keepdim, loc), indices};
+    Tensor values = max(std::vector<int>{axis}, keepdim, loc), indices = argmax(axis, keepdim, loc);
+    return {tracks_grad() ? at_indices(*this, axis, indices, keepdim, loc) : values, indices};
 }
 Tensor Tensor::max(const std::vector<int>& axes, bool keepdim, Loc loc) const {
     return reduce(Op::REDUCE_MAX, *this, axes, axes.empty(), keepdim, "max", loc);
 }
 Tensor Tensor::min(Loc loc) const { return min(std::vector<int>{}, false, loc).reshape({}, loc); }
 ValuesIndices Tensor::min(int axis, bool keepdim, Loc loc) const {
-    Tensor indices = argmin(axis, keepdim, loc);
-    if (tracks_grad()) return {at_indices(*this, axis, indices, keepdim, loc), indices};
-    return {min(std::vector<int>{axis}, keepdim, loc), indices};
+    Tensor values = min(std::vector<int>{axis}, keepdim, loc), indices = argmin(axis, keepdim, loc);
+    return {tracks_grad() ? at_indices(*this, axis, indices, keepdim, loc) : values, indices};
 }
 // min x = r(max(r(x))), r = reversed_order; for bool, not max(not x)
 Tensor Tensor::min(const std::vector<int>& axes, bool keepdim, Loc loc) const {
@@ -14622,10 +14731,11 @@ Schedule linear_lr(double lr, double start_factor, double end_factor, int64_t to
 }
 
 Schedule multi_step_lr(double lr, std::vector<int64_t> milestones, double gamma, Loc loc) {
-    if (!(gamma > 0)) detail::fail(strf("multi_step_lr: need gamma > 0, got %g", gamma), loc);
+    if (!(gamma >= 0)) detail::fail(strf("multi_step_lr: need gamma >= 0, got %g", gamma), loc);
     return [=](const Tensor& t) {
         Tensor passed = Tensor::zeros_like(t);   // milestones at most t - 1
         for (int64_t m : milestones) passed = passed + (t - 0.5f >= float(m)).cast(DType::FLOAT32);
+        if (gamma == 0) return where(passed > 0, 0.0f, Tensor::full_like(t, lr));
         return power_of(gamma, passed) * float(lr);
     };
 }
@@ -14638,27 +14748,55 @@ Schedule one_cycle_lr(double max_lr, int64_t total, double pct_start, bool cosin
     std::vector<Phase> phases = {{up, first, max_lr}, {double(total) - 1, max_lr, last}};
     if (three_phase)
         phases = {{up, first, max_lr}, {2 * up, max_lr, first}, {double(total) - 1, first, last}};
+    // as PyTorch's: a phase may end before it starts (then no step is in it), but not where
     bool ordered = total >= 1 && pct_start >= 0 && pct_start <= 1 && div > 0 && final_div > 0;
     for (size_t i = 0; i < phases.size(); i++)
-        ordered = ordered && phases[i].end > (i ? phases[i - 1].end : 0);
+        ordered = ordered && phases[i].end != (i ? phases[i - 1].end : 0);
     if (!ordered)
         detail::fail(strf("one_cycle_lr: total_steps %lld, pct_start %g, div_factor %g and "
-                          "final_div_factor %g leave a phase without steps (or a factor not "
-                          "above 0)", (long long)total, pct_start, div, final_div), loc);
+                          "final_div_factor %g leave a phase that ends where it starts (or a "
+                          "factor not above 0)", (long long)total, pct_start, div, final_div),
+                     loc);
     return [=](const Tensor& t) {
         Tensor s = t - 1.0f, rate;
         for (size_t i = phases.size(); i-- > 0;) {
             double start = i ? phases[i - 1].end : 0;
             const Phase& ph = phases[i];
             Tensor done = ((s - float(start)) * float(1 / (ph.end - start))).clamp(0.0, 1.0);
-            Tensor here = cosine
-                ? ((done * float(detail::PI)).cos() + 1.0f) * float((ph.from - ph.to) / 2) +
-                      float(ph.to)
-                : done * float(ph.to - ph.from) + float(ph.from);
+            // (1 + cos πd)/2 as cos²(πd/2), and the linear mix weighted at both ends: each
+            // phase's last rate stays precise in float32
+            Tensor c = (done * float(detail::PI / 2)).cos();
+            Tensor here = cosine ? c * c * float(ph.from - ph.to) + float(ph.to)
+                                 : (1.0f - done) * float(ph.from) + done * float(ph.to);
             rate = rate.defined() ? where(s <= float(ph.end), here, rate) : here;
         }
         return rate;
     };
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& opt, bool max, double f, int64_t wait,
+                                     double th, bool relative, int64_t cool, double least,
+                                     double e, Loc loc)
+    : optimizer(opt), maximize(max), relative_threshold(relative), factor(f), threshold(th),
+      min_lr(least), eps(e), patience(wait), cooldown(cool), best(max ? -INFINITY : INFINITY) {
+    if (!(factor < 1 && factor >= 0) || patience < 0 || cooldown < 0 || !(threshold >= 0) ||
+        !(min_lr >= 0) || !(eps >= 0))
+        detail::fail(strf("ReduceLROnPlateau: need 0 <= factor < 1 and patience, cooldown, "
+                          "threshold, min_lr and eps at least 0; got factor %g, patience %lld, "
+                          "cooldown %lld, threshold %g, min_lr %g, eps %g", factor,
+                          (long long)patience, (long long)cooldown, threshold, min_lr, eps),
+                     loc);
+}
+void ReduceLROnPlateau::step(double metric, Loc loc) {
+    double bar = relative_threshold ? best * (maximize ? 1 + threshold : 1 - threshold)
+                                    : best + (maximize ? threshold : -threshold);
+    if (maximize ? metric > bar : metric < bar) best = metric, bad_steps = 0;
+    else bad_steps++;
+    if (cooldown_left > 0) cooldown_left--, bad_steps = 0;
+    if (bad_steps <= patience) return;
+    double lr = optimizer.lr.item(loc), lower = std::max(lr * factor, min_lr);
+    if (lr - lower > eps) optimizer.set_lr(lower, loc);
+    cooldown_left = cooldown, bad_steps = 0;
 }
 
 // PyTorch's checks of the settings: none negative (or NaN)

@@ -2229,6 +2229,11 @@ TEST(ops_inverse_trig_and_hyperbolic_match_c) {
         CHECK_NEAR(gash[i], 1 / std::sqrt(v * v + 1), 1e-14);
         CHECK_NEAR(gath[i], 1 / (1 - v * v), 1e-14);
     }
+    // near 0 and at the ends, as PyTorch's: cosh' = sinh keeps its precision, atanh' is ∞ at ±1
+    Vec tiny = grad_of(&Tensor::cosh, {1e-14, -3e-9, 1e-5});
+    CHECK_ALL_NEAR(tiny, (Vec{1e-14, -3e-9, std::sinh(1e-5)}), 1e-15);
+    Vec ends = grad_of(&Tensor::atanh, {1.0, -1.0});
+    CHECK(ends[0] == INFINITY && ends[1] == INFINITY);
     Vec gah = grad_of(&Tensor::acosh, {1.5, 2.0, 10.0});
     CHECK_ALL_NEAR(gah, (Vec{1 / std::sqrt(1.25), 1 / std::sqrt(3.0), 1 / std::sqrt(99.0)}), 1e-14);
     Tensor y = Tensor::from_vector(Vec{1.0, -2.0, 0.5, 3.0}).requires_grad();
@@ -2245,6 +2250,80 @@ TEST(ops_inverse_trig_and_hyperbolic_match_c) {
     Vec edges = grad_of(&Tensor::asin, {1.0, -1.0, 0.0});
     CHECK(std::isinf(edges[0]) && std::isinf(edges[1]) && edges[2] == 1);
     CHECK(grad_of(&Tensor::atan, {INFINITY, 0.0}) == (Vec{0, 1}));
+}
+
+// erf and erfc against the C library's: relative errors within 1e-14 in float64 (erfc's also
+// grow as exp's do, with x²) and a few float32 ulp; their gradients against (2/√π)·e^(-x²)
+TEST(ops_erf_erfc_match_c) {
+    Vec grid;
+    for (double v = -6; v <= 6.0001; v += 0.03125) grid.push_back(v);
+    for (double v : {1e-300, 1e-20, 1e-8, 0.4999999, 0.5, 0.5000001, 9.5, 12.0, 26.5, 27.5, 40.0})
+        grid.push_back(v), grid.push_back(-v);
+    for (double v : Vec{0.0, -0.0, INFINITY, -INFINITY, NAN}) grid.push_back(v);
+    std::vector<float> grid32(grid.begin(), grid.end());
+    Tensor x64 = Tensor::from_vector(grid), x32 = Tensor::from_vector(grid32);
+    Vec erf64 = vals(x64.erf()), erfc64 = vals(x64.erfc()), erf32 = vals(x32.erf()),
+        erfc32 = vals(x32.erfc());
+    auto check = [](const char* what, double v, double got, double want, double tol) {
+        bool ok = std::isnan(want) ? std::isnan(got)
+                  : want == 0 ? got == want && std::signbit(got) == std::signbit(want)
+                              : std::fabs(got - want) <= tol * std::fabs(want);
+        if (!ok)
+            th::report(__FILE__, __LINE__, std::string(what) + "(" + th::show(v) + "): " +
+                                               th::show(got) + " != " + th::show(want));
+    };
+    for (size_t i = 0; i < grid.size(); i++) {
+        double v = grid[i], f = grid32[i];
+        check("erf float64", v, erf64[i], std::erf(v), 1e-14);
+        check("erfc float64", v, erfc64[i], std::erfc(v), 1e-14 + 4e-16 * v * v);
+        check("erf float32", f, erf32[i], double(float(std::erf(f))), 4 * 1.2e-7);
+        double want = std::erfc(f);
+        if (want > 1e-37) check("erfc float32", f, erfc32[i], double(float(want)), (8 + f * f) * 1.2e-7);
+    }
+    Vec pts = {-30, -4, -1.5, -0.5, -0.3, 0, 0.25, 0.5, 0.75, 2, 5, 30};
+    for (bool f32 : {false, true}) {
+        Tensor x = Tensor::from_vector(pts);
+        if (f32) x = x.cast(DType::FLOAT32);
+        x = x.detach().requires_grad();
+        Tensor ge = tg::gradients(x.erf().sum(), {x})[0], gc = tg::gradients(x.erfc().sum(), {x})[0];
+        Vec gev = vals(ge), gcv = vals(gc);
+        for (size_t i = 0; i < pts.size(); i++) {
+            double slope = 2 / std::sqrt(M_PI) * std::exp(-pts[i] * pts[i]);
+            CHECK_NEAR(gev[i], slope, f32 ? 5e-7 : 3e-13);
+            CHECK_NEAR(gcv[i], -slope, f32 ? 5e-7 : 3e-13);
+        }
+    }
+    // gelu keeps its precision far below 0, where 1 + erf would cancel
+    Vec g = vals(Tensor::from_vector(Vec{-8.0, -3.0, 1.0}).gelu());
+    for (size_t i = 0; i < 3; i++) {
+        double v = Vec{-8.0, -3.0, 1.0}[i];
+        CHECK_NEAR(g[i] / (0.5 * v * std::erfc(-v / std::sqrt(2.0))), 1, 1e-13);
+    }
+}
+
+// nonzero (argwhere) and masked_select, as PyTorch's: coordinates in row-major order, NaN
+// counts as nonzero; masked_select broadcasts and its gradient goes back to the picks
+TEST(ops_nonzero_and_masked_select) {
+    Tensor x = Tensor::from_vector(std::vector<float>{0, 1.5f, 0, NAN, -2, 0}, {2, 3});
+    Tensor nz = x.nonzero();
+    CHECK_EQ(nz.shape(), (tg::Shape{3, 2}));
+    CHECK(nz.dtype() == DType::INT64);
+    CHECK(nz.to_vector<int64_t>() == (std::vector<int64_t>{0, 1, 1, 0, 1, 1}));
+    CHECK(x.argwhere().to_vector<int64_t>() == nz.to_vector<int64_t>());
+    CHECK_EQ(Tensor::zeros({2, 2}).nonzero().shape(), (tg::Shape{0, 2}));
+    CHECK_EQ(Tensor::from_vector(std::vector<int32_t>{7}, {}).nonzero().shape(), (tg::Shape{1, 0}));
+    CHECK(Tensor::from_vector(std::vector<bool>{false, true, true}).nonzero().to_vector<int64_t>() ==
+          (std::vector<int64_t>{1, 2}));
+    Tensor v = Tensor::from_vector(Vec{1, 2, 3, 4, 5, 6}, {2, 3}).requires_grad();
+    Tensor row_mask = Tensor::from_vector(std::vector<bool>{true, false, true}, {3});
+    Tensor picked = v.masked_select(row_mask);   // the mask broadcast over both rows
+    CHECK_ALL_NEAR(vals(picked), (Vec{1, 3, 4, 6}), 0);
+    (picked * Tensor::from_vector(Vec{1, 2, 3, 4})).sum().backward();
+    CHECK_ALL_NEAR(vals(v.grad()), (Vec{1, 0, 2, 3, 0, 4}), 0);
+    CHECK_ALL_NEAR(vals(v.masked_select(v > 2.5)), (Vec{3, 4, 5, 6}), 0);
+    CHECK_EQ(v.masked_select(v > 9).shape(), (tg::Shape{0}));
+    CHECK_THROWS(v.masked_select(Tensor::ones({3})), "masked_select", "float32", "bool");
+    CHECK_THROWS(v.masked_select(Tensor::ones({2}, DType::BOOL)), "masked_select", "[2,3]", "[2]");
 }
 
 // floor_divide as PyTorch 1.13 gave on these values (Python's //): a float quotient just off
@@ -3177,8 +3256,14 @@ TEST(ops_lr_schedules_roll_lerp) {
                                   0.0287857143, 0.0217142857, 0.0146428571, 0.0075714286, 0.0005}),
                    1e-6);
     CHECK_NEAR(vals(O::one_cycle_lr(0.5, 12)(t + 20.0f)).back(), 2e-6, 1e-6);   // past the end
-    CHECK_THROWS(O::multi_step_lr(0.1, {1}, 0), "multi_step_lr", "gamma > 0");
-    CHECK_THROWS(O::one_cycle_lr(0.1, 3), "one_cycle_lr", "total_steps 3", "without steps");
+    // no warm-up step where pct_start·total_steps < 1, as PyTorch's; gamma 0 stops at a milestone
+    Tensor t4 = t.slice(0, 0, 4);
+    CHECK_ALL_NEAR(vals(O::one_cycle_lr(0.1, 3)(t4.slice(0, 0, 3))),
+                   (Vec{0.0994415435, 0.0462637103, 4e-07}), 1e-6);
+    CHECK_ALL_NEAR(vals(O::multi_step_lr(0.1, {2}, 0)(t4)), (Vec{0.1, 0.1, 0, 0}), 1e-7);
+    CHECK_THROWS(O::multi_step_lr(0.1, {1}, -1), "multi_step_lr", "gamma >= 0");
+    CHECK_THROWS(O::one_cycle_lr(0.1, 10, 0.1), "one_cycle_lr", "total_steps 10",
+                 "ends where it starts");
     CHECK_THROWS(O::step_lr(0.1, 0), "step_lr", "step_size 0");
     CHECK_THROWS(O::exponential_lr(0.1, 0), "exponential_lr", "gamma > 0");
     CHECK_THROWS(O::cosine_annealing_lr(0.1, 0), "cosine_annealing_lr", "t_max >= 1");

@@ -317,10 +317,16 @@ TEST(nan_gradients_follow_pytorch) {
         a.maximum(b).sum().backward();
         CHECK_SAME(dev, a.grad().to_vector<double>(), {1, 1, 0.5, 1});
         CHECK_SAME(dev, b.grad().to_vector<double>(), {1, 1, 0.5, 0});
-        // max over an axis: the gradient goes to the NaNs (shared evenly), as for ties
+        // max over an axis with its indices: the gradient goes to the index, the first NaN or
+        // tie, as PyTorch's torch.max(x, dim)
         Tensor m = f32({1, NaN, NaN, 4, 7, 7}).reshape({2, 3}).requires_grad();
         m.max(1).sum().backward();
-        CHECK_SAME(dev, m.grad().to_vector<double>(), {0, 0.5, 0.5, 0, 0.5, 0.5});
+        CHECK_SAME(dev, m.grad().to_vector<double>(), {0, 1, 0, 0, 1, 0});
+        // over a list of axes (amax): to the NaNs, shared evenly, as for ties (PyTorch's amax
+        // gives NaN to the row)
+        Tensor n = f32({1, NaN, NaN, 4, 7, 7}).reshape({2, 3}).requires_grad();
+        n.max(std::vector<int>{1}).sum().backward();
+        CHECK_SAME(dev, n.grad().to_vector<double>(), {0, 0.5, 0.5, 0, 0.5, 0.5});
     });
 }
 

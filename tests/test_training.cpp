@@ -1069,6 +1069,38 @@ TEST(optim_param_groups_follow_their_settings) {
     CHECK_THROWS(optim::SGD({{{a}, 0.1}}, 0.0), "SGD", "group 0's lr 0.1", "optimizer's, which is 0");
 }
 
+// ReduceLROnPlateau against PyTorch 1.13's rates after each step, for these metrics
+TEST(optim_reduce_lr_on_plateau_matches_pytorch) {
+    auto run = [](const Vec& metrics, auto make) {
+        Tensor p = fv({0.f}).requires_grad();
+        optim::SGD opt({p}, 1.0);
+        optim::ReduceLROnPlateau plateau = make(opt);
+        Vec rates;
+        for (double m : metrics) {
+            plateau.step(Tensor::from_vector(Vec{m}, {}));
+            rates.push_back(opt.lr.item());
+        }
+        return rates;
+    };
+    Vec falling = {5, 4, 4, 4, 4, 3.9999, 3.9, 3.9, 3.9, 3.9, 3.9, 3.9, 3.9, 3.9};
+    CHECK_ALL_NEAR(run(falling, [](optim::Optimizer& o) {
+                       return optim::ReduceLROnPlateau(o, false, 0.5, 2);
+                   }),
+                   (Vec{1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125, 0.125}), 1e-7);
+    CHECK_ALL_NEAR(run(falling, [](optim::Optimizer& o) {
+                       return optim::ReduceLROnPlateau(o, false, 0.5, 1, 0.01, false, 2, 0.2);
+                   }),
+                   (Vec{1, 1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.2, 0.2}), 1e-7);
+    CHECK_ALL_NEAR(run({1, 2, 2, 2, 2.5, 2.5, 2.5, 2.5}, [](optim::Optimizer& o) {
+                       return optim::ReduceLROnPlateau(o, true, 0.1, 1);
+                   }),
+                   (Vec{1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01}), 1e-7);
+    Tensor p = fv({0.f}).requires_grad();
+    optim::SGD opt({p}, 1.0);
+    CHECK_THROWS(optim::ReduceLROnPlateau(opt, false, 1.5), "ReduceLROnPlateau", "factor 1.5");
+    CHECK_THROWS(optim::ReduceLROnPlateau(opt, false, 0.1, -1), "ReduceLROnPlateau", "patience -1");
+}
+
 // As PyTorch's, Adam, AdamW and Adagrad count each parameter's steps apart: b, with no
 // gradient in the first two steps, takes a first step (bias correction 1 - β, no lr decay)
 // in the third, to 1 - lr·(g/(|g| + eps) + decay); the state says it skipped two steps.
