@@ -1744,23 +1744,26 @@ private:
 };
 // the parameters of groups, in order
 std::vector<Tensor> params_of(const std::vector<ParamGroup>& groups);
-// OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + d and d = b (Nesterov: d + μ·b);
-// p = p - lr·d
+// OCANNL's sgd_one: d = g + wd·p; with momentum b = μ·b + (1 - dampening)·d and d = b
+// (Nesterov: d + μ·b); p = p - lr·d. As PyTorch's, b starts as the parameter's first d,
+// undamped (with dampening, its first step is found as Adam's is: "state.i.skipped").
 class SGD : public Optimizer {
 public:
     SGD(std::vector<Tensor> params, double lr, double momentum = 0, double weight_decay = 0,
-        bool nesterov = false, Loc loc = Loc::here());
+        bool nesterov = false, double dampening = 0, Loc loc = Loc::here());
     SGD(const std::vector<ParamGroup>& groups, double lr, double momentum = 0,
-        double weight_decay = 0, bool nesterov = false, Loc loc = Loc::here())
-        : SGD(params_of(groups), lr, momentum, weight_decay, nesterov, loc) {
+        double weight_decay = 0, bool nesterov = false, double dampening = 0,
+        Loc loc = Loc::here())
+        : SGD(params_of(groups), lr, momentum, weight_decay, nesterov, dampening, loc) {
         set_groups(groups, "SGD", loc);
     }
     double momentum, weight_decay;
     bool nesterov;
+    double dampening;
 protected:
     std::vector<Tensor> updates() override;
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
-    std::vector<Tensor> buffers;
+    std::vector<Tensor> buffers, skipped;
 };
 // m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², p -= lr·m̂/(√v̂ + eps) with bias-corrected m̂, v̂;
 // weight_decay adds wd·p to g (Adam) or subtracts lr·wd·p from p (AdamW, decoupled). As in
@@ -14929,28 +14932,37 @@ void Optimizer::set_lr(double value, Loc loc) {
 }
 
 SGD::SGD(std::vector<Tensor> ps, double learning_rate, double mom, double wd, bool nest,
-         Loc loc)
+         double damp, Loc loc)
     : Optimizer(std::move(ps), learning_rate, loc),
       momentum(mom),
       weight_decay(wd),
-      nesterov(nest) {
+      nesterov(nest),
+      dampening(damp) {
     detail::UserLocScope at(loc);
     check_at_least_0("SGD", "momentum", momentum);
     check_at_least_0("SGD", "weight_decay", weight_decay);
-    if (nesterov && momentum == 0) detail::fail("SGD: nesterov needs a momentum above 0");
-    if (momentum != 0)
-        for (const Tensor& p : params)
-            buffers.push_back(Tensor::zeros_like(p).realize());
+    check_at_least_0("SGD", "dampening", dampening);
+    if (nesterov && (momentum == 0 || dampening != 0))
+        detail::fail("SGD: nesterov needs a momentum above 0 and no dampening");
+    if (momentum == 0) return;
+    for (const Tensor& p : params) {
+        buffers.push_back(Tensor::zeros_like(p).realize());
+        if (dampening != 0) skipped.push_back(skipped_steps_of(p));
+    }
 }
 std::vector<Tensor> SGD::updates() {
     std::vector<Tensor> out;
     for (size_t i = 0; i < params.size(); i++) {
         Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t;   // with dampening, the parameter's own step
+        if (!skipped.empty()) t = own_step(step_t, skipped[i], g.defined(), out);
         if (!g.defined()) continue;
         double wd = weight_decay_of(i, weight_decay);
         Tensor d = wd != 0 ? g + p * float(wd) : g;
         if (momentum != 0) {
-            Tensor b = buffers[i].assign(buffers[i] * float(momentum) + d);
+            Tensor b = buffers[i] * float(momentum) + d;   // from 0, the first step's is d
+            if (t) b = where(*t < 1.5f, d, buffers[i] * float(momentum) + d * float(1 - dampening));
+            b = buffers[i].assign(b);
             out.push_back(b);
             d = nesterov ? d + b * float(momentum) : b;
         }
@@ -14961,6 +14973,7 @@ std::vector<Tensor> SGD::updates() {
 std::vector<std::vector<std::pair<std::string, Tensor>>> SGD::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out(params.size());
     for (size_t i = 0; i < buffers.size(); i++) out[i] = {{"momentum_buffer", buffers[i]}};
+    for (size_t i = 0; i < skipped.size(); i++) out[i].push_back({"skipped", skipped[i]});
     return out;
 }
 

@@ -1101,6 +1101,39 @@ TEST(optim_reduce_lr_on_plateau_matches_pytorch) {
     CHECK_THROWS(optim::ReduceLROnPlateau(opt, false, 0.1, -1), "ReduceLROnPlateau", "patience -1");
 }
 
+// dampening: b = μb + (1 - dampening)·d, b starting as the first d undamped, as PyTorch's; a
+// parameter whose first gradient comes late starts its buffer then
+TEST(optim_sgd_dampening_matches_reference) {
+    Quadratic q(6, 90);
+    Tensor p = quad_param(q), late = fv({2.f}).requires_grad();
+    optim::SGD opt({p, late}, 0.1, 0.9, 0.01, false, 0.3);
+    Vec ref = D(q.p0), buf(6, 0.0);
+    double late_ref = 2, late_buf = 0;
+    for (int s = 1; s <= 4; s++) {
+        opt.zero_grad();
+        Tensor loss = q.loss(p);
+        if (s >= 3) loss = loss + (late * late).sum();   // late's gradient from step 3 on
+        loss.backward();
+        opt.step();
+        Vec grads;
+        for (size_t i = 0; i < 6; i++) grads.push_back(q.grad(ref, i) + 0.01 * ref[i]);
+        for (size_t i = 0; i < 6; i++) {
+            buf[i] = s == 1 ? grads[i] : 0.9 * buf[i] + 0.7 * grads[i];
+            ref[i] -= 0.1 * buf[i];
+        }
+        if (s >= 3) {
+            double d = 2 * late_ref + 0.01 * late_ref;
+            late_buf = s == 3 ? d : 0.9 * late_buf + 0.7 * d;
+            late_ref -= 0.1 * late_buf;
+        }
+        CHECK_ALL_NEAR(vals(p), ref, 1e-5);
+        CHECK_NEAR(vals(late)[0], late_ref, 1e-5);
+    }
+    CHECK(opt.state_dict().count("state.1.skipped") == 1);
+    CHECK_THROWS(optim::SGD({p}, 0.1, 0.9, 0, true, 0.1), "SGD", "nesterov", "dampening");
+    CHECK_THROWS(optim::SGD({p}, 0.1, 0.9, 0, false, -0.1), "SGD", "dampening");
+}
+
 // As PyTorch's, Adam, AdamW and Adagrad count each parameter's steps apart: b, with no
 // gradient in the first two steps, takes a first step (bias correction 1 - β, no lr decay)
 // in the third, to 1 - lr·(g/(|g| + eps) + decay); the state says it skipped two steps.
