@@ -360,6 +360,7 @@ OpKind op_kind(Op op);
 namespace detail { struct Node; }
 class Tensor;
 struct ValuesIndices;
+struct Unique;
 
 // The left operand of an operator (a + b, -a) or the index of x[i]. An operator cannot take a
 // defaulted location argument, but the implicit conversion to this type can: it runs at the
@@ -640,6 +641,10 @@ public:
     // shapes depend on values: each runs what it reads first, as PyTorch's syncs.
     Tensor nonzero(Loc loc = Loc::here()) const;
     Tensor argwhere(Loc loc = Loc::here()) const { return nonzero(loc); }
+    // The distinct values, sorted (each NaN its own, last), with each element's index among
+    // them and their counts, as torch.unique(x, return_inverse=True, return_counts=True):
+    // auto [values, inverse, counts] = x.unique(). It reads x (and gives no gradient).
+    Unique unique(Loc loc = Loc::here()) const;
     Tensor masked_select(const Tensor& mask, Loc loc = Loc::here()) const;
     // gather's adjoint, as torch.scatter_add: this with src[i][j] added at [index[i][j]][j]
     // (axis 0). index has this's rank and is no longer than src along any axis, nor than this
@@ -684,6 +689,10 @@ private:
 // of these values goes to the elements at the indices (the first of tied ones), while that of
 // max and min over all elements or a list of axes (PyTorch's amax, amin) goes to every tie
 // evenly.
+// What x.unique() gives: values [n] in x's dtype; inverse, x's shape, and counts [n], int64
+struct Unique {
+    Tensor values, inverse, counts;
+};
 struct ValuesIndices : Tensor {
     Tensor values, indices;
     ValuesIndices(const Tensor& v, const Tensor& i) : Tensor(v), values(v), indices(i) {}
@@ -3724,6 +3733,41 @@ Tensor Tensor::nonzero(Loc loc) const {
     }
     Shape out = {int64_t(positions.size()), int64_t(shape.size())};
     return on_device_of(*this, Tensor::from_vector(coordinates, out, loc), loc);
+}
+// Sorted on the host in double (exact for float32 and float64) or int64 (integers, bool)
+Unique Tensor::unique(Loc loc) const {
+    check_defined(*this, "unique", loc);
+    bool whole = !dtype_is_float(dtype());
+    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
+    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
+    size_t n = whole ? ints.size() : reals.size();
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    auto before = [&](int64_t a, int64_t b) {   // NaN after every number
+        if (whole) return ints[size_t(a)] < ints[size_t(b)];
+        double x = reals[size_t(a)], y = reals[size_t(b)];
+        return std::isnan(y) ? !std::isnan(x) : x < y;
+    };
+    std::stable_sort(order.begin(), order.end(), before);
+    std::vector<int64_t> inverse(n), counts, value_ints;
+    std::vector<double> value_reals;
+    for (size_t k = 0; k < n; k++) {
+        size_t at = size_t(order[k]);
+        bool same = k > 0 && !before(order[k - 1], order[k]) && !before(order[k], order[k - 1]) &&
+                    (whole || !std::isnan(reals[at]));
+        if (!same) {
+            counts.push_back(0);
+            if (whole) value_ints.push_back(ints[at]);
+            else value_reals.push_back(reals[at]);
+        }
+        counts.back()++;
+        inverse[at] = int64_t(counts.size()) - 1;
+    }
+    Tensor values = whole ? from_vector(value_ints, {-1}, loc)
+                          : from_vector(value_reals, {-1}, loc);
+    return {on_device_of(*this, values.cast(dtype(), loc), loc),
+            on_device_of(*this, from_vector(inverse, shape(), loc), loc),
+            on_device_of(*this, from_vector(counts, {-1}, loc), loc)};
 }
 Tensor Tensor::masked_select(const Tensor& mask, Loc loc) const {
     check_defined(*this, "masked_select", loc), check_defined(mask, "masked_select", loc);

@@ -2301,9 +2301,9 @@ TEST(ops_erf_erfc_match_c) {
     }
 }
 
-// nonzero (argwhere) and masked_select, as PyTorch's: coordinates in row-major order, NaN
-// counts as nonzero; masked_select broadcasts and its gradient goes back to the picks
-TEST(ops_nonzero_and_masked_select) {
+// nonzero (argwhere), masked_select and unique, as PyTorch's: coordinates in row-major order,
+// NaN counts as nonzero; masked_select broadcasts and its gradient goes back to the picks
+TEST(ops_nonzero_masked_select_unique) {
     Tensor x = Tensor::from_vector(std::vector<float>{0, 1.5f, 0, NAN, -2, 0}, {2, 3});
     Tensor nz = x.nonzero();
     CHECK_EQ(nz.shape(), (tg::Shape{3, 2}));
@@ -2322,6 +2322,21 @@ TEST(ops_nonzero_and_masked_select) {
     CHECK_ALL_NEAR(vals(v.grad()), (Vec{1, 0, 2, 3, 0, 4}), 0);
     CHECK_ALL_NEAR(vals(v.masked_select(v > 2.5)), (Vec{3, 4, 5, 6}), 0);
     CHECK_EQ(v.masked_select(v > 9).shape(), (tg::Shape{0}));
+    // unique: sorted, each NaN its own and last; integers exact beyond 2^53
+    Tensor u = Tensor::from_vector(std::vector<float>{3, NAN, -1, 3, 0, NAN, -1, 3}, {2, 4});
+    auto [values, inverse, counts] = u.unique();
+    Vec uv = vals(values);
+    CHECK_EQ(uv.size(), size_t(5));
+    CHECK_ALL_NEAR(Vec(uv.begin(), uv.begin() + 3), (Vec{-1, 0, 3}), 0);
+    CHECK(std::isnan(uv[3]) && std::isnan(uv[4]) && values.dtype() == DType::FLOAT32);
+    CHECK_EQ(inverse.shape(), (tg::Shape{2, 4}));
+    CHECK(inverse.to_vector<int64_t>() == (std::vector<int64_t>{2, 3, 0, 2, 1, 4, 0, 2}));
+    CHECK(counts.to_vector<int64_t>() == (std::vector<int64_t>{2, 1, 3, 1, 1}));
+    int64_t big = (int64_t(1) << 53) + 1;
+    tg::Unique ui = Tensor::from_vector(std::vector<int64_t>{big, big - 1, big}).unique();
+    CHECK(ui.values.to_vector<int64_t>() == (std::vector<int64_t>{big - 1, big}));
+    CHECK(ui.counts.to_vector<int64_t>() == (std::vector<int64_t>{1, 2}));
+    CHECK_EQ(Tensor::zeros({0}).unique().values.shape(), (tg::Shape{0}));
     CHECK_THROWS(v.masked_select(Tensor::ones({3})), "masked_select", "float32", "bool");
     CHECK_THROWS(v.masked_select(Tensor::ones({2}, DType::BOOL)), "masked_select", "[2,3]", "[2]");
 }
