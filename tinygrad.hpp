@@ -484,6 +484,12 @@ public:
     // (2/√π)·e^(-x²) in float32 and 3e-13 in float64
     Tensor erf(Loc loc = Loc::here()) const;
     Tensor erfc(Loc loc = Loc::here()) const;
+    // x·ln y, 0 where x is 0 (y not NaN), as torch.xlogy: its gradient in x is ln y, 0 where x is
+    // 0 and y <= 0 (and in y, x/y, 0 there too, where PyTorch's is NaN at y = 0)
+    Tensor xlogy(const Tensor& y, Loc loc = Loc::here()) const;
+    // ln(x/(1 - x)) as ln x - ln(1 - x), x clamped to [eps, 1 - eps] where eps is given; NaN
+    // outside [0, 1] otherwise (its gradient there is the formula's, where PyTorch's is NaN)
+    Tensor logit(std::optional<double> eps = std::nullopt, Loc loc = Loc::here()) const;
     // the nearest whole number, a half to the even one (2.5 → 2, as torch.round); a zero
     // keeps x's sign; integers as they are; no gradient reaches x
     Tensor round(Loc loc = Loc::here()) const;
@@ -3964,6 +3970,18 @@ Tensor Tensor::atanh(Loc loc) const {
     return where(x == 0, x, (x.log1p(loc) - (-x).log1p(loc)) * 0.5, loc);
 }
 Tensor Tensor::log10(Loc loc) const { return mul_c(log2(loc), std::log10(2.0), loc); }
+Tensor Tensor::xlogy(const Tensor& other, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    auto [x, y] = operands(*this, other, "xlogy", loc, true);
+    Tensor zero_by_rule = (x == 0).minimum(y <= 0, loc);   // 0·ln y would be 0·-∞ or NaN
+    return x * where(zero_by_rule, 1.0, y, loc).log(loc);
+}
+Tensor Tensor::logit(std::optional<double> eps, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = as_float(check_defined(*this, "logit", loc), loc);
+    if (eps) x = x.clamp(*eps, 1 - *eps, loc);
+    return x.log(loc) - (-x).log1p(loc);
+}
 // erf below |x| = 1/2 by its series (2/√π)·Σ (-1)^k x^(2k+1)/(k!(2k+1)), below an ulp after 6
 // terms in float32, 12 in float64
 static Tensor erf_near_0(const Tensor& x, Loc loc) {

@@ -2301,6 +2301,43 @@ TEST(ops_erf_erfc_match_c) {
     }
 }
 
+// xlogy and logit: values and gradients as PyTorch 1.13 gave on these inputs (xlogy's gradient
+// in y at x = 0, y = 0 is 0 here, NaN there)
+TEST(ops_xlogy_and_logit_as_pytorch) {
+    Tensor x = Tensor::from_vector(Vec{0, 0, 0, 2, -1.5, 3, 0, 1}).requires_grad();
+    Tensor y = Tensor::from_vector(Vec{0, -1, 2.5, 0.5, 4, 0, NAN, -2}).requires_grad();
+    Tensor v = x.xlogy(y);
+    v.sum().backward();
+    auto same = [](const Vec& got, const Vec& want) {
+        bool ok = got.size() == want.size();
+        for (size_t i = 0; ok && i < got.size(); i++)
+            ok = std::isnan(want[i]) ? std::isnan(got[i])
+                 : std::isinf(want[i]) ? got[i] == want[i]
+                                       : std::fabs(got[i] - want[i]) <= 1e-14 * (1 + std::fabs(want[i]));
+        return ok;
+    };
+    CHECK(same(vals(v), {0, 0, 0, -1.3862943611198906, -2.0794415416798357, -INFINITY, NAN, NAN}));
+    CHECK(same(vals(x.grad()), {0, 0, 0.9162907318741551, -0.6931471805599453, 1.3862943611198906,
+                                -INFINITY, NAN, NAN}));
+    CHECK(same(vals(y.grad()), {0, 0, 0, 4, -0.375, INFINITY, NAN, -0.5}));
+    CHECK(Tensor::from_vector({1, 2}).xlogy(Tensor::from_vector({3, 4})).dtype() == DType::FLOAT32);
+    Vec pv = {0, 1e-8, 0.25, 0.5, 0.9, 1, 1.5};
+    Tensor p = Tensor::from_vector(pv).requires_grad();
+    Tensor l = p.logit();
+    l.sum().backward();
+    CHECK(same(vals(l), {-INFINITY, -18.420680733952366, -1.0986122886681098, 0, 2.1972245773362196,
+                         INFINITY, NAN}));
+    Vec gp = vals(p.grad());   // at 1.5 (NaN), the formula's gradient: not compared
+    CHECK(same(Vec(gp.begin(), gp.end() - 1), {INFINITY, 100000001.00000001, 5.333333333333333, 4,
+                                               11.111111111111112, INFINITY}));
+    Tensor q = Tensor::from_vector(pv).requires_grad();
+    Tensor le = q.logit(1e-3);
+    le.sum().backward();
+    CHECK(same(vals(le), {-6.906754778648554, -6.906754778648554, -1.0986122886681098, 0,
+                          2.1972245773362196, 6.906754778648553, 6.906754778648553}));
+    CHECK(same(vals(q.grad()), {0, 0, 5.333333333333333, 4, 11.111111111111112, 0, 0}));
+}
+
 // nonzero (argwhere), masked_select and unique, as PyTorch's: coordinates in row-major order,
 // NaN counts as nonzero; masked_select broadcasts and its gradient goes back to the picks
 TEST(ops_nonzero_masked_select_unique) {
