@@ -1749,7 +1749,8 @@ protected:
     virtual std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() { return {}; }
     // the groups' settings for params (in their order), checked; by the constructors that
     // take groups
-    void set_groups(const std::vector<ParamGroup>& groups, const char* who, Loc loc);
+    void set_groups(const std::vector<ParamGroup>& groups, double optimizer_lr, const char* who,
+                    Loc loc);
     Tensor lr_of(size_t i) const;                            // step_lr for parameter i
     double weight_decay_of(size_t i, double optimizers) const;
     Tensor step_t, step_lr;       // in updates(): this step's count (t + 1) and learning rate
@@ -1770,7 +1771,7 @@ public:
         double weight_decay = 0, bool nesterov = false, double dampening = 0,
         Loc loc = Loc::here())
         : SGD(params_of(groups), lr, momentum, weight_decay, nesterov, dampening, loc) {
-        set_groups(groups, "SGD", loc);
+        set_groups(groups, lr, "SGD", loc);
     }
     double momentum, weight_decay;
     bool nesterov;
@@ -1794,7 +1795,7 @@ public:
          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
          bool decoupled = false, bool amsgrad = false, Loc loc = Loc::here())
         : Adam(params_of(groups), lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, loc) {
-        set_groups(groups, decoupled ? "AdamW" : "Adam", loc);
+        set_groups(groups, lr, decoupled ? "AdamW" : "Adam", loc);
     }
     double beta1, beta2, eps, weight_decay;
     bool decoupled, amsgrad;
@@ -1815,7 +1816,7 @@ public:
             double eps = 1e-8, double weight_decay = 0, double momentum = 0,
             bool centered = false, Loc loc = Loc::here())
         : RMSprop(params_of(groups), lr, alpha, eps, weight_decay, momentum, centered, loc) {
-        set_groups(groups, "RMSprop", loc);
+        set_groups(groups, lr, "RMSprop", loc);
     }
     double alpha, eps, weight_decay, momentum;
     bool centered;
@@ -1837,7 +1838,7 @@ public:
             Loc loc = Loc::here())
         : Adagrad(params_of(groups), lr, lr_decay, weight_decay, initial_accumulator_value, eps,
                   loc) {
-        set_groups(groups, "Adagrad", loc);
+        set_groups(groups, lr, "Adagrad", loc);
     }
     double lr_decay, weight_decay, eps;
 protected:
@@ -3775,21 +3776,21 @@ Unique Tensor::unique(Loc loc) const {
             on_device_of(*this, from_vector(inverse, shape(), loc), loc),
             on_device_of(*this, from_vector(counts, {-1}, loc), loc)};
 }
-Tensor Tensor::masked_select(const Tensor& mask, Loc loc) const {
-    check_defined(*this, "masked_select", loc), check_defined(mask, "masked_select", loc);
+static void check_mask(const Tensor& x, const Tensor& mask, const char* op, Loc loc) {
+    check_defined(x, op, loc), check_defined(mask, op, loc);
     if (mask.dtype() != DType::BOOL)
-        fail(strf("masked_select: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
+        fail(strf("%s: the mask is %s %s; it must be bool (x < 0, x == y, ...)", op,
                   dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
+}
+Tensor Tensor::masked_select(const Tensor& mask, Loc loc) const {
+    check_mask(*this, mask, "masked_select", loc);
     Shape both = broadcast_shape(shape(), mask.shape(), "masked_select", loc);
     std::vector<int64_t> positions = nonzero_positions(mask.expand(both, loc));
     Tensor picks = on_device_of(*this, Tensor::from_vector(positions, {-1}, loc), loc);
     return expand(both, loc).reshape({-1}, loc).gather(0, picks, loc);
 }
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar value, Loc loc) const {
-    check_defined(*this, "masked_fill", loc), check_defined(mask, "masked_fill", loc);
-    if (mask.dtype() != DType::BOOL)
-        fail(strf("masked_fill: the mask is %s %s; it must be bool (x < 0, x == y, ...)",
-                  dtype_name(mask.dtype()), shape_str(mask.shape()).c_str()), loc);
+    check_mask(*this, mask, "masked_fill", loc);
     // the value in x's dtype, as PyTorch casts it (2.5 into an int tensor is 2)
     return where(mask, const_like(*this, value.value, dtype(), loc), *this, loc);
 }
@@ -3910,10 +3911,10 @@ Tensor Tensor::acos(Loc loc) const {
     Tensor half = 2.0 * asin_near_0(((1.0 - a * s) * 0.5).sqrt(loc), loc);
     return where(near_0, inner, where(a < 0, PI - half, half, loc), loc);
 }
-// whether x's sign bit is set: x < 0, or x is -0 (1/x is -∞); NaN: no
+// whether x's sign bit is set: x < 0, or x is -0 (1/x is -∞); NaN: no. A comparison passes
+// no gradient, so the ∞ of 1/0 reaches none.
 static Tensor sign_bit(const Tensor& x, Loc loc) {
-    Tensor zero = x == 0;
-    return (x < 0).maximum(zero.minimum(where(zero, x, 1.0, loc).reciprocal(loc) < 0, loc), loc);
+    return (x < 0).maximum(x.reciprocal(loc) < 0, loc);
 }
 // C's atan2: where |y| > |x|, ±π/2 - atan(x/y); else atan(y/x), and ±π more where x's sign bit
 // is set (the sign of y's). Both infinite: the angle of their signs.
@@ -4144,8 +4145,7 @@ Tensor Tensor::pow(const Tensor& exponent, Loc loc) const {
     Tensor is_int = big.maximum(yi.cast(dt, loc) == y, loc);
     NodeP two = graph_const(2, int_dt, yi.shape(), loc);
     Tensor odd = wrap(graph_binary(Op::MOD, N(yi), two, loc)) != 0;
-    Tensor sign_bit = (x < 0).maximum(x.reciprocal(loc) < 0, loc);   // 1/-0 = -∞
-    Tensor signed_mag = where(sign_bit.minimum(odd, loc), neg(mag, loc), mag, loc);
+    Tensor signed_mag = where(sign_bit(x, loc).minimum(odd, loc), neg(mag, loc), mag, loc);
     Tensor undefined = (x < 0).minimum(x > -INFINITY, loc).minimum(is_int.logical_not(loc), loc);
     Tensor exactly_one = ((y == 0).minimum((ax < INFINITY).logical_not(loc), loc))
                              .maximum((x == 1).minimum(y != y, loc), loc)
@@ -14955,9 +14955,9 @@ std::vector<Tensor> params_of(const std::vector<ParamGroup>& groups) {
     for (const ParamGroup& g : groups) out.insert(out.end(), g.params.begin(), g.params.end());
     return out;
 }
-void Optimizer::set_groups(const std::vector<ParamGroup>& groups, const char* who, Loc loc) {
+void Optimizer::set_groups(const std::vector<ParamGroup>& groups, double base_lr,
+                           const char* who, Loc loc) {
     detail::UserLocScope at(loc);
-    double base_lr = lr.item();
     std::map<const detail::Node*, size_t> group_of;
     for (size_t gi = 0; gi < groups.size(); gi++) {
         const ParamGroup& g = groups[gi];
