@@ -599,6 +599,8 @@ public:
     Tensor view(const Shape& shape, Loc loc = Loc::here()) const;       // same as reshape
     Tensor permute(const std::vector<int>& order, Loc loc = Loc::here()) const;
     Tensor transpose(int axis0 = -2, int axis1 = -1, Loc loc = Loc::here()) const;
+    // the axis moved to position destination, the others in their order (torch.movedim)
+    Tensor movedim(int source, int destination, Loc loc = Loc::here()) const;
     Tensor t(Loc loc = Loc::here()) const;             // 0-2 axes: rows and columns swapped
     Tensor mT(Loc loc = Loc::here()) const;            // the last two axes swapped
     Tensor expand(const Shape& shape, Loc loc = Loc::here()) const;     // -1 keeps a size
@@ -614,6 +616,11 @@ public:
     Tensor squeeze(int axis, Loc loc = Loc::here()) const;
     Tensor unsqueeze(int axis, Loc loc = Loc::here()) const;
     Tensor flatten(int start_axis = 0, int end_axis = -1, Loc loc = Loc::here()) const;
+    // the axis split into sizes (one of them may be -1: the rest), as torch.unflatten
+    Tensor unflatten(int axis, const Shape& sizes, Loc loc = Loc::here()) const;
+    // the windows of size elements, step apart, along the axis, as torch.Tensor.unfold: the
+    // axis holds the windows, a new last axis their elements (strided views, no copy)
+    Tensor unfold(int axis, int64_t size, int64_t step, Loc loc = Loc::here()) const;
     Tensor contiguous(Loc loc = Loc::here()) const;   // forces its own buffer when realized
     // the lower (upper) triangle of the last two axes: element [i, j] where j - i <= diagonal
     // (>= diagonal), 0 elsewhere
@@ -919,6 +926,24 @@ struct LayerNorm : Module {
     double eps;
     Tensor weight, bias;   // undefined where not learned
 };
+// Over the last axes, normalized_shape: x/√(mean(x²) + eps), then · weight (ones to start,
+// normalized_shape) where elementwise_affine, as PyTorch's RMSNorm; eps std::nullopt: the
+// spacing of x's floats at 1 (2⁻²³ for float32, 2⁻⁵² for float64)
+struct RMSNorm : Module {
+    explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt,
+                     bool elementwise_affine = true, Loc loc = Loc::here());
+    explicit RMSNorm(const Shape& normalized_shape, std::optional<double> eps = std::nullopt,
+                     bool elementwise_affine = true, Loc loc = Loc::here());
+    explicit RMSNorm(std::initializer_list<int64_t> normalized_shape,
+                     std::optional<double> eps = std::nullopt, bool elementwise_affine = true,
+                     Loc loc = Loc::here())
+        : RMSNorm(Shape(normalized_shape), eps, elementwise_affine, loc) {}
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    Shape normalized_shape;
+    std::optional<double> eps;
+    Tensor weight;   // undefined where not learned
+};
 // x [N, C, *] in num_groups groups of C / num_groups channels, each normalized over its
 // channels and positions, then · weight + bias per channel (affine: ones and zeros to start)
 struct GroupNorm : Module {
@@ -961,6 +986,42 @@ template <int SpatialAxes> struct BatchNorm : BatchNormNd {
 using BatchNorm1d = BatchNorm<1>;
 using BatchNorm2d = BatchNorm<2>;
 using BatchNorm3d = BatchNorm<3>;
+// Each channel of each sample of x [N, C, *spatial] (or [C, *spatial]) normalized over its
+// positions, then · weight + bias per channel where affine (ones and zeros to start; off by
+// default, as PyTorch's). track_running_stats: while training, running_mean and running_var
+// move toward the samples' mean statistics (the variance unbiased), r = (1 - momentum)·r +
+// momentum·theirs, and eval() normalizes by them. num_batches_tracked is kept for PyTorch's
+// state_dict names; as PyTorch's, it does not count.
+struct InstanceNormNd : Module {
+    InstanceNormNd(int spatial_axes, int64_t num_features, double eps, double momentum,
+                   bool affine, bool track_running_stats, Loc loc = Loc::here());
+    Tensor forward(const Tensor& x) override;
+    Named named_parameters() override;
+    Named named_buffers() override;
+    int spatial_axes;
+    int64_t num_features;
+    double eps, momentum;
+    Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+template <int SpatialAxes> struct InstanceNorm : InstanceNormNd {
+    explicit InstanceNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false,
+                          Loc loc = Loc::here())
+        : InstanceNormNd(SpatialAxes, num_features, eps, momentum, affine, track_running_stats,
+                         loc) {}
+};
+using InstanceNorm1d = InstanceNorm<1>;
+using InstanceNorm2d = InstanceNorm<2>;
+using InstanceNorm3d = InstanceNorm<3>;
+// Each element of x [N, C, *] divided by (k + α/size·Σ x²)^β, the sum over the size channels
+// around it (size/2 before, (size - 1)/2 after; none past the ends), as PyTorch's
+struct LocalResponseNorm : Module {
+    explicit LocalResponseNorm(int64_t size, double alpha = 1e-4, double beta = 0.75,
+                               double k = 1, Loc loc = Loc::here());
+    Tensor forward(const Tensor& x) override;
+    int64_t size;
+    double alpha, beta, k;
+};
 struct Lambda : Module {                    // any function as a layer
     explicit Lambda(std::function<Tensor(const Tensor&)> f) : fn(std::move(f)) {}
     Tensor forward(const Tensor& x) override { return fn(x); }
@@ -975,7 +1036,21 @@ struct Dropout : Module {
     Tensor forward(const Tensor& x) override;
     double p;
     Tensor draws;   // int64, made on the first call, on the input's device
+
+protected:
+    // x with a mask drawn while training: of x's shape, or with spatial_axes > 0, one draw per
+    // channel of x [N, C, *spatial] or [C, *spatial]
+    Tensor dropped(const Tensor& x, int spatial_axes);
 };
+// Dropout1d, Dropout2d, Dropout3d: each channel of x [N, C, *spatial] (or [C, *spatial]; 1, 2
+// or 3 spatial axes) zeroed whole with probability p while training, the others scaled
+template <int SpatialAxes> struct DropoutNd : Dropout {
+    explicit DropoutNd(double p = 0.5, Loc loc = Loc::here()) : Dropout(p, loc) {}
+    Tensor forward(const Tensor& x) override { return dropped(x, SpatialAxes); }
+};
+using Dropout1d = DropoutNd<1>;
+using Dropout2d = DropoutNd<2>;
+using Dropout3d = DropoutNd<3>;
 struct ReLU : Module { Tensor forward(const Tensor& x) override { return x.relu(); } };
 struct Tanh : Module { Tensor forward(const Tensor& x) override { return x.tanh(); } };
 struct Sigmoid : Module { Tensor forward(const Tensor& x) override { return x.sigmoid(); } };
@@ -1042,6 +1117,16 @@ struct PReLU : Module {
     Named named_parameters() override { return {{"weight", weight}}; }
     Tensor weight;
 };
+struct GLU : Module {   // the first half of x along dim, times σ(the second half)
+    explicit GLU(int dim = -1) : dim(dim) {}
+    Tensor forward(const Tensor& x) override;
+    int dim;
+};
+struct Softmin : Module {   // softmax(-x)
+    explicit Softmin(int dim = -1) : dim(dim) {}
+    Tensor forward(const Tensor& x) override;
+    int dim;
+};
 struct Softmax : Module {
     explicit Softmax(int dim = -1) : dim(dim) {}
     Tensor forward(const Tensor& x) override { return x.softmax(dim); }
@@ -1056,6 +1141,12 @@ struct Flatten : Module {                   // axes start..end as one, as x.flat
     explicit Flatten(int start_axis = 1, int end_axis = -1) : start(start_axis), end(end_axis) {}
     Tensor forward(const Tensor& x) override { return x.flatten(start, end); }
     int start, end;
+};
+struct Unflatten : Module {                 // the axis split into sizes, as x.unflatten
+    Unflatten(int axis, Shape sizes) : axis(axis), sizes(std::move(sizes)) {}
+    Tensor forward(const Tensor& x) override { return x.unflatten(axis, sizes); }
+    int axis;
+    Shape sizes;
 };
 
 // A convolution's or pooling's kernel, stride, padding or dilation along the spatial axes, as
@@ -1131,54 +1222,168 @@ template <int SpatialAxes> struct ConvTranspose : ConvNd {   // PyTorch's order 
 using ConvTranspose1d = ConvTranspose<1>;
 using ConvTranspose2d = ConvTranspose<2>;
 using ConvTranspose3d = ConvTranspose<3>;
-// functional::max_pool1d/2d, avg_pool1d/2d and adaptive_avg_pool1d/2d as layers
-// (AdaptiveAvgPool2d(1) before a classifier's head)
+// functional's poolings as layers, over 1 to 3 spatial axes: max_pool, avg_pool,
+// adaptive_avg_pool (AdaptiveAvgPool2d(1) before a classifier's head), adaptive_max_pool,
+// lp_pool (1 and 2 axes, as PyTorch's)
 struct MaxPoolNd : Module {
     MaxPoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
-              SpatialSizes padding, SpatialSizes dilation)
+              SpatialSizes padding, SpatialSizes dilation, bool ceil_mode)
         : spatial_axes(spatial_axes), kernel_size(kernel_size), stride(stride), padding(padding),
-          dilation(dilation) {}
+          dilation(dilation), ceil_mode(ceil_mode) {}
     Tensor forward(const Tensor& x) override;
     int spatial_axes;
     SpatialSizes kernel_size, stride, padding, dilation;
+    bool ceil_mode;
 };
 template <int SpatialAxes> struct MaxPool : MaxPoolNd {
     explicit MaxPool(SpatialSizes kernel_size, SpatialSizes stride = {}, SpatialSizes padding = 0,
-                     SpatialSizes dilation = 1)
-        : MaxPoolNd(SpatialAxes, kernel_size, stride, padding, dilation) {}
+                     SpatialSizes dilation = 1, bool ceil_mode = false)
+        : MaxPoolNd(SpatialAxes, kernel_size, stride, padding, dilation, ceil_mode) {}
 };
 using MaxPool1d = MaxPool<1>;
 using MaxPool2d = MaxPool<2>;
+using MaxPool3d = MaxPool<3>;
 struct AvgPoolNd : Module {
     AvgPoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
-              SpatialSizes padding, bool count_include_pad)
+              SpatialSizes padding, bool count_include_pad, bool ceil_mode,
+              std::optional<int64_t> divisor_override)
         : spatial_axes(spatial_axes), kernel_size(kernel_size), stride(stride), padding(padding),
-          count_include_pad(count_include_pad) {}
+          count_include_pad(count_include_pad), ceil_mode(ceil_mode),
+          divisor_override(divisor_override) {}
     Tensor forward(const Tensor& x) override;
     int spatial_axes;
     SpatialSizes kernel_size, stride, padding;
-    bool count_include_pad;
+    bool count_include_pad, ceil_mode;
+    std::optional<int64_t> divisor_override;
 };
-template <int SpatialAxes> struct AvgPool : AvgPoolNd {
+template <int SpatialAxes> struct AvgPool : AvgPoolNd {   // functional::avg_pool's order
     explicit AvgPool(SpatialSizes kernel_size, SpatialSizes stride = {}, SpatialSizes padding = 0,
-                     bool count_include_pad = true)
-        : AvgPoolNd(SpatialAxes, kernel_size, stride, padding, count_include_pad) {}
+                     bool count_include_pad = true, bool ceil_mode = false,
+                     std::optional<int64_t> divisor_override = std::nullopt)
+        : AvgPoolNd(SpatialAxes, kernel_size, stride, padding, count_include_pad, ceil_mode,
+                    divisor_override) {}
 };
 using AvgPool1d = AvgPool<1>;
 using AvgPool2d = AvgPool<2>;
-struct AdaptiveAvgPoolNd : Module {
-    AdaptiveAvgPoolNd(int spatial_axes, SpatialSizes output_size)
-        : spatial_axes(spatial_axes), output_size(output_size) {}
+using AvgPool3d = AvgPool<3>;
+struct AdaptivePoolNd : Module {   // the mean or the largest of each bin
+    AdaptivePoolNd(int spatial_axes, SpatialSizes output_size, bool largest)
+        : spatial_axes(spatial_axes), output_size(output_size), largest(largest) {}
     Tensor forward(const Tensor& x) override;
     int spatial_axes;
     SpatialSizes output_size;
+    bool largest;
 };
-template <int SpatialAxes> struct AdaptiveAvgPool : AdaptiveAvgPoolNd {
+template <int SpatialAxes> struct AdaptiveAvgPool : AdaptivePoolNd {
     explicit AdaptiveAvgPool(SpatialSizes output_size)
-        : AdaptiveAvgPoolNd(SpatialAxes, output_size) {}
+        : AdaptivePoolNd(SpatialAxes, output_size, false) {}
 };
 using AdaptiveAvgPool1d = AdaptiveAvgPool<1>;
 using AdaptiveAvgPool2d = AdaptiveAvgPool<2>;
+using AdaptiveAvgPool3d = AdaptiveAvgPool<3>;
+template <int SpatialAxes> struct AdaptiveMaxPool : AdaptivePoolNd {
+    explicit AdaptiveMaxPool(SpatialSizes output_size)
+        : AdaptivePoolNd(SpatialAxes, output_size, true) {}
+};
+using AdaptiveMaxPool1d = AdaptiveMaxPool<1>;
+using AdaptiveMaxPool2d = AdaptiveMaxPool<2>;
+using AdaptiveMaxPool3d = AdaptiveMaxPool<3>;
+struct LPPoolNd : Module {
+    LPPoolNd(int spatial_axes, double norm_type, SpatialSizes kernel_size, SpatialSizes stride,
+             bool ceil_mode)
+        : spatial_axes(spatial_axes), norm_type(norm_type), kernel_size(kernel_size),
+          stride(stride), ceil_mode(ceil_mode) {}
+    Tensor forward(const Tensor& x) override;
+    int spatial_axes;
+    double norm_type;
+    SpatialSizes kernel_size, stride;
+    bool ceil_mode;
+};
+template <int SpatialAxes> struct LPPool : LPPoolNd {
+    LPPool(double norm_type, SpatialSizes kernel_size, SpatialSizes stride = {},
+           bool ceil_mode = false)
+        : LPPoolNd(SpatialAxes, norm_type, kernel_size, stride, ceil_mode) {}
+};
+using LPPool1d = LPPool<1>;
+using LPPool2d = LPPool<2>;
+
+// functional::pixel_shuffle, pixel_unshuffle, channel_shuffle, unfold and fold as layers
+struct PixelShuffle : Module {
+    explicit PixelShuffle(int64_t upscale_factor) : upscale_factor(upscale_factor) {}
+    Tensor forward(const Tensor& x) override;
+    int64_t upscale_factor;
+};
+struct PixelUnshuffle : Module {
+    explicit PixelUnshuffle(int64_t downscale_factor) : downscale_factor(downscale_factor) {}
+    Tensor forward(const Tensor& x) override;
+    int64_t downscale_factor;
+};
+struct ChannelShuffle : Module {
+    explicit ChannelShuffle(int64_t groups) : groups(groups) {}
+    Tensor forward(const Tensor& x) override;
+    int64_t groups;
+};
+struct Unfold : Module {
+    explicit Unfold(SpatialSizes kernel_size, SpatialSizes dilation = 1, SpatialSizes padding = 0,
+                    SpatialSizes stride = 1)
+        : kernel_size(kernel_size), dilation(dilation), padding(padding), stride(stride) {}
+    Tensor forward(const Tensor& x) override;
+    SpatialSizes kernel_size, dilation, padding, stride;
+};
+struct Fold : Module {
+    Fold(SpatialSizes output_size, SpatialSizes kernel_size, SpatialSizes dilation = 1,
+         SpatialSizes padding = 0, SpatialSizes stride = 1)
+        : output_size(output_size), kernel_size(kernel_size), dilation(dilation),
+          padding(padding), stride(stride) {}
+    Tensor forward(const Tensor& x) override;
+    SpatialSizes output_size, kernel_size, dilation, padding, stride;
+};
+// functional::pad as a layer over the last 1, 2 or 3 axes: padding one size for every side, or
+// (before, after) pairs from the last axis backward (left, right, top, bottom, front, back).
+// ZeroPad, ConstantPad (value), ReflectionPad, ReplicationPad, CircularPad, 1d to 3d.
+struct PadNd : Module {
+    PadNd(int spatial_axes, SpatialSizes padding, std::string mode, double value,
+          Loc loc = Loc::here());
+    Tensor forward(const Tensor& x) override;
+    std::vector<int64_t> pads;   // as functional::pad takes them
+    std::string mode;
+    double value;
+};
+template <int SpatialAxes> struct ZeroPad : PadNd {
+    explicit ZeroPad(SpatialSizes padding, Loc loc = Loc::here())
+        : PadNd(SpatialAxes, padding, "constant", 0, loc) {}
+};
+template <int SpatialAxes> struct ConstantPad : PadNd {
+    ConstantPad(SpatialSizes padding, double value, Loc loc = Loc::here())
+        : PadNd(SpatialAxes, padding, "constant", value, loc) {}
+};
+template <int SpatialAxes> struct ReflectionPad : PadNd {
+    explicit ReflectionPad(SpatialSizes padding, Loc loc = Loc::here())
+        : PadNd(SpatialAxes, padding, "reflect", 0, loc) {}
+};
+template <int SpatialAxes> struct ReplicationPad : PadNd {
+    explicit ReplicationPad(SpatialSizes padding, Loc loc = Loc::here())
+        : PadNd(SpatialAxes, padding, "replicate", 0, loc) {}
+};
+template <int SpatialAxes> struct CircularPad : PadNd {
+    explicit CircularPad(SpatialSizes padding, Loc loc = Loc::here())
+        : PadNd(SpatialAxes, padding, "circular", 0, loc) {}
+};
+using ZeroPad1d = ZeroPad<1>;
+using ZeroPad2d = ZeroPad<2>;
+using ZeroPad3d = ZeroPad<3>;
+using ConstantPad1d = ConstantPad<1>;
+using ConstantPad2d = ConstantPad<2>;
+using ConstantPad3d = ConstantPad<3>;
+using ReflectionPad1d = ReflectionPad<1>;
+using ReflectionPad2d = ReflectionPad<2>;
+using ReflectionPad3d = ReflectionPad<3>;
+using ReplicationPad1d = ReplicationPad<1>;
+using ReplicationPad2d = ReplicationPad<2>;
+using ReplicationPad3d = ReplicationPad<3>;
+using CircularPad1d = CircularPad<1>;
+using CircularPad2d = CircularPad<2>;
+using CircularPad3d = CircularPad<3>;
 
 // functional::interpolate of x [N, C, *spatial] by scale_factor (to ⌊in·scale_factor⌋ along
 // each spatial axis, reading at o / scale_factor) or to size, as PyTorch's nn.Upsample
@@ -1447,12 +1652,13 @@ enum class Reduction { MEAN, SUM, NONE, BATCHMEAN };
 // sum of their weights). label_smoothing ε mixes in the uniform target: (1 - ε)·that + ε/C·
 // -Σ_c weight_c·log softmax(logits)_c. A float target of the logits' shape holds each class's
 // probability: -Σ_c weight_c·t_c·log softmax(logits)_c, with t smoothed the same way, the mean
-// over the rows.
+// over the rows. PyTorch's layout, logits [N, C, d...] with targets [N, d...], is taken too
+// where the class indices' shape fits it and not the classes-last one.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::MEAN,
                      int64_t ignore_index = -100, double label_smoothing = 0,
                      const Tensor& weight = Tensor(), Loc loc = Loc::here());
 // -log_probs[target]·weight[target], as cross_entropy after log_softmax (classes on the last
-// axis)
+// axis, or on axis 1 where the targets' shape says so)
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::MEAN,
                 int64_t ignore_index = -100, const Tensor& weight = Tensor(),
                 Loc loc = Loc::here());
@@ -1488,6 +1694,52 @@ Tensor huber_loss(const Tensor& prediction, const Tensor& target, Reduction r = 
 // relu(1 - y·score) with labels y = ±1: the margin loss of a support vector machine
 Tensor hinge_loss(const Tensor& scores, const Tensor& labels, Reduction r = Reduction::MEAN,
                   Loc loc = Loc::here());
+// More of PyTorch's losses, each with the reduction after the tensors, then PyTorch's options
+// in its order. max(0, margin - target·(x1 - x2)), target ±1, the three broadcast (of one rank)
+Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                           Reduction r = Reduction::MEAN, double margin = 0, Loc loc = Loc::here());
+// x where target is 1, max(0, margin - x) where it is -1 (target x's shape)
+Tensor hinge_embedding_loss(const Tensor& x, const Tensor& target, Reduction r = Reduction::MEAN,
+                            double margin = 1, Loc loc = Loc::here());
+// ln(1 + e^(-target·x)), target ±1 of x's shape
+Tensor soft_margin_loss(const Tensor& x, const Tensor& target, Reduction r = Reduction::MEAN,
+                        Loc loc = Loc::here());
+// -(t·ln σ(x) + (1 - t)·ln σ(-x)), times weight (one per class, where given), averaged over the
+// classes (the last axis): one loss per sample before the reduction
+Tensor multilabel_soft_margin_loss(const Tensor& x, const Tensor& target,
+                                   Reduction r = Reduction::MEAN, const Tensor& weight = Tensor(),
+                                   Loc loc = Loc::here());
+// 1 - cos(x1, x2) where target is 1, max(0, cos - margin) where it is -1: x1, x2 [N, D] with
+// target [N], or [D] with a scalar target; cos = x1·x2 / √((‖x1‖² + 10⁻¹²)(‖x2‖² + 10⁻¹²))
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                             Reduction r = Reduction::MEAN, double margin = 0,
+                             Loc loc = Loc::here());
+// ‖x1 - x2 + eps‖_p over the last axis, x1 and x2 broadcast
+Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p = 2, double eps = 1e-6,
+                         bool keepdim = false, Loc loc = Loc::here());
+// max(0, margin + d(anchor, positive) - d(anchor, negative)), d pairwise_distance; swap: the
+// second distance the smaller of it and d(positive, negative)
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           Reduction r = Reduction::MEAN, double margin = 1, double p = 2,
+                           double eps = 1e-6, bool swap = false, Loc loc = Loc::here());
+// (ln v + (x - target)²/v)/2 (+ ln(2π)/2 where full), v = var at least eps: var of x's shape,
+// or that shape with its last axis 1 or dropped (one variance for the axis). As PyTorch's, the
+// gradient passes the clamp at eps unchanged; a negative var is not refused (PyTorch reads the
+// values to refuse it), it counts as eps.
+Tensor gaussian_nll_loss(const Tensor& x, const Tensor& target, const Tensor& var,
+                         Reduction r = Reduction::MEAN, bool full = false, double eps = 1e-6,
+                         Loc loc = Loc::here());
+// e^x - target·x (log_input), else x - target·ln(x + eps); full adds Stirling's approximation
+// of ln(target!) where target > 1: target·ln target - target + ln(2π·target)/2
+Tensor poisson_nll_loss(const Tensor& x, const Tensor& target, Reduction r = Reduction::MEAN,
+                        bool log_input = true, bool full = false, double eps = 1e-8,
+                        Loc loc = Loc::here());
+// Σ over the classes c other than the target y of max(0, margin - x_y + x_c)^p (p 1 or 2),
+// times weight[y] where given, divided by the classes: x [N, C] with target [N] (int), or [C]
+// with a scalar target
+Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r = Reduction::MEAN,
+                         double p = 1, double margin = 1, const Tensor& weight = Tensor(),
+                         Loc loc = Loc::here());
 
 // Scales the gradients of params so that their global L2 norm is at most max_norm: each times
 // min(1, max_norm / (norm + 1e-6)), as PyTorch's; lazily, so the scaling joins the optimizer's
@@ -1538,6 +1790,10 @@ Tensor hardshrink(const Tensor& x, double lambd = 0.5, Loc loc = Loc::here());
 Tensor softshrink(const Tensor& x, double lambd = 0.5, Loc loc = Loc::here());
 // x where x > threshold, else value
 Tensor threshold(const Tensor& x, double threshold, double value, Loc loc = Loc::here());
+// glu: a·σ(b) for a, b the halves of x along the axis (its length even); softmin:
+// softmax(-x)
+Tensor glu(const Tensor& x, int axis = -1, Loc loc = Loc::here());
+Tensor softmin(const Tensor& x, int axis = -1, Loc loc = Loc::here());
 // x where x > 0, else weight·x: weight [1], or [C] along axis 1 of x [N, C, ...]
 Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc = Loc::here());
 inline Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::here()) {
@@ -1594,18 +1850,36 @@ Tensor conv_transpose3d(const Tensor& x, const Tensor& weight, const Tensor& bia
                         SpatialSizes dilation = 1, Loc loc = Loc::here());
 // The largest value of each window of x [N, C, *spatial] (or [C, *spatial]; floating point),
 // its gradient to the first largest in the window (NaN above all), as PyTorch's; the padding
-// is -∞, at most half the kernel; stride {}: the kernel
+// is -∞, at most half the kernel; stride {}: the kernel. ceil_mode: a last window that runs
+// past the padding counts too, if it starts inside x or the padding before it (PyTorch's
+// rule).
 Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
-                  SpatialSizes padding = 0, SpatialSizes dilation = 1, Loc loc = Loc::here());
+                  SpatialSizes padding = 0, SpatialSizes dilation = 1, bool ceil_mode = false,
+                  Loc loc = Loc::here());
 Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
-                  SpatialSizes padding = 0, SpatialSizes dilation = 1, Loc loc = Loc::here());
-// The mean of each window, the padding 0 and counted (count_include_pad) or not
+                  SpatialSizes padding = 0, SpatialSizes dilation = 1, bool ceil_mode = false,
+                  Loc loc = Loc::here());
+Tensor max_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, SpatialSizes dilation = 1, bool ceil_mode = false,
+                  Loc loc = Loc::here());
+// The mean of each window, the padding 0 and counted (count_include_pad) or not; ceil_mode as
+// max_pool's, a window's part past the padding never counted; divisor_override: each window's
+// sum divided by it instead. (PyTorch takes ceil_mode before count_include_pad.)
 Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
-                  SpatialSizes padding = 0, bool count_include_pad = true,
-                  Loc loc = Loc::here());
+                  SpatialSizes padding = 0, bool count_include_pad = true, bool ceil_mode = false,
+                  std::optional<int64_t> divisor_override = std::nullopt, Loc loc = Loc::here());
 Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
-                  SpatialSizes padding = 0, bool count_include_pad = true,
-                  Loc loc = Loc::here());
+                  SpatialSizes padding = 0, bool count_include_pad = true, bool ceil_mode = false,
+                  std::optional<int64_t> divisor_override = std::nullopt, Loc loc = Loc::here());
+Tensor avg_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
+                  SpatialSizes padding = 0, bool count_include_pad = true, bool ceil_mode = false,
+                  std::optional<int64_t> divisor_override = std::nullopt, Loc loc = Loc::here());
+// (Σ x^p)^(1/p) over each window, as PyTorch's: kernel size · avg_pool(x^p), its sign kept,
+// to the power 1/p (with ceil_mode, a window cut short by the end is scaled up so)
+Tensor lp_pool1d(const Tensor& x, double norm_type, SpatialSizes kernel_size,
+                 SpatialSizes stride = {}, bool ceil_mode = false, Loc loc = Loc::here());
+Tensor lp_pool2d(const Tensor& x, double norm_type, SpatialSizes kernel_size,
+                 SpatialSizes stride = {}, bool ceil_mode = false, Loc loc = Loc::here());
 // rows of weight [num, dim] picked by int32 or int64 ids, each in [0, num) (checked when the
 // program runs; unlike x[ids], a negative id is an error, as in PyTorch); the row padding_idx
 // gets no gradient
@@ -1618,6 +1892,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape,
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
+// x/√(mean(x²) + eps) over x's last axes, normalized_shape, then · weight where given; eps
+// std::nullopt: the spacing of x's floats at 1 (as PyTorch's F.rms_norm)
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                std::optional<double> eps = std::nullopt, Loc loc = Loc::here());
 // x [N, C, *] normalized over groups of C / groups channels (as nn::GroupNorm), then
 // · weight + bias per channel where given
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight = Tensor(),
@@ -1629,6 +1907,17 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   bool training = false, double momentum = 0.1, double eps = 1e-5,
                   Loc loc = Loc::here());
+// x [N, C, *spatial] normalized per sample and channel over its positions (as
+// nn::InstanceNorm's forward), then · weight + bias per channel where given. use_input_stats:
+// by those statistics, moving running_mean and running_var (where given) toward their mean
+// over the samples; else by running_mean and running_var.
+Tensor instance_norm(const Tensor& x, const Tensor& running_mean = Tensor(),
+                     const Tensor& running_var = Tensor(), const Tensor& weight = Tensor(),
+                     const Tensor& bias = Tensor(), bool use_input_stats = true,
+                     double momentum = 0.1, double eps = 1e-5, Loc loc = Loc::here());
+// x [N, C, *] / (k + α/size·Σ x²)^β over the size channels around each (nn::LocalResponseNorm)
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha = 1e-4,
+                           double beta = 0.75, double k = 1, Loc loc = Loc::here());
 // x / max(‖x‖_p, eps) along the axis
 Tensor normalize(const Tensor& x, double p = 2, int axis = 1, double eps = 1e-12,
                  Loc loc = Loc::here());
@@ -1639,6 +1928,12 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis = 1, doubl
 // [C, *spatial]): bin i of n inputs covers [⌊i·n/out⌋, ⌈(i + 1)·n/out⌉), as PyTorch's
 Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+Tensor adaptive_avg_pool3d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+// The largest of each bin (the bins as adaptive_avg_pool's), its gradient to the first
+// largest in row-major order
+Tensor adaptive_max_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+Tensor adaptive_max_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
+Tensor adaptive_max_pool3d(const Tensor& x, SpatialSizes output_size, Loc loc = Loc::here());
 // PyTorch's F.pad: pads holds (before, after) pairs from the last axis backward; mode
 // "constant" (value), "reflect" (mirrored about the edge, which is not repeated),
 // "replicate" (the edge repeated) or "circular" (wrapped around); in every mode a negative
@@ -1666,16 +1961,47 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here(
 // as nn::Dropout while training, with a mask drawn from seed; x itself when not training
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
                uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+// as nn::Dropout1d/2d/3d while training: whole channels of x [N, C, *spatial] or [C, *spatial]
+Tensor dropout1d(const Tensor& x, double p = 0.5, bool training = true,
+                 uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+Tensor dropout2d(const Tensor& x, double p = 0.5, bool training = true,
+                 uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+Tensor dropout3d(const Tensor& x, double p = 0.5, bool training = true,
+                 uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+// [*, C·r², H, W] to [*, C, H·r, W·r]: the r² channels of each output channel spread over
+// r x r pixels; pixel_unshuffle undoes it
+Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor, Loc loc = Loc::here());
+Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor, Loc loc = Loc::here());
+// x [N, C, *] with its channels as [groups, C / groups], transposed to [C / groups, groups]
+Tensor channel_shuffle(const Tensor& x, int64_t groups, Loc loc = Loc::here());
+// im2col: x [N, C, H, W] (or [C, H, W]) to the columns [N, C·kh·kw, L] of its L windows (a
+// column's elements channel by channel, each channel's in row-major order), as PyTorch's;
+// fold sums such columns back into [N, C, *output_size], overlapping windows adding
+Tensor unfold(const Tensor& x, SpatialSizes kernel_size, SpatialSizes dilation = 1,
+              SpatialSizes padding = 0, SpatialSizes stride = 1, Loc loc = Loc::here());
+Tensor fold(const Tensor& x, SpatialSizes output_size, SpatialSizes kernel_size,
+            SpatialSizes dilation = 1, SpatialSizes padding = 0, SpatialSizes stride = 1,
+            Loc loc = Loc::here());
 using nn::binary_cross_entropy;
 using nn::binary_cross_entropy_with_logits;
+using nn::cosine_embedding_loss;
 using nn::cross_entropy;
+using nn::gaussian_nll_loss;
+using nn::hinge_embedding_loss;
 using nn::hinge_loss;
 using nn::huber_loss;
 using nn::kl_div;
 using nn::l1_loss;
+using nn::margin_ranking_loss;
 using nn::mse_loss;
+using nn::multi_margin_loss;
+using nn::multilabel_soft_margin_loss;
 using nn::nll_loss;
+using nn::pairwise_distance;
+using nn::poisson_nll_loss;
 using nn::smooth_l1_loss;
+using nn::soft_margin_loss;
+using nn::triplet_margin_loss;
 }  // namespace functional
 }  // namespace nn
 
@@ -4571,6 +4897,16 @@ Tensor Tensor::reshape(const Shape& shape_in, Loc loc) const {
     return wrap(graph_reshape(node(), s, loc));
 }
 Tensor Tensor::view(const Shape& shape, Loc loc) const { return reshape(shape, loc); }
+Tensor Tensor::movedim(int source, int destination, Loc loc) const {
+    check_defined(*this, "movedim", loc);
+    int from = normalize_axis(source, shape().size(), "movedim", shape(), loc);
+    int to = normalize_axis(destination, shape().size(), "movedim", shape(), loc);
+    std::vector<int> order;
+    for (int a = 0; a < ndim(); a++)
+        if (a != from) order.push_back(a);
+    order.insert(order.begin() + to, from);
+    return permute(order, loc);
+}
 Tensor Tensor::permute(const std::vector<int>& order, Loc loc) const {
     check_defined(*this, "permute", loc);
     std::vector<int> o = order;
@@ -4683,6 +5019,51 @@ Tensor Tensor::flatten(int start_axis, int end_axis, Loc loc) const {
     out.push_back(n);
     out.insert(out.end(), shape().begin() + e + 1, shape().end());
     return reshape(out, loc);
+}
+Tensor Tensor::unflatten(int axis, const Shape& sizes, Loc loc) const {
+    check_defined(*this, "unflatten", loc);
+    int ax = normalize_axis(axis, shape().size(), "unflatten", shape(), loc);
+    int64_t known = 1;
+    int unknown = 0;
+    for (int64_t n : sizes) {
+        if (n == -1) unknown++;
+        else known *= n;
+    }
+    const int64_t length = shape()[size_t(ax)];
+    bool fits = !sizes.empty() && unknown <= 1 &&
+                std::all_of(sizes.begin(), sizes.end(), [](int64_t n) { return n >= -1; }) &&
+                (unknown ? known > 0 && length % known == 0 : known == length);
+    if (!fits)
+        fail(strf("unflatten: axis %d of %s, %lld long, cannot split into %s", axis,
+                  shape_str(shape()).c_str(), (long long)length, shape_str(sizes).c_str()),
+             loc);
+    Shape out(shape().begin(), shape().begin() + ax);
+    for (int64_t n : sizes) out.push_back(n == -1 ? length / known : n);
+    out.insert(out.end(), shape().begin() + ax + 1, shape().end());
+    return reshape(out, loc);
+}
+Tensor Tensor::unfold(int axis, int64_t size, int64_t step, Loc loc) const {
+    check_defined(*this, "unfold", loc);
+    int ax = normalize_axis(axis, std::max<size_t>(1, shape().size()), "unfold", shape(), loc);
+    Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
+    const int64_t length = x.shape()[size_t(ax)];
+    if (size < 0 || size > length || step < 1)
+        fail(strf("unfold: windows of size %lld, step %lld, along axis %d of %s (%lld long): the "
+                  "size must be in [0, %lld] and the step at least 1", (long long)size,
+                  (long long)step, axis, shape_str(shape()).c_str(), (long long)length,
+                  (long long)length),
+             loc);
+    const int64_t windows = (length - size) / step + 1;
+    std::vector<Tensor> elements;   // element k of every window: a strided view
+    for (int64_t k = 0; k < size; k++)
+        elements.push_back(x.slice(ax, k, k + (windows - 1) * step + 1, step, loc));
+    if (elements.empty()) {
+        Shape empty = x.shape();
+        empty[size_t(ax)] = windows;
+        empty.push_back(0);
+        return Tensor::zeros(empty, dtype(), loc);
+    }
+    return stack(elements, -1, loc);
 }
 Tensor Tensor::contiguous(Loc loc) const {
     return un(Op::CONTIGUOUS, check_defined(*this, "contiguous", loc), loc);
@@ -12747,6 +13128,20 @@ Tensor LayerNorm::forward(const Tensor& x) {
     return functional::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
+RMSNorm::RMSNorm(int64_t dim, std::optional<double> e, bool elementwise_affine, Loc loc)
+    : RMSNorm(Shape{dim}, e, elementwise_affine, loc) {}
+RMSNorm::RMSNorm(const Shape& shape, std::optional<double> e, bool elementwise_affine, Loc loc)
+    : normalized_shape(shape), eps(e) {
+    if (elementwise_affine) weight = Tensor::ones(shape, DType::FLOAT32, loc).requires_grad();
+}
+Module::Named RMSNorm::named_parameters() {
+    if (!weight.defined()) return {};
+    return {{"weight", weight}};
+}
+Tensor RMSNorm::forward(const Tensor& x) {
+    return functional::rms_norm(x, normalized_shape, weight, eps);
+}
+
 static void check_dropout_p(double p, const char* op) {
     if (!(p >= 0 && p <= 1)) detail::fail(strf("%s: p must be in [0, 1], got %g", op, p));
 }
@@ -12761,10 +13156,24 @@ Dropout::Dropout(double p_, Loc loc) : p(p_) {
     seeds = {Tensor::next_seed()};
 }
 // The count goes up before the mask is built: a mask that read it before would be stale.
-Tensor Dropout::forward(const Tensor& x) {
+// x's shape with its spatial axes 1: one draw per channel
+static Shape channel_mask_shape(const char* op, const Tensor& x, int spatial_axes) {
+    if (x.ndim() != spatial_axes + 1 && x.ndim() != spatial_axes + 2)
+        detail::fail(strf("%s: x %s needs [N, C, %d spatial axes] or [C, ...]", op,
+                          shape_str(x.shape()).c_str(), spatial_axes));
+    Shape mask = x.shape();
+    std::fill(mask.end() - spatial_axes, mask.end(), 1);
+    return mask;
+}
+Tensor Dropout::forward(const Tensor& x) { return dropped(x, 0); }
+Tensor Dropout::dropped(const Tensor& x, int spatial_axes) {
+    const std::string name = spatial_axes ? strf("Dropout%dd", spatial_axes) : "Dropout";
+    const Shape mask_shape =
+        spatial_axes ? channel_mask_shape(name.c_str(), x, spatial_axes) : x.shape();
     if (!training || p == 0) return x;
     if (!dtype_is_float(x.dtype()))
-        detail::fail(strf("Dropout: input %s %s is not a float tensor", dtype_name(x.dtype()),
+        detail::fail(strf("%s: input %s %s is not a float tensor", name.c_str(),
+                          dtype_name(x.dtype()),
                           shape_str(x.shape()).c_str()));
     if (!draws.defined() || draws.device() != x.device()) {
         // a buffer now, while a jit traces too: a constant count would fold into the program
@@ -12776,8 +13185,7 @@ Tensor Dropout::forward(const Tensor& x) {
     }
     Tensor counted = draws.assign(draws + 1);
     counted.realize();
-    Tensor u = rand_offset(x.shape(), detail::mix_seed(seeds.at(0), 0), draws,
-                                   Loc::here());
+    Tensor u = rand_offset(mask_shape, detail::mix_seed(seeds.at(0), 0), draws, Loc::here());
     return dropout_mask(x, p, u);
 }
 
@@ -12840,6 +13248,18 @@ Tensor threshold(const Tensor& x, double threshold, double value, Loc loc) {
     detail::UserLocScope at(loc);
     return where(x <= threshold, value, x);
 }
+Tensor glu(const Tensor& x, int axis, Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(x, "glu", loc);
+    if (x.ndim() == 0)
+        detail::fail("glu: x is a scalar; it needs an axis to halve", loc);
+    int64_t length = x.size(axis);
+    if (length % 2)
+        detail::fail(strf("glu: x %s has %lld along axis %d, not an even length",
+                          shape_str(x.shape()).c_str(), (long long)length, axis));
+    return x.slice(axis, 0, length / 2) * x.slice(axis, length / 2, length).sigmoid();
+}
+Tensor softmin(const Tensor& x, int axis, Loc loc) { return (-x).softmax(axis, loc); }
 Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc) {
     detail::UserLocScope at(loc);
     const int64_t channels = x.ndim() >= 2 ? x.size(1) : 1;
@@ -12876,6 +13296,8 @@ Softshrink::Softshrink(double lambd_, Loc loc) : lambd(lambd_) {
 }
 Tensor Softshrink::forward(const Tensor& x) { return functional::softshrink(x, lambd); }
 Tensor Threshold::forward(const Tensor& x) { return functional::threshold(x, threshold, value); }
+Tensor GLU::forward(const Tensor& x) { return functional::glu(x, dim); }
+Tensor Softmin::forward(const Tensor& x) { return functional::softmin(x, dim); }
 PReLU::PReLU(int64_t num_parameters, double init, Loc loc) {
     detail::UserLocScope at(loc);
     if (num_parameters < 1)
@@ -12910,28 +13332,47 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     if (xs.empty()) detail::fail("layer_norm: x is a scalar; it has no axis to normalize", loc);
     return layer_norm(x, Shape{xs.back()}, weight, bias, eps, loc);
 }
-// weight and bias broadcast to x's shape, x's unchanged (normalized_shape itself, or less)
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps, Loc loc) {
-    detail::UserLocScope at(loc);
-    const Shape& xs = detail::check_defined(x, "layer_norm", loc).shape();
+// x's last axes, normalized_shape, checked, with the weight and bias (where given), which must
+// broadcast to x's shape and leave it unchanged (normalized_shape itself, or less)
+static std::vector<int> normalized_axes(const char* op, const Tensor& x,
+                                        const Shape& normalized_shape, const Tensor& weight,
+                                        const Tensor& bias, Loc loc) {
+    const Shape& xs = detail::check_defined(x, op, loc).shape();
     size_t k = normalized_shape.size();
     if (k == 0 || k > xs.size() || !std::equal(normalized_shape.begin(), normalized_shape.end(),
                                                xs.end() - ptrdiff_t(k)))
-        detail::fail(strf("layer_norm: x %s does not end in normalized_shape %s",
+        detail::fail(strf("%s: x %s does not end in normalized_shape %s", op,
                           shape_str(xs).c_str(), shape_str(normalized_shape).c_str()));
     for (const Tensor* t : {&weight, &bias})
         if (t->defined() && !broadcasts_to(t->shape(), xs))
-            detail::fail(strf("layer_norm: %s %s does not fit x %s (normalized over its last "
-                              "axes, %s)", t == &weight ? "weight" : "bias",
+            detail::fail(strf("%s: %s %s does not fit x %s (normalized over its last axes, %s)",
+                              op, t == &weight ? "weight" : "bias",
                               shape_str(t->shape()).c_str(), shape_str(xs).c_str(),
                               shape_str(normalized_shape).c_str()));
     std::vector<int> axes;
     for (size_t i = 0; i < k; i++) axes.push_back(-1 - int(i));
+    return axes;
+}
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    std::vector<int> axes = normalized_axes("layer_norm", x, normalized_shape, weight, bias, loc);
     Tensor centered = x - x.mean(axes, true);
     Tensor y = centered * ((centered * centered).mean(axes, true) + eps).rsqrt();
     if (weight.defined()) y = y * weight;
     return bias.defined() ? y + bias : y;
+}
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                std::optional<double> eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    std::vector<int> axes = normalized_axes("rms_norm", x, normalized_shape, weight, Tensor(),
+                                            loc);
+    if (!dtype_is_float(x.dtype()))
+        detail::fail(strf("rms_norm: x must be floating point, got %s", dtype_name(x.dtype())));
+    double spacing = x.dtype() == DType::FLOAT64 ? std::numeric_limits<double>::epsilon()
+                                                 : std::numeric_limits<float>::epsilon();
+    Tensor y = x * ((x * x).mean(axes, true) + eps.value_or(spacing)).rsqrt();
+    return weight.defined() ? y * weight : y;
 }
 // weight and bias [C] seen as [C, 1, ...] against x [N, C, *]
 static Tensor per_channel_affine(const char* op, const Tensor& y, const Tensor& weight,
@@ -12961,8 +13402,35 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
     Tensor y = centered * ((centered * centered).mean(-1, true) + eps).rsqrt();
     return per_channel_affine("group_norm", y.reshape(x.shape()), weight, bias);
 }
-// The running statistics' updates (and the count's) are realized at once, with x: they must
-// not wait for the output, which may never be realized, and x would be computed twice apart.
+// running_mean and running_var [C] (where given) moved toward a batch's mean and biased
+// variance (any shape of C elements; made unbiased by n/(n - 1), n the values behind each), by
+// momentum or by 1 / batches, read from the count when the program runs. The updates (and the
+// count's) are realized at once, with x: they must not wait for the output, which may never be
+// realized, and x would be computed twice apart.
+static void move_running_statistics(const Tensor& running_mean, const Tensor& running_var,
+                                    const Tensor& mean, const Tensor& var, int64_t n,
+                                    std::optional<double> momentum, const Tensor& count,
+                                    const Tensor& x) {
+    std::vector<Tensor> updates;
+    {
+        NoGrad no_grad;
+        double unbiased = double(n) / double(n - 1);
+        auto moved = [&](const Tensor& r, const Tensor& batch, double scale) {
+            Tensor b = batch.detach().reshape({r.numel()});
+            if (momentum) return r * (1 - *momentum) + b * (*momentum * scale);
+            Tensor share = 1.0f / (count + 1).cast(DType::FLOAT32);
+            return r * (1 - share) + b * (share * scale);
+        };
+        if (running_mean.defined())
+            updates.push_back(running_mean.assign(moved(running_mean, mean, 1)));
+        if (running_var.defined())
+            updates.push_back(running_var.assign(moved(running_var, var, unbiased)));
+        if (count.defined()) updates.push_back(count.assign(count + 1));
+    }
+    if (updates.empty()) return;
+    updates.push_back(x);
+    tg::realize(updates);
+}
 // count (int64, realized; nn::BatchNorm's) gains 1 while training. momentum std::nullopt:
 // 1 / (count + 1), the mean of every batch so far.
 static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
@@ -12999,28 +13467,8 @@ static Tensor batch_norm_counted(const Tensor& x, const Tensor& running_mean,
     Tensor mean = x.mean(axes, true), centered = x - mean;
     Tensor var = (centered * centered).mean(axes, true);
     Tensor y = per_channel_affine("batch_norm", centered * (var + eps).rsqrt(), weight, bias);
-    std::vector<Tensor> updates;
-    {
-        NoGrad no_grad;
-        double unbiased = double(per_channel) / double(per_channel - 1);
-        // r moved toward the batch's value: by a constant, or by 1 / batches, read from the
-        // count when the program runs
-        auto moved = [&](const Tensor& r, const Tensor& batch, double scale) {
-            Tensor b = batch.detach().reshape({channels});
-            if (momentum) return r * (1 - *momentum) + b * (*momentum * scale);
-            Tensor share = 1.0f / (count + 1).cast(DType::FLOAT32);
-            return r * (1 - share) + b * (share * scale);
-        };
-        if (running_mean.defined())
-            updates.push_back(running_mean.assign(moved(running_mean, mean, 1)));
-        if (running_var.defined())
-            updates.push_back(running_var.assign(moved(running_var, var, unbiased)));
-        if (count.defined()) updates.push_back(count.assign(count + 1));
-    }
-    if (!updates.empty()) {
-        updates.push_back(x);
-        tg::realize(updates);
-    }
+    move_running_statistics(running_mean, running_var, mean, var, per_channel, momentum, count,
+                            x);
     return y;
 }
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -13028,6 +13476,64 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   double eps, Loc loc) {
     return batch_norm_counted(x, running_mean, running_var, weight, bias, training, momentum,
                               eps, Tensor(), loc);
+}
+Tensor instance_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& weight, const Tensor& bias, bool use_input_stats,
+                     double momentum, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(x, "instance_norm", loc);
+    if (x.ndim() < 3 || !dtype_is_float(x.dtype()))
+        detail::fail(strf("instance_norm: x %s %s needs a float [N, C, *spatial]",
+                          dtype_name(x.dtype()), shape_str(x.shape()).c_str()));
+    const int64_t channels = x.size(1);
+    const int64_t positions = x.numel() / std::max<int64_t>(1, x.size(0) * channels);
+    for (const Tensor* t : {&running_mean, &running_var})
+        if (t->defined() && t->shape() != Shape{channels})
+            detail::fail(strf("instance_norm: %s is %s; x %s has %lld channels",
+                              t == &running_mean ? "running_mean" : "running_var",
+                              shape_str(t->shape()).c_str(), shape_str(x.shape()).c_str(),
+                              (long long)channels));
+    if (!use_input_stats) {
+        if (!running_mean.defined() || !running_var.defined())
+            detail::fail("instance_norm: without use_input_stats it needs running_mean and "
+                         "running_var");
+        Shape channel(size_t(x.ndim()), 1);
+        channel[1] = channels;
+        Tensor y = (x - running_mean.reshape(channel)) *
+                   (running_var.reshape(channel) + eps).rsqrt();
+        return per_channel_affine("instance_norm", y, weight, bias);
+    }
+    if (positions <= 1)
+        detail::fail(strf("instance_norm: x %s has 1 position per channel; its statistics need "
+                          "more", shape_str(x.shape()).c_str()));
+    std::vector<int> axes;
+    for (int a = 2; a < x.ndim(); a++) axes.push_back(a);
+    Tensor mean = x.mean(axes, true), centered = x - mean;
+    Tensor var = (centered * centered).mean(axes, true);
+    Tensor y = per_channel_affine("instance_norm", centered * (var + eps).rsqrt(), weight, bias);
+    move_running_statistics(running_mean, running_var, mean.mean(0), var.mean(0), positions,
+                            momentum, Tensor(), x);
+    return y;
+}
+// the squares padded with zeros along the channels, their sum over each window of size
+// channels a sum of size shifted views
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha, double beta, double k,
+                           Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(x, "local_response_norm", loc);
+    if (x.ndim() < 3 || !dtype_is_float(x.dtype()))
+        detail::fail(strf("local_response_norm: x %s %s needs a float [N, C, *]",
+                          dtype_name(x.dtype()), shape_str(x.shape()).c_str()));
+    if (size < 1)
+        detail::fail(strf("local_response_norm: size must be at least 1, got %lld",
+                          (long long)size));
+    const int64_t channels = x.size(1);
+    std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+    pads[1] = {size / 2, (size - 1) / 2};
+    Tensor squares = (x * x).pad(pads, 0);
+    Tensor window_sum = squares.slice(1, 0, channels);
+    for (int64_t i = 1; i < size; i++) window_sum = window_sum + squares.slice(1, i, i + channels);
+    return x / (window_sum * (alpha / double(size)) + k).pow(beta);
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal, Loc loc) {
@@ -13214,28 +13720,47 @@ void check_pooling_input(const char* op, size_t axes, const Tensor& x) {
         detail::fail(strf("%s: input must be floating point, got %s", op,
                           dtype_name(x.dtype())));
 }
-// A pooling's input checked, its sizes per axis, and x padded with pad_value
+// A pooling's input checked, its sizes per axis, and x padded with pad_value: by padding on
+// both sides, then after it by beyond, ceil_mode's room for a last window cut short
 struct Pooling {
     Tensor padded;
-    std::vector<int64_t> kernel, stride, dilation;
+    std::vector<int64_t> kernel, stride, dilation, padding, beyond;
     double pad_value;
 };
+Tensor pooling_padded(const Tensor& x, const Pooling& p, double value, double beyond_value) {
+    Tensor padded = pad_spatial(x, p.padding, value);
+    if (std::all_of(p.beyond.begin(), p.beyond.end(), [](int64_t b) { return b == 0; }))
+        return padded;
+    std::vector<std::pair<int64_t, int64_t>> pads(size_t(x.ndim()), {0, 0});
+    for (size_t a = 0; a < p.beyond.size(); a++)
+        pads[pads.size() - p.beyond.size() + a].second = p.beyond[a];
+    return padded.pad(pads, beyond_value);
+}
 Pooling pooling_input(const char* op, size_t axes, const Tensor& x,
                       const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
                       const SpatialSizes& padding_given, const SpatialSizes& dilation_given,
-                      double pad_value) {
+                      double pad_value, bool ceil_mode) {
     check_pooling_input(op, axes, x);
     Pooling p;
     p.kernel = per_axis(kernel_given, axes, op, "kernel_size", 1);
     p.stride = stride_given.sizes.empty() ? p.kernel
                                           : per_axis(stride_given, axes, op, "stride", 1);
-    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
+    p.padding = per_axis(padding_given, axes, op, "padding", 0);
     p.dilation = per_axis(dilation_given, axes, op, "dilation", 1);
-    for (size_t a = 0; a < axes; a++)
-        if (2 * padding[a] > p.kernel[a])   // else a window could lie in the padding alone
+    p.beyond.assign(axes, 0);
+    for (size_t a = 0; a < axes; a++) {
+        if (2 * p.padding[a] > p.kernel[a])   // else a window could lie in the padding alone
             detail::fail(strf("%s: padding %s must be at most half the kernel %s", op,
-                              shape_str(padding).c_str(), shape_str(p.kernel).c_str()));
-    p.padded = pad_spatial(x, padding, pad_value);
+                              shape_str(p.padding).c_str(), shape_str(p.kernel).c_str()));
+        const int64_t size = x.shape()[size_t(x.ndim()) - axes + a];
+        const int64_t length = size + 2 * p.padding[a];
+        const int64_t span = p.dilation[a] * (p.kernel[a] - 1) + 1, stride = p.stride[a];
+        if (!ceil_mode || length < span) continue;   // (too short: window_counts says so)
+        int64_t windows = (length - span + stride - 1) / stride + 1;
+        if ((windows - 1) * stride >= size + p.padding[a]) windows--;
+        p.beyond[a] = std::max<int64_t>(0, (windows - 1) * stride + span - length);
+    }
+    p.padded = pooling_padded(x, p, pad_value, pad_value);
     p.pad_value = pad_value;
     return p;
 }
@@ -13279,14 +13804,15 @@ Tensor pooling_windows(const char* op, const Tensor& x, const Pooling& p) {
 }
 Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
                 const SpatialSizes& stride, const SpatialSizes& padding,
-                const SpatialSizes& dilation, Loc loc) {
+                const SpatialSizes& dilation, bool ceil_mode, Loc loc) {
     detail::UserLocScope at(loc);
     // Picked by index, so that the gradient goes to one element (the first largest, or the
     // first NaN), as PyTorch's. The index is found elementwise over the kernel's positions, a
     // view of x each (a row of windows is a strided row of x, so the loops vectorize), not
     // as an argmax along the windows' last axis (two passes over each window's few
     // elements): C1's step took 31.1 ms with the argmax, 28.5 so (bench/HISTORY.md).
-    Pooling p = pooling_input(op, axes, x, kernel, stride, padding, dilation, -INFINITY);
+    Pooling p = pooling_input(op, axes, x, kernel, stride, padding, dilation, -INFINITY,
+                              ceil_mode);
     std::vector<Tensor> views =
         windows_of(p.padded, p.kernel, p.stride, p.dilation, op, x.shape()).views;
     Tensor best = views[0].detach();
@@ -13301,17 +13827,34 @@ Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes
 }
 Tensor avg_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
                 const SpatialSizes& stride, const SpatialSizes& padding,
-                bool count_include_pad, Loc loc) {
+                bool count_include_pad, bool ceil_mode,
+                std::optional<int64_t> divisor_override, Loc loc) {
     detail::UserLocScope at(loc);
-    Tensor windows = pooling_windows(op, x, pooling_input(op, axes, x, kernel, stride, padding,
-                                                          1, 0));
-    if (count_include_pad) return windows.mean(-1);
-    // each window's count of elements of x: the same windows over ones padded with zeros
+    if (divisor_override == 0) detail::fail(strf("%s: divisor_override must not be 0", op));
+    Pooling p = pooling_input(op, axes, x, kernel, stride, padding, 1, 0, ceil_mode);
+    Tensor windows = pooling_windows(op, x, p);
+    if (divisor_override) return windows.sum(-1) / double(*divisor_override);
+    bool cut_short = std::any_of(p.beyond.begin(), p.beyond.end(), [](int64_t b) { return b; });
+    if (count_include_pad && !cut_short) return windows.mean(-1);
+    // each window's count: the same windows over ones, padded with ones where the padding
+    // counts, with zeros where it does not and beyond it
     Shape one_channel = {1};
     one_channel.insert(one_channel.end(), x.shape().end() - int64_t(axes), x.shape().end());
     Tensor ones = Tensor::ones(one_channel, x.dtype());
-    Pooling counted = pooling_input(op, axes, ones, kernel, stride, padding, 1, 0);
+    Pooling counted = p;
+    counted.padded = pooling_padded(ones, p, count_include_pad ? 1 : 0, 0);
     return windows.sum(-1) / pooling_windows(op, ones, counted).sum(-1);
+}
+Tensor lp_pool(const char* op, size_t axes, const Tensor& x, double norm_type,
+               const SpatialSizes& kernel, const SpatialSizes& stride, bool ceil_mode,
+               Loc loc) {
+    detail::UserLocScope at(loc);
+    if (norm_type == 0) detail::fail(strf("%s: norm_type must not be 0", op));
+    Tensor mean = avg_pool(op, axes, x.pow(norm_type), kernel, stride, 0, true, ceil_mode,
+                           std::nullopt, loc);
+    int64_t positions = 1;
+    for (int64_t k : per_axis(kernel, axes, op, "kernel_size", 1)) positions *= k;
+    return (mean.sign() * mean.abs().relu() * double(positions)).pow(1 / norm_type);
 }
 }  // namespace
 
@@ -13464,48 +14007,153 @@ Tensor conv_transpose3d(const Tensor& x, const Tensor& weight, const Tensor& bia
     return transposed_convolution("conv_transpose3d", 3, x, weight, bias, stride, padding,
                                   output_padding, groups, dilation, loc);
 }
+static const char* const max_pool_names[] = {"", "max_pool1d", "max_pool2d", "max_pool3d"};
+static const char* const avg_pool_names[] = {"", "avg_pool1d", "avg_pool2d", "avg_pool3d"};
 Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
-                  SpatialSizes padding, SpatialSizes dilation, Loc loc) {
-    return max_pool("max_pool1d", 1, x, kernel_size, stride, padding, dilation, loc);
+                  SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[1], 1, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    loc);
 }
 Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
-                  SpatialSizes padding, SpatialSizes dilation, Loc loc) {
-    return max_pool("max_pool2d", 2, x, kernel_size, stride, padding, dilation, loc);
+                  SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[2], 2, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    loc);
+}
+Tensor max_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[3], 3, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    loc);
 }
 Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
-                  SpatialSizes padding, bool count_include_pad, Loc loc) {
-    return avg_pool("avg_pool1d", 1, x, kernel_size, stride, padding, count_include_pad, loc);
+                  SpatialSizes padding, bool count_include_pad, bool ceil_mode,
+                  std::optional<int64_t> divisor_override, Loc loc) {
+    return avg_pool(avg_pool_names[1], 1, x, kernel_size, stride, padding, count_include_pad,
+                    ceil_mode, divisor_override, loc);
 }
 Tensor avg_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
-                  SpatialSizes padding, bool count_include_pad, Loc loc) {
-    return avg_pool("avg_pool2d", 2, x, kernel_size, stride, padding, count_include_pad, loc);
+                  SpatialSizes padding, bool count_include_pad, bool ceil_mode,
+                  std::optional<int64_t> divisor_override, Loc loc) {
+    return avg_pool(avg_pool_names[2], 2, x, kernel_size, stride, padding, count_include_pad,
+                    ceil_mode, divisor_override, loc);
+}
+Tensor avg_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
+                  SpatialSizes padding, bool count_include_pad, bool ceil_mode,
+                  std::optional<int64_t> divisor_override, Loc loc) {
+    return avg_pool(avg_pool_names[3], 3, x, kernel_size, stride, padding, count_include_pad,
+                    ceil_mode, divisor_override, loc);
+}
+// The windows' views stacked after the channels: [N, C, kernel positions, *windows]
+Tensor unfold(const Tensor& x, SpatialSizes kernel_size, SpatialSizes dilation_given,
+              SpatialSizes padding_given, SpatialSizes stride_given, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "unfold";
+    check_pooling_input(op, 2, x);
+    Tensor batched = x.ndim() == 4 ? x : x.unsqueeze(0);
+    std::vector<int64_t> kernel = per_axis(kernel_size, 2, op, "kernel_size", 1);
+    std::vector<int64_t> dilation = per_axis(dilation_given, 2, op, "dilation", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, 2, op, "padding", 0);
+    std::vector<int64_t> stride = per_axis(stride_given, 2, op, "stride", 1);
+    Windows w = windows_of(pad_spatial(batched, padding, 0), kernel, stride, dilation, op,
+                           x.shape());
+    Tensor columns = stack(w.views, 2).flatten(1, 2).flatten(2, 3);
+    return x.ndim() == 4 ? columns : columns.squeeze(0);
+}
+// A transposed convolution of the columns, as [N, C·kh·kw, windows], by the identity kernel:
+// column element (c, k) goes to output channel c at kernel position k
+Tensor fold(const Tensor& x, SpatialSizes output_size, SpatialSizes kernel_size,
+            SpatialSizes dilation_given, SpatialSizes padding_given, SpatialSizes stride_given,
+            Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "fold";
+    detail::check_defined(x, op, loc);
+    std::vector<int64_t> out = per_axis(output_size, 2, op, "output_size", 1);
+    std::vector<int64_t> kernel = per_axis(kernel_size, 2, op, "kernel_size", 1);
+    std::vector<int64_t> dilation = per_axis(dilation_given, 2, op, "dilation", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, 2, op, "padding", 0);
+    std::vector<int64_t> stride = per_axis(stride_given, 2, op, "stride", 1);
+    const int64_t positions = kernel[0] * kernel[1];
+    Shape windows;
+    std::vector<int64_t> extra;
+    for (size_t a = 0; a < 2; a++) {
+        int64_t reach = out[a] + 2 * padding[a] - dilation[a] * (kernel[a] - 1) - 1;
+        windows.push_back(reach < 0 ? 0 : reach / stride[a] + 1);
+        extra.push_back(reach < 0 ? 0 : reach % stride[a]);
+    }
+    Tensor batched = x.ndim() == 3 ? x : x.unsqueeze(0);
+    if ((x.ndim() != 2 && x.ndim() != 3) || batched.size(1) % positions ||
+        batched.size(2) != windows[0] * windows[1] || windows[0] * windows[1] == 0)
+        detail::fail(strf("fold: x %s needs [N, C·%lld, %lld] (or unbatched) for output_size "
+                          "%s, kernel %s, dilation %s, padding %s, stride %s",
+                          shape_str(x.shape()).c_str(), (long long)positions,
+                          (long long)(windows[0] * windows[1]), shape_str(out).c_str(),
+                          shape_str(kernel).c_str(), shape_str(dilation).c_str(),
+                          shape_str(padding).c_str(), shape_str(stride).c_str()));
+    const int64_t n = batched.size(0), channels = batched.size(1) / positions;
+    Tensor k = Tensor::arange(positions);
+    Tensor identity = (k.reshape({positions, 1}) == k.reshape({1, positions})).cast(x.dtype());
+    Tensor weight = identity.reshape({1, positions, 1, kernel[0], kernel[1]})
+                        .expand({channels, positions, 1, kernel[0], kernel[1]})
+                        .reshape({channels * positions, 1, kernel[0], kernel[1]});
+    auto sizes = [](const std::vector<int64_t>& v) {
+        SpatialSizes s;
+        s.sizes = v;
+        return s;
+    };
+    Tensor y = transposed_convolution(op, 2, batched.reshape({n, channels * positions,
+                                                              windows[0], windows[1]}),
+                                      weight, Tensor(), sizes(stride), sizes(padding),
+                                      sizes(extra), channels, sizes(dilation), loc);
+    return x.ndim() == 3 ? y : y.squeeze(0);
+}
+Tensor lp_pool1d(const Tensor& x, double norm_type, SpatialSizes kernel_size,
+                 SpatialSizes stride, bool ceil_mode, Loc loc) {
+    return lp_pool("lp_pool1d", 1, x, norm_type, kernel_size, stride, ceil_mode, loc);
+}
+Tensor lp_pool2d(const Tensor& x, double norm_type, SpatialSizes kernel_size,
+                 SpatialSizes stride, bool ceil_mode, Loc loc) {
+    return lp_pool("lp_pool2d", 2, x, norm_type, kernel_size, stride, ceil_mode, loc);
 }
 // Along each spatial axis, x seen as [..., out, n] where mask says which of the n inputs are in
 // each bin (j is in bin i when i·n < (j + 1)·out and j·out < (i + 1)·n: integers, no division),
-// summed and divided by the bin's count. A select, not a product with a 0/1 matrix: an ∞ in
-// one bin stays out of the others.
-static Tensor adaptive_avg_pool(const char* op, size_t axes, const Tensor& x,
-                                const SpatialSizes& output_size, Loc loc) {
+// summed and divided by the bin's count, or its largest taken. A select, not a product with a
+// 0/1 matrix: an ∞ in one bin stays out of the others. The largest is taken along the last
+// axis first, so that its gradient goes to the first largest in row-major order.
+static Tensor adaptive_pool(const char* op, size_t axes, const Tensor& x,
+                            const SpatialSizes& output_size, bool largest, Loc loc) {
     detail::UserLocScope at(loc);
     check_pooling_input(op, axes, x);
     std::vector<int64_t> outs = per_axis(output_size, axes, op, "output_size", 1);
     Tensor y = x;
-    for (size_t a = 0; a < axes; a++) {
+    for (size_t step = 0; step < axes; step++) {
+        size_t a = largest ? axes - 1 - step : step;
         int axis = x.ndim() - int(axes) + int(a);
         int64_t n = x.size(axis), out = outs[a];
         Tensor i = Tensor::arange(out).reshape({out, 1}), j = Tensor::arange(n).reshape({1, n});
         Tensor mask = (i * n < (j + 1) * out).minimum(j * out < (i + 1) * n);
         Tensor along = y.transpose(axis, -1).unsqueeze(-2);
-        Tensor sums = where(mask, along, 0).sum(-1) / mask.sum(-1).cast(x.dtype());
-        y = sums.transpose(axis, -1);
+        Tensor pooled = largest ? Tensor(where(mask, along, -INFINITY).max(-1))
+                                : where(mask, along, 0).sum(-1) / mask.sum(-1).cast(x.dtype());
+        y = pooled.transpose(axis, -1);
     }
     return y;
 }
 Tensor adaptive_avg_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc) {
-    return adaptive_avg_pool("adaptive_avg_pool1d", 1, x, output_size, loc);
+    return adaptive_pool("adaptive_avg_pool1d", 1, x, output_size, false, loc);
 }
 Tensor adaptive_avg_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc) {
-    return adaptive_avg_pool("adaptive_avg_pool2d", 2, x, output_size, loc);
+    return adaptive_pool("adaptive_avg_pool2d", 2, x, output_size, false, loc);
+}
+Tensor adaptive_avg_pool3d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_pool("adaptive_avg_pool3d", 3, x, output_size, false, loc);
+}
+Tensor adaptive_max_pool1d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_pool("adaptive_max_pool1d", 1, x, output_size, true, loc);
+}
+Tensor adaptive_max_pool2d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_pool("adaptive_max_pool2d", 2, x, output_size, true, loc);
+}
+Tensor adaptive_max_pool3d(const Tensor& x, SpatialSizes output_size, Loc loc) {
+    return adaptive_pool("adaptive_max_pool3d", 3, x, output_size, true, loc);
 }
 // One axis at a time (for bilinear and trilinear: the last, then the one before, as PyTorch
 // weighs them), through index_select of whole rows. scale: in/out, or 1/scale_factor where
@@ -13530,7 +14178,7 @@ static Tensor resize(const char* op, const Tensor& x, const std::vector<int64_t>
     if (mode == "area") {
         SpatialSizes out;
         out.sizes = sizes;
-        return adaptive_avg_pool(op, axes, x, out, loc);
+        return adaptive_pool(op, axes, x, out, false, loc);
     }
     if (!dtype_is_float(x.dtype()))
         detail::fail(strf("%s: input must be floating point, got %s", op, dtype_name(x.dtype())));
@@ -13709,6 +14357,70 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc)
     if (!training || p == 0) return x;
     return dropout_mask(x, p, Tensor::rand_like(x, seed));
 }
+static Tensor channel_dropout(const char* op, int spatial_axes, const Tensor& x, double p,
+                              bool training, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_dropout_p(p, op);
+    Shape mask = channel_mask_shape(op, x, spatial_axes);
+    if (!training || p == 0) return x;
+    return dropout_mask(x, p, Tensor::rand(mask, seed));
+}
+Tensor dropout1d(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
+    return channel_dropout("dropout1d", 1, x, p, training, seed, loc);
+}
+Tensor dropout2d(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
+    return channel_dropout("dropout2d", 2, x, p, training, seed, loc);
+}
+Tensor dropout3d(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
+    return channel_dropout("dropout3d", 3, x, p, training, seed, loc);
+}
+// x [*, C, r·H, r·W] seen as [*, C, H, r, W, r] and [*, C·r², H, W] as [*, C, r, r, H, W]:
+// the two orders of the same axes
+static Tensor pixel_shuffled(const char* op, const Tensor& x, int64_t r, bool up, Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(x, op, loc);
+    const int n = x.ndim();
+    if (n < 3 || r < 1 || (up ? x.size(-3) % (r * r) : x.size(-2) % r || x.size(-1) % r))
+        detail::fail(strf("%s: x %s needs [*, C, H, W] with %s, by %lld", op,
+                          shape_str(x.shape()).c_str(),
+                          up ? "C a multiple of the factor squared"
+                             : "H and W multiples of the factor",
+                          (long long)r));
+    Shape lead(x.shape().begin(), x.shape().end() - 3);
+    const int64_t c = up ? x.size(-3) / (r * r) : x.size(-3);
+    const int64_t h = up ? x.size(-2) : x.size(-2) / r, w = up ? x.size(-1) : x.size(-1) / r;
+    auto with_lead = [&](std::initializer_list<int64_t> rest) {
+        Shape s = lead;
+        s.insert(s.end(), rest);
+        return s;
+    };
+    std::vector<int> order;   // [..., C, r, r, H, W] <-> [..., C, H, r, W, r]
+    for (int i = 0; i < n - 3; i++) order.push_back(i);
+    const int b = n - 3;
+    if (up) {
+        for (int i : {0, 3, 1, 4, 2}) order.push_back(b + i);
+        return x.reshape(with_lead({c, r, r, h, w})).permute(order)
+            .reshape(with_lead({c, h * r, w * r}));
+    }
+    for (int i : {0, 2, 4, 1, 3}) order.push_back(b + i);
+    return x.reshape(with_lead({c, h, r, w, r})).permute(order)
+        .reshape(with_lead({c * r * r, h, w}));
+}
+Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor, Loc loc) {
+    return pixel_shuffled("pixel_shuffle", x, upscale_factor, true, loc);
+}
+Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor, Loc loc) {
+    return pixel_shuffled("pixel_unshuffle", x, downscale_factor, false, loc);
+}
+Tensor channel_shuffle(const Tensor& x, int64_t groups, Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(x, "channel_shuffle", loc);
+    if (x.ndim() < 2 || groups < 1 || x.size(1) % groups)
+        detail::fail(strf("channel_shuffle: x %s needs [N, C, *] with C a multiple of groups %lld",
+                          shape_str(x.shape()).c_str(), (long long)groups));
+    return x.unflatten(1, {groups, x.size(1) / groups}).transpose(1, 2).flatten(1, 2);
+}
+
 }  // namespace functional
 
 GroupNorm::GroupNorm(int64_t groups, int64_t channels, double e, bool affine, Loc loc)
@@ -13774,6 +14486,60 @@ Module::Named BatchNormNd::named_buffers() {
     return {{"running_mean", running_mean},
             {"running_var", running_var},
             {"num_batches_tracked", num_batches_tracked}};
+}
+
+InstanceNormNd::InstanceNormNd(int axes, int64_t features, double e, double m, bool affine,
+                               bool track_running_stats, Loc loc)
+    : spatial_axes(axes), num_features(features), eps(e), momentum(m) {
+    detail::UserLocScope at(loc);
+    if (features <= 0)
+        detail::fail(strf("InstanceNorm%dd: num_features must be positive, got %lld", axes,
+                          (long long)features));
+    if (affine) {
+        weight = Tensor::ones({features}).requires_grad();
+        bias = Tensor::zeros({features}).requires_grad();
+    }
+    if (!track_running_stats) return;
+    running_mean = Tensor::from_vector(std::vector<float>(size_t(features), 0.f));
+    running_var = Tensor::from_vector(std::vector<float>(size_t(features), 1.f));
+    num_batches_tracked = Tensor::from_vector(std::vector<int64_t>{0}, {});
+}
+// An unbatched x [C, *spatial] is one sample. A channel count other than num_features is
+// refused only where the layer holds per-channel state (PyTorch warns when it holds none).
+Tensor InstanceNormNd::forward(const Tensor& x) {
+    bool batched = x.ndim() == spatial_axes + 2;
+    if ((!batched && x.ndim() != spatial_axes + 1) ||
+        ((weight.defined() || running_mean.defined()) && x.size(batched ? 1 : 0) != num_features))
+        detail::fail(strf("InstanceNorm%dd: x %s needs [N, %lld, %d spatial axes] or [%lld, ...]",
+                          spatial_axes, shape_str(x.shape()).c_str(), (long long)num_features,
+                          spatial_axes, (long long)num_features));
+    Tensor in = batched ? x : x.unsqueeze(0);
+    Tensor y = functional::instance_norm(in, running_mean, running_var, weight, bias,
+                                         training || !running_mean.defined(), momentum, eps,
+                                         Loc::here());
+    return batched ? y : y.squeeze(0);
+}
+Module::Named InstanceNormNd::named_parameters() {
+    if (!weight.defined()) return {};
+    return {{"weight", weight}, {"bias", bias}};
+}
+Module::Named InstanceNormNd::named_buffers() {
+    if (!running_mean.defined()) return {};
+    return {{"running_mean", running_mean},
+            {"running_var", running_var},
+            {"num_batches_tracked", num_batches_tracked}};
+}
+
+LocalResponseNorm::LocalResponseNorm(int64_t size_, double alpha_, double beta_, double k_,
+                                     Loc loc)
+    : size(size_), alpha(alpha_), beta(beta_), k(k_) {
+    detail::UserLocScope at(loc);
+    if (size < 1)
+        detail::fail(strf("LocalResponseNorm: size must be at least 1, got %lld",
+                          (long long)size));
+}
+Tensor LocalResponseNorm::forward(const Tensor& x) {
+    return functional::local_response_norm(x, size, alpha, beta, k);
 }
 
 ConvNd::ConvNd(int axes, int64_t in, int64_t out, SpatialSizes kernel, SpatialSizes stride_,
@@ -13859,8 +14625,9 @@ Module::Named ConvNd::named_parameters() {
     return {{"weight", weight}, {"bias", bias}};
 }
 Tensor MaxPoolNd::forward(const Tensor& x) {
-    return spatial_axes == 1 ? functional::max_pool1d(x, kernel_size, stride, padding, dilation)
-                             : functional::max_pool2d(x, kernel_size, stride, padding, dilation);
+    return functional::max_pool(functional::max_pool_names[spatial_axes], size_t(spatial_axes),
+                                x, kernel_size, stride, padding, dilation, ceil_mode,
+                                Loc::here());
 }
 Tensor Upsample::forward(const Tensor& x) {
     if (x.ndim() < 3)
@@ -13873,14 +14640,47 @@ Tensor Upsample::forward(const Tensor& x) {
     return functional::resize("Upsample", x, sizes, std::vector<double>(axes, 0.0), mode,
                               align_corners, Loc::here());
 }
-Tensor AdaptiveAvgPoolNd::forward(const Tensor& x) {
-    return spatial_axes == 1 ? functional::adaptive_avg_pool1d(x, output_size)
-                             : functional::adaptive_avg_pool2d(x, output_size);
+Tensor AdaptivePoolNd::forward(const Tensor& x) {
+    std::string op = strf("adaptive_%s_pool%dd", largest ? "max" : "avg", spatial_axes);
+    return functional::adaptive_pool(op.c_str(), size_t(spatial_axes), x, output_size, largest,
+                                     Loc::here());
 }
 Tensor AvgPoolNd::forward(const Tensor& x) {
-    return spatial_axes == 1
-               ? functional::avg_pool1d(x, kernel_size, stride, padding, count_include_pad)
-               : functional::avg_pool2d(x, kernel_size, stride, padding, count_include_pad);
+    return functional::avg_pool(functional::avg_pool_names[spatial_axes], size_t(spatial_axes),
+                                x, kernel_size, stride, padding, count_include_pad, ceil_mode,
+                                divisor_override, Loc::here());
+}
+Tensor PixelShuffle::forward(const Tensor& x) {
+    return functional::pixel_shuffle(x, upscale_factor);
+}
+Tensor PixelUnshuffle::forward(const Tensor& x) {
+    return functional::pixel_unshuffle(x, downscale_factor);
+}
+Tensor ChannelShuffle::forward(const Tensor& x) { return functional::channel_shuffle(x, groups); }
+Tensor Unfold::forward(const Tensor& x) {
+    return functional::unfold(x, kernel_size, dilation, padding, stride);
+}
+Tensor Fold::forward(const Tensor& x) {
+    return functional::fold(x, output_size, kernel_size, dilation, padding, stride);
+}
+PadNd::PadNd(int axes, SpatialSizes padding, std::string mode_, double value_, Loc loc)
+    : mode(std::move(mode_)), value(value_) {
+    detail::UserLocScope at(loc);
+    const char* name = mode == "constant" ? (value == 0 ? "ZeroPad" : "ConstantPad")
+                       : mode == "reflect" ? "ReflectionPad"
+                       : mode == "replicate" ? "ReplicationPad" : "CircularPad";
+    const size_t sides = size_t(2 * axes);
+    if (padding.sizes.size() != 1 && padding.sizes.size() != sides)
+        detail::fail(strf("%s%dd: padding %s must be one size or %zu", name, axes,
+                          shape_str(padding.sizes).c_str(), sides));
+    pads = padding.sizes.size() == 1 ? std::vector<int64_t>(sides, padding.sizes[0])
+                                     : padding.sizes;
+}
+Tensor PadNd::forward(const Tensor& x) { return functional::pad(x, pads, mode, value); }
+Tensor LPPoolNd::forward(const Tensor& x) {
+    return functional::lp_pool(spatial_axes == 1 ? "lp_pool1d" : "lp_pool2d",
+                               size_t(spatial_axes), x, norm_type, kernel_size, stride,
+                               ceil_mode, Loc::here());
 }
 
 ModuleList& ModuleList::add(std::shared_ptr<Module> layer, Loc loc) {
@@ -14572,6 +15372,12 @@ static Tensor picked_loss(const char* op, const char* input, const Tensor& score
     if (scores.ndim() == 0)
         detail::fail(strf("%s: %s is a scalar; it needs an axis of classes", op, input));
     Shape lead(scores.shape().begin(), scores.shape().end() - 1);
+    Shape without_axis_1 = scores.shape();
+    if (scores.ndim() >= 3) without_axis_1.erase(without_axis_1.begin() + 1);
+    if (scores.ndim() >= 3 && !dtype_is_float(target.dtype()) && target.shape() != lead &&
+        target.shape() == without_axis_1)   // PyTorch's [N, C, d...]: classes moved last
+        return picked_loss(op, input, scores.movedim(1, -1), target, r, ignore_index,
+                           label_smoothing, weight, log_softmax, loc);
     check_class_weight(op, weight, scores);
     if (!(label_smoothing >= 0 && label_smoothing <= 1))
         detail::fail(strf("%s: label_smoothing must be in [0, 1], got %g", op,
@@ -14715,6 +15521,136 @@ Tensor hinge_loss(const Tensor& s, const Tensor& y, Reduction r, Loc loc) {
     detail::UserLocScope at(loc);
     check_same_shape("hinge_loss", s, y);
     return reduce_loss((1.0f - y * s).relu(), r, "hinge_loss");
+}
+// PyTorch clamps these losses with clamp_min, whose gradient passes at the bound itself
+Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                           Reduction r, double margin, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "margin_ranking_loss";
+    if (x1.ndim() != x2.ndim() || x1.ndim() != target.ndim())
+        detail::fail(strf("%s: x1 %s, x2 %s and target %s must have one rank", op,
+                          shape_str(x1.shape()).c_str(), shape_str(x2.shape()).c_str(),
+                          shape_str(target.shape()).c_str()));
+    broadcast_shape(broadcast_shape(x1.shape(), x2.shape(), op, loc), target.shape(), op, loc);
+    return reduce_loss((margin - target * (x1 - x2)).clamp(0), r, op);
+}
+Tensor hinge_embedding_loss(const Tensor& x, const Tensor& target, Reduction r, double margin,
+                            Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("hinge_embedding_loss", x, target);
+    Tensor beyond_margin = where(target != 1, (margin - x).clamp(0), 0);
+    return reduce_loss(beyond_margin + where(target != -1, x, 0), r, "hinge_embedding_loss");
+}
+Tensor soft_margin_loss(const Tensor& x, const Tensor& target, Reduction r, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("soft_margin_loss", x, target);
+    return reduce_loss((-target * x).exp().log1p(), r, "soft_margin_loss");
+}
+Tensor multilabel_soft_margin_loss(const Tensor& x, const Tensor& target, Reduction r,
+                                   const Tensor& weight, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "multilabel_soft_margin_loss";
+    check_same_shape(op, x, target);
+    if (x.ndim() == 0) detail::fail(strf("%s: x is a scalar; it needs an axis of classes", op));
+    check_class_weight(op, weight, x);
+    Tensor loss = -(target * functional::logsigmoid(x) + (1 - target) * functional::logsigmoid(-x));
+    if (weight.defined()) loss = loss * weight;
+    return reduce_loss(loss.sum(-1) / double(x.size(-1)), r, op);
+}
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                             Reduction r, double margin, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "cosine_embedding_loss";
+    const int rows = target.ndim();
+    if (rows > 1 || x1.ndim() != rows + 1 || x2.ndim() != rows + 1 ||
+        (rows == 1 && (x1.size(0) != target.size(0) || x2.size(0) != target.size(0))))
+        detail::fail(strf("%s: x1 %s, x2 %s and target %s: x1 and x2 [N, D] need a target [N], "
+                          "[D] a scalar one", op, shape_str(x1.shape()).c_str(),
+                          shape_str(x2.shape()).c_str(), shape_str(target.shape()).c_str()));
+    const int axis = rows;
+    Tensor squares1 = (x1 * x1).sum(axis) + 1e-12, squares2 = (x2 * x2).sum(axis) + 1e-12;
+    Tensor cos = (x1 * x2).sum(axis) / (squares1 * squares2).sqrt();
+    Tensor loss = where(target == 1, 1 - cos, 0) + where(target == -1, (cos - margin).clamp(0), 0);
+    return reduce_loss(loss, r, op);
+}
+Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p, double eps, bool keepdim,
+                         Loc loc) {
+    detail::UserLocScope at(loc);
+    broadcast_shape(x1.shape(), x2.shape(), "pairwise_distance", loc);
+    if (std::max(x1.ndim(), x2.ndim()) == 0)
+        detail::fail("pairwise_distance: x1 and x2 are scalars; it needs an axis", loc);
+    return (x1 - x2 + eps).norm(p, -1, keepdim);
+}
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           Reduction r, double margin, double p, double eps, bool swap,
+                           Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "triplet_margin_loss";
+    if (!(p > 0)) detail::fail(strf("%s: p must be > 0, got %g", op, p));
+    if (anchor.ndim() != positive.ndim() || anchor.ndim() != negative.ndim())
+        detail::fail(strf("%s: anchor %s, positive %s and negative %s must have one rank", op,
+                          shape_str(anchor.shape()).c_str(), shape_str(positive.shape()).c_str(),
+                          shape_str(negative.shape()).c_str()));
+    Tensor to_positive = pairwise_distance(anchor, positive, p, eps, false, loc);
+    Tensor to_negative = pairwise_distance(anchor, negative, p, eps, false, loc);
+    if (swap) to_negative = to_negative.minimum(pairwise_distance(positive, negative, p, eps));
+    return reduce_loss((margin + to_positive - to_negative).clamp(0), r, op);
+}
+Tensor gaussian_nll_loss(const Tensor& x, const Tensor& target, const Tensor& var, Reduction r,
+                         bool full, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "gaussian_nll_loss";
+    check_same_shape(op, x, target);
+    if (!(eps >= 0)) detail::fail(strf("%s: eps must be at least 0, got %g", op, eps));
+    const Shape& xs = x.shape();
+    Shape lead(xs.begin(), xs.end() - (xs.empty() ? 0 : 1));
+    Shape lead_and_one = lead;
+    lead_and_one.push_back(1);
+    if (var.shape() != xs && var.shape() != lead_and_one && var.shape() != lead)
+        detail::fail(strf("%s: var %s must be x's shape %s, or that with its last axis 1 or "
+                          "dropped", op, shape_str(var.shape()).c_str(), shape_str(xs).c_str()));
+    Tensor v = var.shape() == lead && var.shape() != xs ? var.unsqueeze(-1) : var;
+    v = v.clamp(eps).detach() + (v - v.detach());   // the clamp's value, v's gradient
+    Tensor d = x - target;
+    Tensor loss = (v.log() + d * d / v) * 0.5;
+    if (full) loss = loss + 0.5 * std::log(2 * detail::PI);
+    return reduce_loss(loss, r, op);
+}
+Tensor poisson_nll_loss(const Tensor& x, const Tensor& target, Reduction r, bool log_input,
+                        bool full, double eps, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_same_shape("poisson_nll_loss", x, target);
+    Tensor loss = log_input ? x.exp() - target * x : x - target * (x + eps).log();
+    if (full) {
+        Tensor stirling = target * target.log() - target + (target * (2 * detail::PI)).log() * 0.5;
+        loss = loss + where(target > 1, stirling, 0);
+    }
+    return reduce_loss(loss, r, "poisson_nll_loss");
+}
+Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r, double p,
+                         double margin, const Tensor& weight, Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "multi_margin_loss";
+    if (p != 1 && p != 2) detail::fail(strf("%s: p must be 1 or 2, got %g", op, p));
+    if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
+        detail::fail(strf("%s: target must hold int32 or int64 classes, got %s", op,
+                          dtype_name(target.dtype())));
+    if (x.ndim() < 1 || x.ndim() > 2 || target.ndim() != x.ndim() - 1 ||
+        (x.ndim() == 2 && target.size(0) != x.size(0)))
+        detail::fail(strf("%s: x %s needs target %s: x [N, C] with target [N], or [C] with a "
+                          "scalar", op, shape_str(x.shape()).c_str(),
+                          shape_str(target.shape()).c_str()));
+    check_class_weight(op, weight, x);
+    const int64_t classes = x.size(-1);
+    Tensor rows = x.ndim() == 2 ? x : x.unsqueeze(0);
+    Tensor y = target.reshape({rows.size(0), 1});
+    Tensor z = rows - rows.gather(1, y) + margin;
+    Tensor counted = logical_and(z > 0, Tensor::arange(classes).reshape({1, classes}) != y);
+    Tensor terms = where(counted, p == 1 ? z : z * z, 0);
+    if (weight.defined())
+        terms = terms * weight.cast(x.dtype()).gather(0, y.reshape({-1})).unsqueeze(1);
+    Tensor loss = terms.sum(1) / double(classes);
+    return reduce_loss(x.ndim() == 2 ? loss : loss.reshape({}), r, op);
 }
 }  // namespace nn
 

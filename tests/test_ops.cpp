@@ -3,12 +3,14 @@
 // compared elementwise (float32: ~1e-5 relative, float64: 1e-12). Several results are realized
 // in one program with tg::realize({...}) to keep the number of compiles small.
 #include "harness.hpp"
+#include "reference.hpp"
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
@@ -2653,12 +2655,12 @@ TEST(ops_pooling_matches_loops_values_and_gradients) {
         Tensor out;
         if (c.max)
             out = (axes == 1 ? F::max_pool1d : F::max_pool2d)(
-                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), sizes(c.dilation),
+                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), sizes(c.dilation), false,
                 tg::Loc::here());
         else
             out = (axes == 1 ? F::avg_pool1d : F::avg_pool2d)(
-                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), c.count_pad,
-                tg::Loc::here());
+                x, sizes(c.kernel), sizes(c.stride), sizes(c.padding), c.count_pad, false,
+                std::nullopt, tg::Loc::here());
         (out * Tensor::from_vector(rv, ys)).sum().backward();
         CHECK(out.shape() == ys);
         CHECK_ALL_NEAR(vals(out), y, F32);
@@ -2681,14 +2683,182 @@ TEST(ops_pooling_matches_loops_values_and_gradients) {
     CHECK_ALL_NEAR(vals(F::avg_pool1d(x.slice(1, 2, 6), 2)), (Vec{3.5, 5.5}), 0);
 }
 
+// Each case's values and gradient from PyTorch 1.13 (tests/data/make_reference.py)
+TEST(ops_pooling_options_match_pytorch) {
+    namespace F = tg::nn::functional;
+    namespace nn = tg::nn;
+    Reference ref = read_reference("tests/data/pooling_reference.txt");
+    CHECK_EQ(ref.inputs.size(), size_t(3));
+    CHECK_EQ(ref.cases.size(), size_t(15));
+    // the input and the pooling of each case
+    std::map<std::string, std::pair<std::string, std::function<Tensor(const Tensor&)>>> ours = {
+        {"max_pool2d_ceil",
+         {"x2", [](const Tensor& x) { return F::max_pool2d(x, 3, 2, 1, 1, true); }}},
+        {"max_pool2d_ceil_unpadded",
+         {"x2", [](const Tensor& x) { return nn::MaxPool2d(2, 2, 0, 1, true)(x); }}},
+        {"avg_pool2d_ceil",
+         {"x2", [](const Tensor& x) { return F::avg_pool2d(x, 3, 2, 1, true, true); }}},
+        {"avg_pool2d_ceil_pad_uncounted",
+         {"x2", [](const Tensor& x) { return F::avg_pool2d(x, 3, 2, 1, false, true); }}},
+        {"avg_pool2d_ceil_unpadded",
+         {"x2", [](const Tensor& x) { return nn::AvgPool2d(2, 2, 0, true, true)(x); }}},
+        {"avg_pool2d_divisor",
+         {"x2", [](const Tensor& x) { return F::avg_pool2d(x, 3, 2, 1, true, false, 4); }}},
+        {"max_pool1d_ceil",
+         {"x1", [](const Tensor& x) { return F::max_pool1d(x, 3, 3, 1, 1, true); }}},
+        {"max_pool3d",
+         {"x3",
+          [](const Tensor& x) {
+              return nn::MaxPool3d(2, {2, 1, 2}, {1, 0, 1})(x);
+          }}},
+        {"avg_pool3d_ceil",
+         {"x3", [](const Tensor& x) { return F::avg_pool3d(x, 2, 2, 0, true, true); }}},
+        {"adaptive_max_pool1d",
+         {"x1", [](const Tensor& x) { return F::adaptive_max_pool1d(x, 4); }}},
+        {"adaptive_max_pool2d",
+         {"x2",
+          [](const Tensor& x) {
+              return nn::AdaptiveMaxPool2d({3, 4})(x);
+          }}},
+        {"adaptive_max_pool3d",
+         {"x3",
+          [](const Tensor& x) {
+              return F::adaptive_max_pool3d(x, {2, 3, 2});
+          }}},
+        {"adaptive_avg_pool3d",
+         {"x3",
+          [](const Tensor& x) {
+              return nn::AdaptiveAvgPool3d({3, 2, 4})(x);
+          }}},
+        {"lp_pool2d", {"x2", [](const Tensor& x) { return nn::LPPool2d(2, 2)(x); }}},
+        {"lp_pool1d_ceil",
+         {"x1", [](const Tensor& x) { return F::lp_pool1d(x.abs() + 0.1, 3, 3, 2, true); }}},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        const int before = th::failures();
+        CHECK(ours.count(name) == 1 && c.gradients.size() == 1);
+        if (!ours.count(name) || c.gradients.size() != 1) continue;
+        Tensor x = ref.inputs.at(ours[name].first).detach().requires_grad();
+        Tensor y = ours[name].second(x);
+        Vec weights;
+        for (size_t i = 0; i < c.values.size(); i++)
+            weights.push_back(double(i) / 10 - 1);
+        CHECK(y.shape() == c.shape);
+        CHECK_ALL_NEAR(vals(y), c.values, 1e-12);
+        if (y.shape() != c.shape) continue;
+        Tensor loss = (y * Tensor::from_vector(weights, c.shape)).sum();
+        CHECK_ALL_NEAR(vals(tg::gradients(loss, {x})[0]), c.gradients[0], 1e-12);
+        if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
+    }
+    Tensor x = ref.inputs.at("x2");
+    CHECK_THROWS(F::avg_pool2d(x, 2, 2, 0, true, false, 0), "avg_pool2d", "divisor_override");
+    CHECK_THROWS(F::lp_pool2d(x, 0, 2), "lp_pool2d", "norm_type");
+    CHECK_THROWS(F::max_pool3d(ref.inputs.at("x1"), 2), "max_pool3d: input must be", "[2,2,11]");
+    CHECK_THROWS(F::adaptive_max_pool2d(x, {2, 0}), "adaptive_max_pool2d", "output_size");
+}
+
+// Each case's values and gradient from PyTorch 1.13 (tests/data/make_reference.py); the
+// layers and the functions are one
+TEST(ops_layout_functions_match_pytorch) {
+    namespace F = tg::nn::functional;
+    namespace nn = tg::nn;
+    Reference ref = read_reference("tests/data/layout_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(8));
+    std::map<std::string, std::function<Tensor(const Tensor&)>> ours = {
+        {"pixel_shuffle", [](const Tensor& x) { return nn::PixelShuffle(2)(x); }},
+        {"pixel_unshuffle", [](const Tensor& x) { return F::pixel_unshuffle(x, 2); }},
+        {"channel_shuffle", [](const Tensor& x) { return nn::ChannelShuffle(4)(x); }},
+        {"unfold", [](const Tensor& x) { return nn::Unfold({2, 3}, {1, 2}, 1, {2, 1})(x); }},
+        {"fold",
+         [](const Tensor& x) {
+             return nn::Fold(4, {2, 3}, {2, 1}, {1, 0})(x.reshape({2, 24, 8}));
+         }},
+        {"fold_strided",
+         [](const Tensor& x) { return F::fold(x.reshape({2, 48, 4}), {7, 5}, 2, 1, 0, 3); }},
+        {"tensor_unfold", [](const Tensor& x) { return x.unfold(3, 3, 2); }},
+        {"unflatten", [](const Tensor& x) { return nn::Unflatten(1, {2, -1})(x); }},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        const int before = th::failures();
+        CHECK(ours.count(name) == 1 && c.gradients.size() == 1);
+        if (!ours.count(name) || c.gradients.size() != 1) continue;
+        Tensor x = ref.inputs.at("image").detach().requires_grad();
+        Tensor y = ours[name](x);
+        CHECK(y.shape() == c.shape);
+        CHECK_ALL_NEAR(vals(y), c.values, 1e-12);
+        if (y.shape() != c.shape) continue;
+        Vec weights;
+        for (size_t i = 0; i < c.values.size(); i++) weights.push_back(double(i) / 10 - 1);
+        Tensor weighted = (y * Tensor::from_vector(weights, c.shape)).sum();
+        CHECK_ALL_NEAR(vals(tg::gradients(weighted, {x})[0]), c.gradients[0], 1e-12);
+        if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
+    }
+    // movedim is a permutation
+    Tensor image = ref.inputs.at("image");
+    CHECK_ALL_NEAR(vals(image.movedim(1, -1)), vals(image.permute({0, 2, 3, 1})), 0);
+    CHECK_ALL_NEAR(vals(image.movedim(-1, 0)), vals(image.permute({3, 0, 1, 2})), 0);
+    CHECK_THROWS(image.movedim(4, 0), "movedim", "[2,8,4,6]");
+    // unbatched inputs, and unfold's columns folded back: each element times its windows
+    Tensor one = image.slice(0, 0, 1).squeeze(0);
+    CHECK_ALL_NEAR(vals(F::unfold(one, 2)), vals(F::unfold(image, 2).slice(0, 0, 1)), 0);
+    Tensor ones = Tensor::ones({1, 1, 3, 3}, DType::FLOAT64);
+    CHECK_ALL_NEAR(vals(F::fold(F::unfold(ones, 2), 3, 2)), (Vec{1, 2, 1, 2, 4, 2, 1, 2, 1}), 0);
+    // the padding layers are functional::pad
+    Tensor x = image.slice(0, 0, 1);
+    CHECK_ALL_NEAR(vals(nn::ReflectionPad2d({1, 2, 0, 1})(x)),
+                   vals(F::pad(x, {1, 2, 0, 1}, "reflect")), 0);
+    CHECK_ALL_NEAR(vals(nn::ConstantPad1d(2, 3.5)(x)), vals(F::pad(x, {2, 2}, "constant", 3.5)), 0);
+    CHECK_EQ(nn::ZeroPad3d(1)(x).shape(), (Shape{1, 10, 6, 8}));
+    CHECK_ALL_NEAR(vals(nn::ReplicationPad1d({0, 2})(x)), vals(F::pad(x, {0, 2}, "replicate")), 0);
+    CHECK_ALL_NEAR(vals(nn::CircularPad2d(1)(x)), vals(F::pad(x, {1, 1, 1, 1}, "circular")), 0);
+    // errors
+    CHECK_THROWS(F::pixel_shuffle(image, 3), "pixel_shuffle", "[2,8,4,6]", "3");
+    CHECK_THROWS(F::pixel_unshuffle(image, 4), "pixel_unshuffle", "[2,8,4,6]");
+    CHECK_THROWS(F::channel_shuffle(image, 3), "channel_shuffle", "groups 3");
+    CHECK_THROWS(F::fold(image.reshape({2, 24, 8}), 5, 2), "fold", "[2,24,8]", "[5,5]");
+    CHECK_THROWS(F::unfold(image.reshape({48, 8}), 2), "unfold", "[48,8]");
+    CHECK_THROWS(image.unfold(3, 7, 1), "unfold", "size 7", "[2,8,4,6]");
+    CHECK_THROWS(image.unfold(3, 2, 0), "unfold", "step 0");
+    CHECK_THROWS(image.unflatten(1, {3, -1}), "unflatten", "[3,-1]", "8 long");
+    CHECK_THROWS(image.unflatten(1, {-1, -1}), "unflatten", "[-1,-1]");
+    CHECK_THROWS(nn::ZeroPad2d({1, 2, 3}), "ZeroPad2d", "[1,2,3]", "4");
+}
+
+// Dropout1d/2d/3d zero whole channels: every channel of the result is 0 or x's channel / (1-p)
+TEST(ops_channel_dropout_zeroes_whole_channels) {
+    namespace F = tg::nn::functional;
+    namespace nn = tg::nn;
+    Tensor x = Tensor::rand({4, 16, 3, 5}, 7) + 1;   // no zeros of its own
+    nn::Dropout2d drop(0.5);
+    std::vector<Tensor> results = {drop(x), F::dropout2d(x, 0.5, true, 12),
+                                   nn::Dropout1d(0.5)(x.flatten(2, 3)).reshape(x.shape()),
+                                   F::dropout3d(x.unsqueeze(2), 0.5, true, 13).squeeze(2)};
+    Vec xs = vals(x);
+    for (const Tensor& y : results) {
+        Vec ys = vals(y);
+        int zeroed = 0;
+        for (size_t channel = 0; channel < 64; channel++) {
+            bool zero = ys[channel * 15] == 0;
+            zeroed += zero;
+            for (size_t i = channel * 15; i < channel * 15 + 15; i++)
+                CHECK_NEAR(ys[i], zero ? 0 : xs[i] * 2, 1e-6);
+        }
+        CHECK(zeroed > 10 && zeroed < 54);   // about half of the 64 channels
+    }
+    drop.eval();
+    CHECK_ALL_NEAR(vals(drop(x)), xs, 0);
+    CHECK_THROWS(nn::Dropout2d(0.5)(x.flatten(0, 2)), "Dropout2d", "[192,5]");
+    CHECK_THROWS(F::dropout3d(x.flatten(0, 1), 0.5), "dropout3d", "[64,3,5]");
+    CHECK_THROWS(F::dropout2d(x, 1.5), "dropout2d", "1.5");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
     CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 2, 3, 3})), "conv2d", "[2,3,8,8]", "[4,2,3,3]",
                  "groups 1", "test_ops.cpp:");
     CHECK_THROWS(F::conv2d(x, w, Tensor(), 1, 0, 1, 2), "conv2d", "groups 2");
-    CHECK_THROWS(F::conv2d(x, w, Tensor::zeros({3})), "conv2d: bias must be [C_out] = [4]",
-                 "[3]");
+    CHECK_THROWS(F::conv2d(x, w, Tensor::zeros({3})), "conv2d: bias must be [C_out] = [4]", "[3]");
     CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 3, 3})), "conv2d: weight must be", "[4,3,3]");
     CHECK_THROWS(F::conv1d(x, w), "conv1d: input must be", "[2,3,8,8]");
     CHECK_THROWS(F::conv2d(x, Tensor::zeros({4, 3, 9, 3})), "conv2d", "smaller than the kernel",

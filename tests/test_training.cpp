@@ -3,12 +3,14 @@
 // in double precision; the jit is compared bit for bit with the same steps run eagerly; the
 // safetensors files are checked byte by byte against the format's specification.
 #include "harness.hpp"
+#include "reference.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -762,6 +764,123 @@ TEST(loss_options_match_pytorch_class_weights_smoothing_soft_targets_kl_pos_weig
                  "binary_cross_entropy_with_logits", "pos_weight", "[4]");
     CHECK_THROWS(nn::binary_cross_entropy(x.sigmoid(), t, R::MEAN, Tensor::ones({2, 1, 1})),
                  "binary_cross_entropy", "weight", "[2,1,1]", "[4,3]");
+}
+
+// Each case's values and its inputs' gradients from PyTorch 1.13 (tests/data/make_reference.py);
+// a case named NAME_mean, NAME_sum or NAME_none runs with that reduction
+TEST(loss_more_pytorch_losses_match_pytorch) {
+    namespace F = nn::functional;
+    using R = nn::Reduction;
+    Reference ref = read_reference("tests/data/loss_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(34));
+    auto in = [&](const char* name) { return ref.inputs.at(name); };
+    Tensor sign = in("sign"), signs = in("signs"), labels = in("labels"), weight = in("weight");
+    Tensor classes = in("classes").cast(DType::INT64), var = in("var"), counts = in("counts");
+    Tensor targets = in("targets").cast(DType::INT32);
+    using Loss = std::function<Tensor(const std::vector<Tensor>&, R)>;
+    // each loss: the inputs it takes (they take gradients), and its call
+    std::map<std::string, std::pair<std::vector<const char*>, Loss>> ours = {
+        {"margin_ranking", {{"a", "b"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::margin_ranking_loss(x[0].slice(1, 0, 1).squeeze(1),
+                                           x[1].slice(1, 0, 1).squeeze(1), sign, r, 0.5);
+         }}},
+        {"hinge_embedding", {{"a"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::hinge_embedding_loss(x[0], signs, r, 1.5);
+         }}},
+        {"soft_margin", {{"a"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::soft_margin_loss(x[0], signs, r);
+         }}},
+        {"multilabel_soft_margin", {{"a"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::multilabel_soft_margin_loss(x[0], labels, r, weight);
+         }}},
+        {"cosine_embedding", {{"a", "b"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::cosine_embedding_loss(x[0], x[1], sign, r, 0.2);
+         }}},
+        {"triplet_margin", {{"a", "b", "c"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::triplet_margin_loss(x[0], x[1], x[2], r);
+         }}},
+        {"gaussian_nll", {{"a", "b"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::gaussian_nll_loss(x[0], x[1], var, r);
+         }}},
+        {"poisson_nll", {{"a"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::poisson_nll_loss(x[0], counts, r);
+         }}},
+        {"multi_margin", {{"a"}, [&](const std::vector<Tensor>& x, R r) {
+             return F::multi_margin_loss(x[0], classes, r);
+         }}},
+        {"triplet_margin_swap_p1", {{"a", "b", "c"}, [&](const std::vector<Tensor>& x, R) {
+             return F::triplet_margin_loss(x[0], x[1], x[2], R::MEAN, 2.0, 1, 1e-6, true);
+         }}},
+        {"pairwise_distance", {{"a", "b"}, [&](const std::vector<Tensor>& x, R) {
+             return F::pairwise_distance(x[0], x[1]);
+         }}},
+        {"gaussian_nll_full", {{"a", "b"}, [&](const std::vector<Tensor>& x, R) {
+             return F::gaussian_nll_loss(x[0], x[1], x[1].abs() + 0.1, R::MEAN, true, 0.2);
+         }}},
+        {"poisson_nll_full", {{"a"}, [&](const std::vector<Tensor>& x, R) {
+             return F::poisson_nll_loss(x[0].abs(), counts, R::NONE, false, true);
+         }}},
+        {"multi_margin_p2_weight", {{"a"}, [&](const std::vector<Tensor>& x, R) {
+             return F::multi_margin_loss(x[0], classes, R::NONE, 2, 0.5, weight);
+         }}},
+        // PyTorch's layout: logits [N, C, d] with targets [N, d]
+        {"cross_entropy_classes_on_axis_1", {{"logits"}, [&](const std::vector<Tensor>& x, R) {
+             return F::cross_entropy(x[0], targets, R::NONE, 1, 0, weight);
+         }}},
+        {"nll_loss_classes_on_axis_1", {{"logits"}, [&](const std::vector<Tensor>& x, R) {
+             return F::nll_loss(x[0], targets, R::MEAN, -100, weight);
+         }}},
+    };
+    const std::vector<std::pair<std::string, R>> reductions = {
+        {"_mean", R::MEAN}, {"_sum", R::SUM}, {"_none", R::NONE}};
+    for (const auto& [name, c] : ref.cases) {
+        const int before = th::failures();
+        std::string loss = name;
+        R r = R::MEAN;
+        for (const auto& [suffix, reduction] : reductions)
+            if (loss.size() > suffix.size() &&
+                loss.compare(loss.size() - suffix.size(), suffix.size(), suffix) == 0) {
+                loss.resize(loss.size() - suffix.size());
+                r = reduction;
+            }
+        CHECK(ours.count(loss) == 1);
+        if (!ours.count(loss)) continue;
+        auto [inputs, f] = ours[loss];
+        const size_t count = inputs.size();
+        std::vector<Tensor> x;
+        for (const char* input : inputs) x.push_back(in(input).detach().requires_grad());
+        Tensor y = f(x, r);
+        CHECK(y.shape() == c.shape);
+        CHECK_ALL_NEAR(vals(y), c.values, 1e-9);
+        CHECK_EQ(c.gradients.size(), count);
+        if (y.shape() != c.shape || c.gradients.size() != count) continue;
+        Vec weights;
+        for (size_t i = 0; i < c.values.size(); i++) weights.push_back(double(i) / 10 - 1);
+        Tensor weighted = (y * Tensor::from_vector(weights, c.shape)).sum();
+        std::vector<Tensor> grads = tg::gradients(weighted, x);
+        for (size_t i = 0; i < count; i++) CHECK_ALL_NEAR(vals(grads[i]), c.gradients[i], 1e-9);
+        if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
+    }
+    // errors
+    Tensor a = in("a"), b = in("b");
+    CHECK_THROWS(F::margin_ranking_loss(a, b.slice(0, 0, 2), signs), "margin_ranking_loss",
+                 "[4,3]", "[2,3]");
+    CHECK_THROWS(F::hinge_embedding_loss(a, sign), "hinge_embedding_loss", "[4,3]", "[4]");
+    CHECK_THROWS(F::cosine_embedding_loss(a, b, signs), "cosine_embedding_loss", "target",
+                 "[4,3]");
+    CHECK_THROWS(F::triplet_margin_loss(a, b, in("c"), R::MEAN, 1, 0), "triplet_margin_loss",
+                 "p");
+    CHECK_THROWS(F::gaussian_nll_loss(a, b, Tensor::ones({4, 2})), "gaussian_nll_loss", "var",
+                 "[4,2]");
+    CHECK_THROWS(F::gaussian_nll_loss(a, b, var, R::MEAN, false, -1), "gaussian_nll_loss", "eps");
+    CHECK_THROWS(F::multi_margin_loss(a, classes.slice(0, 0, 3)), "multi_margin_loss", "[3]",
+                 "[4,3]");
+    CHECK_THROWS(F::multi_margin_loss(a, classes, R::MEAN, 3), "multi_margin_loss", "p");
+    CHECK_THROWS(F::multi_margin_loss(a, classes, R::MEAN, 1, 1, Tensor::ones({4})),
+                 "multi_margin_loss", "weight", "[4]");
+    CHECK_THROWS(F::multilabel_soft_margin_loss(a, labels.slice(1, 0, 2)),
+                 "multilabel_soft_margin_loss", "[4,2]");
+    CHECK_THROWS(F::poisson_nll_loss(a, counts, R::BATCHMEAN), "poisson_nll_loss", "BATCHMEAN");
 }
 
 TEST(loss_bce_with_logits_matches_loop_and_stays_finite) {
@@ -2813,6 +2932,182 @@ TEST(nn_group_norm_and_batch_norm) {
 }
 
 // l1, smooth L1, Huber and NLL losses against loops in double
+// Values and gradients (of Σ y·c, c = 0.1·i - 1 over y's elements in order) from PyTorch 1.13's
+// F.instance_norm, F.local_response_norm, F.glu, F.softmin and nn.InstanceNorm1d on these
+// float64 inputs (the layer's in float32), rounded to 10 places; RMS norm (not in 1.13) from
+// its formula, x·rsqrt(mean(x²) + eps)·w, in float64 PyTorch ops.
+TEST(nn_rms_instance_local_response_norms_glu_softmin_match_pytorch) {
+    namespace F = nn::functional;
+    const Vec xs = {0.5, -1.25, 2.0, 1.5, 0.25, -0.75, -2.0, 1.0, 0.5, 0.0, 3.0, -1.5,
+                    1.75, -0.5, 0.125, 2.5, -3.0, 0.75, 1.0, -1.0, 0.375, 2.25, -0.25, 1.25};
+    const Vec instance_norm_y = {0.02452705376, -0.6798871112, 0.6283106237, 0.4270494337,
+        0.9111067216, -0.8666640329, -3.088877476, 2.244434787, 0.3, 0.6086061121, -1.243030561,
+        1.534424448, 0.4237201254, -0.5085938357, -0.2496177354, 0.7344914458, -3.238442708,
+        1.436084535, 1.747719685, -0.7453615117, 0.8644725487, -1.127783506, 1.5285579,
+        -0.06524694329};
+    const Vec instance_norm_grad = {-0.05655696676, 0.01936158008, -0.006623612634, 0.04381899932,
+        -0.27763942, -0.08230425362, 0.1174204355, 0.2425232381, 0.09258183363, 0.03526925316,
+        -0.05290382096, -0.07494726583, -0.07014408218, -0.005697229983, 0.02934709158,
+        0.04649422058, -0.09476770871, -0.1119803889, 0.003215888227, 0.2035322094, 0.1583847336,
+        0.05564549164, -0.05529405022, -0.1587361751};
+    const Vec running_y = {0.165625, 0.70625, -0.659375};
+    const Vec running_grad = {1.199869792, 2.111979167, 0.8680989583};
+    const Vec instance_eval_y = {0.2526282533, -0.5461738201, 0.9373157449, 0.709086581,
+        -0.8278950077, -2.204103244, -3.924363539, 0.2042611693, -0.9443335544, -0.4076937466,
+        -3.627532593, 1.202225677, 0.8232011629, -0.2038300744, 0.08145638044, 1.165544909,
+        -5.300571775, -0.1397908897, 0.2042611693, -2.548155303, -0.8101736024, -2.822572882,
+        -0.1393738426, -1.749293266};
+    const Vec instance_eval_grad = {-0.4564583277, -0.4108124949, -0.3651666622, -0.3195208294,
+        -0.8257249416, -0.688104118, -0.5504832944, -0.4128624708, 0.2146559231, 0.1073279616, -0,
+        -0.1073279616, 0.09129166554, 0.1369374983, 0.1825833311, 0.2282291638, 0.8257249416,
+        0.9633457652, 1.100966589, 1.238587412, -1.073279616, -1.180607577, -1.287935539,
+        -1.3952635};
+    const Vec lrn_y = {0.3595702299, -0.7866805922, 0.91581287, 0.8782185988, 0.176248269,
+        -0.4720083553, -0.6659067581, 0.5159260255, 0.3595702299, 0, 1.132185743, -0.8782185988,
+        0.6823686216, -0.3457392534, 0.08511672579, 1.184168277, -1.16395124, 0.3796050404,
+        0.6777642108, -0.4421501531, 0.1635518727, 1.153384338, -0.1696383449, 0.7642485818};
+    const Vec lrn_grad = {-0.6818877474, -0.4073060864, -0.2677680774, -0.2729042803, -0.4014736218,
+        -0.2192098729, -0.2317384223, -0.05273673329, -0.1297423205, -0.0704993076, -0.0461012371,
+        0.01840011488, 0.1474364385, 0.2129135979, 0.2616484896, 0.1839746727, 0.1543016212,
+        0.2484989095, 0.4867563497, 0.5479682215, 0.4495941044, 0.2108043971, 0.826853051,
+        0.6755945711};
+    const Vec lrn2_y = {0.4999953126, -1.249926763, 1.999700052, 1.49987345, 0.2499970704,
+        -0.7499402399, -1.99940021, 0.9998781423, 0.4999941407, 0, 2.998538331, -1.499817213,
+        1.74979905, -0.4999953126, 0.1249999268, 2.499414223, -2.998643685, 0.7499771492,
+        0.9999619158, -0.9997282112, 0.3748715113, 2.249525507, -0.2499900395, 1.249879896};
+    const Vec lrn2_grad = {-0.9999662507, -0.8998066652, -0.799760021, -0.6997891012, -0.5999882815,
+        -0.4999390701, -0.3997601259, -0.2999297023, -0.1999939064, -0.09999789068, 0,
+        0.09997094403, 0.20016711, 0.3000112488, 0.3999917975, 0.4998172407, 0.5994084716,
+        0.6998099932, 0.7999320358, 0.8998097806, 0.9996468251, 1.099350575, 1.199946565,
+        1.299722783};
+    const Vec glu_y = {0.440398539, -1.021968095, 0.02980073051, -0.548293934, 0.4762870634, 0,
+        0.9296164034, -0.46207091, -2.193175736, 0.201706066, 0.1641838122, 1.748924688};
+    const Vec glu_grad = {-0.880797078, -0.7358170286, -0.0524967927, 0.1677897586, -0.09536233762,
+        -0.511741005, -0.02099871708, 0.103221265, -0.5715444761, -0.0912127619, -0.01355299792, -0,
+        -0.2124837493, -0.277242546, -0.1743181825, 0.01051555748, -0.1462117157, -0.02689414214,
+        0.1179671599, -0.01474589499, 0, 0.07772998612, 0, 0.03894857707};
+    const Vec glu1_y = {0.425976401, -0.471925836, 1.062418747, 1.38621273, 0.01185646829,
+        -0.5093840244, -1.462117157, 0.2689414214, 0.2963333, 0, 1.313470497, -1.165949792};
+    const Vec glu1_grad = {-0.851952802, -0.3397866019, -0.4249674987, -0.646899274, -0.02845552391,
+        -0.3395893496, -0.2924234315, -0.08068242641, -0.11853332, -0.09046505351, 0, 0.07772998612,
+        -0.06306461259, 0.2643791762, -0.39844156, -0.07360890237, -0.00677649896, 0.08171062266,
+        0.1572895466, -0.05898357997, -0.02414129013, -0, 0, -0.02596571805};
+    const Vec softmin_y = {0.3045043424, 0.5282521236, 0.01786798187, 0.04398648029, 0.3909913152,
+        0.320401109, 0.9755587549, 0.07252144568, 0.3045043424, 0.1513467674, 0.006573263185,
+        0.883492074, 0.008296045289, 0.7405034187, 0.348207185, 0.02659164637, 0.9588924591,
+        0.2121577815, 0.1451543504, 0.880594388, 0.03281149561, 0.04733879977, 0.5066384646,
+        0.09281396565};
+    const Vec softmin_grad = {0.121801737, 0.1316604275, 0.007066467217, 0.03236535062,
+        4.340875605e-17, -0.04830435766, -0.004407464679, 0.02435286373, -0.121801737,
+        -0.08335606985, -0.002659002538, -0.05671821434, 0.00339977063, 0.09088505947, 0.1613496379,
+        0.01134104275, 0.009403072179, -0.05882410712, 0.009198795793, 0.02332600108,
+        -0.01280284281, -0.03206095235, -0.1705484337, -0.03466704383};
+    const Vec rms_y = {0.1760901813, -1.760901813, -1.40872145, 1.584811631, 0.1054092553,
+        -1.264911064, 1.686548085, 1.264911064, 0.1474419562, 0, -1.769303474, -1.326977605,
+        0.5654546742, -0.6462339134, -0.08077923917, 2.423377175, -0.8822575465, 0.8822575465,
+        -0.5881716977, -0.8822575465, 0.143509462, 3.444227087, 0.1913459493, 1.43509462};
+    const Vec rms_grad = {-0.4406349652, -1.046712798, 0.2096701693, -1.004942569, -0.2314318762,
+        -0.9079250527, 0.1649069239, -0.2932719726, -0.05192521065, -0.1179535649, 0.0423094309,
+        0.06731045824, -0.1360991814, 0.4450896545, -0.272830892, 0.1979289025, -0.1287619122,
+        0.8997437321, -0.368799551, 0.6922939847, 0.05166778494, -0.3023003281, -0.6977778142,
+        0.3890846923};
+    const Vec rms2_y = {0.3450362027, -0.8625905067, 1.380144811, 1.035108608, 0.1725181013,
+        -0.517554304, -1.380144811, 0.6900724053, 0.3450362027, 0, 2.070217216, -1.035108608,
+        1.146037942, -0.327439412, 0.081859853, 1.63719706, -1.964636472, 0.491159118, 0.654878824,
+        -0.654878824, 0.245579559, 1.473477354, -0.163719706, 0.81859853};
+    const Vec rms2_grad = {-0.6688495194, -0.6741223796, -0.4671663805, -0.4193820259,
+        -0.4034320002, -0.3768705316, -0.3609205059, -0.1645759497, -0.1167915951, -0.06900724053,
+        0.1273373156, 0.005338582727, -0.04514400149, 0.2467835804, 0.2493715463, 0.07583974587,
+        0.6948468938, 0.382935277, 0.4232631928, 0.6900308081, 0.6171388741, 0.4939270069,
+        0.8110145554, 0.7255426381};
+    const Vec module_train_y = {0.02452705801, -0.679887116, 0.6283106208, 0.427049458,
+        0.9111067057, -0.866664052, -3.088877439, 2.244434834, 0.2999999821, 0.6086061001,
+        -1.243030548, 1.534424424, 0.4237201214, -0.5085938573, -0.2496177554, 0.7344914675,
+        -3.238442659, 1.436084509, 1.747719526, -0.7453615069, 0.8644726276, -1.127783537,
+        1.528558016, -0.06524690986};
+    const Vec module_train_grad = {0.08281250298, -0.046875, 0.0703125};
+    const Vec module_eval_y = {0.2988913059, -0.5354093313, 1.014006138, 0.7756345272, 0.3522360921,
+        -1.507927656, -3.833132267, 1.747358799, -0.1034919024, 0.3660259545, -2.451081276,
+        1.774579525, 0.8948203325, -0.1778519154, 0.1201126054, 1.252377748, -5.693295956,
+        1.282317877, 1.747358799, -1.972968578, 0.01388756186, -1.746804357, 0.6007848978,
+        -0.8077687025};
+    const Vec module_unbatched_y = {-0.1509459019, -1.55977428, 1.056621313, 0.6540988684,
+        0.5555533171, -0.333332032, -1.444438696, 1.222217321, 0, -0.308606118, 1.54303062,
+        -1.234424472};
+    const double TOL = 1e-9;
+    auto check = [&](auto f, const Vec& want, const Vec& want_grad) {
+        Tensor x = Tensor::from_vector(xs, {2, 3, 4}).requires_grad();
+        Tensor y = f(x);
+        Vec c;
+        for (int64_t i = 0; i < y.numel(); i++) c.push_back(0.1 * double(i) - 1);
+        Tensor weights = Tensor::from_vector(c, y.shape());
+        CHECK_ALL_NEAR(vals(y), want, TOL);
+        CHECK_ALL_NEAR(vals(tg::gradients((y * weights).sum(), {x})[0]), want_grad, TOL);
+    };
+    Tensor w = Tensor::from_vector(Vec{0.5, 2.0, -1.0}), b = Tensor::from_vector(Vec{0.1, -0.2, 0.3});
+    Tensor running_mean = Tensor::from_vector(Vec{0.0, 1.0, -1.0});
+    Tensor running_var = Tensor::from_vector(Vec{1.0, 2.0, 0.5});
+    check([&](const Tensor& x) {
+              return F::instance_norm(x, running_mean, running_var, w, b, true, 0.2);
+          },
+          instance_norm_y, instance_norm_grad);
+    CHECK_ALL_NEAR(vals(running_mean), running_y, TOL);   // moved once, by the check's call
+    CHECK_ALL_NEAR(vals(running_var), running_grad, TOL);
+    check([&](const Tensor& x) {
+              return F::instance_norm(x, running_mean, running_var, w, b, false);
+          },
+          instance_eval_y, instance_eval_grad);
+    check([](const Tensor& x) { return F::local_response_norm(x, 3, 0.5, 0.75, 1.5); }, lrn_y,
+          lrn_grad);
+    check([](const Tensor& x) { return F::local_response_norm(x, 2); }, lrn2_y, lrn2_grad);
+    check([](const Tensor& x) { return F::glu(x); }, glu_y, glu_grad);
+    check([](const Tensor& x) { return nn::GLU(0).forward(x.reshape({2, 12})); }, glu1_y,
+          glu1_grad);
+    check([](const Tensor& x) { return nn::Softmin(1).forward(x); }, softmin_y, softmin_grad);
+    Tensor w4 = Tensor::from_vector(Vec{0.5, 2.0, -1.0, 1.5});
+    check([&](const Tensor& x) { return F::rms_norm(x, {4}, w4); }, rms_y, rms_grad);
+    check([](const Tensor& x) { return F::rms_norm(x, {3, 4}, Tensor(), 1e-3); }, rms2_y,
+          rms2_grad);
+
+    // the layers: RMSNorm's weight starts as ones; its default eps is float32's spacing at 1
+    nn::RMSNorm rms({3, 4});
+    CHECK(rms.named_parameters().size() == 1 && rms.weight.shape() == Shape({3, 4}));
+    Tensor x32 = Tensor::from_vector(xs, {2, 3, 4}).cast(DType::FLOAT32);
+    CHECK_ALL_NEAR(vals(rms(x32)), vals(F::rms_norm(x32, {3, 4}, Tensor(), 0x1p-23)), 1e-6);
+    CHECK(nn::RMSNorm(4, 1e-6, false).named_parameters().empty());
+    // InstanceNorm1d with affine and running statistics: the batch's statistics while
+    // training, the running ones in eval(); unbatched [C, L] too
+    nn::InstanceNorm1d in(3, 1e-5, 0.1, true, true);
+    in.weight = w.cast(DType::FLOAT32).requires_grad();
+    in.bias = b.cast(DType::FLOAT32).requires_grad();
+    CHECK_ALL_NEAR(vals(in(x32)), module_train_y, 1e-6);
+    CHECK_ALL_NEAR(vals(in.running_mean), module_train_grad, 1e-6);
+    CHECK(in.named_buffers().size() == 3 && in.named_parameters().size() == 2);
+    in.eval();
+    CHECK_ALL_NEAR(vals(in(x32)), module_eval_y, 1e-6);
+    CHECK_ALL_NEAR(vals(nn::InstanceNorm1d(3)(x32.slice(0, 0, 1).squeeze(0))), module_unbatched_y,
+                   1e-6);
+    CHECK(nn::InstanceNorm2d(8).named_buffers().empty());
+    CHECK_ALL_NEAR(vals(nn::LocalResponseNorm(2)(x32)), lrn2_y, 1e-6);
+
+    // errors
+    Tensor x = Tensor::from_vector(xs, {2, 3, 4});
+    CHECK_THROWS(F::rms_norm(x, {3}), "rms_norm", "[2,3,4]", "normalized_shape", "[3]");
+    CHECK_THROWS(F::rms_norm(x, {4}, Tensor::ones({3})), "rms_norm", "weight", "[3]");
+    CHECK_THROWS(F::instance_norm(x.slice(2, 0, 1)), "instance_norm", "[2,3,1]", "1 position");
+    CHECK_THROWS(F::instance_norm(x.slice(0, 0, 1).squeeze(0)), "instance_norm", "[3,4]");
+    CHECK_THROWS(F::instance_norm(x, Tensor::zeros({2}), running_var), "instance_norm",
+                 "running_mean", "[2]", "3 channels");
+    CHECK_THROWS(F::instance_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false),
+                 "instance_norm", "running_mean");
+    CHECK_THROWS(nn::InstanceNorm1d(4, 1e-5, 0.1, true)(x), "InstanceNorm1d", "[2,3,4]", "4");
+    CHECK_THROWS(nn::InstanceNorm3d(3)(x), "InstanceNorm3d", "[2,3,4]");
+    CHECK_THROWS(F::local_response_norm(x, 0), "local_response_norm", "size", "0");
+    CHECK_THROWS(nn::LocalResponseNorm(-1), "LocalResponseNorm", "-1");
+    CHECK_THROWS(F::glu(x.slice(2, 0, 3)), "glu", "[2,3,3]", "even");
+    CHECK_THROWS(F::glu(x, 1), "glu", "axis 1");
+}
+
 TEST(loss_l1_smooth_l1_huber_nll_match_loop) {
     std::vector<float> p = randf(12, 50, -2, 2), t = randf(12, 51, -2, 2);
     Tensor P = fv(p, {3, 4}), T = fv(t, {3, 4});

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Makes the references that tests/reference.hpp reads, beside this script:
+  pooling_reference.txt  poolings of torch.nn.functional (tests/test_ops.cpp,
+                         ops_pooling_options_match_pytorch)
+  loss_reference.txt     losses of torch.nn.functional (tests/test_training.cpp,
+                         loss_more_pytorch_losses_match_pytorch)
+  layout_reference.txt   pixel_shuffle, unfold, fold and the like (tests/test_ops.cpp,
+                         ops_layout_functions_match_pytorch)
+Each function runs on fixed float64 inputs, written first, one line each:
+  input NAME [SHAPE] {VALUES}
+then each case's result y and the gradients of sum(y·c) for its inputs that need one, c_i =
+i/10 - 1 over y's elements in order:
+  case NAME [SHAPE OF Y] {Y} {GRADIENT} ...
+Numbers have 17 significant digits. The tests repeat each case's call.
+Run with PyTorch installed (Debian: apt-get install python3-torch): python3 make_reference.py
+"""
+import os
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def numbers(t):
+    return "{" + ", ".join("%.17g" % v for v in t.detach().reshape(-1).tolist()) + "}"
+
+
+def shape(t):
+    return "[" + ",".join(str(n) for n in t.shape) + "]"
+
+
+def tensor(values, *sizes):
+    return torch.tensor(values, dtype=torch.float64).reshape(*sizes)
+
+
+def write(file_name, inputs, cases):
+    """cases: (name, names of the inputs that need gradients, function of those inputs)"""
+    with open(os.path.join(HERE, file_name), "w") as out:
+        for name, x in inputs.items():
+            out.write("input %s %s %s\n" % (name, shape(x), numbers(x)))
+        for name, sources, f in cases:
+            xs = [inputs[s].clone().requires_grad_() for s in sources]
+            y = f(*xs)
+            c = torch.arange(y.numel(), dtype=torch.float64).reshape(y.shape) / 10 - 1
+            (y * c).sum().backward()
+            grads = " ".join(numbers(x.grad) for x in xs)
+            out.write("case %s %s %s %s\n" % (name, shape(y), numbers(y), grads))
+
+
+x2 = (torch.arange(2 * 2 * 7 * 6, dtype=torch.float64).reshape(2, 2, 7, 6) * 0.37 % 2.3) - 1.1
+x2[0, 0, 1, 1] = x2[0, 0, 1, 2]   # a tie inside a window
+x3 = (torch.arange(2 * 5 * 4 * 5, dtype=torch.float64).reshape(1, 2, 5, 4, 5) * 0.61 % 1.9) - 0.8
+x1 = x2.reshape(2, 2, 42)[:, :, :11].contiguous()
+write("pooling_reference.txt", {"x1": x1, "x2": x2, "x3": x3}, [
+    ("max_pool2d_ceil", ["x2"], lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True)),
+    ("max_pool2d_ceil_unpadded", ["x2"], lambda x: F.max_pool2d(x, 2, 2, 0, ceil_mode=True)),
+    ("avg_pool2d_ceil", ["x2"], lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)),
+    ("avg_pool2d_ceil_pad_uncounted", ["x2"],
+     lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)),
+    ("avg_pool2d_ceil_unpadded", ["x2"], lambda x: F.avg_pool2d(x, 2, 2, 0, ceil_mode=True)),
+    ("avg_pool2d_divisor", ["x2"], lambda x: F.avg_pool2d(x, 3, 2, 1, divisor_override=4)),
+    ("max_pool1d_ceil", ["x1"], lambda x: F.max_pool1d(x, 3, 3, 1, ceil_mode=True)),
+    ("max_pool3d", ["x3"], lambda x: F.max_pool3d(x, 2, (2, 1, 2), (1, 0, 1))),
+    ("avg_pool3d_ceil", ["x3"], lambda x: F.avg_pool3d(x, 2, 2, 0, ceil_mode=True)),
+    ("adaptive_max_pool1d", ["x1"], lambda x: F.adaptive_max_pool1d(x, 4)),
+    ("adaptive_max_pool2d", ["x2"], lambda x: F.adaptive_max_pool2d(x, (3, 4))),
+    ("adaptive_max_pool3d", ["x3"], lambda x: F.adaptive_max_pool3d(x, (2, 3, 2))),
+    ("adaptive_avg_pool3d", ["x3"], lambda x: F.adaptive_avg_pool3d(x, (3, 2, 4))),
+    ("lp_pool2d", ["x2"], lambda x: F.lp_pool2d(x, 2, 2)),
+    ("lp_pool1d_ceil", ["x1"], lambda x: F.lp_pool1d(x.abs() + 0.1, 3, 3, 2, ceil_mode=True)),
+])
+
+losses = {
+    "a": tensor([0.5, -1.25, 2.0, 1.5, 0.25, -0.75, -2.0, 1.0, 0.5, 0.0, 3.0, -1.5], 4, 3),
+    "b": tensor([1.0, 0.25, -0.5, 1.5, -1.0, 0.75, 0.5, 2.0, -0.25, 1.25, -2.0, 0.5], 4, 3),
+    "c": tensor([-0.5, 1.0, 0.25, 2.0, 0.5, -1.5, 1.0, -0.75, 0.0, 0.5, 1.5, 1.0], 4, 3),
+    "sign": tensor([1, -1, -1, 1], 4),                                    # ±1 per row
+    "signs": tensor([1, -1, -1, 1, 1, -1, 1, 1, -1, -1, 1, -1], 4, 3),   # ±1 per element
+    "labels": tensor([1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 1, 0], 4, 3),       # 0 or 1 per element
+    "classes": tensor([0, 2, 1, 2], 4),                                  # one class per row
+    "weight": tensor([0.5, 2.0, 1.0], 3),                                # one per class
+    "var": tensor([0.5, 2.0, 1e-8, 1.0], 4, 1),
+    "counts": tensor([0, 1, 2, 3, 0, 5, 1, 0, 2, 4, 1, 0], 4, 3),
+    # PyTorch's layout for cross_entropy: classes on axis 1 of [N, C, d]
+    "logits": torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * 0.7 % 2.9 - 1.2,
+    "targets": tensor([0, 2, 1, 1, 2, 0, 0, 1], 2, 4),
+}
+cases = []
+for r in ("mean", "sum", "none"):
+    cases += [
+        ("margin_ranking_" + r, ["a", "b"], lambda a, b, r=r: F.margin_ranking_loss(
+            a[:, 0], b[:, 0], losses["sign"], margin=0.5, reduction=r)),
+        ("hinge_embedding_" + r, ["a"], lambda a, r=r: F.hinge_embedding_loss(
+            a, losses["signs"], margin=1.5, reduction=r)),
+        ("soft_margin_" + r, ["a"], lambda a, r=r: F.soft_margin_loss(a, losses["signs"], reduction=r)),
+        ("multilabel_soft_margin_" + r, ["a"], lambda a, r=r: F.multilabel_soft_margin_loss(
+            a, losses["labels"], weight=losses["weight"], reduction=r)),
+        ("cosine_embedding_" + r, ["a", "b"], lambda a, b, r=r: F.cosine_embedding_loss(
+            a, b, losses["sign"], margin=0.2, reduction=r)),
+        ("triplet_margin_" + r, ["a", "b", "c"], lambda a, b, c, r=r: F.triplet_margin_loss(
+            a, b, c, margin=1.0, reduction=r)),
+        ("gaussian_nll_" + r, ["a", "b"], lambda a, b, r=r: F.gaussian_nll_loss(
+            a, b, losses["var"], reduction=r)),
+        ("poisson_nll_" + r, ["a"], lambda a, r=r: F.poisson_nll_loss(a, losses["counts"], reduction=r)),
+        ("multi_margin_" + r, ["a"], lambda a, r=r: F.multi_margin_loss(
+            a, losses["classes"].long(), reduction=r)),
+    ]
+cases += [
+    ("triplet_margin_swap_p1", ["a", "b", "c"], lambda a, b, c: F.triplet_margin_loss(
+        a, b, c, margin=2.0, p=1, swap=True)),
+    ("pairwise_distance", ["a", "b"], lambda a, b: F.pairwise_distance(a, b)),
+    ("gaussian_nll_full", ["a", "b"], lambda a, b: F.gaussian_nll_loss(
+        a, b, b.abs() + 0.1, full=True, eps=0.2)),
+    ("poisson_nll_full", ["a"], lambda a: F.poisson_nll_loss(
+        a.abs(), losses["counts"], log_input=False, full=True, reduction="none")),
+    ("multi_margin_p2_weight", ["a"], lambda a: F.multi_margin_loss(
+        a, losses["classes"].long(), p=2, margin=0.5, weight=losses["weight"], reduction="none")),
+    ("cross_entropy_classes_on_axis_1", ["logits"], lambda x: F.cross_entropy(
+        x, losses["targets"].long(), weight=losses["weight"], ignore_index=1, reduction="none")),
+    ("nll_loss_classes_on_axis_1", ["logits"], lambda x: F.nll_loss(
+        x, losses["targets"].long(), weight=losses["weight"])),
+]
+write("loss_reference.txt", losses, cases)
+
+image = torch.arange(2 * 8 * 4 * 6, dtype=torch.float64).reshape(2, 8, 4, 6) / 7 - 3
+write("layout_reference.txt", {"image": image}, [
+    ("pixel_shuffle", ["image"], lambda x: F.pixel_shuffle(x, 2)),
+    ("pixel_unshuffle", ["image"], lambda x: F.pixel_unshuffle(x, 2)),
+    ("channel_shuffle", ["image"], lambda x: x.reshape(2, 4, 2, 4, 6).transpose(1, 2)
+     .reshape(2, 8, 4, 6)),   # nn.ChannelShuffle(4), which has no autograd in 1.13
+    ("unfold", ["image"], lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1))),
+    ("fold", ["image"], lambda x: F.fold(x.reshape(2, 24, 8), (4, 4), (2, 3), padding=(1, 0),
+                                         dilation=(2, 1))),
+    ("fold_strided", ["image"], lambda x: F.fold(x.reshape(2, 48, 4), (7, 5), 2, stride=3)),
+    ("tensor_unfold", ["image"], lambda x: x.unfold(3, 3, 2)),
+    ("unflatten", ["image"], lambda x: x.unflatten(1, (2, -1))),
+])
