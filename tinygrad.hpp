@@ -762,6 +762,12 @@ Tensor cat(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here
 Tensor stack(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
 // "ij,jk->ik", implicit output ("ij,jk"), "..." for broadcast batch axes, "ii->i" diagonals
 Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc loc = Loc::here());
+// The p-norm distance of each row of x1 [..., P, M] to each row of x2 [..., R, M] (the leading
+// axes broadcast): [..., P, R], as torch.cdist, from the differences themselves (PyTorch
+// computes p = 2 through a product for more than 25 rows, rounding otherwise); the gradient at
+// a distance of 0 is 0, and with p = INFINITY each tie for the largest gets it whole, as
+// PyTorch's
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2, Loc loc = Loc::here());
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -896,6 +902,20 @@ struct Linear : Module {                    // y = x Wᵀ + b, W [out, in]; PyTo
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
     int64_t in_features = -1, out_features;
     bool has_bias = true;
+    Tensor weight, bias;
+};
+// y = x1ᵀ A_o x2 + b_o for each output o: weight [out, in1, in2] and bias [out], both
+// U(-1/√in1, 1/√in1) to start, as PyTorch's. Two inputs: call it as bilinear(x1, x2).
+struct Bilinear : Module {
+    Bilinear(int64_t in1_features, int64_t in2_features, int64_t out_features, bool bias = true,
+             Loc loc = Loc::here());
+    Tensor operator()(const Tensor& x1, const Tensor& x2, Loc loc = Loc::here());
+    using Module::operator();   // of one input: forward's error
+    Tensor forward(const Tensor& x) override;   // an error: it takes two inputs
+    Named named_parameters() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    int64_t in1_features, in2_features, out_features;
+    bool has_bias;
     Tensor weight, bias;
 };
 // Rows of weight [num, dim] (N(0, 1) to start) picked by int ids. The row padding_idx (negative:
@@ -1126,6 +1146,24 @@ struct Softmin : Module {   // softmax(-x)
     explicit Softmin(int dim = -1) : dim(dim) {}
     Tensor forward(const Tensor& x) override;
     int dim;
+};
+// functional::pairwise_distance and cosine_similarity as layers of two inputs
+struct PairwiseDistance : Module {
+    explicit PairwiseDistance(double p = 2, double eps = 1e-6, bool keepdim = false)
+        : p(p), eps(eps), keepdim(keepdim) {}
+    Tensor operator()(const Tensor& x1, const Tensor& x2, Loc loc = Loc::here());
+    using Module::operator();   // of one input: forward's error
+    Tensor forward(const Tensor& x) override;   // an error: it takes two inputs
+    double p, eps;
+    bool keepdim;
+};
+struct CosineSimilarity : Module {
+    explicit CosineSimilarity(int dim = 1, double eps = 1e-8) : dim(dim), eps(eps) {}
+    Tensor operator()(const Tensor& x1, const Tensor& x2, Loc loc = Loc::here());
+    using Module::operator();   // of one input: forward's error
+    Tensor forward(const Tensor& x) override;   // an error: it takes two inputs
+    int dim;
+    double eps;
 };
 struct Softmax : Module {
     explicit Softmax(int dim = -1) : dim(dim) {}
@@ -1630,6 +1668,81 @@ struct TransformerBlock : Module {
     Dropout drop;
 };
 
+// PyTorch's nn.TransformerEncoderLayer: self-attention (MultiheadAttention), then a
+// feed-forward network linear2(dropout(activation(linear1(x)))) ("relu" or "gelu"), each
+// added to its input through dropout1 or dropout2, with LayerNorm after each sum (norm1, norm2)
+// or, with norm_first, before each block. PyTorch's names and initialization. src [S, N, E]
+// ([N, S, E] with batch_first, [S, E] unbatched); src_mask and src_key_padding_mask are
+// MultiheadAttention's attn_mask and key_padding_mask (bool: true where not attended to);
+// is_causal without a src_mask: a position attends to itself and those before it alone.
+struct TransformerEncoderLayer : Module {
+    TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward = 2048,
+                            double dropout = 0.1, const std::string& activation = "relu",
+                            double layer_norm_eps = 1e-5, bool batch_first = false,
+                            bool norm_first = false, bool bias = true, Loc loc = Loc::here());
+    Tensor forward(const Tensor& src, const Tensor& src_mask,
+                   const Tensor& src_key_padding_mask = Tensor(), bool is_causal = false);
+    Tensor forward(const Tensor& src) override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    MultiheadAttention self_attn;
+    Linear linear1;
+    Dropout dropout;
+    Linear linear2;
+    LayerNorm norm1, norm2;
+    Dropout dropout1, dropout2;
+    std::string activation;
+    bool norm_first;
+};
+// PyTorch's nn.TransformerDecoderLayer: self-attention on tgt, then attention to memory
+// (multihead_attn), then the feed-forward network, each as the encoder layer's, with norm1 to
+// norm3 and dropout1 to dropout3. forward(x) is an error: it needs the memory.
+struct TransformerDecoderLayer : Module {
+    TransformerDecoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward = 2048,
+                            double dropout = 0.1, const std::string& activation = "relu",
+                            double layer_norm_eps = 1e-5, bool batch_first = false,
+                            bool norm_first = false, bool bias = true, Loc loc = Loc::here());
+    Tensor forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = Tensor(),
+                   const Tensor& memory_mask = Tensor(),
+                   const Tensor& tgt_key_padding_mask = Tensor(),
+                   const Tensor& memory_key_padding_mask = Tensor(), bool tgt_is_causal = false);
+    Tensor forward(const Tensor& x) override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    MultiheadAttention self_attn, multihead_attn;
+    Linear linear1;
+    Dropout dropout;
+    Linear linear2;
+    LayerNorm norm1, norm2, norm3;
+    Dropout dropout1, dropout2, dropout3;
+    std::string activation;
+    bool norm_first;
+};
+// num_layers copies of a layer, one after another (layers.0, layers.1, ...), then norm where
+// given, as PyTorch's nn.TransformerEncoder and nn.TransformerDecoder: each copy starts with
+// the given layer's values in tensors of its own (PyTorch's deep copies); norm is the given
+// one itself
+struct TransformerEncoder : Module {
+    TransformerEncoder(TransformerEncoderLayer encoder_layer, int64_t num_layers,
+                       std::optional<LayerNorm> norm = std::nullopt, Loc loc = Loc::here());
+    Tensor forward(const Tensor& src, const Tensor& mask,
+                   const Tensor& src_key_padding_mask = Tensor(), bool is_causal = false);
+    Tensor forward(const Tensor& src) override;
+    std::vector<std::pair<std::string, Module*>> children() override;
+    ModuleList layers;
+    std::optional<LayerNorm> norm;
+};
+struct TransformerDecoder : Module {
+    TransformerDecoder(TransformerDecoderLayer decoder_layer, int64_t num_layers,
+                       std::optional<LayerNorm> norm = std::nullopt, Loc loc = Loc::here());
+    Tensor forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = Tensor(),
+                   const Tensor& memory_mask = Tensor(),
+                   const Tensor& tgt_key_padding_mask = Tensor(),
+                   const Tensor& memory_key_padding_mask = Tensor(), bool tgt_is_causal = false);
+    Tensor forward(const Tensor& x) override;   // an error: it needs the memory
+    std::vector<std::pair<std::string, Module*>> children() override;
+    ModuleList layers;
+    std::optional<LayerNorm> norm;
+};
+
 namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
 Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed(),
                        Loc loc = Loc::here());
@@ -1741,11 +1854,20 @@ Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r = Re
                          double p = 1, double margin = 1, const Tensor& weight = Tensor(),
                          Loc loc = Loc::here());
 
-// Scales the gradients of params so that their global L2 norm is at most max_norm: each times
+// Scales the gradients of params so that their global norm is at most max_norm: each times
 // min(1, max_norm / (norm + 1e-6)), as PyTorch's; lazily, so the scaling joins the optimizer's
-// program (and a jitted step). Returns the norm before clipping.
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
+// program (and a jitted step). The norm: the norm_type-norm of the gradients' norms (INFINITY:
+// the largest |g|). Returns it, before clipping.
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2,
                        Loc loc = Loc::here());
+// Clamps each gradient to [-clip_value, clip_value], lazily as clip_grad_norm_
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value,
+                      Loc loc = Loc::here());
+// The parameters flattened and joined, in order; vector_to_parameters copies such a vector's
+// pieces back into them (in one program)
+Tensor parameters_to_vector(const std::vector<Tensor>& params, Loc loc = Loc::here());
+void vector_to_parameters(const Tensor& vec, const std::vector<Tensor>& params,
+                          Loc loc = Loc::here());
 
 // PyTorch's torch.nn.functional as free functions: namespace F = tg::nn::functional;
 namespace functional {
@@ -1794,6 +1916,9 @@ Tensor threshold(const Tensor& x, double threshold, double value, Loc loc = Loc:
 // softmax(-x)
 Tensor glu(const Tensor& x, int axis = -1, Loc loc = Loc::here());
 Tensor softmin(const Tensor& x, int axis = -1, Loc loc = Loc::here());
+// x1ᵀ A_o x2 + b_o for each o: x1 [..., in1], x2 [..., in2], weight [out, in1, in2], bias [out]
+Tensor bilinear(const Tensor& x1, const Tensor& x2, const Tensor& weight,
+                const Tensor& bias = Tensor(), Loc loc = Loc::here());
 // x where x > 0, else weight·x: weight [1], or [C] along axis 1 of x [N, C, ...]
 Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc = Loc::here());
 inline Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::here()) {
@@ -5443,6 +5568,23 @@ static Tensor diagonal_last2(const Tensor& x, Loc loc) {
 }
 }  // namespace detail
 
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p, Loc loc) {
+    check_defined(x1, "cdist", loc), check_defined(x2, "cdist", loc);
+    if (x1.ndim() < 2 || x2.ndim() < 2 || x1.size(-1) != x2.size(-1))
+        fail(strf("cdist: x1 %s and x2 %s must be [..., P, M] and [..., R, M]",
+                  shape_str(x1.shape()).c_str(), shape_str(x2.shape()).c_str()),
+             loc);
+    if (!(p >= 0)) fail(strf("cdist: p must be at least 0, got %g", p), loc);
+    UserLocScope at(loc);
+    Tensor differences = x1.unsqueeze(-2) - x2.unsqueeze(-3);   // [..., P, R, M]
+    if (p == 0) return (differences != 0).cast(as_float(x1, loc).dtype()).sum(-1);
+    if (p != INFINITY) return differences.norm(p, -1);
+    // the largest |difference|, its gradient whole to each that ties for it (torch.cdist's;
+    // norm's shares it among them): the value, plus terms that are 0 and carry the gradient
+    Tensor size = differences.abs(), largest = size.detach().max(-1, true).values;
+    Tensor ties = where(size.detach() == largest, size - size.detach(), 0).sum(-1);
+    return largest.squeeze(-1) + ties;
+}
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
     for (const Tensor& t : operands) check_defined(t, "einsum", loc);
     std::string spec;
@@ -13061,6 +13203,34 @@ void Linear::reset_parameters(const std::vector<uint64_t>& s) {
     weight = init::uniform({out_features, in_features}, -b, b, s.at(0)).requires_grad();
     if (has_bias) bias = init::uniform({out_features}, -b, b, s.at(1)).requires_grad();
 }
+Bilinear::Bilinear(int64_t in1, int64_t in2, int64_t out, bool bias, Loc loc)
+    : in1_features(in1), in2_features(in2), out_features(out), has_bias(bias) {
+    detail::UserLocScope at(loc);
+    if (in1 <= 0 || in2 <= 0 || out <= 0)
+        detail::fail(strf("Bilinear: sizes must be positive, got in1 %lld, in2 %lld, out %lld",
+                          (long long)in1, (long long)in2, (long long)out));
+    reset_parameters(has_bias ? std::vector<uint64_t>{Tensor::next_seed(), Tensor::next_seed()}
+                              : std::vector<uint64_t>{Tensor::next_seed()});
+}
+void Bilinear::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, has_bias ? 2 : 1, "Bilinear");
+    seeds = s;
+    double b = 1 / std::sqrt(double(in1_features));
+    weight = init::uniform({out_features, in1_features, in2_features}, -b, b, s.at(0))
+                 .requires_grad();
+    if (has_bias) bias = init::uniform({out_features}, -b, b, s.at(1)).requires_grad();
+}
+Module::Named Bilinear::named_parameters() {
+    if (!has_bias) return {{"weight", weight}};
+    return {{"weight", weight}, {"bias", bias}};
+}
+Tensor Bilinear::operator()(const Tensor& x1, const Tensor& x2, Loc loc) {
+    return functional::bilinear(x1, x2, weight, bias, loc);
+}
+Tensor Bilinear::forward(const Tensor& x) {
+    detail::fail(strf("Bilinear: forward(x) with x %s alone: it takes two inputs, (x1, x2)",
+                      shape_str(x.shape()).c_str()));
+}
 Linear::Linear(int64_t out, Loc loc) : out_features(out) {
     detail::UserLocScope at(loc);
     if (out <= 0)
@@ -13260,6 +13430,26 @@ Tensor glu(const Tensor& x, int axis, Loc loc) {
     return x.slice(axis, 0, length / 2) * x.slice(axis, length / 2, length).sigmoid();
 }
 Tensor softmin(const Tensor& x, int axis, Loc loc) { return (-x).softmax(axis, loc); }
+Tensor bilinear(const Tensor& x1, const Tensor& x2, const Tensor& weight, const Tensor& bias,
+                Loc loc) {
+    detail::UserLocScope at(loc);
+    const char* op = "bilinear";
+    detail::check_defined(x1, op, loc), detail::check_defined(x2, op, loc);
+    detail::check_defined(weight, op, loc);
+    Shape lead1(x1.shape().begin(), x1.shape().end() - (x1.ndim() ? 1 : 0));
+    Shape lead2(x2.shape().begin(), x2.shape().end() - (x2.ndim() ? 1 : 0));
+    bool fits = x1.ndim() >= 1 && x2.ndim() >= 1 && lead1 == lead2 && weight.ndim() == 3 &&
+                weight.size(1) == x1.size(-1) && weight.size(2) == x2.size(-1) &&
+                (!bias.defined() || bias.shape() == Shape{weight.size(0)});
+    if (!fits)
+        detail::fail(strf("bilinear: x1 %s, x2 %s, weight %s, bias %s: x1 [..., in1] and x2 "
+                          "[..., in2] of one batch need weight [out, in1, in2] and bias [out]",
+                          shape_str(x1.shape()).c_str(), shape_str(x2.shape()).c_str(),
+                          shape_str(weight.shape()).c_str(),
+                          bias.defined() ? shape_str(bias.shape()).c_str() : "none"));
+    Tensor y = einsum("...i,oij,...j->...o", {x1, weight, x2});
+    return bias.defined() ? y + bias : y;
+}
 Tensor prelu(const Tensor& x, const Tensor& weight, Loc loc) {
     detail::UserLocScope at(loc);
     const int64_t channels = x.ndim() >= 2 ? x.size(1) : 1;
@@ -13297,6 +13487,20 @@ Softshrink::Softshrink(double lambd_, Loc loc) : lambd(lambd_) {
 Tensor Softshrink::forward(const Tensor& x) { return functional::softshrink(x, lambd); }
 Tensor Threshold::forward(const Tensor& x) { return functional::threshold(x, threshold, value); }
 Tensor GLU::forward(const Tensor& x) { return functional::glu(x, dim); }
+Tensor PairwiseDistance::operator()(const Tensor& x1, const Tensor& x2, Loc loc) {
+    return functional::pairwise_distance(x1, x2, p, eps, keepdim, loc);
+}
+Tensor PairwiseDistance::forward(const Tensor& x) {
+    detail::fail(strf("PairwiseDistance: forward(x) with x %s alone: it takes two inputs, "
+                      "(x1, x2)", shape_str(x.shape()).c_str()));
+}
+Tensor CosineSimilarity::operator()(const Tensor& x1, const Tensor& x2, Loc loc) {
+    return functional::cosine_similarity(x1, x2, dim, eps, loc);
+}
+Tensor CosineSimilarity::forward(const Tensor& x) {
+    detail::fail(strf("CosineSimilarity: forward(x) with x %s alone: it takes two inputs, "
+                      "(x1, x2)", shape_str(x.shape()).c_str()));
+}
 Tensor Softmin::forward(const Tensor& x) { return functional::softmin(x, dim); }
 PReLU::PReLU(int64_t num_parameters, double init, Loc loc) {
     detail::UserLocScope at(loc);
@@ -13307,17 +13511,63 @@ PReLU::PReLU(int64_t num_parameters, double init, Loc loc) {
 }
 Tensor PReLU::forward(const Tensor& x) { return functional::prelu(x, weight); }
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, Loc loc) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                       Loc loc) {
     detail::UserLocScope at(loc);
+    if (!(norm_type > 0))
+        detail::fail(strf("clip_grad_norm_: norm_type must be > 0 or INFINITY, got %g",
+                          norm_type));
     NoGrad no_grad;
-    Tensor total = Tensor::zeros({});
-    for (const Tensor& p : params)
-        if (p.grad().defined()) total = total + p.grad().square().sum();
-    Tensor norm = total.sqrt();
+    Tensor norm;
+    if (norm_type == 2) {   // one sum of squares: the norms' norm without their roots
+        Tensor total = Tensor::zeros({});
+        for (const Tensor& p : params)
+            if (p.grad().defined()) total = total + p.grad().square().sum();
+        norm = total.sqrt();
+    } else {
+        std::vector<Tensor> norms;
+        for (const Tensor& p : params)
+            if (p.grad().defined())
+                norms.push_back(p.grad().norm(norm_type).cast(DType::FLOAT32));
+        norm = norms.empty() ? Tensor::zeros({}) : stack(norms).norm(norm_type);
+    }
     Tensor scale = (float(max_norm) / (norm + 1e-6f)).clamp(std::nullopt, 1.0);
     for (const Tensor& p : params)
         if (Tensor g = p.grad(); g.defined()) p.node()->grad = (g * scale).cast(g.dtype()).node();
     return norm;
+}
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (!(clip_value >= 0))
+        detail::fail(strf("clip_grad_value_: clip_value must be at least 0, got %g", clip_value));
+    NoGrad no_grad;
+    for (const Tensor& p : params)
+        if (Tensor g = p.grad(); g.defined())
+            p.node()->grad = g.clamp(-clip_value, clip_value).node();
+}
+Tensor parameters_to_vector(const std::vector<Tensor>& params, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (params.empty()) detail::fail("parameters_to_vector: no parameters");
+    std::vector<Tensor> flat;
+    for (const Tensor& p : params) flat.push_back(p.reshape({-1}));
+    return cat(flat);
+}
+void vector_to_parameters(const Tensor& vec, const std::vector<Tensor>& params, Loc loc) {
+    detail::UserLocScope at(loc);
+    int64_t total = 0;
+    for (const Tensor& p : params) total += p.numel();
+    if (vec.shape() != Shape{total})
+        detail::fail(strf("vector_to_parameters: vec %s must be [%lld], the parameters' size",
+                          shape_str(vec.shape()).c_str(), (long long)total));
+    NoGrad no_grad;
+    std::vector<Tensor> copies;
+    int64_t at_element = 0;
+    for (const Tensor& p : params) {
+        Tensor piece = vec.slice(0, at_element, at_element + p.numel()).reshape(p.shape());
+        copies.push_back(p.assign(piece.cast(p.dtype())));
+        at_element += p.numel();
+    }
+    tg::realize(copies);
 }
 
 namespace functional {
@@ -15306,6 +15556,179 @@ std::vector<std::pair<std::string, Module*>> TransformerBlock::children() {
 Tensor TransformerBlock::forward(const Tensor& x) {
     Tensor r = x + drop(attn(ln1(x)));
     return r + drop(mlp(ln2(r)));
+}
+static void check_transformer_activation(const std::string& activation, const char* layer) {
+    if (activation != "relu" && activation != "gelu")
+        detail::fail(strf("%s: activation \"%s\" is not \"relu\" or \"gelu\"", layer,
+                          activation.c_str()));
+}
+static Tensor transformer_activation(const std::string& activation, const Tensor& x) {
+    return activation == "relu" ? x.relu() : x.gelu();
+}
+// true above the diagonal: position i attends to j <= i alone (MultiheadAttention's bool mask)
+static Tensor causal_mask(int64_t length) {
+    Tensor i = Tensor::arange(length);
+    return i.reshape({1, length}) > i.reshape({length, 1});
+}
+// the sequence's length of x [S, N, E] ([N, S, E] with batch_first, [S, E] unbatched)
+static int64_t sequence_length(const Tensor& x, bool batch_first) {
+    return x.ndim() == 3 && batch_first ? x.size(1) : x.size(0);
+}
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d, int64_t heads, int64_t ff,
+                                                 double p, const std::string& activation_,
+                                                 double eps, bool batch_first, bool norm_first_,
+                                                 bool bias, Loc loc)
+    : self_attn(d, heads, p, bias, batch_first, false, false, 0, 0, loc),
+      linear1(d, ff, bias, loc), dropout(p, loc), linear2(ff, d, bias, loc),
+      norm1(d, eps, true, bias, loc), norm2(d, eps, true, bias, loc), dropout1(p, loc),
+      dropout2(p, loc), activation(activation_), norm_first(norm_first_) {
+    detail::UserLocScope at(loc);
+    check_transformer_activation(activation, "TransformerEncoderLayer");
+    take_seeds_of_children();
+}
+std::vector<std::pair<std::string, Module*>> TransformerEncoderLayer::children() {
+    return {{"self_attn", &self_attn}, {"linear1", &linear1}, {"dropout", &dropout},
+            {"linear2", &linear2},     {"norm1", &norm1},     {"norm2", &norm2},
+            {"dropout1", &dropout1},   {"dropout2", &dropout2}};
+}
+Tensor TransformerEncoderLayer::forward(const Tensor& src) { return forward(src, Tensor()); }
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,
+                                        const Tensor& src_key_padding_mask, bool is_causal) {
+    Tensor mask = src_mask.defined() || !is_causal
+                      ? src_mask
+                      : causal_mask(sequence_length(src, self_attn.batch_first));
+    auto attended = [&](const Tensor& x) {
+        return dropout1(self_attn.forward(x, x, x, src_key_padding_mask, false, mask).output);
+    };
+    auto fed_forward = [&](const Tensor& x) {
+        return dropout2(linear2(dropout(transformer_activation(activation, linear1(x)))));
+    };
+    if (norm_first) {
+        Tensor x = src + attended(norm1(src));
+        return x + fed_forward(norm2(x));
+    }
+    Tensor x = norm1(src + attended(src));
+    return norm2(x + fed_forward(x));
+}
+TransformerDecoderLayer::TransformerDecoderLayer(int64_t d, int64_t heads, int64_t ff,
+                                                 double p, const std::string& activation_,
+                                                 double eps, bool batch_first, bool norm_first_,
+                                                 bool bias, Loc loc)
+    : self_attn(d, heads, p, bias, batch_first, false, false, 0, 0, loc),
+      multihead_attn(d, heads, p, bias, batch_first, false, false, 0, 0, loc),
+      linear1(d, ff, bias, loc), dropout(p, loc), linear2(ff, d, bias, loc),
+      norm1(d, eps, true, bias, loc), norm2(d, eps, true, bias, loc),
+      norm3(d, eps, true, bias, loc), dropout1(p, loc), dropout2(p, loc), dropout3(p, loc),
+      activation(activation_), norm_first(norm_first_) {
+    detail::UserLocScope at(loc);
+    check_transformer_activation(activation, "TransformerDecoderLayer");
+    take_seeds_of_children();
+}
+std::vector<std::pair<std::string, Module*>> TransformerDecoderLayer::children() {
+    return {{"self_attn", &self_attn}, {"multihead_attn", &multihead_attn},
+            {"linear1", &linear1},     {"dropout", &dropout},
+            {"linear2", &linear2},     {"norm1", &norm1},
+            {"norm2", &norm2},         {"norm3", &norm3},
+            {"dropout1", &dropout1},   {"dropout2", &dropout2},
+            {"dropout3", &dropout3}};
+}
+Tensor TransformerDecoderLayer::forward(const Tensor& x) {
+    detail::fail(strf("TransformerDecoderLayer: forward(tgt) alone, tgt %s: it needs the "
+                      "memory, forward(tgt, memory, ...)", shape_str(x.shape()).c_str()));
+}
+Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory,
+                                        const Tensor& tgt_mask, const Tensor& memory_mask,
+                                        const Tensor& tgt_key_padding_mask,
+                                        const Tensor& memory_key_padding_mask,
+                                        bool tgt_is_causal) {
+    Tensor mask = tgt_mask.defined() || !tgt_is_causal
+                      ? tgt_mask
+                      : causal_mask(sequence_length(tgt, self_attn.batch_first));
+    auto attended = [&](const Tensor& x) {
+        return dropout1(self_attn.forward(x, x, x, tgt_key_padding_mask, false, mask).output);
+    };
+    auto remembered = [&](const Tensor& x) {
+        return dropout2(multihead_attn
+                            .forward(x, memory, memory, memory_key_padding_mask, false,
+                                     memory_mask)
+                            .output);
+    };
+    auto fed_forward = [&](const Tensor& x) {
+        return dropout3(linear2(dropout(transformer_activation(activation, linear1(x)))));
+    };
+    if (norm_first) {
+        Tensor x = tgt + attended(norm1(tgt));
+        x = x + remembered(norm2(x));
+        return x + fed_forward(norm3(x));
+    }
+    Tensor x = norm1(tgt + attended(tgt));
+    x = norm2(x + remembered(x));
+    return norm3(x + fed_forward(x));
+}
+// A fresh layer of the same settings, given the layer's values (and its training mode)
+template <typename Layer> static Layer copy_of(Layer& layer, Loc loc) {
+    const MultiheadAttention& a = layer.self_attn;
+    Layer copy(a.embed_dim, a.num_heads, layer.linear1.out_features, layer.dropout.p,
+               layer.activation, layer.norm1.eps, a.batch_first, layer.norm_first,
+               a.has_bias, loc);
+    copy.load_state_dict(layer.state_dict(), true, loc);
+    copy.train(layer.training);
+    return copy;
+}
+static void check_layer_count(int64_t num_layers, const char* name) {
+    if (num_layers < 1)
+        detail::fail(strf("%s: num_layers must be at least 1, got %lld", name,
+                          (long long)num_layers));
+}
+TransformerEncoder::TransformerEncoder(TransformerEncoderLayer layer, int64_t num_layers,
+                                       std::optional<LayerNorm> norm_, Loc loc)
+    : norm(std::move(norm_)) {
+    detail::UserLocScope at(loc);
+    check_layer_count(num_layers, "TransformerEncoder");
+    for (int64_t i = 0; i < num_layers; i++) layers.append(copy_of(layer, loc));
+    take_seeds_of_children();
+}
+std::vector<std::pair<std::string, Module*>> TransformerEncoder::children() {
+    std::vector<std::pair<std::string, Module*>> all = {{"layers", &layers}};
+    if (norm) all.push_back({"norm", &*norm});
+    return all;
+}
+Tensor TransformerEncoder::forward(const Tensor& src) { return forward(src, Tensor()); }
+Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,
+                                   const Tensor& src_key_padding_mask, bool is_causal) {
+    Tensor x = src;
+    for (size_t i = 0; i < layers.size(); i++)
+        x = layers.at<TransformerEncoderLayer>(i).forward(x, mask, src_key_padding_mask,
+                                                          is_causal);
+    return norm ? (*norm)(x) : x;
+}
+TransformerDecoder::TransformerDecoder(TransformerDecoderLayer layer, int64_t num_layers,
+                                       std::optional<LayerNorm> norm_, Loc loc)
+    : norm(std::move(norm_)) {
+    detail::UserLocScope at(loc);
+    check_layer_count(num_layers, "TransformerDecoder");
+    for (int64_t i = 0; i < num_layers; i++) layers.append(copy_of(layer, loc));
+    take_seeds_of_children();
+}
+std::vector<std::pair<std::string, Module*>> TransformerDecoder::children() {
+    std::vector<std::pair<std::string, Module*>> all = {{"layers", &layers}};
+    if (norm) all.push_back({"norm", &*norm});
+    return all;
+}
+Tensor TransformerDecoder::forward(const Tensor& x) {
+    detail::fail(strf("TransformerDecoder: forward(tgt) alone, tgt %s: it needs the memory, "
+                      "forward(tgt, memory, ...)", shape_str(x.shape()).c_str()));
+}
+Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory,
+                                   const Tensor& tgt_mask, const Tensor& memory_mask,
+                                   const Tensor& tgt_key_padding_mask,
+                                   const Tensor& memory_key_padding_mask, bool tgt_is_causal) {
+    Tensor x = tgt;
+    for (size_t i = 0; i < layers.size(); i++)
+        x = layers.at<TransformerDecoderLayer>(i).forward(x, memory, tgt_mask, memory_mask,
+                                                          tgt_key_padding_mask,
+                                                          memory_key_padding_mask, tgt_is_causal);
+    return norm ? (*norm)(x) : x;
 }
 std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {
     return {{"qkv", &qkv}, {"proj", &proj}, {"attn_drop", &attn_drop}};

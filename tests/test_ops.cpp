@@ -2852,6 +2852,67 @@ TEST(ops_channel_dropout_zeroes_whole_channels) {
     CHECK_THROWS(F::dropout2d(x, 1.5), "dropout2d", "1.5");
 }
 
+// Values and the inputs' gradients from PyTorch 1.13 (tests/data/make_reference.py); one row
+// of x2 and one of rows are equal, a distance of 0 (its gradient 0)
+TEST(ops_bilinear_and_cdist_match_pytorch) {
+    namespace F = tg::nn::functional;
+    Reference ref = read_reference("tests/data/product_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(5));
+    using Product = std::function<Tensor(const std::vector<Tensor>&)>;
+    std::map<std::string, std::pair<std::vector<const char*>, Product>> ours = {
+        {"bilinear", {{"x1", "x2", "weight", "bias"}, [](const std::vector<Tensor>& x) {
+             return F::bilinear(x[0], x[1], x[2], x[3]);
+         }}},
+        {"cdist", {{"x2", "rows"}, [](const std::vector<Tensor>& x) {
+             return tg::cdist(x[0], x[1]);
+         }}},
+        {"cdist_p1", {{"x2", "rows"}, [](const std::vector<Tensor>& x) {
+             return tg::cdist(x[0], x[1], 1);
+         }}},
+        {"cdist_p3", {{"x2", "rows"}, [](const std::vector<Tensor>& x) {
+             return tg::cdist(x[0], x[1], 3);
+         }}},
+        {"cdist_inf", {{"x2", "rows"}, [](const std::vector<Tensor>& x) {
+             return tg::cdist(x[0], x[1], INFINITY);
+         }}},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        const int before = th::failures();
+        CHECK(ours.count(name) == 1);
+        if (!ours.count(name)) continue;
+        auto [inputs, f] = ours[name];
+        std::vector<Tensor> x;
+        for (const char* input : inputs) x.push_back(ref.inputs.at(input).detach().requires_grad());
+        Tensor y = f(x);
+        CHECK(y.shape() == c.shape && c.gradients.size() == x.size());
+        CHECK_ALL_NEAR(vals(y), c.values, 1e-12);
+        if (y.shape() != c.shape || c.gradients.size() != x.size()) continue;
+        Vec weights;
+        for (size_t i = 0; i < c.values.size(); i++) weights.push_back(double(i) / 10 - 1);
+        std::vector<Tensor> grads =
+            tg::gradients((y * Tensor::from_vector(weights, c.shape)).sum(), x);
+        for (size_t i = 0; i < x.size(); i++) CHECK_ALL_NEAR(vals(grads[i]), c.gradients[i], 1e-12);
+        if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
+    }
+    // the layers of two inputs
+    Tensor a = ref.inputs.at("x2"), b = ref.inputs.at("rows").slice(1, 0, 3);
+    CHECK_ALL_NEAR(vals(tg::nn::PairwiseDistance(1)(a, b)), vals(F::pairwise_distance(a, b, 1)), 0);
+    CHECK_ALL_NEAR(vals(tg::nn::CosineSimilarity(2)(a, b)), vals(F::cosine_similarity(a, b, 2)), 0);
+    tg::nn::Bilinear layer(4, 5, 6);
+    CHECK(layer.weight.shape() == Shape({6, 4, 5}) && layer.named_parameters().size() == 2);
+    CHECK(vals(layer.weight.abs().max())[0] <= 0.5);   // U(-1/√4, 1/√4)
+    CHECK(layer(ref.inputs.at("x1").cast(DType::FLOAT32), a.cast(DType::FLOAT32)).shape() ==
+          Shape({2, 3, 6}));
+    // errors
+    CHECK_THROWS(tg::cdist(a, ref.inputs.at("x1")), "cdist", "[2,3,5]", "[2,3,4]");
+    CHECK_THROWS(tg::cdist(a, a, -1), "cdist", "p");
+    CHECK_THROWS(F::bilinear(ref.inputs.at("x1"), a, ref.inputs.at("weight").transpose(1, 2)),
+                 "bilinear", "[6,5,4]");
+    CHECK_THROWS(layer(a), "Bilinear", "two inputs");
+    CHECK_THROWS(tg::nn::PairwiseDistance()(a), "PairwiseDistance", "two inputs");
+    CHECK_THROWS(tg::nn::Bilinear(0, 5, 6), "Bilinear", "in1 0");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});

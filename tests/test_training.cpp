@@ -971,6 +971,54 @@ void quad_step(const Quadratic& q, const Tensor& p, optim::Optimizer& opt) {
 Tensor quad_param(const Quadratic& q) { return fv(q.p0, {2, 3}).requires_grad(); }
 }  // namespace
 
+// The gradients are c1 and c2: PyTorch's norms of them (1: Σ|g|, ∞: max |g|), scales and clamps
+TEST(nn_utils_clip_grad_norm_types_clip_grad_value_and_parameter_vectors) {
+    const Vec c1 = {0.5, -2.0, 1.5, 0.25, -0.75, 3.0}, c2 = {-1.0, 0.125, 2.5, -0.5};
+    auto fresh = [&](Tensor& p1, Tensor& p2) {
+        p1 = Tensor::zeros({2, 3}, DType::FLOAT64).requires_grad();
+        p2 = Tensor::zeros({4}, DType::FLOAT64).requires_grad();
+        ((p1 * Tensor::from_vector(c1, {2, 3})).sum() + (p2 * Tensor::from_vector(c2)).sum())
+            .backward();
+    };
+    auto scaled = [](const Vec& v, double by) {
+        Vec out;
+        for (double x : v) out.push_back(x * by);
+        return out;
+    };
+    Tensor p1, p2;
+    for (double norm_type : {1.0, double(INFINITY), 2.0, 3.0}) {
+        fresh(p1, p2);
+        double norm = 0;
+        for (const Vec* c : {&c1, &c2})
+            for (double g : *c)
+                norm = norm_type == INFINITY ? std::max(norm, std::fabs(g))
+                                             : norm + std::pow(std::fabs(g), norm_type);
+        if (norm_type != INFINITY) norm = std::pow(norm, 1 / norm_type);
+        Tensor got = nn::clip_grad_norm_({p1, p2}, 1.5, norm_type);
+        CHECK_NEAR(got.item(), norm, 1e-6);
+        double scale = std::min(1.0, 1.5 / (norm + 1e-6));
+        CHECK_ALL_NEAR(vals(p1.grad()), scaled(c1, scale), 1e-6);
+        CHECK_ALL_NEAR(vals(p2.grad()), scaled(c2, scale), 1e-6);
+    }
+    fresh(p1, p2);
+    nn::clip_grad_value_({p1, p2}, 1.0);
+    CHECK_ALL_NEAR(vals(p1.grad()), (Vec{0.5, -1, 1, 0.25, -0.75, 1}), 0);
+    CHECK_ALL_NEAR(vals(p2.grad()), (Vec{-1, 0.125, 1, -0.5}), 0);
+    // a parameter vector and back
+    Tensor v = nn::parameters_to_vector({p1, p2});
+    CHECK_EQ(v.shape(), (Shape{10}));
+    Vec numbers;
+    for (int i = 0; i < 10; i++) numbers.push_back(i * 0.5);
+    nn::vector_to_parameters(Tensor::from_vector(numbers), {p1, p2});
+    CHECK_ALL_NEAR(vals(p1), (Vec{0, 0.5, 1, 1.5, 2, 2.5}), 0);
+    CHECK_ALL_NEAR(vals(p2), (Vec{3, 3.5, 4, 4.5}), 0);
+    CHECK_ALL_NEAR(vals(nn::parameters_to_vector({p1, p2})), numbers, 0);
+    CHECK_THROWS(nn::vector_to_parameters(Tensor::zeros({9}), {p1, p2}), "vector_to_parameters",
+                 "[9]", "[10]");
+    CHECK_THROWS(nn::clip_grad_norm_({p1}, 1, 0), "clip_grad_norm_", "norm_type");
+    CHECK_THROWS(nn::clip_grad_value_({p1}, -1), "clip_grad_value_", "-1");
+}
+
 TEST(optim_sgd_one_step_matches_hand_computation) {
     Quadratic q(6, 40);
     const double lr = 0.05, wd = 0.1;
@@ -2353,6 +2401,63 @@ TEST(training_checkpoint_resumes_bit_identically) {
 // MultiheadAttention against loops in double over its own weights (biases made nonzero): a
 // bool key padding mask and an additive attention mask, the weights averaged over the heads;
 // the same with batch_first and without a batch; PyTorch's names; the errors it promises
+// A TransformerEncoder (post-norm, ReLU, a final LayerNorm) and a TransformerDecoder
+// (pre-norm, GELU) given PyTorch 1.13's weights under PyTorch's names give its outputs and
+// gradients (tests/data/make_reference.py; PyTorch in float64, ours in float32)
+TEST(nn_transformer_encoder_and_decoder_match_pytorch) {
+    Reference ref = read_reference("tests/data/transformer_reference.txt");
+    nn::TransformerEncoder encoder(nn::TransformerEncoderLayer(8, 2, 16, 0.0, "relu", 1e-5, true),
+                                   2, nn::LayerNorm(8));
+    nn::TransformerDecoder decoder(
+        nn::TransformerDecoderLayer(8, 2, 16, 0.0, "gelu", 1e-5, true, true), 2);
+    // the copies start equal, in tensors of their own
+    auto& first = encoder.layers.at<nn::TransformerEncoderLayer>(0);
+    auto& second = encoder.layers.at<nn::TransformerEncoderLayer>(1);
+    CHECK_ALL_NEAR(vals(first.linear1.weight), vals(second.linear1.weight), 0);
+    CHECK(first.linear1.weight.node() != second.linear1.weight.node());
+    std::map<std::string, Tensor> encoder_state, decoder_state;
+    for (const auto& [name, t] : ref.inputs) {
+        if (name.rfind("encoder.", 0) == 0) encoder_state[name.substr(8)] = t;
+        if (name.rfind("decoder.", 0) == 0) decoder_state[name.substr(8)] = t;
+    }
+    CHECK_EQ(encoder_state.size(), size_t(26));
+    CHECK_EQ(decoder_state.size(), size_t(36));
+    encoder.load_state_dict(encoder_state);   // strict: every name PyTorch's
+    decoder.load_state_dict(decoder_state);
+    Tensor padding = ref.inputs.at("src_key_padding_mask") != 0;
+    Tensor src = ref.inputs.at("src").cast(DType::FLOAT32).requires_grad();
+    Tensor tgt = ref.inputs.at("tgt").cast(DType::FLOAT32).requires_grad();
+    Tensor memory = encoder.forward(src, Tensor(), padding);
+    // tgt_is_causal in place of PyTorch's causal tgt_mask
+    Tensor out = decoder.forward(tgt, memory, Tensor(), Tensor(), Tensor(), padding, true);
+    auto weighted_sum = [](const Tensor& y) {
+        Vec c;
+        for (int64_t i = 0; i < y.numel(); i++) c.push_back(double(i) / 10 - 1);
+        return (y * Tensor::from_vector(c, y.shape()).cast(y.dtype())).sum();
+    };
+    const Reference::Case &encoded = ref.cases.at("encoder"), &decoded = ref.cases.at("decoder");
+    CHECK(memory.shape() == encoded.shape && out.shape() == decoded.shape);
+    CHECK_ALL_NEAR(vals(memory), encoded.values, 1e-5);
+    CHECK_ALL_NEAR(vals(out), decoded.values, 1e-5);
+    CHECK_ALL_NEAR(vals(tg::gradients(weighted_sum(memory), {src})[0]), encoded.gradients[0],
+                   1e-5);
+    std::vector<Tensor> grads = tg::gradients(weighted_sum(out), {src, tgt});
+    CHECK_ALL_NEAR(vals(grads[0]), decoded.gradients[0], 1e-5);
+    CHECK_ALL_NEAR(vals(grads[1]), decoded.gradients[1], 1e-5);
+    // one layer alone, unbatched, with is_causal: as the mask it stands for
+    Tensor causal = Tensor::from_vector(std::vector<int32_t>{0, 1, 1, 0, 0, 1, 0, 0, 0}, {3, 3}) != 0;
+    Tensor x = src.detach().slice(0, 0, 1).squeeze(0).slice(0, 0, 3);
+    CHECK_ALL_NEAR(vals(first.forward(x, Tensor(), Tensor(), true)),
+                   vals(first.forward(x, causal)), 1e-6);
+    // errors
+    CHECK_THROWS(nn::TransformerEncoderLayer(8, 2, 16, 0.1, "tanh"), "TransformerEncoderLayer",
+                 "tanh");
+    CHECK_THROWS(nn::TransformerDecoder(nn::TransformerDecoderLayer(8, 2), 0),
+                 "TransformerDecoder", "num_layers", "0");
+    CHECK_THROWS(decoder(tgt), "TransformerDecoder", "memory");
+    CHECK_THROWS(nn::TransformerEncoderLayer(8, 3), "MultiheadAttention");
+}
+
 TEST(nn_multihead_attention) {
     const int64_t E = 8, H = 2, D = 4, N = 2, L = 3, S = 4;
     nn::MultiheadAttention mha(E, H);

@@ -6,6 +6,11 @@
                          loss_more_pytorch_losses_match_pytorch)
   layout_reference.txt   pixel_shuffle, unfold, fold and the like (tests/test_ops.cpp,
                          ops_layout_functions_match_pytorch)
+  product_reference.txt  bilinear and cdist (tests/test_ops.cpp,
+                         ops_bilinear_and_cdist_match_pytorch)
+  transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
+                         inputs, outputs and the inputs' gradients (tests/test_training.cpp,
+                         nn_transformer_encoder_and_decoder_match_pytorch)
 Each function runs on fixed float64 inputs, written first, one line each:
   input NAME [SHAPE] {VALUES}
 then each case's result y and the gradients of sum(y·c) for its inputs that need one, c_i =
@@ -134,4 +139,59 @@ write("layout_reference.txt", {"image": image}, [
     ("fold_strided", ["image"], lambda x: F.fold(x.reshape(2, 48, 4), (7, 5), 2, stride=3)),
     ("tensor_unfold", ["image"], lambda x: x.unfold(3, 3, 2)),
     ("unflatten", ["image"], lambda x: x.unflatten(1, (2, -1))),
+])
+
+products = {
+    "x1": torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4) * 0.31 % 1.7 - 0.8,
+    "x2": torch.arange(2 * 3 * 5, dtype=torch.float64).reshape(2, 3, 5) * 0.47 % 1.3 - 0.6,
+    "weight": torch.arange(6 * 4 * 5, dtype=torch.float64).reshape(6, 4, 5) * 0.13 % 0.9 - 0.45,
+    "bias": tensor([0.5, -0.25, 0.125, 1.0, -1.5, 0.75], 6),
+    "rows": torch.arange(2 * 4 * 5, dtype=torch.float64).reshape(2, 4, 5) * 0.29 % 1.1 - 0.5,
+}
+products["rows"][1, 2] = products["x2"][1, 1]   # a distance of 0
+write("product_reference.txt", products, [
+    ("bilinear", ["x1", "x2", "weight", "bias"], F.bilinear),
+    ("cdist", ["x2", "rows"], lambda a, b: torch.cdist(a, b)),
+    ("cdist_p1", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=1)),
+    ("cdist_p3", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=3)),
+    ("cdist_inf", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=float("inf"))),
+])
+
+# A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
+# each, made as PyTorch makes them (each layer a copy of the one given), then every weight
+# moved by noise so that the layers differ; dropout 0, in float64 from float32 weights
+torch.manual_seed(0)
+E, HEADS, FF, N, S, T = 8, 2, 16, 2, 5, 4
+encoder = torch.nn.TransformerEncoder(
+    torch.nn.TransformerEncoderLayer(E, HEADS, FF, 0.0, batch_first=True), 2,
+    norm=torch.nn.LayerNorm(E))
+decoder = torch.nn.TransformerDecoder(
+    torch.nn.TransformerDecoderLayer(E, HEADS, FF, 0.0, activation="gelu", batch_first=True,
+                                     norm_first=True), 2)
+weights = {}
+with torch.no_grad():
+    for prefix, model in (("encoder.", encoder), ("decoder.", decoder)):
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape) * 0.1)
+            weights[prefix + name] = p.detach().double()
+        model.double()
+inputs = dict(weights)
+inputs["src"] = torch.randn(N, S, E, dtype=torch.float64)
+inputs["tgt"] = torch.randn(N, T, E, dtype=torch.float64)
+padding = torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1]], dtype=torch.bool)
+inputs["src_key_padding_mask"] = padding.double()   # 1: a padded position, not attended to
+
+
+def encode(src):
+    return encoder(src, src_key_padding_mask=padding)
+
+
+def decode(src, tgt):
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    return decoder(tgt, encode(src), tgt_mask=causal, memory_key_padding_mask=padding)
+
+
+write("transformer_reference.txt", inputs, [
+    ("encoder", ["src"], encode),
+    ("decoder", ["src", "tgt"], decode),
 ])
