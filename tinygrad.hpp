@@ -2297,6 +2297,85 @@ protected:
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> sums, skipped;
 };
+// Adam with the infinity norm: m = β1 m + (1-β1) g, u = max(β2 u, |g| + eps), p -= lr·m/u
+// / (1 - β1^t); weight_decay adds wd·p to g, as PyTorch's ("exp_avg", "exp_inf")
+class Adamax : public Optimizer {
+public:
+    Adamax(std::vector<Tensor> params, double lr = 2e-3, double beta1 = 0.9,
+           double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+           Loc loc = Loc::here());
+    Adamax(const std::vector<ParamGroup>& groups, double lr = 2e-3, double beta1 = 0.9,
+           double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+           Loc loc = Loc::here())
+        : Adamax(params_of(groups), lr, beta1, beta2, eps, weight_decay, loc) {
+        set_groups(groups, lr, "Adamax", loc);
+    }
+    double beta1, beta2, eps, weight_decay;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> m, u, skipped;
+};
+// Adam with Nesterov's momentum, PyTorch's NAdam: m and v as Adam's, μ_t = β1·(1 -
+// 0.96^(t·momentum_decay)/2), and p -= lr·(1 - μ_t)/(1 - Π_{s<=t} μ_s)·g/d +
+// lr·μ_{t+1}/(1 - Π_{s<=t+1} μ_s)·m/d with d = √(v/(1 - β2^t)) + eps; weight_decay adds
+// wd·p to g ("exp_avg", "exp_avg_sq", "mu_product"). The second product is PyTorch 2's
+// (1.13 counted μ_t in it twice).
+class NAdam : public Optimizer {
+public:
+    NAdam(std::vector<Tensor> params, double lr = 2e-3, double beta1 = 0.9,
+          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+          double momentum_decay = 4e-3, Loc loc = Loc::here());
+    NAdam(const std::vector<ParamGroup>& groups, double lr = 2e-3, double beta1 = 0.9,
+          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+          double momentum_decay = 4e-3, Loc loc = Loc::here())
+        : NAdam(params_of(groups), lr, beta1, beta2, eps, weight_decay, momentum_decay, loc) {
+        set_groups(groups, lr, "NAdam", loc);
+    }
+    double beta1, beta2, eps, weight_decay, momentum_decay;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> m, v, mu_product, skipped;
+};
+// Rectified Adam, PyTorch's RAdam: m and v as Adam's, ρ∞ = 2/(1 - β2) - 1 and ρ_t = ρ∞ -
+// 2t·β2^t/(1 - β2^t); while ρ_t <= 5, p -= lr·m̂ (m̂ = m/(1 - β1^t)); after, p -= lr·m̂·r_t·
+// √(1 - β2^t)/(√v + eps), r_t = √((ρ_t - 4)(ρ_t - 2)ρ∞/((ρ∞ - 4)(ρ∞ - 2)ρ_t)). The terms of t
+// are computed in float64: 1 - β2^t loses most of a float32's digits early on.
+class RAdam : public Optimizer {
+public:
+    RAdam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9,
+          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+          Loc loc = Loc::here());
+    RAdam(const std::vector<ParamGroup>& groups, double lr = 1e-3, double beta1 = 0.9,
+          double beta2 = 0.999, double eps = 1e-8, double weight_decay = 0,
+          Loc loc = Loc::here())
+        : RAdam(params_of(groups), lr, beta1, beta2, eps, weight_decay, loc) {
+        set_groups(groups, lr, "RAdam", loc);
+    }
+    double beta1, beta2, eps, weight_decay;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> m, v, skipped;
+};
+// s = ρ s + (1-ρ) g², d = √(a + eps)/√(s + eps)·g, a = ρ a + (1-ρ) d², p -= lr·d; weight_decay
+// adds wd·p to g, as PyTorch's Adadelta ("square_avg", "acc_delta")
+class Adadelta : public Optimizer {
+public:
+    Adadelta(std::vector<Tensor> params, double lr = 1.0, double rho = 0.9, double eps = 1e-6,
+             double weight_decay = 0, Loc loc = Loc::here());
+    Adadelta(const std::vector<ParamGroup>& groups, double lr = 1.0, double rho = 0.9,
+             double eps = 1e-6, double weight_decay = 0, Loc loc = Loc::here())
+        : Adadelta(params_of(groups), lr, rho, eps, weight_decay, loc) {
+        set_groups(groups, lr, "Adadelta", loc);
+    }
+    double rho, eps, weight_decay;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> square_avg, acc_delta;
+};
 // PyTorch's ReduceLROnPlateau: step(metric) after each epoch; once the metric has not improved
 // on its best (below best·(1 - threshold), or best - threshold when not relative; above
 // best·(1 + threshold) or best + threshold when maximizing) for more than patience steps, the
@@ -16227,6 +16306,13 @@ void ReduceLROnPlateau::step(double metric, Loc loc) {
 static void check_at_least_0(const char* who, const char* name, double value) {
     if (!(value >= 0)) detail::fail(strf("%s: %s must be at least 0, got %g", who, name, value));
 }
+static void check_betas(const char* who, double beta1, double beta2) {
+    for (double beta : {beta1, beta2})
+        if (!(beta >= 0 && beta < 1))
+            detail::fail(strf("%s: betas must be in [0, 1), got %g and %g", who, beta1, beta2));
+}
+
+
 Optimizer::Optimizer(std::vector<Tensor> ps, double learning_rate, Loc loc)
     : params(std::move(ps)) {
     detail::UserLocScope at(loc);
@@ -16409,9 +16495,7 @@ Adam::Adam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, d
       amsgrad(ams) {
     detail::UserLocScope at(loc);
     const char* who = decoupled ? "AdamW" : "Adam";
-    for (double beta : {beta1, beta2})
-        if (!(beta >= 0 && beta < 1))
-            detail::fail(strf("%s: betas must be in [0, 1), got %g and %g", who, beta1, beta2));
+    check_betas(who, beta1, beta2);
     check_at_least_0(who, "eps", eps);
     check_at_least_0(who, "weight_decay", weight_decay);
     for (const Tensor& p : params) {
@@ -16427,9 +16511,7 @@ std::vector<Tensor> Adam::updates() {
         Tensor p = params[i], g = params[i].grad();
         std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
         if (!t) continue;
-        // bias corrections 1 - β^t, with β^t = 2^(t·log2 β) so that t stays a tensor
-        Tensor c1 = 1.0f - (*t * float(std::log2(beta1))).exp2();
-        Tensor c2 = 1.0f - (*t * float(std::log2(beta2))).exp2();
+        Tensor c1 = 1.0f - power_of(beta1, *t), c2 = 1.0f - power_of(beta2, *t);
         double wd = weight_decay_of(i, weight_decay);
         if (wd != 0 && !decoupled) g = g + p * float(wd);
         Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
@@ -16532,6 +16614,165 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adagrad::param_state() 
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
     for (size_t i = 0; i < sums.size(); i++)
         out.push_back({{"sum", sums[i]}, {"skipped", skipped[i]}});
+    return out;
+}
+
+Adamax::Adamax(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e,
+               double wd, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), beta1(b1), beta2(b2), eps(e),
+      weight_decay(wd) {
+    detail::UserLocScope at(loc);
+    check_betas("Adamax", beta1, beta2);
+    check_at_least_0("Adamax", "eps", eps);
+    check_at_least_0("Adamax", "weight_decay", weight_decay);
+    for (const Tensor& p : params) {
+        m.push_back(Tensor::zeros_like(p).realize());
+        u.push_back(Tensor::zeros_like(p).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
+}
+std::vector<Tensor> Adamax::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
+        Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
+        Tensor ui = u[i].assign((u[i] * float(beta2)).maximum(g.abs() + float(eps)));
+        Tensor step_size = lr_of(i) / (1.0f - power_of(beta1, *t));
+        out.insert(out.end(), {mi, ui, p.assign(p - step_size * (mi / ui))});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> Adamax::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"exp_avg", m[i]}, {"exp_inf", u[i]}, {"skipped", skipped[i]}});
+    return out;
+}
+
+NAdam::NAdam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e,
+             double wd, double decay, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), beta1(b1), beta2(b2), eps(e),
+      weight_decay(wd), momentum_decay(decay) {
+    detail::UserLocScope at(loc);
+    check_betas("NAdam", beta1, beta2);
+    check_at_least_0("NAdam", "eps", eps);
+    check_at_least_0("NAdam", "weight_decay", weight_decay);
+    check_at_least_0("NAdam", "momentum_decay", momentum_decay);
+    for (const Tensor& p : params) {
+        m.push_back(Tensor::zeros_like(p).realize());
+        v.push_back(Tensor::zeros_like(p).realize());
+        mu_product.push_back(on_device_of(p, scalar_tensor(1), loc).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
+}
+std::vector<Tensor> NAdam::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
+        auto mu_at = [&](const Tensor& step) {
+            return (1.0f - power_of(0.96, step * float(momentum_decay)) * 0.5f) * float(beta1);
+        };
+        Tensor mu = mu_at(*t), mu_next = mu_at(*t + 1.0f);
+        Tensor product = mu_product[i].assign(mu_product[i] * mu);
+        Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
+        Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
+        Tensor d = (vi / (1.0f - power_of(beta2, *t))).sqrt() + float(eps);
+        Tensor lr_i = lr_of(i);
+        Tensor step = lr_i * (1.0f - mu) / (1.0f - product) * (g / d) +
+                      lr_i * mu_next / (1.0f - product * mu_next) * (mi / d);
+        out.insert(out.end(), {product, mi, vi, p.assign(p - step)});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> NAdam::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"exp_avg", m[i]},
+                       {"exp_avg_sq", v[i]},
+                       {"mu_product", mu_product[i]},
+                       {"skipped", skipped[i]}});
+    return out;
+}
+
+RAdam::RAdam(std::vector<Tensor> ps, double learning_rate, double b1, double b2, double e,
+             double wd, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), beta1(b1), beta2(b2), eps(e),
+      weight_decay(wd) {
+    detail::UserLocScope at(loc);
+    check_betas("RAdam", beta1, beta2);
+    check_at_least_0("RAdam", "eps", eps);
+    check_at_least_0("RAdam", "weight_decay", weight_decay);
+    for (const Tensor& p : params) {
+        m.push_back(Tensor::zeros_like(p).realize());
+        v.push_back(Tensor::zeros_like(p).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
+}
+std::vector<Tensor> RAdam::updates() {
+    std::vector<Tensor> out;
+    const double rho_inf = 2 / (1 - beta2) - 1;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t32 = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t32) continue;
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
+        Tensor mi = m[i].assign(m[i] * float(beta1) + g * float(1 - beta1));
+        Tensor vi = v[i].assign(v[i] * float(beta2) + g * g * float(1 - beta2));
+        Tensor t = t32->cast(DType::FLOAT64), beta2_t = power_of(beta2, t);
+        Tensor c1 = 1.0 - power_of(beta1, t), c2 = 1.0 - beta2_t;
+        Tensor rho = rho_inf - t * beta2_t * 2.0 / c2;
+        Tensor rectified = ((rho - 4.0) * (rho - 2.0) * rho_inf /
+                            ((rho_inf - 4) * (rho_inf - 2) * rho)).sqrt() * c2.sqrt();
+        Tensor m_hat = mi / c1.cast(mi.dtype());
+        Tensor adaptive = m_hat * rectified.cast(mi.dtype()) / (vi.sqrt() + float(eps));
+        Tensor step = where(rho > 5.0, adaptive, m_hat) * lr_of(i);
+        out.insert(out.end(), {mi, vi, p.assign(p - step)});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> RAdam::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"exp_avg", m[i]}, {"exp_avg_sq", v[i]}, {"skipped", skipped[i]}});
+    return out;
+}
+
+Adadelta::Adadelta(std::vector<Tensor> ps, double learning_rate, double r, double e, double wd,
+                   Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), rho(r), eps(e), weight_decay(wd) {
+    detail::UserLocScope at(loc);
+    if (!(rho >= 0 && rho <= 1))
+        detail::fail(strf("Adadelta: rho must be in [0, 1], got %g", rho));
+    check_at_least_0("Adadelta", "eps", eps);
+    check_at_least_0("Adadelta", "weight_decay", weight_decay);
+    for (const Tensor& p : params) {
+        square_avg.push_back(Tensor::zeros_like(p).realize());
+        acc_delta.push_back(Tensor::zeros_like(p).realize());
+    }
+}
+std::vector<Tensor> Adadelta::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        if (!g.defined()) continue;
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
+        Tensor s = square_avg[i].assign(square_avg[i] * float(rho) + g * g * float(1 - rho));
+        Tensor d = (acc_delta[i] + float(eps)).sqrt() / (s + float(eps)).sqrt() * g;
+        Tensor a = acc_delta[i].assign(acc_delta[i] * float(rho) + d * d * float(1 - rho));
+        out.insert(out.end(), {s, a, p.assign(p - lr_of(i) * d)});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> Adadelta::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"square_avg", square_avg[i]}, {"acc_delta", acc_delta[i]}});
     return out;
 }
 }  // namespace optim

@@ -3316,6 +3316,59 @@ TEST(optim_rmsprop_and_adagrad_three_steps_match_reference) {
     }
 }
 
+// Eight steps on 0.5·Σ w(p - c)², each step's parameter against PyTorch 1.13's optimizers
+// (NAdam: a float64 loop of PyTorch 2's, tests/data/make_reference.py); RAdam's rectified steps
+// begin at the sixth (β2 = 0.9)
+TEST(optim_adamax_nadam_radam_adadelta_match_pytorch) {
+    Reference ref = read_reference("tests/data/optimizer_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(32));
+    Tensor c = ref.inputs.at("c").cast(DType::FLOAT32), w = ref.inputs.at("w").cast(DType::FLOAT32);
+    using Make = std::function<std::unique_ptr<optim::Optimizer>(const Tensor&)>;
+    const std::vector<std::pair<std::string, Make>> optimizers = {
+        {"adamax", [](const Tensor& p) {
+             return std::make_unique<optim::Adamax>(std::vector<Tensor>{p}, 0.05, 0.8, 0.95, 1e-6,
+                                                    0.1);
+         }},
+        {"nadam", [](const Tensor& p) {
+             return std::make_unique<optim::NAdam>(std::vector<Tensor>{p}, 0.05, 0.85, 0.95, 1e-6,
+                                                   0.1, 0.02);
+         }},
+        {"radam", [](const Tensor& p) {
+             return std::make_unique<optim::RAdam>(std::vector<Tensor>{p}, 0.05, 0.8, 0.9, 1e-6,
+                                                   0.1);
+         }},
+        {"adadelta", [](const Tensor& p) {
+             return std::make_unique<optim::Adadelta>(std::vector<Tensor>{p}, 0.5, 0.8, 1e-4, 0.1);
+         }},
+    };
+    for (const auto& [name, make] : optimizers) {
+        Tensor p = ref.inputs.at("p0").cast(DType::FLOAT32).detach().requires_grad();
+        std::unique_ptr<optim::Optimizer> opt = make(p);
+        for (int step = 1; step <= 8; step++) {
+            opt->zero_grad();
+            Tensor d = p - c;
+            (d * d * w * 0.5f).sum().backward();
+            opt->step();
+            const std::string key = name + "_" + std::to_string(step);
+            CHECK(ref.cases.count(key) == 1);
+            if (!ref.cases.count(key)) continue;
+            const int before = th::failures();
+            CHECK_ALL_NEAR(vals(p), ref.cases.at(key).values, 1e-5);
+            if (th::failures() > before) std::fprintf(stderr, "  at %s\n", key.c_str());
+        }
+        std::map<std::string, Tensor> state = opt->state_dict();
+        if (name == "adamax") CHECK(state.count("state.0.exp_avg") && state.count("state.0.exp_inf"));
+        if (name == "nadam") CHECK(state.count("state.0.mu_product"));
+        if (name == "adadelta") CHECK(state.count("state.0.acc_delta"));
+    }
+    Tensor p = Tensor::zeros({2}).requires_grad();
+    CHECK_THROWS(optim::NAdam({p}, 0.01, 1.0), "NAdam", "betas");
+    CHECK_THROWS(optim::RAdam({p}, 0.01, 0.9, 0.999, -1), "RAdam", "eps");
+    CHECK_THROWS(optim::Adamax({p}, -0.01), "lr");
+    CHECK_THROWS(optim::Adadelta({p}, 1.0, 1.5), "Adadelta", "rho", "1.5");
+    CHECK_THROWS(optim::NAdam({p}, 0.01, 0.9, 0.999, 1e-8, 0, -1), "NAdam", "momentum_decay");
+}
+
 TEST(loss_binary_cross_entropy_matches_loop) {
     std::vector<float> p = {0, 0.3f, 0.9f, 1, 0.5f, 1e-30f}, t = {0, 1, 0.5f, 0, 1, 1};
     Vec want;

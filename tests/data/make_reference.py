@@ -8,6 +8,9 @@
                          ops_layout_functions_match_pytorch)
   product_reference.txt  bilinear and cdist (tests/test_ops.cpp,
                          ops_bilinear_and_cdist_match_pytorch)
+  optimizer_reference.txt  Adamax, NAdam, RAdam and Adadelta on a quadratic: the parameter
+                         after each of 8 steps (tests/test_training.cpp,
+                         optim_adamax_nadam_radam_adadelta_match_pytorch)
   transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
                          inputs, outputs and the inputs' gradients (tests/test_training.cpp,
                          nn_transformer_encoder_and_decoder_match_pytorch)
@@ -156,6 +159,56 @@ write("product_reference.txt", products, [
     ("cdist_p3", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=3)),
     ("cdist_inf", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=float("inf"))),
 ])
+
+def nadam_2(params, lr, betas, eps, weight_decay, momentum_decay):
+    """PyTorch 2's NAdam step (1.13's counts mu_t twice in its second product), in float64"""
+    state = {"t": 0, "mu_product": 1.0, "m": torch.zeros_like(params[0]),
+             "v": torch.zeros_like(params[0])}
+    beta1, beta2 = betas
+
+    def step():
+        p = params[0]
+        g = p.grad + weight_decay * p
+        state["t"] += 1
+        t = state["t"]
+        mu = beta1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
+        mu_next = beta1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
+        state["mu_product"] *= mu
+        state["m"] = beta1 * state["m"] + (1 - beta1) * g
+        state["v"] = beta2 * state["v"] + (1 - beta2) * g * g
+        d = (state["v"] / (1 - beta2 ** t)).sqrt() + eps
+        with torch.no_grad():
+            p -= lr * (1 - mu) / (1 - state["mu_product"]) * g / d
+            p -= lr * mu_next / (1 - state["mu_product"] * mu_next) * state["m"] / d
+    return step
+
+
+quadratic = {
+    "p0": tensor([0.5, -1.25, 2.0, 1.5, 0.25, -0.75], 2, 3),
+    "c": tensor([1.0, 0.25, -0.5, 1.5, -1.0, 0.75], 2, 3),
+    "w": tensor([0.5, 2.0, 1.0, 1.5, 0.75, 1.25], 2, 3),
+}
+optimizers = {
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=0.05, betas=(0.8, 0.95), eps=1e-6,
+                                            weight_decay=0.1).step,
+    "nadam": lambda ps: nadam_2(ps, 0.05, (0.85, 0.95), 1e-6, 0.1, 0.02),
+    "radam": lambda ps: torch.optim.RAdam(ps, lr=0.05, betas=(0.8, 0.9), eps=1e-6,
+                                          weight_decay=0.1).step,
+    "adadelta": lambda ps: torch.optim.Adadelta(ps, lr=0.5, rho=0.8, eps=1e-4,
+                                                weight_decay=0.1).step,
+}
+with open(os.path.join(HERE, "optimizer_reference.txt"), "w") as out:
+    for name, x in quadratic.items():
+        out.write("input %s %s %s\n" % (name, shape(x), numbers(x)))
+    for name, make in optimizers.items():
+        p = quadratic["p0"].clone().requires_grad_()
+        step = make([p])
+        for s in range(1, 9):
+            p.grad = None
+            (0.5 * quadratic["w"] * (p - quadratic["c"]) ** 2).sum().backward()
+            step()
+            out.write("case %s_%d %s %s\n" % (name, s, shape(p), numbers(p)))
+
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
 # each, made as PyTorch makes them (each layer a copy of the one given), then every weight
