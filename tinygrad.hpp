@@ -929,6 +929,25 @@ struct Embedding : Module {
     std::optional<int64_t> padding_idx;   // in [0, num_embeddings)
     Tensor weight;
 };
+// Bags of rows of weight [num, dim] (N(0, 1) to start; the row padding_idx zeros), reduced by
+// mode "mean", "sum" or "max" (functional::embedding_bag): forward(ids) takes bags of one
+// length, ids [bags, length]; call it as bag(ids, offsets, per_sample_weights) for ids [n]
+// cut into bags at offsets.
+struct EmbeddingBag : Module {
+    EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, const std::string& mode = "mean",
+                 bool include_last_offset = false,
+                 std::optional<int64_t> padding_idx = std::nullopt, Loc loc = Loc::here());
+    Tensor forward(const Tensor& ids) override;
+    Tensor operator()(const Tensor& ids, const Tensor& offsets,
+                      const Tensor& per_sample_weights = Tensor(), Loc loc = Loc::here());
+    using Module::operator();
+    Named named_parameters() override { return {{"weight", weight}}; }
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    std::string mode;
+    bool include_last_offset;
+    std::optional<int64_t> padding_idx;   // in [0, num_embeddings)
+    Tensor weight;
+};
 // Over the last axes, normalized_shape: (x - mean)/√(var + eps), then · weight + bias (ones and
 // zeros to start, normalized_shape each) where elementwise_affine (and bias) hold
 struct LayerNorm : Module {
@@ -2010,6 +2029,16 @@ Tensor lp_pool2d(const Tensor& x, double norm_type, SpatialSizes kernel_size,
 // gets no gradient
 Tensor embedding(const Tensor& ids, const Tensor& weight,
                  std::optional<int64_t> padding_idx = std::nullopt, Loc loc = Loc::here());
+// PyTorch's F.embedding_bag: the rows of weight picked by ids, reduced over each bag by mode
+// "mean", "sum" (each row times its per_sample_weights entry, where given) or "max" (its
+// gradient to the first largest). ids [bags, length] (offsets undefined) or ids [n] with
+// offsets [bags], each bag's first position in increasing order (include_last_offset: one
+// more, n; a position before the first offset is in no bag). An id equal to padding_idx
+// counts in no bag; an empty bag gives zeros.
+Tensor embedding_bag(const Tensor& ids, const Tensor& weight, const Tensor& offsets = Tensor(),
+                     const std::string& mode = "mean", const Tensor& per_sample_weights = Tensor(),
+                     bool include_last_offset = false,
+                     std::optional<int64_t> padding_idx = std::nullopt, Loc loc = Loc::here());
 // (x - mean)/√(var + eps) over the last axis, then · weight + bias where given
 Tensor layer_norm(const Tensor& x, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
                   double eps = 1e-5, Loc loc = Loc::here());
@@ -2160,6 +2189,24 @@ Schedule multi_step_lr(double lr, std::vector<int64_t> milestones, double gamma 
 Schedule one_cycle_lr(double max_lr, int64_t total_steps, double pct_start = 0.3,
                       bool cosine = true, double div_factor = 25, double final_div_factor = 1e4,
                       bool three_phase = false, Loc loc = Loc::here());
+// ConstantLR: lr·factor for the first total_iters steps, then lr
+Schedule constant_lr(double lr, double factor = 1.0 / 3, int64_t total_iters = 5,
+                     Loc loc = Loc::here());
+// PolynomialLR: lr·(1 - min(t - 1, total_iters)/total_iters)^power
+Schedule polynomial_lr(double lr, int64_t total_iters = 5, double power = 1,
+                       Loc loc = Loc::here());
+// CosineAnnealingWarmRestarts: cosine_annealing_lr's half cosine over t_0 steps, then again
+// over t_0·t_mult, t_0·t_mult², ... (t_mult a whole number), each starting back at lr
+Schedule cosine_annealing_warm_restarts(double lr, int64_t t_0, int64_t t_mult = 1,
+                                        double eta_min = 0, Loc loc = Loc::here());
+// CyclicLR (its momentum left alone, as cycle_momentum=False): from base_lr up to max_lr
+// linearly over step_size_up steps and back over step_size_down (std::nullopt: as many), again
+// and again; mode "triangular", "triangular2" (each cycle's height half the last's) or
+// "exp_range" (the height times gamma^(t - 1))
+Schedule cyclic_lr(double base_lr, double max_lr, int64_t step_size_up = 2000,
+                   std::optional<int64_t> step_size_down = std::nullopt,
+                   const std::string& mode = "triangular", double gamma = 1,
+                   Loc loc = Loc::here());
 
 // Parameters with settings of their own, as PyTorch's param groups (each optimizer takes a list
 // of groups where it takes parameters): weight_decay, and lr, which follows the optimizer's:
@@ -13344,18 +13391,48 @@ Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> padding, L
     padding_idx = padding_row(padding, num, "Embedding");
     reset_parameters({Tensor::next_seed()});   // weight holds only the shape until then
 }
+// N(0, 1) rows, the row padding_idx zeros (where given), as PyTorch's embeddings start
+static Tensor embedding_init(const Shape& shape, uint64_t seed,
+                             std::optional<int64_t> padding_idx) {
+    Tensor w = Tensor::randn(shape, seed);
+    if (padding_idx) {
+        Tensor rows = Tensor::arange(shape[0]).reshape({-1, 1});
+        w = where(rows == *padding_idx, 0.0f, w).realize();
+    }
+    return w.requires_grad();
+}
 void Embedding::reset_parameters(const std::vector<uint64_t>& s) {
     check_seed_count(s, 1, "Embedding");
     seeds = s;
-    Tensor w = Tensor::randn(weight.shape(), s.at(0));
-    if (padding_idx) {
-        Tensor rows = Tensor::arange(weight.size(0)).reshape({-1, 1});
-        w = where(rows == *padding_idx, 0.0f, w).realize();
-    }
-    weight = w.requires_grad();
+    weight = embedding_init(weight.shape(), s.at(0), padding_idx);
 }
 Tensor Embedding::forward(const Tensor& ids) {
     return functional::embedding(ids, weight, padding_idx);
+}
+EmbeddingBag::EmbeddingBag(int64_t num, int64_t dim, const std::string& mode_,
+                           bool include_last_offset_, std::optional<int64_t> padding, Loc loc)
+    : mode(mode_), include_last_offset(include_last_offset_) {
+    detail::UserLocScope at(loc);
+    if (num <= 0 || dim <= 0)
+        detail::fail(strf("EmbeddingBag: sizes must be positive, got %lld, %lld",
+                          (long long)num, (long long)dim));
+    if (mode != "mean" && mode != "sum" && mode != "max")
+        detail::fail(strf("EmbeddingBag: mode \"%s\" is not \"mean\", \"sum\" or \"max\"",
+                          mode.c_str()));
+    padding_idx = padding_row(padding, num, "EmbeddingBag");
+    weight = Tensor::zeros({num, dim});
+    reset_parameters({Tensor::next_seed()});
+}
+void EmbeddingBag::reset_parameters(const std::vector<uint64_t>& s) {
+    check_seed_count(s, 1, "EmbeddingBag");
+    seeds = s;
+    weight = embedding_init(weight.shape(), s.at(0), padding_idx);
+}
+Tensor EmbeddingBag::forward(const Tensor& ids) { return (*this)(ids, Tensor()); }
+Tensor EmbeddingBag::operator()(const Tensor& ids, const Tensor& offsets,
+                                const Tensor& per_sample_weights, Loc loc) {
+    return functional::embedding_bag(ids, weight, offsets, mode, per_sample_weights,
+                                     include_last_offset, padding_idx, loc);
 }
 
 LayerNorm::LayerNorm(int64_t dim, double e, bool elementwise_affine, bool has_bias, Loc loc)
@@ -14679,6 +14756,58 @@ Tensor embedding(const Tensor& ids, const Tensor& weight, std::optional<int64_t>
     std::optional<int64_t> padding = padding_row(padding_idx, weight.size(0), "embedding");
     if (!padding) return rows;   // a padding id's row: its value without its gradient
     return where((ids == *padding).unsqueeze(-1), rows.detach(), rows);
+}
+// Every bag seen as a row of a mask over the positions: [bags, length] over ids [bags, length],
+// [bags, n] over ids [n] (position i is in bag b when b is the last offset at most i); the
+// rows then [bags or 1, positions, dim], reduced along the positions
+Tensor embedding_bag(const Tensor& ids, const Tensor& weight, const Tensor& offsets,
+                     const std::string& mode, const Tensor& per_sample_weights,
+                     bool include_last_offset, std::optional<int64_t> padding_idx, Loc loc) {
+    const char* op = "embedding_bag";
+    check_index(weight, ids, op, loc);
+    detail::UserLocScope at(loc);
+    if (mode != "mean" && mode != "sum" && mode != "max")
+        detail::fail(strf("%s: mode \"%s\" is not \"mean\", \"sum\" or \"max\"", op,
+                          mode.c_str()));
+    if (per_sample_weights.defined() &&
+        (mode != "sum" || per_sample_weights.shape() != ids.shape()))
+        detail::fail(strf("%s: per_sample_weights %s need mode \"sum\" (not \"%s\") and ids' "
+                          "shape %s", op, shape_str(per_sample_weights.shape()).c_str(),
+                          mode.c_str(), shape_str(ids.shape()).c_str()));
+    Tensor in_bag;   // bool [bags, positions]
+    if (ids.ndim() == 2 && !offsets.defined()) {
+        in_bag = Tensor::ones(ids.shape(), DType::BOOL);
+    } else if (ids.ndim() == 1 && offsets.defined() && offsets.ndim() == 1 &&
+               !dtype_is_float(offsets.dtype()) && offsets.size(0) > int64_t(include_last_offset)) {
+        const int64_t bags = offsets.size(0) - int64_t(include_last_offset), n = ids.size(0);
+        Tensor starts = offsets.slice(0, 0, bags).cast(DType::INT64).reshape({bags, 1});
+        Tensor ends = bags > 1 ? cat({starts.slice(0, 1, bags), Tensor::full({1, 1}, n,
+                                                                            DType::INT64)})
+                               : Tensor::full({1, 1}, n, DType::INT64);
+        Tensor position = Tensor::arange(n).reshape({1, n});
+        in_bag = logical_and(position >= starts, position < ends);
+    } else {
+        detail::fail(strf("%s: ids %s with offsets %s: ids [bags, length] need no offsets, ids "
+                          "[n] int offsets [bags]%s", op, shape_str(ids.shape()).c_str(),
+                          offsets.defined() ? shape_str(offsets.shape()).c_str() : "undefined",
+                          include_last_offset ? " and the last offset" : ""));
+    }
+    std::optional<int64_t> padding = padding_row(padding_idx, weight.size(0), op);
+    Tensor flat_ids = ids.ndim() == 2 ? ids : ids.unsqueeze(0);   // [bags or 1, positions]
+    if (padding) in_bag = logical_and(in_bag, flat_ids != *padding);
+    Tensor rows = rows_of(weight, flat_ids, loc);   // [bags or 1, positions, dim]
+    Tensor counted = in_bag.unsqueeze(-1);
+    Tensor count = in_bag.sum(1).unsqueeze(-1);   // [bags, 1]
+    if (mode == "max") {
+        Tensor largest = where(counted, rows, -INFINITY).max(1);
+        return where(count > 0, largest, 0);
+    }
+    Tensor share = counted.cast(weight.dtype());
+    if (per_sample_weights.defined())
+        share = share * per_sample_weights.reshape(flat_ids.shape()).unsqueeze(-1);
+    Tensor sums = (rows * share).sum(1);
+    if (mode == "sum") return sums;
+    return sums / count.maximum(1).cast(weight.dtype());
 }
 Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);
@@ -16274,6 +16403,72 @@ Schedule one_cycle_lr(double max_lr, int64_t total, double pct_start, bool cosin
             rate = rate.defined() ? where(s <= float(ph.end), here, rate) : here;
         }
         return rate;
+    };
+}
+
+Schedule constant_lr(double lr, double factor, int64_t total_iters, Loc loc) {
+    if (!(factor >= 0 && factor <= 1) || total_iters < 0)
+        detail::fail(strf("constant_lr: need 0 <= factor <= 1 and total_iters >= 0, got %g, %lld",
+                          factor, (long long)total_iters), loc);
+    return [=](const Tensor& t) {
+        return where(t <= float(total_iters), Tensor::full_like(t, lr * factor), float(lr));
+    };
+}
+Schedule polynomial_lr(double lr, int64_t total_iters, double power, Loc loc) {
+    if (total_iters < 1 || !(power >= 0))
+        detail::fail(strf("polynomial_lr: need total_iters >= 1 and power >= 0, got %lld, %g",
+                          (long long)total_iters, power), loc);
+    return [=](const Tensor& t) {
+        Tensor left = 1.0f - ((t - 1.0f) * float(1.0 / double(total_iters))).clamp(0.0, 1.0);
+        return left.pow(power) * float(lr);
+    };
+}
+// Restart k begins after t_0·(1 + t_mult + ... + t_mult^(k-1)) steps: whole numbers, exact in
+// float32 to 2^24, summed as steps pass them (no logarithm to round at a restart)
+Schedule cosine_annealing_warm_restarts(double lr, int64_t t_0, int64_t t_mult, double eta_min,
+                                        Loc loc) {
+    if (t_0 < 1 || t_mult < 1)
+        detail::fail(strf("cosine_annealing_warm_restarts: need t_0 >= 1 and t_mult >= 1, got "
+                          "%lld, %lld", (long long)t_0, (long long)t_mult), loc);
+    return [=](const Tensor& t) {
+        Tensor e = t - 1.0f, into, period;
+        if (t_mult == 1) {
+            into = e % float(t_0);
+            period = Tensor::full_like(e, double(t_0));
+        } else {
+            into = e;
+            period = Tensor::full_like(e, double(t_0));
+            double start = 0, length = double(t_0);
+            while (start + length < 16777216) {   // 2^24
+                start += length;
+                Tensor passed = e >= float(start);
+                into = where(passed, e - float(start), into);
+                period = where(passed, float(length * double(t_mult)), period);
+                length *= double(t_mult);
+            }
+        }
+        Tensor c = (into / period * float(detail::PI)).cos();
+        return (c + 1.0f) * float((lr - eta_min) / 2) + float(eta_min);
+    };
+}
+Schedule cyclic_lr(double base_lr, double max_lr, int64_t up, std::optional<int64_t> down_given,
+                   const std::string& mode, double gamma, Loc loc) {
+    const int64_t down = down_given.value_or(up);
+    if (up < 1 || down < 1 || !(gamma > 0) ||
+        (mode != "triangular" && mode != "triangular2" && mode != "exp_range"))
+        detail::fail(strf("cyclic_lr: need step sizes >= 1, gamma > 0 and mode triangular, "
+                          "triangular2 or exp_range, got %lld, %lld, %g, \"%s\"", (long long)up,
+                          (long long)down, gamma, mode.c_str()), loc);
+    return [=](const Tensor& t) {
+        const float total = float(up + down);
+        Tensor e = t - 1.0f, at = e % total;   // steps into this cycle
+        Tensor scale = where(at <= float(up), at * float(1.0 / double(up)),
+                             (total - at) * float(1.0 / double(down)));
+        Tensor height = scale * float(max_lr - base_lr);
+        if (mode == "triangular2")   // 1 / 2^(cycles before this one)
+            height = height * (-((e - at) / total)).exp2();
+        if (mode == "exp_range") height = height * power_of(gamma, e);
+        return height + float(base_lr);
     };
 }
 

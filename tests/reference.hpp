@@ -2,9 +2,10 @@
 // read from its text file: lines
 //   input NAME [SHAPE] {VALUES}
 //   case NAME [SHAPE OF THE RESULT] {VALUES} {GRADIENT} ...   (one gradient per input)
-// An input is a float64 tensor; a case holds its result and its inputs' gradients.
+// An input is a float64 tensor; a case holds its result and its inputs' gradients, those of
+// Σ y·c with c_i = i/10 - 1 over the result's elements in order (check_case).
 #pragma once
-#include "../tinygrad.hpp"
+#include "harness.hpp"
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -52,4 +53,25 @@ inline Reference read_reference(const std::string& path) {
         for (std::vector<double> g; group(in, '{', '}', g);) c.gradients.push_back(g);
     }
     return ref;
+}
+
+// y, computed from inputs, and the inputs' gradients of Σ y·c against the case, to within tol
+// (relative and absolute), all computed by one program; a failure names the case
+inline void check_case(const std::string& name, const Reference::Case& c, const tg::Tensor& y,
+                       const std::vector<tg::Tensor>& inputs, double tol) {
+    const int before = th::failures();
+    CHECK(y.shape() == c.shape);
+    CHECK_EQ(c.gradients.size(), inputs.size());
+    if (y.shape() == c.shape && c.gradients.size() == inputs.size()) {
+        std::vector<double> weights;
+        for (size_t i = 0; i < c.values.size(); i++) weights.push_back(double(i) / 10 - 1);
+        tg::Tensor weighted = (y * tg::Tensor::from_vector(weights, c.shape).cast(y.dtype())).sum();
+        std::vector<tg::Tensor> grads = tg::gradients(weighted, inputs), all = grads;
+        all.push_back(y);
+        tg::realize(all);
+        CHECK_ALL_NEAR(y.to_vector<double>(), c.values, tol);
+        for (size_t i = 0; i < grads.size(); i++)
+            CHECK_ALL_NEAR(grads[i].to_vector<double>(), c.gradients[i], tol);
+    }
+    if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
 }

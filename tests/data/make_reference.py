@@ -6,8 +6,8 @@
                          loss_more_pytorch_losses_match_pytorch)
   layout_reference.txt   pixel_shuffle, unfold, fold and the like (tests/test_ops.cpp,
                          ops_layout_functions_match_pytorch)
-  product_reference.txt  bilinear and cdist (tests/test_ops.cpp,
-                         ops_bilinear_and_cdist_match_pytorch)
+  product_reference.txt  bilinear, cdist and embedding_bag (tests/test_ops.cpp,
+                         ops_bilinear_cdist_embedding_bag_match_pytorch)
   optimizer_reference.txt  Adamax, NAdam, RAdam and Adadelta on a quadratic: the parameter
                          after each of 8 steps (tests/test_training.cpp,
                          optim_adamax_nadam_radam_adadelta_match_pytorch)
@@ -152,12 +152,27 @@ products = {
     "rows": torch.arange(2 * 4 * 5, dtype=torch.float64).reshape(2, 4, 5) * 0.29 % 1.1 - 0.5,
 }
 products["rows"][1, 2] = products["x2"][1, 1]   # a distance of 0
+products["table"] = torch.arange(7 * 3, dtype=torch.float64).reshape(7, 3) * 0.43 % 1.9 - 0.9
+products["ids"] = tensor([1, 4, 4, 0, 6, 2, 2, 5, 3], 9)   # bags [1 4 4] [] [0 6 2] [2 5 3]
+products["offsets"] = tensor([0, 3, 3, 6], 4)
+products["ids2"] = tensor([3, 0, 5, 5, 2, 0, 6, 1], 2, 4)
+products["sample_weights"] = tensor([0.5, -1.0, 2.0, 1.5, 0.25, 1.0, -0.5, 3.0, 0.75], 9)
+L = lambda name: products[name].long()
 write("product_reference.txt", products, [
     ("bilinear", ["x1", "x2", "weight", "bias"], F.bilinear),
     ("cdist", ["x2", "rows"], lambda a, b: torch.cdist(a, b)),
     ("cdist_p1", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=1)),
     ("cdist_p3", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=3)),
     ("cdist_inf", ["x2", "rows"], lambda a, b: torch.cdist(a, b, p=float("inf"))),
+    ("embedding_bag_mean", ["table"], lambda w: F.embedding_bag(L("ids"), w, L("offsets"))),
+    ("embedding_bag_sum_weighted", ["table", "sample_weights"], lambda w, s: F.embedding_bag(
+        L("ids"), w, L("offsets"), mode="sum", per_sample_weights=s)),
+    ("embedding_bag_max", ["table"], lambda w: F.embedding_bag(L("ids"), w, L("offsets"),
+                                                               mode="max")),
+    ("embedding_bag_last_offset_padding", ["table"], lambda w: F.embedding_bag(
+        L("ids"), w, torch.tensor([0, 3, 3, 6, 9]), include_last_offset=True, padding_idx=2)),
+    ("embedding_bag_2d_max_padding", ["table"], lambda w: F.embedding_bag(
+        L("ids2"), w, mode="max", padding_idx=5)),
 ])
 
 def nadam_2(params, lr, betas, eps, weight_decay, momentum_decay):
