@@ -14781,9 +14781,8 @@ Tensor embedding_bag(const Tensor& ids, const Tensor& weight, const Tensor& offs
                !dtype_is_float(offsets.dtype()) && offsets.size(0) > int64_t(include_last_offset)) {
         const int64_t bags = offsets.size(0) - int64_t(include_last_offset), n = ids.size(0);
         Tensor starts = offsets.slice(0, 0, bags).cast(DType::INT64).reshape({bags, 1});
-        Tensor ends = bags > 1 ? cat({starts.slice(0, 1, bags), Tensor::full({1, 1}, n,
-                                                                            DType::INT64)})
-                               : Tensor::full({1, 1}, n, DType::INT64);
+        Tensor last_end = Tensor::full({1, 1}, n, DType::INT64);   // each bag ends at the next
+        Tensor ends = bags > 1 ? cat({starts.slice(0, 1, bags), last_end}) : last_end;
         Tensor position = Tensor::arange(n).reshape({1, n});
         in_bag = logical_and(position >= starts, position < ends);
     } else {
