@@ -768,6 +768,29 @@ Tensor einsum(const std::string& spec, const std::vector<Tensor>& operands, Loc 
 // a distance of 0 is 0, and with p = INFINITY each tie for the largest gets it whole, as
 // PyTorch's
 Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2, Loc loc = Loc::here());
+// More of torch's functions, composed. diagonal: the diagonal offset above the main one (below,
+// negative) of the axes axis1 and axis2, as a last axis (a strided view of x); trace: the sum of
+// a matrix's diagonal; diag: a vector's square matrix (the vector on the diagonal offset), or
+// a matrix's diagonal
+Tensor diagonal(const Tensor& x, int64_t offset = 0, int axis1 = 0, int axis2 = 1,
+                Loc loc = Loc::here());
+Tensor trace(const Tensor& x, Loc loc = Loc::here());
+Tensor diag(const Tensor& x, int64_t offset = 0, Loc loc = Loc::here());
+// outer: a_i·b_j; kron: the Kronecker product (a's blocks scaled copies of b, the ranks padded
+// with leading 1s)
+Tensor outer(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor kron(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// The n-th forward difference along the axis: x[i + 1] - x[i], n times
+Tensor diff(const Tensor& x, int64_t n = 1, int axis = -1, Loc loc = Loc::here());
+// ln(e^a + e^b) without overflow: max(a, b) + ln(1 + e^-|a - b|) (equal infinities kept)
+Tensor logaddexp(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// searchsorted: for each value, how many of the sorted sequence's last axis lie below it
+// (right: at or below), sorted [..., n] against values [..., m] of the same leading axes (or
+// sorted 1-D); bucketize: the same with boundaries 1-D, right as PyTorch's. int64.
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right = false,
+                    Loc loc = Loc::here());
+Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool right = false,
+                 Loc loc = Loc::here());
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -5710,6 +5733,120 @@ Tensor cdist(const Tensor& x1, const Tensor& x2, double p, Loc loc) {
     Tensor size = differences.abs(), largest = size.detach().max(-1, true).values;
     Tensor ties = where(size.detach() == largest, size - size.detach(), 0).sum(-1);
     return largest.squeeze(-1) + ties;
+}
+// The two axes moved last and joined; the diagonal is then every (cols + 1)-th element,
+// starting at the offset's first one
+Tensor diagonal(const Tensor& x, int64_t offset, int axis1, int axis2, Loc loc) {
+    check_defined(x, "diagonal", loc);
+    if (x.ndim() < 2)
+        fail(strf("diagonal: x %s needs 2 axes", shape_str(x.shape()).c_str()), loc);
+    int a1 = normalize_axis(axis1, x.shape().size(), "diagonal", x.shape(), loc);
+    int a2 = normalize_axis(axis2, x.shape().size(), "diagonal", x.shape(), loc);
+    if (a1 == a2) fail(strf("diagonal: axis1 and axis2 are both %d", a1), loc);
+    UserLocScope at(loc);
+    std::vector<int> order;
+    for (int a = 0; a < x.ndim(); a++)
+        if (a != a1 && a != a2) order.push_back(a);
+    order.push_back(a1);
+    order.push_back(a2);
+    Tensor moved = x.permute(order);
+    const int64_t rows = x.size(a1), cols = x.size(a2);
+    const int64_t length = std::max<int64_t>(0, offset >= 0 ? std::min(rows, cols - offset)
+                                                            : std::min(rows + offset, cols));
+    Tensor flat = moved.flatten(-2, -1);
+    if (length == 0) return flat.slice(-1, 0, 0);
+    const int64_t start = offset >= 0 ? offset : -offset * cols;
+    return flat.slice(-1, start, start + (length - 1) * (cols + 1) + 1, cols + 1);
+}
+Tensor trace(const Tensor& x, Loc loc) {
+    check_defined(x, "trace", loc);
+    if (x.ndim() != 2) fail(strf("trace: x %s is not a matrix", shape_str(x.shape()).c_str()), loc);
+    return diagonal(x, 0, 0, 1, loc).sum(loc);
+}
+Tensor diag(const Tensor& x, int64_t offset, Loc loc) {
+    check_defined(x, "diag", loc);
+    if (x.ndim() == 2) return diagonal(x, offset, 0, 1, loc);
+    if (x.ndim() != 1)
+        fail(strf("diag: x %s must be a vector or a matrix", shape_str(x.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    const int64_t n = x.size(0), size = n + std::abs(offset);
+    Tensor i = Tensor::arange(size).reshape({size, 1}), j = Tensor::arange(size).reshape({1, size});
+    // entry (i, j) holds x[k] where j - i = offset, k = min(i, j)
+    Tensor k = (offset >= 0 ? i : j).expand({size, size});
+    Tensor picked = x.index_select(0, k.clamp(0, n - 1).reshape({-1})).reshape({size, size});
+    return where(j - i == offset, picked, 0);
+}
+Tensor outer(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "outer", loc), check_defined(b, "outer", loc);
+    if (a.ndim() != 1 || b.ndim() != 1)
+        fail(strf("outer: a %s and b %s must be vectors", shape_str(a.shape()).c_str(),
+                  shape_str(b.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    return a.unsqueeze(1) * b.unsqueeze(0);
+}
+// a [a0, a1, ...] and b [b0, b1, ...] as [a0, 1, a1, 1, ...] · [1, b0, 1, b1, ...], then each
+// pair of axes joined
+Tensor kron(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    check_defined(a_in, "kron", loc), check_defined(b_in, "kron", loc);
+    UserLocScope at(loc);
+    const int rank = std::max(a_in.ndim(), b_in.ndim());
+    auto padded = [&](const Tensor& t) {
+        Shape s(size_t(rank - t.ndim()), 1);
+        s.insert(s.end(), t.shape().begin(), t.shape().end());
+        return t.reshape(s);
+    };
+    Tensor a = padded(a_in), b = padded(b_in);
+    Shape spread_a, spread_b, joined;
+    for (int d = 0; d < rank; d++) {
+        spread_a.insert(spread_a.end(), {a.size(d), 1});
+        spread_b.insert(spread_b.end(), {1, b.size(d)});
+        joined.push_back(a.size(d) * b.size(d));
+    }
+    return (a.reshape(spread_a) * b.reshape(spread_b)).reshape(joined);
+}
+Tensor diff(const Tensor& x, int64_t n, int axis, Loc loc) {
+    check_defined(x, "diff", loc);
+    if (x.ndim() == 0) fail("diff: x is a scalar; it needs an axis", loc);
+    int ax = normalize_axis(axis, x.shape().size(), "diff", x.shape(), loc);
+    if (n < 0) fail(strf("diff: n must be at least 0, got %lld", (long long)n), loc);
+    UserLocScope at(loc);
+    Tensor y = x;
+    for (int64_t i = 0; i < n && y.size(ax) > 0; i++) {
+        const int64_t length = y.size(ax);
+        Tensor later = y.slice(ax, 1, length), earlier = y.slice(ax, 0, length - 1);
+        y = y.dtype() == DType::BOOL ? logical_xor(later, earlier) : later - earlier;
+    }
+    return y;
+}
+Tensor logaddexp(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "logaddexp", loc), check_defined(b, "logaddexp", loc);
+    UserLocScope at(loc);
+    Tensor larger = a.maximum(b), gap = (a - b).abs();
+    // equal infinities: their gap is NaN; the sum is the infinity itself
+    return where(logical_and(a == b, a.isinf()), a, larger + (-gap).exp().log1p());
+}
+// counts by comparison: [..., m, n] booleans summed over n
+Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right, Loc loc) {
+    check_defined(sorted, "searchsorted", loc), check_defined(values, "searchsorted", loc);
+    Shape lead_sorted(sorted.shape().begin(), sorted.shape().end() - (sorted.ndim() ? 1 : 0));
+    Shape lead_values(values.shape().begin(), values.shape().end() - (values.ndim() ? 1 : 0));
+    if (sorted.ndim() == 0 || (sorted.ndim() > 1 && lead_sorted != lead_values))
+        fail(strf("searchsorted: sorted %s and values %s: sorted [..., n] needs values [..., m] "
+                  "of the same leading axes (or sorted 1-D)", shape_str(sorted.shape()).c_str(),
+                  shape_str(values.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    Tensor edges = sorted.unsqueeze(-2), v = values.unsqueeze(-1);
+    if (sorted.ndim() == 1) edges = sorted;   // against every value
+    return (right ? edges <= v : edges < v).cast(DType::INT64).sum(-1);
+}
+Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool right, Loc loc) {
+    check_defined(input, "bucketize", loc), check_defined(boundaries, "bucketize", loc);
+    if (boundaries.ndim() != 1)
+        fail(strf("bucketize: boundaries %s must be 1-D", shape_str(boundaries.shape()).c_str()),
+             loc);
+    UserLocScope at(loc);
+    Tensor v = input.unsqueeze(-1);
+    return (right ? boundaries <= v : boundaries < v).cast(DType::INT64).sum(-1);
 }
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
     for (const Tensor& t : operands) check_defined(t, "einsum", loc);

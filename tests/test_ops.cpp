@@ -2919,6 +2919,70 @@ TEST(ops_bilinear_cdist_embedding_bag_match_pytorch) {
     CHECK_THROWS(tg::nn::EmbeddingBag(7, 3, "median"), "EmbeddingBag", "median");
 }
 
+// Values and gradients from PyTorch 1.13 (tests/data/make_reference.py); logaddexp's a and b
+// tie twice (each gets half); searchsorted and bucketize against PyTorch's indices
+TEST(ops_diagonal_kron_diff_logaddexp_search_match_pytorch) {
+    Reference ref = read_reference("tests/data/math_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(9));
+    using Function = std::function<Tensor(const std::vector<Tensor>&)>;
+    std::map<std::string, std::pair<std::vector<const char*>, Function>> ours = {
+        {"diagonal",
+         {{"m"}, [](const std::vector<Tensor>& x) { return tg::diagonal(x[0], 1, 1, 2); }}},
+        {"diagonal_below",
+         {{"m"}, [](const std::vector<Tensor>& x) { return tg::diagonal(x[0], -1, 2, 0); }}},
+        {"trace",
+         {{"m"},
+          [](const std::vector<Tensor>& x) { return tg::trace(x[0].slice(0, 1, 2).squeeze(0)); }}},
+        {"diag_vector", {{"v"}, [](const std::vector<Tensor>& x) { return tg::diag(x[0], -1); }}},
+        {"diag_matrix",
+         {{"m"},
+          [](const std::vector<Tensor>& x) {
+              return tg::diag(x[0].slice(0, 0, 1).squeeze(0), 2);
+          }}},
+        {"outer", {{"v", "w"}, [](const std::vector<Tensor>& x) { return tg::outer(x[0], x[1]); }}},
+        {"kron",
+         {{"a", "v"},
+          [](const std::vector<Tensor>& x) {
+              return tg::kron(x[0], x[1].reshape({3, 1}));
+          }}},
+        {"diff", {{"m"}, [](const std::vector<Tensor>& x) { return tg::diff(x[0], 2, 1); }}},
+        {"logaddexp",
+         {{"a", "b"}, [](const std::vector<Tensor>& x) { return tg::logaddexp(x[0], x[1]); }}},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        CHECK(ours.count(name) == 1);
+        if (!ours.count(name)) continue;
+        auto [inputs, f] = ours[name];
+        std::vector<Tensor> x;
+        for (const char* input : inputs)
+            x.push_back(ref.inputs.at(input).detach().requires_grad());
+        check_case(name, c, f(x), x, 1e-12);
+    }
+    Tensor sorted = Tensor::from_vector(Vec{1, 3, 5, 7, 2, 4, 6, 8}, {2, 4});
+    Tensor values = Tensor::from_vector(Vec{3, 6, 9, 3, 6, 9}, {2, 3});
+    CHECK(ivals(tg::searchsorted(sorted, values)) == (std::vector<int>{1, 3, 4, 1, 2, 4}));
+    CHECK(ivals(tg::searchsorted(sorted, values, true)) == (std::vector<int>{2, 3, 4, 1, 3, 4}));
+    Tensor edges = Tensor::from_vector(Vec{1, 3, 5, 7});
+    Tensor points = Tensor::from_vector(Vec{0, 3, 8, 5, 5, 2}, {2, 3});
+    CHECK(ivals(tg::searchsorted(edges, points)) == (std::vector<int>{0, 1, 4, 2, 2, 1}));
+    CHECK(ivals(tg::bucketize(points, edges)) == (std::vector<int>{0, 1, 4, 2, 2, 1}));
+    CHECK(ivals(tg::bucketize(points, edges, true)) == (std::vector<int>{0, 2, 4, 3, 3, 1}));
+    CHECK(tg::bucketize(points, edges).dtype() == DType::INT64);
+    Tensor flags = Tensor::from_vector(std::vector<bool>{true, false, false, true});
+    CHECK(ivals(tg::diff(flags).cast(DType::INT32)) == (std::vector<int>{1, 0, 1}));
+    Tensor inf = Tensor::from_vector(Vec{INFINITY, -INFINITY});
+    CHECK_ALL_NEAR(vals(tg::logaddexp(inf, inf)), (Vec{INFINITY, -INFINITY}), 0);
+    // errors
+    Tensor m = ref.inputs.at("m");
+    CHECK_THROWS(tg::diagonal(m, 0, 1, 1), "diagonal", "axis1 and axis2");
+    CHECK_THROWS(tg::trace(m), "trace", "[2,3,4]");
+    CHECK_THROWS(tg::diag(m), "diag", "[2,3,4]");
+    CHECK_THROWS(tg::outer(m, m), "outer", "vectors");
+    CHECK_THROWS(tg::diff(m, -1), "diff", "n");
+    CHECK_THROWS(tg::searchsorted(sorted, points.slice(0, 0, 1)), "searchsorted", "[2,4]", "[1,3]");
+    CHECK_THROWS(tg::bucketize(points, sorted), "bucketize", "[2,4]");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});

@@ -11,6 +11,8 @@
   optimizer_reference.txt  Adamax, NAdam, RAdam and Adadelta on a quadratic: the parameter
                          after each of 8 steps (tests/test_training.cpp,
                          optim_adamax_nadam_radam_adadelta_match_pytorch)
+  math_reference.txt     diagonal, trace, diag, outer, kron, diff, logaddexp (tests/test_ops.cpp,
+                         ops_diagonal_kron_diff_logaddexp_search_match_pytorch)
   transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
                          inputs, outputs and the inputs' gradients (tests/test_training.cpp,
                          nn_transformer_encoder_and_decoder_match_pytorch)
@@ -224,6 +226,25 @@ with open(os.path.join(HERE, "optimizer_reference.txt"), "w") as out:
             step()
             out.write("case %s_%d %s %s\n" % (name, s, shape(p), numbers(p)))
 
+
+matrices = {
+    "m": torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4) * 0.37 % 1.3 - 0.6,
+    "v": tensor([0.5, -1.5, 2.0], 3),
+    "w": tensor([1.0, 0.25, -0.5, 3.0], 4),
+    "a": tensor([0.5, -1.25, 2.0, 1.5, 0.25, 0.5, -2.0, 1.0], 2, 4),
+    "b": tensor([1.0, 0.5, -3.0, 40.0, -0.75, 0.5, -1.0, 1.0], 2, 4),
+}
+write("math_reference.txt", matrices, [
+    ("diagonal", ["m"], lambda m: torch.diagonal(m, 1, 1, 2)),
+    ("diagonal_below", ["m"], lambda m: torch.diagonal(m, -1, 2, 0)),
+    ("trace", ["m"], lambda m: torch.trace(m[1])),
+    ("diag_vector", ["v"], lambda v: torch.diag(v, -1)),
+    ("diag_matrix", ["m"], lambda m: torch.diag(m[0], 2)),
+    ("outer", ["v", "w"], torch.outer),
+    ("kron", ["a", "v"], lambda a, v: torch.kron(a, v.reshape(3, 1))),
+    ("diff", ["m"], lambda m: torch.diff(m, 2, 1)),
+    ("logaddexp", ["a", "b"], torch.logaddexp),
+])
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
 # each, made as PyTorch makes them (each layer a copy of the one given), then every weight
