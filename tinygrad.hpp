@@ -1422,8 +1422,8 @@ struct Fold : Module {
 // (before, after) pairs from the last axis backward (left, right, top, bottom, front, back).
 // ZeroPad, ConstantPad (value), ReflectionPad, ReplicationPad, CircularPad, 1d to 3d.
 struct PadNd : Module {
-    PadNd(int spatial_axes, SpatialSizes padding, std::string mode, double value,
-          Loc loc = Loc::here());
+    PadNd(const char* name, int spatial_axes, SpatialSizes padding, std::string mode,
+          double value, Loc loc = Loc::here());
     Tensor forward(const Tensor& x) override;
     std::vector<int64_t> pads;   // as functional::pad takes them
     std::string mode;
@@ -1431,23 +1431,23 @@ struct PadNd : Module {
 };
 template <int SpatialAxes> struct ZeroPad : PadNd {
     explicit ZeroPad(SpatialSizes padding, Loc loc = Loc::here())
-        : PadNd(SpatialAxes, padding, "constant", 0, loc) {}
+        : PadNd("ZeroPad", SpatialAxes, padding, "constant", 0, loc) {}
 };
 template <int SpatialAxes> struct ConstantPad : PadNd {
     ConstantPad(SpatialSizes padding, double value, Loc loc = Loc::here())
-        : PadNd(SpatialAxes, padding, "constant", value, loc) {}
+        : PadNd("ConstantPad", SpatialAxes, padding, "constant", value, loc) {}
 };
 template <int SpatialAxes> struct ReflectionPad : PadNd {
     explicit ReflectionPad(SpatialSizes padding, Loc loc = Loc::here())
-        : PadNd(SpatialAxes, padding, "reflect", 0, loc) {}
+        : PadNd("ReflectionPad", SpatialAxes, padding, "reflect", 0, loc) {}
 };
 template <int SpatialAxes> struct ReplicationPad : PadNd {
     explicit ReplicationPad(SpatialSizes padding, Loc loc = Loc::here())
-        : PadNd(SpatialAxes, padding, "replicate", 0, loc) {}
+        : PadNd("ReplicationPad", SpatialAxes, padding, "replicate", 0, loc) {}
 };
 template <int SpatialAxes> struct CircularPad : PadNd {
     explicit CircularPad(SpatialSizes padding, Loc loc = Loc::here())
-        : PadNd(SpatialAxes, padding, "circular", 0, loc) {}
+        : PadNd("CircularPad", SpatialAxes, padding, "circular", 0, loc) {}
 };
 using ZeroPad1d = ZeroPad<1>;
 using ZeroPad2d = ZeroPad<2>;
@@ -13619,25 +13619,24 @@ Dropout::Dropout(double p_, Loc loc) : p(p_) {
     seeds = {Tensor::next_seed()};
 }
 // The count goes up before the mask is built: a mask that read it before would be stale.
-// x's shape with its spatial axes 1: one draw per channel
-static Shape channel_mask_shape(const char* op, const Tensor& x, int spatial_axes) {
+// x's shape with its spatial axes 1: one draw per channel (errors name family + "2d", ...)
+static Shape channel_mask_shape(const char* family, const Tensor& x, int spatial_axes) {
     if (x.ndim() != spatial_axes + 1 && x.ndim() != spatial_axes + 2)
-        detail::fail(strf("%s: x %s needs [N, C, %d spatial axes] or [C, ...]", op,
-                          shape_str(x.shape()).c_str(), spatial_axes));
+        detail::fail(strf("%s%dd: x %s needs [N, C, %d spatial axes] or [C, ...]", family,
+                          spatial_axes, shape_str(x.shape()).c_str(), spatial_axes));
     Shape mask = x.shape();
     std::fill(mask.end() - spatial_axes, mask.end(), 1);
     return mask;
 }
 Tensor Dropout::forward(const Tensor& x) { return dropped(x, 0); }
 Tensor Dropout::dropped(const Tensor& x, int spatial_axes) {
-    const std::string name = spatial_axes ? strf("Dropout%dd", spatial_axes) : "Dropout";
     const Shape mask_shape =
-        spatial_axes ? channel_mask_shape(name.c_str(), x, spatial_axes) : x.shape();
+        spatial_axes ? channel_mask_shape("Dropout", x, spatial_axes) : x.shape();
     if (!training || p == 0) return x;
     if (!dtype_is_float(x.dtype()))
-        detail::fail(strf("%s: input %s %s is not a float tensor", name.c_str(),
-                          dtype_name(x.dtype()),
-                          shape_str(x.shape()).c_str()));
+        detail::fail(strf("Dropout%s: input %s %s is not a float tensor",
+                          spatial_axes ? strf("%dd", spatial_axes).c_str() : "",
+                          dtype_name(x.dtype()), shape_str(x.shape()).c_str()));
     if (!draws.defined() || draws.device() != x.device()) {
         // a buffer now, while a jit traces too: a constant count would fold into the program
         draws = Tensor::from_vector(std::vector<int64_t>{0}, {});
@@ -14955,7 +14954,7 @@ static Tensor channel_dropout(const char* op, int spatial_axes, const Tensor& x,
                               bool training, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);
     check_dropout_p(p, op);
-    Shape mask = channel_mask_shape(op, x, spatial_axes);
+    Shape mask = channel_mask_shape("dropout", x, spatial_axes);
     if (!training || p == 0) return x;
     return dropout_mask(x, p, Tensor::rand(mask, seed));
 }
@@ -15257,12 +15256,10 @@ Tensor Unfold::forward(const Tensor& x) {
 Tensor Fold::forward(const Tensor& x) {
     return functional::fold(x, output_size, kernel_size, dilation, padding, stride);
 }
-PadNd::PadNd(int axes, SpatialSizes padding, std::string mode_, double value_, Loc loc)
+PadNd::PadNd(const char* name, int axes, SpatialSizes padding, std::string mode_, double value_,
+             Loc loc)
     : mode(std::move(mode_)), value(value_) {
     detail::UserLocScope at(loc);
-    const char* name = mode == "constant" ? (value == 0 ? "ZeroPad" : "ConstantPad")
-                       : mode == "reflect" ? "ReflectionPad"
-                       : mode == "replicate" ? "ReplicationPad" : "CircularPad";
     const size_t sides = size_t(2 * axes);
     if (padding.sizes.size() != 1 && padding.sizes.size() != sides)
         detail::fail(strf("%s%dd: padding %s must be one size or %zu", name, axes,
