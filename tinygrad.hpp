@@ -555,6 +555,14 @@ public:
     // padded to 2^k: k(k + 1)/2 elementwise passes, each element against one other
     ValuesIndices sort(int axis = -1, bool descending = false, Loc loc = Loc::here()) const;
     Tensor argsort(int axis = -1, bool descending = false, Loc loc = Loc::here()) const;
+    // The median along the axis (of an even count, the lower of the middle two) and its index,
+    // as torch.median: a NaN in the row gives NaN and the first NaN's index; over all elements
+    // a 0-d value. kthvalue: the k-th smallest (k from 1; NaN above +∞). Both from sort: of
+    // equal values, the first in the row's order.
+    Tensor median(Loc loc = Loc::here()) const;
+    ValuesIndices median(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
+    ValuesIndices kthvalue(int64_t k, int axis = -1, bool keepdim = false,
+                           Loc loc = Loc::here()) const;
     // ln Σ e^x over the axes (none given: all) without overflow; its gradient is the softmax
     Tensor logsumexp(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor logsumexp(const std::vector<int>& axes, bool keepdim = false,
@@ -572,6 +580,15 @@ public:
     // times itself shifted on by 2^pass (ones shifted in): no division, so a zero has its
     // gradient
     Tensor cumprod(int axis, Loc loc = Loc::here()) const;
+    // The running largest (smallest) along the axis and where it is, as torch.cummax: of equal
+    // values the last index, and a NaN, once met, is the value on (the last NaN's index). log2 n
+    // elementwise passes, each pairing an element with the one 2^pass before it; the values are
+    // gathered at the indices, so the gradient goes to them.
+    ValuesIndices cummax(int axis, Loc loc = Loc::here()) const;
+    ValuesIndices cummin(int axis, Loc loc = Loc::here()) const;
+    // ln Σ_{j<=i} e^(x_j) along the axis, as torch.logcumsumexp: log2 n passes of logaddexp
+    // (no overflow, and no underflow of the small terms that a shift by the largest would give)
+    Tensor logcumsumexp(int axis, Loc loc = Loc::here()) const;
     Tensor argmax(Loc loc = Loc::here()) const;       // int64 index into the flattened tensor
     Tensor argmax(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor argmin(Loc loc = Loc::here()) const;
@@ -791,6 +808,54 @@ Tensor searchsorted(const Tensor& sorted, const Tensor& values, bool right = fal
                     Loc loc = Loc::here());
 Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool right = false,
                  Loc loc = Loc::here());
+// quantile: the q-th quantiles (each q in [0, 1]) along the axis (none: of all elements), as
+// torch.quantile: rank q·(n - 1) of the sorted row, between its neighbours by interpolation
+// "linear", "lower", "higher", "midpoint" or "nearest" (half to even); NaN in the row gives
+// NaN. A list of q adds a first axis, one per q; one q (a double) does not.
+Tensor quantile(const Tensor& x, double q, std::optional<int> axis = std::nullopt,
+                bool keepdim = false, const std::string& interpolation = "linear",
+                Loc loc = Loc::here());
+Tensor quantile(const Tensor& x, const std::vector<double>& q,
+                std::optional<int> axis = std::nullopt, bool keepdim = false,
+                const std::string& interpolation = "linear", Loc loc = Loc::here());
+// tensordot: a's last dims axes summed against b's first dims (or the axes listed, in pairs),
+// the remaining axes a's then b's, as torch.tensordot: one matrix product
+Tensor tensordot(const Tensor& a, const Tensor& b, int dims = 2, Loc loc = Loc::here());
+Tensor tensordot(const Tensor& a, const Tensor& b, const std::vector<int>& axes_a,
+                 const std::vector<int>& axes_b, Loc loc = Loc::here());
+// The grids of 1-D (or 0-d) tensors: each spread over the shape of all their lengths, as
+// torch.meshgrid; indexing "ij" (the default) or "xy" (the first two axes swapped). Views.
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors,
+                             const std::string& indexing = "ij", Loc loc = Loc::here());
+// The cross product of 3-vectors along the axis (broadcast), as torch.linalg.cross
+Tensor cross(const Tensor& a, const Tensor& b, int axis = -1, Loc loc = Loc::here());
+// hypot: √(a² + b²) without overflow or underflow (the larger times √(1 + r²)); copysign: |a|
+// with b's sign bit (-0 and NaN's too), its gradient ±1 where a is not 0; sinc: sin(πx)/(πx),
+// 1 at 0
+Tensor hypot(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor copysign(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor sinc(const Tensor& x, Loc loc = Loc::here());
+// bincount: how often each value 0, 1, ... of x (1-D, integer, not negative) occurs, at least
+// minlength of them, as torch.bincount; with weights (x's shape) their sums instead (float32
+// weights sum in float32, others in float64), with their gradient. Its length depends on
+// x's values: x runs first, as nonzero's.
+Tensor bincount(const Tensor& x, const Tensor& weights = Tensor(), int64_t minlength = 0,
+                Loc loc = Loc::here());
+// histc: the counts of x's elements in bins equal parts of [min, max] (the last part closed),
+// in x's dtype, as torch.histc; outside it and NaN are not counted. min == max: x's own least
+// and largest but NaN (those ± 1 if equal). No gradient.
+Tensor histc(const Tensor& x, int64_t bins = 100, double min = 0, double max = 0,
+             Loc loc = Loc::here());
+// The [2, n] int64 row and column indices of a rows × cols matrix's lower (upper) triangle,
+// offset as tril's, in row-major order, as torch.tril_indices
+Tensor tril_indices(int64_t rows, int64_t cols, int64_t offset = 0, Loc loc = Loc::here());
+Tensor triu_indices(int64_t rows, int64_t cols, int64_t offset = 0, Loc loc = Loc::here());
+// x turned k quarter turns from the first axis towards the second (torch.rot90): views
+Tensor rot90(const Tensor& x, int64_t k = 1, int axis0 = 0, int axis1 = 1, Loc loc = Loc::here());
+// block_diag: the matrices (0-2 axes each) along the diagonal of one matrix, 0 elsewhere;
+// cartesian_prod: every combination of the 1-D tensors' elements as rows, the last fastest
+Tensor block_diag(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+Tensor cartesian_prod(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -4985,6 +5050,45 @@ ValuesIndices Tensor::sort(int axis, bool descending, Loc loc) const {
 Tensor Tensor::argsort(int axis, bool descending, Loc loc) const {
     return sort(axis, descending, loc).indices;
 }
+// The element at position(sorted order, NaN count) of each sorted row along the axis, and its
+// index; the position keeps the axis, as a size-1 index
+template <typename Position>
+static ValuesIndices sorted_pick(const Tensor& x, int axis, bool keepdim, const char* op,
+                                 Position position, Loc loc) {
+    check_defined(x, op, loc);
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, x.shape().size(), op, x.shape(), loc);
+    check_not_empty(x.shape(), {ax}, op, loc);
+    if (x.ndim() == 0) return {x, const_like(x, 0, DType::INT64, loc)};
+    Tensor order = x.argsort(ax, false, loc), nans = (x != x).sum(ax, true, loc);
+    Tensor indices = order.gather(ax, position(nans, x.size(ax)), loc);
+    Tensor values = x.gather(ax, indices, loc);
+    if (keepdim) return {values, indices};
+    return {values.squeeze(ax, loc), indices.squeeze(ax, loc)};
+}
+Tensor Tensor::median(Loc loc) const {
+    check_defined(*this, "median", loc);
+    return flatten(0, -1, loc).median(0, false, loc).values.reshape({}, loc);
+}
+// the middle position, or that of the first NaN (NaN sort last, in their order)
+ValuesIndices Tensor::median(int axis, bool keepdim, Loc loc) const {
+    auto middle = [&](const Tensor& nans, int64_t n) {
+        return where(nans > 0, neg(nans, loc) + n, (n - 1) / 2, loc).cast(DType::INT64, loc);
+    };
+    return sorted_pick(*this, axis, keepdim, "median", middle, loc);
+}
+ValuesIndices Tensor::kthvalue(int64_t k, int axis, bool keepdim, Loc loc) const {
+    check_defined(*this, "kthvalue", loc);
+    int64_t n = ndim() == 0 ? 1 : size(normalize_axis(axis, shape().size(), "kthvalue", shape(),
+                                                      loc));
+    if (k < 1 || k > n)
+        fail(strf("kthvalue: k = %lld is not in [1, %lld] for shape %s along axis %d",
+                  (long long)k, (long long)n, shape_str(shape()).c_str(), axis), loc);
+    auto kth = [&](const Tensor& nans, int64_t) {
+        return const_like(nans, double(k - 1), DType::INT64, loc);
+    };
+    return sorted_pick(*this, axis, keepdim, "kthvalue", kth, loc);
+}
 
 // Along the last axis: a row of up to 256 sums a triangle of x (n² work); a longer row is cut
 // into blocks of 256, each block's cumsum plus the sum of the blocks before it (n·256 work).
@@ -5032,6 +5136,67 @@ Tensor Tensor::cumprod(int axis, Loc loc) const {
         row = (row * row.pad(ones, 1, loc).slice(-1, 0, n, 1, loc)).contiguous(loc);
     }
     return row.transpose(ax, -1, loc);
+}
+
+// A scan along the last axis of row: log2 n passes, each combining every element with the one
+// shift before it (the first shift elements have none and keep theirs), stored after each
+// pass (inlined, a pass would compute the ones before it twice). combine(later, earlier,
+// has_earlier) gives the new row.
+template <typename Combine>
+static Tensor scan_last(const Tensor& row, Combine combine, Loc loc) {
+    const int64_t n = row.size(-1);
+    Tensor position = Tensor::arange(n, loc), result = row;
+    std::vector<std::pair<int64_t, int64_t>> shifted(size_t(row.ndim()), {0, 0});
+    for (int64_t shift = 1; shift < n; shift *= 2) {
+        shifted.back() = {shift, 0};
+        auto earlier = [&](const Tensor& t) {
+            return t.pad(shifted, 0, loc).slice(-1, 0, n, 1, loc);
+        };
+        result = combine(result, earlier, position >= shift).contiguous(loc);
+    }
+    return result;
+}
+// The scan of (value, index) pairs: the later wins where it is NaN or, the earlier not NaN, at
+// least (largest) or at most the earlier; the index rides along in a second row of the scan.
+static ValuesIndices running_extreme(const Tensor& self, int axis, bool largest, const char* op,
+                                     Loc loc) {
+    check_defined(self, op, loc);
+    UserLocScope at(loc);   // for the operators below
+    int ax = normalize_axis(axis, self.shape().size(), op, self.shape(), loc);
+    if (self.ndim() == 0) return {self, const_like(self, 0, DType::INT64, loc)};
+    Tensor row = self.detach().transpose(ax, -1, loc);
+    const int64_t n = row.size(-1);
+    Tensor index = Tensor::arange(n, loc).cast(DType::INT64, loc).expand(row.shape(), loc);
+    // float64 holds every float32, bool and index exactly; integers stay exact in int64
+    bool whole = !dtype_is_float(self.dtype()) && self.dtype() != DType::BOOL;
+    DType key = whole ? DType::INT64 : DType::FLOAT64;
+    Tensor pairs = stack({row.cast(key, loc), index.cast(key, loc)}, 0, loc);
+    auto combine = [&](const Tensor& now, auto earlier, const Tensor& has_earlier) {
+        Tensor before = earlier(now);
+        Tensor v = now.slice(0, 0, 1, 1, loc), e = before.slice(0, 0, 1, 1, loc);
+        Tensor wins = largest ? v >= e : v <= e;
+        if (dtype_is_float(self.dtype())) wins = (v != v).maximum((e == e).minimum(wins, loc), loc);
+        return where(wins.maximum(has_earlier.logical_not(loc), loc), now, before, loc);
+    };
+    Tensor indices = scan_last(pairs, combine, loc).slice(0, 1, 2, 1, loc).squeeze(0, loc)
+                         .cast(DType::INT64, loc).transpose(ax, -1, loc);
+    return {self.gather(ax, indices, loc), indices};
+}
+ValuesIndices Tensor::cummax(int axis, Loc loc) const {
+    return running_extreme(*this, axis, true, "cummax", loc);
+}
+ValuesIndices Tensor::cummin(int axis, Loc loc) const {
+    return running_extreme(*this, axis, false, "cummin", loc);
+}
+Tensor Tensor::logcumsumexp(int axis, Loc loc) const {
+    check_defined(*this, "logcumsumexp", loc);
+    int ax = normalize_axis(axis, shape().size(), "logcumsumexp", shape(), loc);
+    Tensor x = as_float(*this, loc);
+    if (ndim() == 0) return x;
+    auto combine = [&](const Tensor& now, auto earlier, const Tensor& has_earlier) {
+        return where(has_earlier, logaddexp(now, earlier(now), loc), now, loc);
+    };
+    return scan_last(x.transpose(ax, -1, loc), combine, loc).transpose(ax, -1, loc);
 }
 
 Tensor Tensor::logsumexp(int axis, bool keepdim, Loc loc) const {
@@ -5847,6 +6012,254 @@ Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool right, Loc 
     UserLocScope at(loc);
     Tensor v = input.unsqueeze(-1);
     return (right ? boundaries <= v : boundaries < v).cast(DType::INT64).sum(-1);
+}
+Tensor quantile(const Tensor& x, double q, std::optional<int> axis, bool keepdim,
+                const std::string& interpolation, Loc loc) {
+    return quantile(x, std::vector<double>{q}, axis, keepdim, interpolation, loc).squeeze(0, loc);
+}
+Tensor quantile(const Tensor& x, const std::vector<double>& qs, std::optional<int> axis,
+                bool keepdim, const std::string& interpolation, Loc loc) {
+    check_defined(x, "quantile", loc);
+    if (!dtype_is_float(x.dtype()))
+        fail(strf("quantile: x must be float, got %s", dtype_name(x.dtype())), loc);
+    const char* ways[] = {"linear", "lower", "higher", "midpoint", "nearest"};
+    if (std::find(std::begin(ways), std::end(ways), interpolation) == std::end(ways))
+        fail("quantile: interpolation '" + interpolation +
+             "' is not linear, lower, higher, midpoint or nearest", loc);
+    for (double q : qs)
+        if (!(q >= 0 && q <= 1)) fail(strf("quantile: q = %g is not in [0, 1]", q), loc);
+    UserLocScope at(loc);
+    int ax = axis ? normalize_axis(*axis, x.shape().size(), "quantile", x.shape(), loc) : 0;
+    Tensor rows = axis ? x : x.flatten(0, -1, loc);
+    if (rows.ndim() == 0) rows = rows.reshape({1}, loc);
+    check_not_empty(rows.shape(), {ax}, "quantile", loc);
+    Tensor sorted = rows.sort(ax, false, loc).values;
+    const int64_t n = rows.size(ax);
+    Tensor last = sorted.slice(ax, n - 1, n, 1, loc), has_nan = last.isnan(loc);   // NaN last
+    std::vector<Tensor> picked;
+    for (double q : qs) {
+        const double rank = q * double(n - 1), below = std::floor(rank);
+        const double weight = rank - below, above = std::ceil(rank);
+        auto at_rank = [&](double r) { return sorted.slice(ax, int64_t(r), int64_t(r) + 1, 1); };
+        Tensor v = interpolation == "lower"    ? at_rank(below)
+                   : interpolation == "higher" ? at_rank(above)
+                   : interpolation == "nearest" ? at_rank(std::nearbyint(rank))
+                   : at_rank(below).lerp(at_rank(above),
+                                         interpolation == "midpoint" ? 0.5 : weight);
+        picked.push_back(where(has_nan, last, v));   // a NaN, with the gradient, as PyTorch's
+    }
+    Tensor out = stack(picked, 0);   // [q, ...rows with the axis 1]
+    if (!keepdim) return out.squeeze(ax + 1);
+    if (axis) return out;
+    Shape ones(size_t(x.ndim()) + 1, 1);   // every axis of x kept, as 1
+    ones[0] = int64_t(qs.size());
+    return out.reshape(ones);
+}
+Tensor tensordot(const Tensor& a, const Tensor& b, int dims, Loc loc) {
+    check_defined(a, "tensordot", loc), check_defined(b, "tensordot", loc);
+    if (dims < 0 || dims > a.ndim() || dims > b.ndim())
+        fail(strf("tensordot: dims = %d for a %s and b %s", dims, shape_str(a.shape()).c_str(),
+                  shape_str(b.shape()).c_str()), loc);
+    std::vector<int> axes_a, axes_b;
+    for (int i = 0; i < dims; i++) axes_a.push_back(a.ndim() - dims + i), axes_b.push_back(i);
+    return tensordot(a, b, axes_a, axes_b, loc);
+}
+// a as [free, summed] and b as [summed, free]: one product
+Tensor tensordot(const Tensor& a, const Tensor& b, const std::vector<int>& axes_a,
+                 const std::vector<int>& axes_b, Loc loc) {
+    check_defined(a, "tensordot", loc), check_defined(b, "tensordot", loc);
+    auto bad = [&](const std::string& why) {
+        fail(strf("tensordot: a %s and b %s: ", shape_str(a.shape()).c_str(),
+                  shape_str(b.shape()).c_str()) + why, loc);
+    };
+    if (axes_a.size() != axes_b.size())
+        bad(strf("%zu axes of a against %zu of b", axes_a.size(), axes_b.size()));
+    std::vector<int> sum_a = normalize_axes(axes_a, a.shape(), "tensordot", loc);
+    std::vector<int> sum_b = normalize_axes(axes_b, b.shape(), "tensordot", loc);
+    for (size_t i = 0; i < sum_a.size(); i++)
+        if (a.size(sum_a[i]) != b.size(sum_b[i]))
+            bad(strf("a's axis %d (%lld) against b's axis %d (%lld)", sum_a[i],
+                     (long long)a.size(sum_a[i]), sum_b[i], (long long)b.size(sum_b[i])));
+    UserLocScope at(loc);
+    auto free_axes = [](const Tensor& t, const std::vector<int>& summed) {
+        std::vector<int> kept;
+        for (int d = 0; d < t.ndim(); d++)
+            if (std::find(summed.begin(), summed.end(), d) == summed.end()) kept.push_back(d);
+        return kept;
+    };
+    std::vector<int> free_a = free_axes(a, sum_a), free_b = free_axes(b, sum_b);
+    Shape out;
+    int64_t rows = 1, columns = 1, inner = 1;
+    for (int d : free_a) out.push_back(a.size(d)), rows *= a.size(d);
+    for (int d : free_b) out.push_back(b.size(d)), columns *= b.size(d);
+    for (int d : sum_a) inner *= a.size(d);
+    std::vector<int> order_a = free_a, order_b = sum_b;
+    order_a.insert(order_a.end(), sum_a.begin(), sum_a.end());
+    order_b.insert(order_b.end(), free_b.begin(), free_b.end());
+    Tensor left = a.permute(order_a).reshape({rows, inner});
+    Tensor right = b.permute(order_b).reshape({inner, columns});
+    return left.mm(right).reshape(out);
+}
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, const std::string& indexing,
+                             Loc loc) {
+    if (indexing != "ij" && indexing != "xy")
+        fail("meshgrid: indexing '" + indexing + "' is not ij or xy", loc);
+    Shape grid;
+    for (const Tensor& t : tensors) {
+        if (check_defined(t, "meshgrid", loc).ndim() > 1)
+            fail(strf("meshgrid: each tensor must be 1-D or 0-d, got %s",
+                      shape_str(t.shape()).c_str()), loc);
+        grid.push_back(t.numel());
+    }
+    // "xy": the first tensor runs along the second axis, the second along the first
+    const bool swapped = indexing == "xy" && grid.size() > 1;
+    auto axis_of = [&](size_t i) { return swapped && i < 2 ? 1 - i : i; };
+    if (swapped) std::swap(grid[0], grid[1]);
+    std::vector<Tensor> grids;
+    for (size_t i = 0; i < tensors.size(); i++) {
+        Shape along(grid.size(), 1);
+        along[axis_of(i)] = grid[axis_of(i)];
+        grids.push_back(tensors[i].reshape(along, loc).expand(grid, loc));
+    }
+    return grids;
+}
+// c = a' b'' - a'' b', where ' and '' roll the axis on by one and by two
+Tensor cross(const Tensor& a, const Tensor& b, int axis, Loc loc) {
+    auto [x, y] = operands(a, b, "cross", loc);
+    int ax = normalize_axis(axis, x.shape().size(), "cross", x.shape(), loc);
+    if (x.ndim() == 0 || x.size(ax) != 3)
+        fail(strf("cross: a %s and b %s need 3 elements along axis %d",
+                  shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(), axis), loc);
+    UserLocScope at(loc);
+    return x.roll(-1, ax) * y.roll(-2, ax) - x.roll(-2, ax) * y.roll(-1, ax);
+}
+Tensor hypot(const Tensor& a, const Tensor& b, Loc loc) {
+    auto [x, y] = operands(a, b, "hypot", loc, true);
+    UserLocScope at(loc);
+    Tensor ax = x.abs(), ay = y.abs(), larger = ax.maximum(ay), smaller = ax.minimum(ay);
+    Tensor ratio = smaller / where(larger == 0, 1, larger);   // ∞/∞ and NaN: taken below
+    Tensor h = where(larger == 0, 0, larger * (ratio * ratio + 1).sqrt());
+    return where(ax.isinf().maximum(ay.isinf()), INFINITY, h);   // even beside a NaN, as C's
+}
+Tensor copysign(const Tensor& a, const Tensor& b, Loc loc) {
+    auto [x, y] = operands(a, b, "copysign", loc, true);
+    UserLocScope at(loc);
+    Tensor magnitude = x.abs();
+    return where(sign_bit(y, loc), -magnitude, magnitude);
+}
+Tensor sinc(const Tensor& x_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "sinc", loc), loc), zero = x == 0;
+    Tensor turned = where(zero, 1, x) * PI;
+    return where(zero, 1, turned.sin() / turned);
+}
+// scatter_add of ones (or the weights) into zeros, at each value
+Tensor bincount(const Tensor& x, const Tensor& weights, int64_t minlength, Loc loc) {
+    check_defined(x, "bincount", loc);
+    if (x.ndim() != 1 || dtype_is_float(x.dtype()) || x.dtype() == DType::BOOL)
+        fail(strf("bincount: x must be 1-D and integer, got %s %s", dtype_name(x.dtype()),
+                  shape_str(x.shape()).c_str()), loc);
+    if (weights.defined() && weights.shape() != x.shape())
+        fail(strf("bincount: weights %s must have x's shape %s", shape_str(weights.shape()).c_str(),
+                  shape_str(x.shape()).c_str()), loc);
+    if (minlength < 0) fail(strf("bincount: minlength %lld < 0", (long long)minlength), loc);
+    int64_t length = minlength;
+    for (int64_t v : x.to_vector<int64_t>(loc)) {
+        if (v < 0)
+            fail(strf("bincount: x holds %lld; its values must be 0 or more", (long long)v), loc);
+        length = std::max(length, v + 1);
+    }
+    UserLocScope at(loc);
+    Tensor counted = !weights.defined() ? const_like(x, 1, DType::INT64, loc)
+                     : weights.dtype() == DType::FLOAT32 ? weights
+                                                         : weights.cast(DType::FLOAT64);
+    Tensor zeros = on_device_of(x, Tensor::zeros({length}, counted.dtype(), loc), loc);
+    return zeros.scatter_add(0, x, counted);
+}
+Tensor histc(const Tensor& x_in, int64_t bins, double min, double max, Loc loc) {
+    check_defined(x_in, "histc", loc);
+    if (bins < 1) fail(strf("histc: bins = %lld must be at least 1", (long long)bins), loc);
+    if (min > max) fail(strf("histc: min %g is above max %g", min, max), loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(x_in, loc).detach().flatten();
+    Tensor counts = on_device_of(x, Tensor::zeros({bins}, x.dtype(), loc), loc);
+    if (x.numel() == 0) return counts;
+    Tensor low = const_like(x, min, x.dtype(), loc), high = const_like(x, max, x.dtype(), loc);
+    if (min == max) {
+        Tensor nan = x != x;   // left out of the range too
+        low = where(nan, INFINITY, x).min().expand(x.shape());
+        high = where(nan, -INFINITY, x).max().expand(x.shape());
+        Tensor same = low == high;
+        low = where(same, low - 1, low), high = where(same, high + 1, high);
+    }
+    Tensor inside = (x >= low).minimum(x <= high);   // NaN: neither
+    Tensor bin = ((x - low) * double(bins) / (high - low)).floor().clamp(0, bins - 1);
+    return counts.scatter_add(0, where(inside, bin, 0).cast(DType::INT64), inside.cast(x.dtype()));
+}
+// upper: j - i >= offset, else j - i <= offset
+static Tensor triangle_indices(int64_t rows, int64_t cols, int64_t offset, bool upper,
+                               const char* op, Loc loc) {
+    if (rows < 0 || cols < 0)
+        fail(strf("%s: rows %lld and cols %lld must not be negative", op, (long long)rows,
+                  (long long)cols), loc);
+    std::vector<int64_t> is, js;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            if (upper ? j - i >= offset : j - i <= offset) is.push_back(i), js.push_back(j);
+    const int64_t n = int64_t(is.size());
+    is.insert(is.end(), js.begin(), js.end());
+    return Tensor::from_vector(is, {2, n}, loc);
+}
+Tensor tril_indices(int64_t rows, int64_t cols, int64_t offset, Loc loc) {
+    return triangle_indices(rows, cols, offset, false, "tril_indices", loc);
+}
+Tensor triu_indices(int64_t rows, int64_t cols, int64_t offset, Loc loc) {
+    return triangle_indices(rows, cols, offset, true, "triu_indices", loc);
+}
+// one turn: the second axis flipped, then the two swapped; three: the first flipped
+Tensor rot90(const Tensor& x, int64_t k, int axis0, int axis1, Loc loc) {
+    check_defined(x, "rot90", loc);
+    if (x.ndim() < 2) fail(strf("rot90: x %s needs 2 axes", shape_str(x.shape()).c_str()), loc);
+    int a0 = normalize_axis(axis0, x.shape().size(), "rot90", x.shape(), loc);
+    int a1 = normalize_axis(axis1, x.shape().size(), "rot90", x.shape(), loc);
+    if (a0 == a1) fail(strf("rot90: both axes are %d", a0), loc);
+    switch (((k % 4) + 4) % 4) {
+    case 1: return x.flip(a1, loc).transpose(a0, a1, loc);
+    case 2: return x.flip({a0, a1}, loc);
+    case 3: return x.flip(a0, loc).transpose(a0, a1, loc);
+    default: return x;
+    }
+}
+// each block padded to the full width at its columns, the stripes joined by cat
+Tensor block_diag(const std::vector<Tensor>& tensors, Loc loc) {
+    std::vector<Tensor> blocks;
+    int64_t width = 0;
+    DType dt = DType::BOOL;
+    for (const Tensor& t : tensors) {
+        if (check_defined(t, "block_diag", loc).ndim() > 2)
+            fail(strf("block_diag: each tensor must have at most 2 axes, got %s",
+                      shape_str(t.shape()).c_str()), loc);
+        blocks.push_back(t.ndim() == 2 ? t : t.reshape({1, t.numel()}, loc));
+        width += blocks.back().size(1);
+        dt = promote(dt, t.dtype());
+    }
+    if (blocks.empty()) return Tensor::zeros({1, 0}, DType::FLOAT32, loc);
+    UserLocScope at(loc);
+    std::vector<Tensor> stripes;
+    int64_t left = 0;
+    for (const Tensor& block : blocks) {
+        int64_t columns = block.size(1);
+        stripes.push_back(block.cast(dt).pad({{0, 0}, {left, width - left - columns}}));
+        left += columns;
+    }
+    return cat(stripes, 0);
+}
+Tensor cartesian_prod(const std::vector<Tensor>& tensors, Loc loc) {
+    std::vector<Tensor> grids = meshgrid(tensors, "ij", loc);
+    if (grids.size() == 1) return grids[0];
+    UserLocScope at(loc);
+    for (Tensor& g : grids) g = g.flatten();
+    return stack(grids, 1);
 }
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
     for (const Tensor& t : operands) check_defined(t, "einsum", loc);

@@ -2983,6 +2983,123 @@ TEST(ops_diagonal_kron_diff_logaddexp_search_match_pytorch) {
     CHECK_THROWS(tg::bucketize(points, sorted), "bucketize", "[2,4]");
 }
 
+// Values, indices and gradients from PyTorch 1.13 (tests/data/make_reference.py): running
+// extremes with ties and NaN, order statistics, tensordot, cross, hypot at 1e±200, bincount,
+// histc and the layout functions
+TEST(ops_scans_order_statistics_and_products_match_pytorch) {
+    Reference ref = read_reference("tests/data/math_more_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(39));
+    using X = const std::vector<Tensor>&;
+    Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 5, 1, 2});
+    Tensor spread = Tensor::from_vector(Vec{0, 0.5, 1, 1.25, 2.5, 3, 3.5, 4, -1, 5, 2, 2});
+    const Tensor &r = ref.inputs.at("r"), &n = ref.inputs.at("n");
+    std::map<std::string, std::pair<std::vector<const char*>, std::function<Tensor(X)>>> ours = {
+        {"cummax", {{"m"}, [](X x) { return x[0].cummax(1).values; }}},
+        {"cummin", {{"m"}, [](X x) { return x[0].cummin(2).values; }}},
+        {"cummax_ties_nan", {{"r"}, [](X x) { return x[0].cummax(1).values; }}},
+        {"cummax_ties_nan_indices", {{}, [&](X) { return r.cummax(1).indices; }}},
+        {"cummin_ties_nan_indices", {{}, [&](X) { return r.cummin(1).indices; }}},
+        {"logcumsumexp", {{"m"}, [](X x) { return x[0].logcumsumexp(2); }}},
+        {"logcumsumexp_wide", {{"wide"}, [](X x) { return x[0].logcumsumexp(0); }}},
+        {"median", {{"n"}, [](X x) { return x[0].median(1).values; }}},
+        {"median_indices", {{}, [&](X) { return n.median(2).indices; }}},
+        {"median_all", {{"n"}, [](X x) { return x[0].median(); }}},
+        {"median_nan", {{"r"}, [](X x) { return x[0].median(1, true).values; }}},
+        {"kthvalue", {{"n"}, [](X x) { return x[0].kthvalue(2, 0).values; }}},
+        {"quantile_linear", {{"n"}, [](X x) { return tg::quantile(x[0], {0.1, 0.5, 0.8}, 2); }}},
+        {"quantile_lower",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 1, true, "lower"); }}},
+        {"quantile_higher",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 1, false, "higher"); }}},
+        {"quantile_midpoint",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 0, false, "midpoint"); }}},
+        {"quantile_nearest",
+         {{"m"}, [](X x) { return tg::quantile(x[0], {0.375, 0.625}, 2, false, "nearest"); }}},
+        {"quantile_all", {{"n"}, [](X x) { return tg::quantile(x[0], 0.3); }}},
+        {"quantile_all_keepdim",
+         {{"n"}, [](X x) { return tg::quantile(x[0], {0.3, 0.9}, std::nullopt, true); }}},
+        {"quantile_nan", {{"r"}, [](X x) { return tg::quantile(x[0], 0.5, 1); }}},
+        {"tensordot", {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1]); }}},
+        {"tensordot_axes",
+         {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1], {2, 1}, {1, 0}); }}},
+        {"tensordot_one", {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1], {1}, {0}); }}},
+        {"tensordot_outer", {{"v", "w"}, [](X x) { return tg::tensordot(x[0], x[1], 0); }}},
+        {"cross", {{"p", "q"}, [](X x) { return tg::cross(x[0], x[1]); }}},
+        {"cross_axis_0",
+         {{"p", "q"}, [](X x) { return tg::cross(x[0].t(), x[1].slice(0, 0, 1).t(), 0); }}},
+        {"hypot", {{"a", "b"}, [](X x) { return tg::hypot(x[0], x[1]); }}},
+        {"copysign", {{"a", "b"}, [](X x) { return tg::copysign(x[0], x[1]); }}},
+        {"sinc", {{"a"}, [](X x) { return tg::sinc(x[0] / 1e200 * 3); }}},
+        {"sinc_small", {{"p"}, [](X x) { return tg::sinc(x[0]); }}},
+        {"bincount_weights",
+         {{}, [&](X) { return tg::bincount(ids, ref.inputs.at("weights"), 8); }}},
+        {"histc", {{}, [&](X) { return tg::histc(spread, 4, 0, 4); }}},
+        {"histc_own_range", {{}, [&](X) { return tg::histc(spread.slice(0, 0, 10), 5); }}},
+        {"rot90", {{"m"}, [](X x) { return tg::rot90(x[0], 1, 1, 2); }}},
+        {"rot90_back", {{"m"}, [](X x) { return tg::rot90(x[0], -1, 2, 0); }}},
+        {"rot90_twice", {{"m"}, [](X x) { return tg::rot90(x[0], 2, 0, 1); }}},
+        {"block_diag",
+         {{"p", "v", "w"},
+          [](X x) { return tg::block_diag({x[0], x[1], x[2].slice(0, 0, 1).squeeze(0)}); }}},
+        {"cartesian_prod", {{"v", "w"}, [](X x) { return tg::cartesian_prod({x[0], x[1]}); }}},
+        {"meshgrid_xy", {{"v", "w"}, [](X x) { return tg::stack(tg::meshgrid(x, "xy")); }}},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        CHECK(ours.count(name) == 1);
+        if (!ours.count(name)) continue;
+        auto [inputs, f] = ours[name];
+        std::vector<Tensor> x;
+        for (const char* input : inputs)
+            x.push_back(ref.inputs.at(input).detach().requires_grad());
+        check_case(name, c, f(x), x, 1e-12);
+    }
+    // dtypes; integers scan in int64; bincount's weights get the gradient PyTorch lacks
+    Tensor ints = Tensor::from_vector(std::vector<int>{3, 1, 1, 2, 5});
+    auto [running, where_at] = ints.cummin(0);
+    CHECK(running.dtype() == DType::INT32 && where_at.dtype() == DType::INT64);
+    CHECK(ivals(running) == (std::vector<int>{3, 1, 1, 1, 1}));
+    CHECK(ivals(ints.cummax(0).indices) == (std::vector<int>{0, 0, 0, 0, 4}));
+    CHECK(ivals(ints.median(0).indices) == (std::vector<int>{3}));
+    CHECK(tg::bincount(ids).dtype() == DType::INT64);
+    CHECK(ivals(tg::bincount(ids)) == (std::vector<int>{1, 1, 3, 0, 0, 1}));
+    CHECK(ivals(tg::bincount(ids.slice(0, 0, 0), Tensor(), 3)) == (std::vector<int>{0, 0, 0}));
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}).requires_grad();
+    Tensor counts = tg::bincount(ids, w);
+    CHECK(counts.dtype() == DType::FLOAT32);
+    (counts * Tensor::arange(6)).sum().backward();
+    CHECK_ALL_NEAR(vals(w.grad()), (Vec{2, 0, 2, 5, 1, 2}), 0);
+    CHECK(tg::tril_indices(3, 4, 1).to_vector<int>() ==
+          (std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 1, 0, 1, 2, 0, 1, 2, 3}));
+    CHECK(tg::triu_indices(3, 3, -1).to_vector<int>() ==
+          (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 0, 1, 2, 0, 1, 2, 1, 2}));
+    CHECK(tg::tril_indices(0, 3).shape() == (tg::Shape{2, 0}));
+    // histc leaves NaN out (PyTorch 1.13 counts it in the first bin)
+    Tensor with_nan = Tensor::from_vector(Vec{1, NAN, 2, 0.5});
+    CHECK_ALL_NEAR(vals(tg::histc(with_nan, 2, 0, 2)), (Vec{1, 2}), 0);
+    CHECK_ALL_NEAR(vals(tg::histc(with_nan.slice(0, 0, 2), 2)), (Vec{0, 1}), 0);
+    // errors
+    Tensor m = ref.inputs.at("m");
+    CHECK_THROWS(m.kthvalue(5, 1), "kthvalue", "k = 5", "[2,3,4]");
+    CHECK_THROWS(m.median(3), "median", "axis");
+    CHECK_THROWS(tg::quantile(m, 1.5), "quantile", "1.5");
+    CHECK_THROWS(tg::quantile(m, 0.5, 1, false, "cubic"), "quantile", "cubic");
+    CHECK_THROWS(tg::quantile(ints, 0.5), "quantile", "float");
+    CHECK_THROWS(tg::tensordot(m, n, {0}, {0}), "tensordot", "[2,3,4]", "[3,4,5]", "axis 0 (2)");
+    CHECK_THROWS(tg::tensordot(m, n, {1, 2}, {0}), "tensordot", "2 axes of a against 1");
+    CHECK_THROWS(tg::tensordot(m, n, 4), "tensordot", "dims = 4");
+    CHECK_THROWS(tg::meshgrid({m}), "meshgrid", "[2,3,4]");
+    CHECK_THROWS(tg::meshgrid({ints}, "yx"), "meshgrid", "yx");
+    CHECK_THROWS(tg::cross(m, m), "cross", "3 elements", "[2,3,4]");
+    CHECK_THROWS(tg::bincount(ids.reshape({2, 3})), "bincount", "1-D", "[2,3]");
+    CHECK_THROWS(tg::bincount(ids - 3), "bincount", "holds -1");
+    CHECK_THROWS(tg::bincount(ids, w.slice(0, 0, 2)), "bincount", "weights [2]", "[6]");
+    CHECK_THROWS(tg::histc(spread, 0), "histc", "bins = 0");
+    CHECK_THROWS(tg::histc(spread, 4, 2, 1), "histc", "min 2", "max 1");
+    CHECK_THROWS(tg::rot90(ids), "rot90", "[6]");
+    CHECK_THROWS(tg::block_diag({m}), "block_diag", "[2,3,4]");
+    CHECK_THROWS(tg::tril_indices(-1, 2), "tril_indices", "-1");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});

@@ -13,13 +13,16 @@
                          optim_adamax_nadam_radam_adadelta_match_pytorch)
   math_reference.txt     diagonal, trace, diag, outer, kron, diff, logaddexp (tests/test_ops.cpp,
                          ops_diagonal_kron_diff_logaddexp_search_match_pytorch)
+  math_more_reference.txt  cummax, logcumsumexp, median, quantile, tensordot, cross, hypot,
+                         bincount, histc, rot90 and the like (tests/test_ops.cpp,
+                         ops_scans_order_statistics_and_products_match_pytorch)
   transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
                          inputs, outputs and the inputs' gradients (tests/test_training.cpp,
                          nn_transformer_encoder_and_decoder_match_pytorch)
 Each function runs on fixed float64 inputs, written first, one line each:
   input NAME [SHAPE] {VALUES}
-then each case's result y and the gradients of sum(y·c) for its inputs that need one, c_i =
-i/10 - 1 over y's elements in order:
+then each case's result y (in float64) and the gradients of sum(y·c) for its inputs that need
+one (none for an integer result), c_i = i/10 - 1 over y's elements in order:
   case NAME [SHAPE OF Y] {Y} {GRADIENT} ...
 Numbers have 17 significant digits. The tests repeat each case's call.
 Run with PyTorch installed (Debian: apt-get install python3-torch): python3 make_reference.py
@@ -50,9 +53,10 @@ def write(file_name, inputs, cases):
             out.write("input %s %s %s\n" % (name, shape(x), numbers(x)))
         for name, sources, f in cases:
             xs = [inputs[s].clone().requires_grad_() for s in sources]
-            y = f(*xs)
+            y = f(*xs).double()
             c = torch.arange(y.numel(), dtype=torch.float64).reshape(y.shape) / 10 - 1
-            (y * c).sum().backward()
+            if xs:
+                (y * c).sum().backward()
             grads = " ".join(numbers(x.grad) for x in xs)
             out.write("case %s %s %s %s\n" % (name, shape(y), numbers(y), grads))
 
@@ -244,6 +248,69 @@ write("math_reference.txt", matrices, [
     ("kron", ["a", "v"], lambda a, v: torch.kron(a, v.reshape(3, 1))),
     ("diff", ["m"], lambda m: torch.diff(m, 2, 1)),
     ("logaddexp", ["a", "b"], torch.logaddexp),
+])
+
+# ties (row 0 of r) and NaN (row 1) for the running extremes; a row whose small terms a shift
+# by its largest would lose, for logcumsumexp
+nan = float("nan")
+more = {
+    "m": matrices["m"],
+    "n": torch.arange(3 * 4 * 5, dtype=torch.float64).reshape(3, 4, 5) * 0.29 % 1.7 - 0.9,
+    "r": tensor([1, 3, 3, -2, 3, 0.5, 2, nan, 1, nan, 4, 0.25], 2, 6),
+    "wide": tensor([-1000, 1, -1000, 3, 2, -5, 700], 7),
+    "p": tensor([1, -2, 0.5, 3, 0.25, -1, 2, 2, 1.5, -0.5, 1, 4], 4, 3),
+    "q": tensor([0.5, 1, -1, -2, 3, 0.75, 1, -1, 2, 0.25, 0.5, -3], 4, 3),
+    "a": tensor([3, -4, 0, 1e200, -0.0, 2.5, -1e-200, 0.5], 2, 4),
+    "b": tensor([4, 3, -2, 1e200, -1, -0.0, 1e-200, 0], 2, 4),
+    "v": matrices["v"],
+    "w": matrices["w"],
+    "weights": tensor([0.5, 1.5, -2, 0.25, 3, 1], 6),
+}
+ids = torch.tensor([2, 0, 2, 5, 1, 2])
+spread = tensor([0, 0.5, 1, 1.25, 2.5, 3, 3.5, 4, -1, 5, 2, 2], 12)
+write("math_more_reference.txt", more, [
+    ("cummax", ["m"], lambda m: torch.cummax(m, 1).values),
+    ("cummin", ["m"], lambda m: torch.cummin(m, 2).values),
+    ("cummax_ties_nan", ["r"], lambda r: torch.cummax(r, 1).values),
+    ("cummax_ties_nan_indices", [], lambda: torch.cummax(more["r"], 1).indices),
+    ("cummin_ties_nan_indices", [], lambda: torch.cummin(more["r"], 1).indices),
+    ("logcumsumexp", ["m"], lambda m: torch.logcumsumexp(m, 2)),
+    ("logcumsumexp_wide", ["wide"], lambda x: torch.logcumsumexp(x, 0)),
+    ("median", ["n"], lambda n: torch.median(n, 1).values),
+    ("median_indices", [], lambda: torch.median(more["n"], 2).indices),
+    ("median_all", ["n"], torch.median),
+    ("median_nan", ["r"], lambda r: torch.median(r, 1, keepdim=True).values),
+    ("kthvalue", ["n"], lambda n: torch.kthvalue(n, 2, 0).values),
+    ("quantile_linear", ["n"], lambda n: torch.quantile(n, tensor([0.1, 0.5, 0.8], 3), 2)),
+    ("quantile_lower", ["n"],
+     lambda n: torch.quantile(n, 0.4, 1, keepdim=True, interpolation="lower")),
+    ("quantile_higher", ["n"], lambda n: torch.quantile(n, 0.4, 1, interpolation="higher")),
+    ("quantile_midpoint", ["n"], lambda n: torch.quantile(n, 0.4, 0, interpolation="midpoint")),
+    ("quantile_nearest", ["m"],
+     lambda m: torch.quantile(m, tensor([0.375, 0.625], 2), 2, interpolation="nearest")),
+    ("quantile_all", ["n"], lambda n: torch.quantile(n, 0.3)),
+    ("quantile_all_keepdim", ["n"],
+     lambda n: torch.quantile(n, tensor([0.3, 0.9], 2), keepdim=True)),
+    ("quantile_nan", ["r"], lambda r: torch.quantile(r, 0.5, 1)),
+    ("tensordot", ["m", "n"], lambda m, n: torch.tensordot(m, n, 2)),
+    ("tensordot_axes", ["m", "n"], lambda m, n: torch.tensordot(m, n, ([2, 1], [1, 0]))),
+    ("tensordot_one", ["m", "n"], lambda m, n: torch.tensordot(m, n, ([1], [0]))),
+    ("tensordot_outer", ["v", "w"], lambda v, w: torch.tensordot(v, w, 0)),
+    ("cross", ["p", "q"], lambda p, q: torch.linalg.cross(p, q)),
+    ("cross_axis_0", ["p", "q"], lambda p, q: torch.linalg.cross(p.t(), q[:1].t(), dim=0)),
+    ("hypot", ["a", "b"], torch.hypot),
+    ("copysign", ["a", "b"], torch.copysign),
+    ("sinc", ["a"], lambda a: torch.sinc(a / 1e200 * 3)),
+    ("sinc_small", ["p"], torch.sinc),
+    ("bincount_weights", [], lambda: torch.bincount(ids, more["weights"], 8)),
+    ("histc", [], lambda: torch.histc(spread, 4, 0, 4)),
+    ("histc_own_range", [], lambda: torch.histc(spread[:10], 5)),
+    ("rot90", ["m"], lambda m: torch.rot90(m, 1, [1, 2])),
+    ("rot90_back", ["m"], lambda m: torch.rot90(m, -1, [2, 0])),
+    ("rot90_twice", ["m"], lambda m: torch.rot90(m, 2, [0, 1])),
+    ("block_diag", ["p", "v", "w"], lambda p, v, w: torch.block_diag(p, v, w[0])),
+    ("cartesian_prod", ["v", "w"], torch.cartesian_prod),
+    ("meshgrid_xy", ["v", "w"], lambda v, w: torch.stack(torch.meshgrid(v, w, indexing="xy"))),
 ])
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
