@@ -659,16 +659,18 @@ static bool plan_product(const Block& b, ProductPlan& plan) {
 
 // A scatter (plan.serial) of few columns and many rows runs a thread per column, each adding
 // its rows in order: a chain of read-add-writes that waits on memory at every row. Where its
-// body only adds float32 values into one buffer that it does not read, the rows are split into
-// ranges of at least scatter_rows_each, a thread per range and column adding into the range's
-// own copy of that buffer (scratch, zeroed before each run; at most SPLIT_MAX_SCRATCH floats
-// in all); a second kernel adds each element's copies, in the ranges' order, into the buffer.
+// body only adds float32 values (a scatter's max= stays whole) into one buffer that it does
+// not read, the rows are split into ranges of at least scatter_rows_each, a thread per range
+// and column adding into the range's own copy of that buffer (scratch, zeroed before each
+// run; at most SPLIT_MAX_SCRATCH floats in all); a second kernel adds each element's copies, in
+// the ranges' order, into the buffer.
 static const int64_t SPLIT_MAX_SCRATCH = int64_t(1) << 23;
 static void split_scatter(const Program& p, const Block& b, KernelPlan& plan) {
     int into = -1;
     for (const Stmt& st : *plan.body) {
         if (st.kind == SK::CHECK) continue;
-        if (st.kind != SK::STORE_ADD || (into >= 0 && st.id != into)) return;
+        if (st.kind != SK::STORE_ADD || st.op != Op::REDUCE_SUM || (into >= 0 && st.id != into))
+            return;
         into = st.id;
     }
     if (into < 0 || p.buffers[size_t(into)].dtype != DType::FLOAT32) return;

@@ -312,6 +312,10 @@ struct Scalar {
 // ---- [OPS] the primitive op set, described once ------------------------------------------- >>ops
 // Everything else (matmul, softmax, einsum, ...) is composed from these. The C column is the
 // renderer's form: {0} {1} {2} operands, {f} the libm suffix ("f" for float32), {t} the C type.
+// SCATTER_MAX joins DESIGN.md's set: scatter's last write (the largest position that names a
+// place), scatter_reduce's amax and amin and max_unpool have no composition of the others in
+// less than index-length × axis-length work (each place compared with every index); it is
+// SCATTER_ADD's loop with max= for +=, and its gradient is composed (gather, scatter_add).
 #define TG_OPS(X)                                                                              \
     X(BUFFER,      SOURCE,   "")                   /* realized data                          */ \
     X(CONST,       SOURCE,   "")                   /* one value broadcast to any shape       */ \
@@ -343,6 +347,7 @@ struct Scalar {
     X(FLIP,        MOVEMENT, "")                                                               \
     X(GATHER,      INDEXED,  "")                   /* out[i] = src[i with axis := index[i]]  */ \
     X(SCATTER_ADD, INDEXED,  "")                   /* out[.. index[i] ..] += src[i]; gather' */ \
+    X(SCATTER_MAX, INDEXED,  "")                   /* the same with max, from the lowest     */ \
     X(ASSIGN,      ASSIGN,   "")                   /* write a value into an existing buffer  */ \
     X(CONTIGUOUS,  SCHEDULE, "")                   /* value unchanged; gets its own buffer   */
 
@@ -685,6 +690,27 @@ public:
     // index[i] of this (index 1-D, one per slice of source)
     Tensor index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha = 1,
                      Loc loc = Loc::here()) const;
+    // as torch.scatter: this with src[i][j] written at [index[i][j]][j] (axis 0), index and src
+    // as scatter_add's; of several writes to one place the last in index order stays (PyTorch
+    // leaves it unspecified). With a value: the value written at each place index names.
+    Tensor scatter(int axis, const Tensor& index, const Tensor& src, Loc loc = Loc::here()) const;
+    Tensor scatter(int axis, const Tensor& index, Scalar value, Loc loc = Loc::here()) const;
+    // as torch.scatter_reduce: src combined into this at index by reduce, "sum", "mean" (for
+    // integers rounded down), "amax", "amin" (the gradient shared by the ties, this's among
+    // them) or "prod"; include_self = false: this's element is left out where src reaches it.
+    // "prod" compares every index along the axis with every place of it (work index's size
+    // along the axis times this's): meant for short axes; the others run as scatters.
+    Tensor scatter_reduce(int axis, const Tensor& index, const Tensor& src,
+                          const std::string& reduce, bool include_self = true,
+                          Loc loc = Loc::here()) const;
+    // index_copy, index_fill, index_reduce: as torch's, through scatter with index (1-D, one
+    // per slice of source along the axis) spread over the slices, as index_add
+    Tensor index_copy(int axis, const Tensor& index, const Tensor& source,
+                      Loc loc = Loc::here()) const;
+    Tensor index_fill(int axis, const Tensor& index, Scalar value, Loc loc = Loc::here()) const;
+    Tensor index_reduce(int axis, const Tensor& index, const Tensor& source,
+                        const std::string& reduce, bool include_self = true,
+                        Loc loc = Loc::here()) const;
     // rows: C[X], X [B,T] → [B,T,E]; a negative index counts from the end, as in PyTorch
     Tensor operator[](Operand index) const;
     Tensor operator[](Index i) const;                  // x[i]: drops the first axis
@@ -1388,6 +1414,26 @@ template <int SpatialAxes> struct MaxPool : MaxPoolNd {
 using MaxPool1d = MaxPool<1>;
 using MaxPool2d = MaxPool<2>;
 using MaxPool3d = MaxPool<3>;
+// functional::max_unpool as a layer: unpool(x, indices) or unpool(x, indices, output_size)
+struct MaxUnpoolNd : Module {
+    MaxUnpoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
+                SpatialSizes padding)
+        : spatial_axes(spatial_axes), kernel_size(kernel_size), stride(stride), padding(padding) {}
+    Tensor operator()(const Tensor& x, const Tensor& indices, SpatialSizes output_size = {},
+                      Loc loc = Loc::here());
+    using Module::operator();   // of one input: forward's error
+    Tensor forward(const Tensor& x) override;   // an error: it takes the indices too
+    int spatial_axes;
+    SpatialSizes kernel_size, stride, padding;
+};
+template <int SpatialAxes> struct MaxUnpool : MaxUnpoolNd {
+    explicit MaxUnpool(SpatialSizes kernel_size, SpatialSizes stride = {},
+                       SpatialSizes padding = 0)
+        : MaxUnpoolNd(SpatialAxes, kernel_size, stride, padding) {}
+};
+using MaxUnpool1d = MaxUnpool<1>;
+using MaxUnpool2d = MaxUnpool<2>;
+using MaxUnpool3d = MaxUnpool<3>;
 struct AvgPoolNd : Module {
     AvgPoolNd(int spatial_axes, SpatialSizes kernel_size, SpatialSizes stride,
               SpatialSizes padding, bool count_include_pad, bool ceil_mode,
@@ -2094,6 +2140,33 @@ Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride
 Tensor max_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride = {},
                   SpatialSizes padding = 0, SpatialSizes dilation = 1, bool ceil_mode = false,
                   Loc loc = Loc::here());
+// max_pool and where each window's largest lies: its index into x's spatial axes flattened,
+// int64, as PyTorch's return_indices=True; auto [y, indices] = max_pool2d_with_indices(x, 2)
+ValuesIndices max_pool1d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride = {}, SpatialSizes padding = 0,
+                                      SpatialSizes dilation = 1, bool ceil_mode = false,
+                                      Loc loc = Loc::here());
+ValuesIndices max_pool2d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride = {}, SpatialSizes padding = 0,
+                                      SpatialSizes dilation = 1, bool ceil_mode = false,
+                                      Loc loc = Loc::here());
+ValuesIndices max_pool3d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride = {}, SpatialSizes padding = 0,
+                                      SpatialSizes dilation = 1, bool ceil_mode = false,
+                                      Loc loc = Loc::here());
+// max_pool undone: x [N, C, *windows] (or [C, ...]) written at indices (max_pool's) of zeros
+// [N, C, *output_size], by default (windows - 1)·stride - 2·padding + kernel along each axis,
+// as torch's max_unpool; of repeated indices (overlapping windows) the last is written and
+// gets the gradient
+Tensor max_unpool1d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride = {}, SpatialSizes padding = 0,
+                    SpatialSizes output_size = {}, Loc loc = Loc::here());
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride = {}, SpatialSizes padding = 0,
+                    SpatialSizes output_size = {}, Loc loc = Loc::here());
+Tensor max_unpool3d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride = {}, SpatialSizes padding = 0,
+                    SpatialSizes output_size = {}, Loc loc = Loc::here());
 // The mean of each window, the padding 0 and counted (count_include_pad) or not; ceil_mode as
 // max_pool's, a window's part past the padding never counted; divisor_override: each window's
 // sum divided by it instead. (PyTorch takes ceil_mode before count_include_pad.)
@@ -2656,9 +2729,11 @@ struct Stmt {
     SK kind;
     int id = 0;             // LOOP: variable (its extent is in Block::extents), ACC_*:
                             // accumulator, STORE: buffer
-    Op op = Op::REDUCE_SUM; // ACC_*: REDUCE_SUM or REDUCE_MAX
+    Op op = Op::REDUCE_SUM; // ACC_* and STORE_ADD: REDUCE_SUM or REDUCE_MAX
     DType dtype = DType::FLOAT32;
-    ExprP idx, val;         // STORE: buffer[idx] = val; STORE_ADD: +=; ACC_UPDATE: acc op= val;
+    ExprP idx, val;         // STORE: buffer[idx] = val; STORE_ADD: buffer[idx] op= val (op
+                            // REDUCE_SUM: +=, REDUCE_MAX: max=: scatters);
+                            // ACC_UPDATE: acc op= val;
                             // CHECK: idx is a bounds check whose value nothing reads
     std::vector<Stmt> body; // LOOP
 };
@@ -3997,6 +4072,12 @@ static Tensor neg(const Tensor& x, Loc loc) { return un(Op::NEG, x, loc); }
 // wraps to the lowest again
 static Tensor reversed_order(const Tensor& x, Loc loc) {
     return dtype_is_float(x.dtype()) ? neg(x, loc) : add_c(neg(x, loc), -1, loc);
+}
+// the dtype's lowest value: -∞, INT32_MIN, INT64_MIN (-2^63: exact as a double) or false
+static double lowest_value(DType dt) {
+    if (dtype_is_float(dt)) return -INFINITY;
+    if (dt == DType::INT32) return INT32_MIN;
+    return dt == DType::BOOL ? 0 : double(INT64_MIN);
 }
 
 static std::atomic<uint64_t> seed_counter{0};
@@ -5750,48 +5831,187 @@ Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
     along[size_t(ax)] = out[size_t(ax)] = index.numel();
     return gather(ax, index.reshape(along, loc).expand(out, loc), loc);
 }
+// A scatter's operands: index has this's rank and is no longer than src along any axis, nor
+// than this along the others; src (where given) has this's dtype, and bool only where allowed.
+// Gives the axis.
+static int check_scatter(const Tensor& self, const Tensor& index, const Tensor& src,
+                         const char* op, int axis, bool bool_ok, Loc loc) {
+    check_index(self, index, op, loc);
+    int ax = normalize_axis(axis, self.shape().size(), op, self.shape(), loc, false);
+    auto shapes = [&] {
+        std::string text = strf("self %s %s, index %s", dtype_name(self.dtype()),
+                                shape_str(self.shape()).c_str(), shape_str(index.shape()).c_str());
+        if (src.defined())
+            text += strf(", src %s %s", dtype_name(src.dtype()), shape_str(src.shape()).c_str());
+        return text;
+    };
+    if (src.defined() && (src.dtype() != self.dtype() || (!bool_ok && self.dtype() == DType::BOOL)))
+        fail(strf("%s: self and src must have one dtype%s; ", op, bool_ok ? "" : ", not bool") +
+                 shapes(), loc);
+    bool fits = index.ndim() == self.ndim() && (!src.defined() || src.ndim() == self.ndim());
+    for (int d = 0; fits && d < self.ndim(); d++)
+        fits = (!src.defined() || index.size(d) <= src.size(d)) &&
+               (d == ax || index.size(d) <= self.size(d));
+    if (!fits)
+        fail(strf("%s: index must have self's rank and be no longer than %sself but along axis "
+                  "%d; ", op, src.defined() ? "src along every axis, nor than " : "", ax) +
+                 shapes(), loc);
+    return ax;
+}
+// src's elements that index picks: its leading part of index's shape
+static Tensor scattered_part(const Tensor& src, const Tensor& index, Loc loc) {
+    std::vector<std::pair<int64_t, int64_t>> used;
+    for (int64_t n : index.shape()) used.push_back({0, n});
+    return src.shrink(used, loc);
+}
+// The primitive scatter of the largest: into shape `into` (index's, but for the axis) from
+// the lowest value, max(into[.. index[i] ..], src[i]) for each i in index order; src has index's
+// shape
+static Tensor scatter_max(const Shape& into, int ax, const Tensor& index, const Tensor& src,
+                          Loc loc) {
+    return wrap(node_make(Op::SCATTER_MAX, src.dtype(), into, {src.node(), index.node()}, loc,
+                          {ax}));
+}
+// t (index's shape but for the axis) padded with fill to this's shape along the other axes
+static Tensor padded_to(const Tensor& t, const Tensor& self, int ax, Scalar fill, Loc loc) {
+    std::vector<std::pair<int64_t, int64_t>> more;
+    for (int d = 0; d < self.ndim(); d++)
+        more.push_back({0, d == ax ? 0 : self.size(d) - t.size(d)});
+    return t.pad(more, fill, loc);
+}
+// each element's position along the axis, int64, in shape
+static Tensor positions_along(const Shape& shape, int ax, Loc loc) {
+    Shape along(shape.size(), 1);
+    along[size_t(ax)] = shape[size_t(ax)];
+    return Tensor::arange(shape[size_t(ax)], loc).cast(DType::INT64, loc).reshape(along, loc)
+        .expand(shape, loc);
+}
+// how many of index's elements name each place of self (int64, self's shape)
+static Tensor scatter_counts(const Tensor& self, int ax, const Tensor& index, Loc loc) {
+    return const_like(self, 0, DType::INT64, loc)
+        .scatter_add(ax, index, const_like(index, 1, DType::INT64, loc), loc);
+}
+
 Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
     check_defined(src, "scatter_add", loc);
-    check_index(*this, index, "scatter_add", loc);
-    int ax = normalize_axis(axis, shape().size(), "scatter_add", shape(), loc, false);
-    auto shapes = [&] {
-        return strf("self %s %s, index %s, src %s %s", dtype_name(dtype()),
-                    shape_str(shape()).c_str(), shape_str(index.shape()).c_str(),
-                    dtype_name(src.dtype()), shape_str(src.shape()).c_str());
-    };
-    if (src.dtype() != dtype() || dtype() == DType::BOOL)
-        fail("scatter_add: self and src must have one dtype, not bool; " + shapes(), loc);
-    bool fits = index.ndim() == ndim() && src.ndim() == ndim();
-    for (int d = 0; fits && d < ndim(); d++)
-        fits = index.size(d) <= src.size(d) && (d == ax || index.size(d) <= size(d));
-    if (!fits)
-        fail(strf("scatter_add: index must have self's rank and be no longer than src along "
-                  "every axis, nor than self but along axis %d; ", ax) + shapes(), loc);
-    std::vector<std::pair<int64_t, int64_t>> used;   // src's elements that index picks
-    for (int64_t n : index.shape()) used.push_back({0, n});
+    int ax = check_scatter(*this, index, src, "scatter_add", axis, false, loc);
     NodeP added = node_make(Op::SCATTER_ADD, dtype(), shape(),
-                            {src.shrink(used, loc).node(), index.node()}, loc, {ax});
+                            {scattered_part(src, index, loc).node(), index.node()}, loc, {ax});
     return add(*this, wrap(added), loc);
+}
+// Where each place was last written: the largest position along the axis that names it
+Tensor Tensor::scatter(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
+    check_defined(src, "scatter", loc);
+    int ax = check_scatter(*this, index, src, "scatter", axis, true, loc);
+    UserLocScope at(loc);   // for the operators below
+    Shape into = index.shape();
+    into[size_t(ax)] = size(ax);
+    Tensor last = scatter_max(into, ax, index, positions_along(index.shape(), ax, loc), loc);
+    Tensor picked = scattered_part(src, index, loc).gather(ax, last.maximum(0), loc);
+    return where(padded_to(last >= 0, *this, ax, false, loc), padded_to(picked, *this, ax, 0, loc),
+                 *this, loc);
+}
+Tensor Tensor::scatter(int axis, const Tensor& index, Scalar value, Loc loc) const {
+    check_defined(*this, "scatter", loc);
+    int ax = check_scatter(*this, index, Tensor(), "scatter", axis, true, loc);
+    UserLocScope at(loc);
+    return where(scatter_counts(*this, ax, index, loc) > 0,
+                 const_like(*this, value.value, dtype(), loc), *this, loc);
+}
+Tensor Tensor::scatter_reduce(int axis, const Tensor& index, const Tensor& src,
+                              const std::string& reduce, bool include_self, Loc loc) const {
+    check_defined(src, "scatter_reduce", loc);
+    int ax = check_scatter(*this, index, src, "scatter_reduce", axis, false, loc);
+    if (reduce != "sum" && reduce != "mean" && reduce != "amax" && reduce != "amin" &&
+        reduce != "prod")
+        fail("scatter_reduce: reduce \"" + reduce + "\" is not sum, mean, amax, amin or prod",
+             loc);
+    UserLocScope at(loc);   // for the operators below
+    if (reduce == "amin")   // the largest of the order reversed
+        return reversed_order(reversed_order(*this, loc).scatter_reduce(
+                                  ax, index, reversed_order(src, loc), "amax", include_self, loc),
+                              loc);
+    Tensor counts = scatter_counts(*this, ax, index, loc), hit = counts > 0;
+    Tensor used = scattered_part(src, index, loc);
+    if (reduce == "sum" || reduce == "mean") {
+        Tensor start = include_self ? *this : const_like(*this, 0, dtype(), loc);
+        Tensor total = start.scatter_add(ax, index, used, loc);
+        if (reduce == "sum") return include_self ? total : where(hit, total, *this, loc);
+        Tensor count = counts + (include_self ? 1 : 0);
+        Tensor mean = dtype_is_float(dtype()) ? total / count.cast(dtype(), loc)
+                                              : total.floor_divide(count.cast(dtype(), loc), loc);
+        return where(count > 0, mean, *this, loc);
+    }
+    if (reduce == "amax") {
+        if (!include_self)
+            return where(hit, scatter_max(shape(), ax, index, used, loc), *this, loc);
+        // this joins src as one more value at each place, so that ties with it share alike
+        Tensor values = cat({padded_to(used, *this, ax, lowest_value(dtype()), loc), *this}, ax,
+                            loc);
+        Tensor places = cat({padded_to(index.cast(DType::INT64, loc), *this, ax, 0, loc),
+                             positions_along(shape(), ax, loc)}, ax, loc);
+        return scatter_max(shape(), ax, places, values, loc);
+    }
+    // prod: [.., i, place, ..], src's element i where index names the place, else 1
+    Shape spread(size_t(ndim()) + 1, 1);
+    spread[size_t(ax) + 1] = size(ax);
+    Tensor places = Tensor::arange(size(ax), loc).cast(DType::INT64, loc).reshape(spread, loc);
+    Tensor named = index.cast(DType::INT64, loc).unsqueeze(ax + 1, loc) == places;
+    Tensor product = where(named, used.unsqueeze(ax + 1, loc), 1, loc).prod(ax, false, loc)
+                         .cast(dtype(), loc);
+    product = padded_to(product, *this, ax, 1, loc);
+    return include_self ? *this * product : where(hit, product, *this, loc);
+}
+// source's shape: this's but index.numel() along the axis; index 1-D. Gives the axis.
+static int check_index_slices(const Tensor& self, int axis, const Tensor& index,
+                              const Tensor& source, const char* op, Loc loc) {
+    check_defined(source, op, loc);
+    check_index(self, index, op, loc);
+    int ax = normalize_axis(axis, self.shape().size(), op, self.shape(), loc, false);
+    Shape expected = self.shape();
+    if (ax < int(expected.size())) expected[size_t(ax)] = index.numel();
+    if (index.ndim() != 1 || source.shape() != expected)
+        fail(strf("%s: index must be 1-D and source this's shape but along axis %d (%s); self "
+                  "%s, index %s, source %s", op, ax, shape_str(expected).c_str(),
+                  shape_str(self.shape()).c_str(), shape_str(index.shape()).c_str(),
+                  shape_str(source.shape()).c_str()), loc);
+    return ax;
+}
+// index (1-D) along the axis, the same for every slice: shape's
+static Tensor index_spread(const Tensor& index, int ax, const Shape& shape, Loc loc) {
+    Shape along(shape.size(), 1);
+    along[size_t(ax)] = index.numel();
+    return index.reshape(along, loc).expand(shape, loc);
 }
 Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha,
                          Loc loc) const {
-    check_defined(source, "index_add", loc);
-    check_index(*this, index, "index_add", loc);
-    int ax = normalize_axis(axis, shape().size(), "index_add", shape(), loc, false);
-    Shape expected = shape();
-    if (ax < int(expected.size())) expected[size_t(ax)] = index.numel();
-    if (index.ndim() != 1 || source.shape() != expected)
-        fail(strf("index_add: index must be 1-D and source this's shape but along axis %d "
-                  "(%s); self %s, index %s, source %s", ax, shape_str(expected).c_str(),
-                  shape_str(shape()).c_str(), shape_str(index.shape()).c_str(),
-                  shape_str(source.shape()).c_str()), loc);
-    Shape along(size_t(ndim()), 1);
-    along[size_t(ax)] = index.numel();
+    int ax = check_index_slices(*this, axis, index, source, "index_add", loc);
     if (!dtype_is_float(source.dtype()) && alpha.is_float)
         fail(strf("index_add: alpha %g must be an integer for %s source", alpha.value,
                   dtype_name(source.dtype())), loc);
     Tensor scaled = alpha.value == 1 ? source : mul_c(source, alpha.value, loc);
-    return scatter_add(ax, index.reshape(along, loc).expand(expected, loc), scaled, loc);
+    return scatter_add(ax, index_spread(index, ax, source.shape(), loc), scaled, loc);
+}
+Tensor Tensor::index_copy(int axis, const Tensor& index, const Tensor& source, Loc loc) const {
+    int ax = check_index_slices(*this, axis, index, source, "index_copy", loc);
+    return scatter(ax, index_spread(index, ax, source.shape(), loc), source, loc);
+}
+Tensor Tensor::index_reduce(int axis, const Tensor& index, const Tensor& source,
+                            const std::string& reduce, bool include_self, Loc loc) const {
+    int ax = check_index_slices(*this, axis, index, source, "index_reduce", loc);
+    return scatter_reduce(ax, index_spread(index, ax, source.shape(), loc), source, reduce,
+                          include_self, loc);
+}
+Tensor Tensor::index_fill(int axis, const Tensor& index, Scalar value, Loc loc) const {
+    check_defined(*this, "index_fill", loc);
+    check_index(*this, index, "index_fill", loc);
+    int ax = normalize_axis(axis, shape().size(), "index_fill", shape(), loc, false);
+    if (index.ndim() != 1)
+        fail(strf("index_fill: index must be 1-D, got %s", shape_str(index.shape()).c_str()),
+             loc);
+    Shape spread = shape();
+    if (ax < int(spread.size())) spread[size_t(ax)] = index.numel();
+    return scatter(ax, index_spread(index, ax, spread, loc), value, loc);
 }
 // src's rows that ix picks, [*ix.shape, *src.shape[1:]]; the program checks the range. With
 // from_end, a negative index counts from the end (wrapped after the flatten, so that the
@@ -6524,6 +6744,16 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
     }
     case Op::SCATTER_ADD:
         return {wrap(graph_gather(g.node(), n->src[1], int(n->arg[0]), loc)), Tensor()};
+    case Op::SCATTER_MAX: {   // to the values that are their target's maximum (its NaNs, if
+        // any); the ties at a target share evenly, as PyTorch's scatter_reduce "amax"
+        int axis = int(n->arg[0]);
+        Tensor x = src(0), reached = wrap(graph_gather(n, n->src[1], axis, loc));
+        Tensor hit = (x == reached).maximum(x != x, loc).cast(dt, loc);
+        Tensor count = wrap(node_make(Op::SCATTER_ADD, dt, n->shape, {hit.node(), n->src[1]},
+                                      loc, n->arg));
+        return {mul(hit, wrap(graph_gather((g / count).node(), n->src[1], axis, loc)), loc),
+                Tensor()};
+    }
     case Op::ASSIGN: return {};                                            // writes, not math
     case Op::CONTIGUOUS: return {g};
     default: return {};                                                    // sources: leaves
@@ -7032,7 +7262,8 @@ static Schedule sched_build(const std::vector<NodeP>& targets,
                           : n->leaf                 ? "leaf"
                           : n->op == Op::CONTIGUOUS ? "explicit contiguous"
                           : k == OpKind::ASSIGN     ? "assign"
-                          : n->op == Op::SCATTER_ADD ? "scatter"
+                          : op_kind(n->op) == OpKind::INDEXED && n->op != Op::GATHER
+                              ? "scatter"
                           : too_deep                ? "expression too deep"
                           : in_place                ? "in place of the reduction it alone reads"
                           : store.count(n) && !inner_reduce ? store.at(n)
@@ -7201,9 +7432,10 @@ static bool fused_term(const Stmt& st) {
     return st.kind == SK::ACC_UPDATE && st.op == Op::REDUCE_SUM && dtype_is_float(st.dtype) &&
            st.val->kind == EK::ALU && st.val->op == Op::MUL;
 }
-// buffer[idx] = value, or += for STORE_ADD
-static Stmt st_store(int buffer, DType dt, ExprP idx, ExprP value, SK kind = SK::STORE) {
-    return Stmt{kind, buffer, Op::REDUCE_SUM, dt, std::move(idx), std::move(value), {}};
+// buffer[idx] = value, or op= for STORE_ADD (REDUCE_SUM: +=, REDUCE_MAX: max=)
+static Stmt st_store(int buffer, DType dt, ExprP idx, ExprP value, SK kind = SK::STORE,
+                     Op op = Op::REDUCE_SUM) {
+    return Stmt{kind, buffer, op, dt, std::move(idx), std::move(value), {}};
 }
 // a bounds check whose value nothing reads
 static Stmt st_check(ExprP check) {
@@ -7266,10 +7498,7 @@ static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Sha
 
 // The value an accumulator starts from: 0 for sums, the smallest value for maxima.
 static double acc_identity(Op reduce_op, DType dt) {
-    if (reduce_op == Op::REDUCE_SUM) return 0;
-    if (dtype_is_float(dt)) return -INFINITY;
-    if (dt == DType::INT32) return INT32_MIN;
-    return dt == DType::BOOL ? 0 : double(INT64_MIN);   // -2^63: exact as a double
+    return reduce_op == Op::REDUCE_SUM ? 0 : lowest_value(dt);
 }
 
 // How many times each node of a DAG is read (its first reading visits its operands).
@@ -7466,6 +7695,7 @@ struct Lowering {
     int check_site(Node* n, const Node* src, size_t axis) {
         const char* what = n->op == Op::GATHER          ? "gather"
                            : n->phase == Phase::BACKWARD ? "gather (computing its gradient)"
+                           : n->op == Op::SCATTER_MAX    ? "scatter"
                                                          : "scatter_add";
         prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s", what,
                                     (long long)src->shape[axis], shape_str(src->shape).c_str()),
@@ -7753,10 +7983,13 @@ struct Lowering {
         extents = &blk.extents;
         index_memo = SimplifyMemo{&blk.extents, {}};
         std::vector<ExprP> loop_idx = open_nest(root->shape);
-        if (root->op == Op::SCATTER_ADD) {   // zero the output, then add each value at its index
+        if (root->op == Op::SCATTER_ADD || root->op == Op::SCATTER_MAX) {
+            // the output from the identity (0, or the lowest value), then each value combined
+            // into it at its index
+            Op combine = root->op == Op::SCATTER_ADD ? Op::REDUCE_SUM : Op::REDUCE_MAX;
             visited.push_back(root);
             body->push_back(st_store(out, root->dtype, linear_index(loop_idx, root->shape),
-                                     ex_const(0, root->dtype)));
+                                     ex_const(acc_identity(combine, root->dtype), root->dtype)));
             Node* values = root->src[0].get();
             body = &blk.body;
             open_loops.clear();
@@ -7766,7 +7999,7 @@ struct Lowering {
             ExprP j = ex_alu(Op::CAST, DType::INDEX, {lower(root->src[1].get(), vidx)});
             oidx[axis] = ex_check(j, root->shape[axis], check_site(root, root, axis));
             body->push_back(st_store(out, root->dtype, linear_index(oidx, root->shape),
-                                     lower(values, vidx), SK::STORE_ADD));
+                                     lower(values, vidx), SK::STORE_ADD, combine));
         } else {
             ExprP val = lower(root, loop_idx);
             body->push_back(
@@ -7950,7 +8183,8 @@ static void stmts_str(const std::vector<Stmt>& body, const std::vector<int64_t>&
         case SK::STORE:
         case SK::STORE_ADD:
             out += strf("%sbuf%d[%s] %s %s\n", pad.c_str(), st.id, str(st.idx).c_str(),
-                        st.kind == SK::STORE ? "=" : "+=", str(st.val).c_str());
+                        st.kind == SK::STORE ? "=" : st.op == Op::REDUCE_SUM ? "+=" : "max=",
+                        str(st.val).c_str());
             break;
         case SK::CHECK: out += pad + str(st.idx) + "\n"; break;
         }
@@ -10367,8 +10601,8 @@ struct Interpreter : Executable {
                 int64_t i = eval(*st.idx).i;
                 Num v = eval(*st.val);
                 if (st.kind == SK::STORE_ADD) {
-                    Num sum[2] = {load_value(bufs[st.id], dt, i), v};
-                    v = alu_eval(Op::ADD, dt, dt, sum);
+                    Num both[2] = {load_value(bufs[st.id], dt, i), v};
+                    v = alu_eval(st.op == Op::REDUCE_SUM ? Op::ADD : Op::MAX, dt, dt, both);
                 }
                 store_value(bufs[st.id], dt, i, v);
                 break;
@@ -10577,9 +10811,21 @@ static void c_stmts(const std::vector<Stmt>& body, const std::vector<int64_t>& e
             break;
         }
         case SK::STORE:
+            out += strf("%sbuf%d[%s] = %s;\n", pad.c_str(), st.id, cx.str(st.idx).c_str(),
+                        cx.str(st.val).c_str());
+            break;
         case SK::STORE_ADD:
-            out += strf("%sbuf%d[%s] %s %s;\n", pad.c_str(), st.id, cx.str(st.idx).c_str(),
-                        st.kind == SK::STORE ? "=" : "+=", cx.str(st.val).c_str());
+            if (st.op == Op::REDUCE_SUM) {
+                out += strf("%sbuf%d[%s] += %s;\n", pad.c_str(), st.id, cx.str(st.idx).c_str(),
+                            cx.str(st.val).c_str());
+                break;
+            }
+            out += strf("%s{ int64_t at = %s; buf%d[at] = %s(buf%d[at], %s); }\n", pad.c_str(),
+                        cx.str(st.idx).c_str(), st.id,
+                        st.dtype == DType::FLOAT32   ? "tg_maxf"
+                        : st.dtype == DType::FLOAT64 ? "tg_max"
+                                                     : "tg_imax",
+                        st.id, cx.str(st.val).c_str());
             break;
         case SK::CHECK: out += pad + "(void)" + cx.str(st.idx) + ";\n"; break;
         case SK::LOOP: break;
@@ -14757,9 +15003,11 @@ Tensor pooling_windows(const char* op, const Tensor& x, const Pooling& p) {
     joined.push_back(-1);
     return cut.permute(order).reshape(joined);
 }
-Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
-                const SpatialSizes& stride, const SpatialSizes& padding,
-                const SpatialSizes& dilation, bool ceil_mode, Loc loc) {
+// max_pool's values and, with_indices, where each lies in x's spatial axes flattened
+ValuesIndices max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
+                       const SpatialSizes& stride, const SpatialSizes& padding,
+                       const SpatialSizes& dilation, bool ceil_mode, bool with_indices,
+                       Loc loc) {
     detail::UserLocScope at(loc);
     // Picked by index, so that the gradient goes to one element (the first largest, or the
     // first NaN), as PyTorch's. The index is found elementwise over the kernel's positions, a
@@ -14777,8 +15025,66 @@ Tensor max_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes
         Tensor v = views[i].detach();
         first = where((v == best).maximum(v != v), int(i), first);
     }
-    Tensor windows = pooling_windows(op, x, p);
-    return windows.gather(-1, first.unsqueeze(-1)).squeeze(-1);
+    Tensor values = pooling_windows(op, x, p).gather(-1, first.unsqueeze(-1)).squeeze(-1);
+    if (!with_indices) return {values, Tensor()};
+    // kernel position first (row-major over the kernel's axes) to x's coordinates, flattened
+    const int lead = x.ndim() - int(axes);
+    Tensor position = first.cast(DType::INT64), flat = Tensor::zeros(first.shape(), DType::INT64);
+    int64_t inner = 1, plane = 1;
+    for (int64_t k : p.kernel) inner *= k;
+    for (size_t a = 0; a < axes; a++) plane *= x.size(lead + int(a));
+    for (size_t a = 0; a < axes; a++) {
+        const int at_axis = lead + int(a);
+        inner /= p.kernel[a];
+        plane /= x.size(at_axis);
+        Shape along(size_t(first.ndim()), 1);
+        along[size_t(at_axis)] = first.size(at_axis);
+        Tensor origin = Tensor::arange(first.size(at_axis)).cast(DType::INT64) * p.stride[a] -
+                        p.padding[a];
+        Tensor offset = position.floor_divide(inner) % p.kernel[a] * p.dilation[a];
+        flat = flat + (origin.reshape(along) + offset) * plane;
+    }
+    return {values, flat};
+}
+// zeros [..., prod(out)] with x written at indices, each flattened over the spatial axes
+Tensor max_unpool(const char* op, size_t axes, const Tensor& x, const Tensor& indices,
+                  const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
+                  const SpatialSizes& padding_given, const SpatialSizes& output_size,
+                  Loc loc) {
+    detail::UserLocScope at(loc);
+    check_pooling_input(op, axes, x);
+    if (!indices.defined() || indices.shape() != x.shape() ||
+        (indices.dtype() != DType::INT64 && indices.dtype() != DType::INT32))
+        detail::fail(strf("%s: indices must be int64 (max_pool's) of x's shape %s, got %s %s", op,
+                          shape_str(x.shape()).c_str(),
+                          indices.defined() ? dtype_name(indices.dtype()) : "undefined",
+                          indices.defined() ? shape_str(indices.shape()).c_str() : ""));
+    std::vector<int64_t> kernel = per_axis(kernel_given, axes, op, "kernel_size", 1);
+    std::vector<int64_t> stride = stride_given.sizes.empty()
+                                      ? kernel
+                                      : per_axis(stride_given, axes, op, "stride", 1);
+    std::vector<int64_t> padding = per_axis(padding_given, axes, op, "padding", 0);
+    const int lead = x.ndim() - int(axes);
+    Shape out(x.shape().begin(), x.shape().begin() + lead);
+    const std::vector<int64_t>& given = output_size.sizes;
+    if (!given.empty() && given.size() != axes && given.size() != size_t(x.ndim()))
+        detail::fail(strf("%s: output_size %s must have %zu (or %d) sizes", op,
+                          shape_str(given).c_str(), axes, x.ndim()));
+    for (size_t a = 0; a < axes; a++) {
+        const int64_t windows = x.size(lead + int(a));
+        const int64_t natural = (windows - 1) * stride[a] - 2 * padding[a] + kernel[a];
+        const int64_t size = given.empty() ? natural : given[given.size() - axes + a];
+        if (size < 1 || size < natural - stride[a] || size > natural + stride[a])
+            detail::fail(strf("%s: output_size %lld along spatial axis %zu is not within %lld "
+                              "± the stride %lld (x %s)", op, (long long)size, a,
+                              (long long)natural, (long long)stride[a],
+                              shape_str(x.shape()).c_str()));
+        out.push_back(size);
+    }
+    Shape rows(out.begin(), out.begin() + lead);
+    rows.push_back(-1);
+    Tensor zeros = Tensor::zeros(out, x.dtype()).reshape(rows);
+    return zeros.scatter(-1, indices.flatten(lead, -1), x.flatten(lead, -1)).reshape(out);
 }
 Tensor avg_pool(const char* op, size_t axes, const Tensor& x, const SpatialSizes& kernel,
                 const SpatialSizes& stride, const SpatialSizes& padding,
@@ -14963,21 +15269,59 @@ Tensor conv_transpose3d(const Tensor& x, const Tensor& weight, const Tensor& bia
                                   output_padding, groups, dilation, loc);
 }
 static const char* const max_pool_names[] = {"", "max_pool1d", "max_pool2d", "max_pool3d"};
+static const char* const max_unpool_names[] = {"", "max_unpool1d", "max_unpool2d",
+                                               "max_unpool3d"};
 static const char* const avg_pool_names[] = {"", "avg_pool1d", "avg_pool2d", "avg_pool3d"};
 Tensor max_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
     return max_pool(max_pool_names[1], 1, x, kernel_size, stride, padding, dilation, ceil_mode,
-                    loc);
+                    false, loc).values;
+}
+ValuesIndices max_pool1d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride, SpatialSizes padding,
+                                      SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[1], 1, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    true, loc);
+}
+Tensor max_unpool1d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride, SpatialSizes padding, SpatialSizes output_size,
+                    Loc loc) {
+    return max_unpool(max_unpool_names[1], 1, x, indices, kernel_size, stride, padding,
+                      output_size, loc);
 }
 Tensor max_pool2d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
     return max_pool(max_pool_names[2], 2, x, kernel_size, stride, padding, dilation, ceil_mode,
-                    loc);
+                    false, loc).values;
+}
+ValuesIndices max_pool2d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride, SpatialSizes padding,
+                                      SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[2], 2, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    true, loc);
+}
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride, SpatialSizes padding, SpatialSizes output_size,
+                    Loc loc) {
+    return max_unpool(max_unpool_names[2], 2, x, indices, kernel_size, stride, padding,
+                      output_size, loc);
 }
 Tensor max_pool3d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, SpatialSizes dilation, bool ceil_mode, Loc loc) {
     return max_pool(max_pool_names[3], 3, x, kernel_size, stride, padding, dilation, ceil_mode,
-                    loc);
+                    false, loc).values;
+}
+ValuesIndices max_pool3d_with_indices(const Tensor& x, SpatialSizes kernel_size,
+                                      SpatialSizes stride, SpatialSizes padding,
+                                      SpatialSizes dilation, bool ceil_mode, Loc loc) {
+    return max_pool(max_pool_names[3], 3, x, kernel_size, stride, padding, dilation, ceil_mode,
+                    true, loc);
+}
+Tensor max_unpool3d(const Tensor& x, const Tensor& indices, SpatialSizes kernel_size,
+                    SpatialSizes stride, SpatialSizes padding, SpatialSizes output_size,
+                    Loc loc) {
+    return max_unpool(max_unpool_names[3], 3, x, indices, kernel_size, stride, padding,
+                      output_size, loc);
 }
 Tensor avg_pool1d(const Tensor& x, SpatialSizes kernel_size, SpatialSizes stride,
                   SpatialSizes padding, bool count_include_pad, bool ceil_mode,
@@ -15632,8 +15976,18 @@ Module::Named ConvNd::named_parameters() {
 }
 Tensor MaxPoolNd::forward(const Tensor& x) {
     return functional::max_pool(functional::max_pool_names[spatial_axes], size_t(spatial_axes),
-                                x, kernel_size, stride, padding, dilation, ceil_mode,
+                                x, kernel_size, stride, padding, dilation, ceil_mode, false,
                                 Loc::here());
+}
+Tensor MaxUnpoolNd::operator()(const Tensor& x, const Tensor& indices, SpatialSizes output_size,
+                               Loc loc) {
+    return functional::max_unpool(functional::max_unpool_names[spatial_axes],
+                                  size_t(spatial_axes), x, indices, kernel_size, stride, padding,
+                                  output_size, loc);
+}
+Tensor MaxUnpoolNd::forward(const Tensor& x) {
+    detail::fail(strf("%s: forward(x) with x %s alone: it takes the indices too, (x, indices)",
+                      functional::max_unpool_names[spatial_axes], shape_str(x.shape()).c_str()));
 }
 Tensor Upsample::forward(const Tensor& x) {
     if (x.ndim() < 3)

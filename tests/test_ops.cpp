@@ -3100,6 +3100,117 @@ TEST(ops_scans_order_statistics_and_products_match_pytorch) {
     CHECK_THROWS(tg::tril_indices(-1, 2), "tril_indices", "-1");
 }
 
+// Values and gradients from PyTorch 1.13 (tests/data/make_reference.py): scatter along axis 1
+// of base [3, 5] from src [4, 6] at index [2, 4], with repeated places, ties with base for
+// amax and amin (shared alike), and a zero for prod; src is passed whole (PyTorch's cut to
+// index's shape)
+TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
+    Reference ref = read_reference("tests/data/scatter_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(23));
+    using X = const std::vector<Tensor>&;
+    auto index = [](std::vector<int64_t> v) { return Tensor::from_vector(v, {2, 4}); };
+    Tensor repeated = index({0, 1, 0, 3, 4, 4, 2, 4}), unique = index({0, 1, 4, 3, 4, 1, 2, 0});
+    Tensor slice_index = Tensor::from_vector(std::vector<int64_t>{3, 0});
+    std::map<std::string, std::pair<std::vector<const char*>, std::function<Tensor(X)>>> ours = {
+        {"scatter", {{"base", "src"}, [&](X x) { return x[0].scatter(1, unique, x[1]); }}},
+        {"scatter_repeated",
+         {{}, [&](X) { return ref.inputs.at("base").scatter(1, repeated, ref.inputs.at("src")); }}},
+        {"scatter_value", {{"base"}, [&](X x) { return x[0].scatter(1, repeated, -4.5); }}},
+        {"index_copy",
+         {{"base", "slices"}, [&](X x) { return x[0].index_copy(1, slice_index, x[1]); }}},
+        {"index_fill", {{"base"}, [&](X x) { return x[0].index_fill(1, slice_index, 2.5); }}},
+        {"index_reduce_amax",
+         {{"base", "slices"},
+          [&](X x) {
+              Tensor threes = Tensor::from_vector(std::vector<int64_t>{3, 3});
+              return x[0].index_reduce(1, threes, x[1], "amax");
+          }}},
+        {"scatter_reduce_mean_int",
+         {{},
+          [](X) {
+              Tensor self = Tensor::from_vector(std::vector<int64_t>{10, 20, 30, 40}, {1, 4});
+              Tensor at = Tensor::from_vector(std::vector<int64_t>{0, 0, 1, 1, 1}, {1, 5});
+              Tensor src = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4, -8}, {1, 5});
+              return self.scatter_reduce(1, at, src, "mean", false);
+          }}},
+    };
+    namespace F = tg::nn::functional;
+    const Tensor& image = ref.inputs.at("image");
+    ours["max_pool2d_indices"] = {{}, [&](X) { return F::max_pool2d_with_indices(image, 3, 2, 1).indices; }};
+    ours["max_pool2d_indices_ceil"] = {
+        {}, [&](X) { return F::max_pool2d_with_indices(image, 2, {2, 3}, 0, 1, true).indices; }};
+    ours["max_pool1d_indices_dilated"] = {{}, [&](X) {
+        return F::max_pool1d_with_indices(image.reshape({2, 2, 42}), 3, 2, 1, 2).indices;
+    }};
+    ours["max_pool3d_indices"] = {{}, [&](X) {
+        return F::max_pool3d_with_indices(image.reshape({1, 2, 7, 6, 2}), 2, {2, 2, 1}, {1, 0, 0})
+            .indices;
+    }};
+    ours["max_unpool2d"] = {{"pooled"}, [&](X x) {
+        return F::max_unpool2d(x[0], F::max_pool2d_with_indices(image, 2, 2).indices, 2, 2, 0,
+                               {7, 6});
+    }};
+    ours["max_unpool2d_padded"] = {{"pooled_wide"}, [&](X x) {
+        tg::nn::MaxUnpool2d unpool(2, 2, 1);   // the layer
+        return unpool(x[0], F::max_pool2d_with_indices(image, 2, 2, 1).indices, {2, 2, 7, 6});
+    }};
+    for (const char* reduce : {"sum", "mean", "amax", "amin", "prod"})
+        for (bool include_self : {true, false})
+            ours[std::string("scatter_reduce_") + reduce + (include_self ? "_self" : "_src")] = {
+                {"base", "src"}, [&, reduce, include_self](X x) {
+                    Tensor self = include_self ? x[0] : x[0] + 0.5;   // as the script's
+                    return self.scatter_reduce(1, repeated, x[1], reduce, include_self);
+                }};
+    for (const auto& [name, c] : ref.cases) {
+        CHECK(ours.count(name) == 1);
+        if (!ours.count(name)) continue;
+        auto [inputs, f] = ours[name];
+        std::vector<Tensor> x;
+        for (const char* input : inputs)
+            x.push_back(ref.inputs.at(input).detach().requires_grad());
+        check_case(name, c, f(x), x, 1e-12);
+    }
+    // integers and bool, NaN, and an index past the end found when the program runs
+    Tensor ints = Tensor::from_vector(std::vector<int>{5, 1, 7}), at = Tensor::from_vector(
+        std::vector<int64_t>{2, 0, 2});
+    Tensor more = Tensor::from_vector(std::vector<int>{4, -3, 9});
+    CHECK(ivals(ints.scatter_reduce(0, at, more, "amax")) == (std::vector<int>{5, 1, 9}));
+    CHECK(ivals(ints.scatter_reduce(0, at, more, "amin", false)) == (std::vector<int>{-3, 1, 4}));
+    CHECK(ivals(ints.scatter_reduce(0, at, more, "prod")) == (std::vector<int>{-15, 1, 252}));
+    CHECK(ivals(ints.scatter(0, at, more)) == (std::vector<int>{-3, 1, 9}));
+    Tensor flags = Tensor::from_vector(std::vector<bool>{false, false, true});
+    Tensor set = flags.scatter(0, at.slice(0, 1, 2), Tensor::from_vector(std::vector<bool>{true}));
+    CHECK(set.dtype() == DType::BOOL && ivals(set.cast(DType::INT32)) == (std::vector<int>{1, 0, 1}));
+    Tensor with_nan = Tensor::from_vector(Vec{1, NAN, 3});
+    CHECK_ALL_NEAR(vals(Tensor::zeros({3}, DType::FLOAT64).scatter_reduce(0, at, with_nan, "amax")),
+                   (Vec{NAN, 0, 3}), 0);
+    Tensor base = ref.inputs.at("base");
+    CHECK_THROWS(base.scatter_reduce(1, repeated + 1, ref.inputs.at("src"), "amax").realize(),
+                 "scatter: index out of range [0, 5)");
+    // errors
+    CHECK_THROWS(base.scatter_reduce(1, repeated, ref.inputs.at("src"), "max"), "scatter_reduce",
+                 "\"max\"", "sum, mean, amax, amin or prod");
+    CHECK_THROWS(base.scatter(1, repeated, ints), "scatter", "one dtype", "int32 [3]");
+    CHECK_THROWS(base.scatter(0, repeated, base.slice(1, 0, 3)), "scatter", "no longer than src",
+                 "[2,4]", "[3,3]");
+    CHECK_THROWS(base.scatter(1, repeated.reshape({8}), 1.0), "scatter", "self's rank", "[8]");
+    CHECK_THROWS(flags.scatter_reduce(0, at, flags, "sum"), "scatter_reduce", "not bool");
+    CHECK_THROWS(base.index_copy(1, slice_index, base), "index_copy", "[3,2]", "[3,5]");
+    CHECK_THROWS(base.index_fill(1, repeated, 1.0), "index_fill", "1-D", "[2,4]");
+    auto [pooled, where_from] = F::max_pool2d_with_indices(image, 2);
+    CHECK(where_from.dtype() == DType::INT64 && pooled.shape() == (tg::Shape{2, 2, 3, 3}));
+    CHECK_THROWS(F::max_unpool2d(pooled, where_from.slice(0, 0, 1), 2), "max_unpool2d",
+                 "of x's shape [2,2,3,3]", "[1,2,3,3]");
+    CHECK_THROWS(F::max_unpool2d(pooled, where_from, 2, 2, 0, {9, 6}), "max_unpool2d",
+                 "output_size 9", "6 ± the stride 2");
+    CHECK_THROWS(F::max_unpool2d(pooled, where_from, 2, 2, 0, {7, 6, 1}), "max_unpool2d",
+                 "must have 2 (or 4) sizes");
+    CHECK_THROWS(F::max_unpool2d(pooled, where_from + 6, 2).realize(),
+                 "scatter: index out of range [0, 36)");
+    tg::nn::MaxUnpool1d unpool(2);
+    CHECK_THROWS(unpool(pooled), "max_unpool1d", "it takes the indices too");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});

@@ -16,6 +16,10 @@
   math_more_reference.txt  cummax, logcumsumexp, median, quantile, tensordot, cross, hypot,
                          bincount, histc, rot90 and the like (tests/test_ops.cpp,
                          ops_scans_order_statistics_and_products_match_pytorch)
+  scatter_reference.txt  scatter, scatter_reduce (each reduction, with and without self),
+                         index_copy, index_fill, index_reduce, max_pool's indices and
+                         max_unpool (tests/test_ops.cpp,
+                         ops_scatter_and_scatter_reduce_match_pytorch)
   transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
                          inputs, outputs and the inputs' gradients (tests/test_training.cpp,
                          nn_transformer_encoder_and_decoder_match_pytorch)
@@ -312,6 +316,66 @@ write("math_more_reference.txt", more, [
     ("cartesian_prod", ["v", "w"], torch.cartesian_prod),
     ("meshgrid_xy", ["v", "w"], lambda v, w: torch.stack(torch.meshgrid(v, w, indexing="xy"))),
 ])
+
+# Scatters along axis 1 of base [3, 5] from src [4, 6] at index [2, 4] (row 2 untouched): ties
+# with base at place 0 of row 0 (1.5) and place 4 of row 1 (3), and a 0 for prod's gradient
+scatter_inputs = {
+    "base": tensor([1.5, 0, 2, -1, 7, 1, 2, 3, 4, 3, 5, 6, 7, 8, 9], 3, 5),
+    "src": tensor([1.5, -2, 1.5, 0.25, 9, 9, 3, -1, 0, 3, 9, 9,
+                   9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], 4, 6),
+    "slices": tensor([0.5, -1, 2, 4, 0.25, -3], 3, 2),
+}
+scatter_index = torch.tensor([[0, 1, 0, 3], [4, 4, 2, 4]])
+unique_index = torch.tensor([[0, 1, 4, 3], [4, 1, 2, 0]])
+slice_index = torch.tensor([3, 0])
+scatter_cases = [
+    # src cut to index's shape (the tests pass it whole): PyTorch 1.13's gradient of a larger
+    # src fails
+    ("scatter", ["base", "src"], lambda b, s: b.scatter(1, unique_index, s[:2, :4])),
+    ("scatter_repeated", [], lambda: scatter_inputs["base"].scatter(
+        1, scatter_index, scatter_inputs["src"])),
+    ("scatter_value", ["base"], lambda b: b.scatter(1, scatter_index, -4.5)),
+    ("index_copy", ["base", "slices"], lambda b, s: b.index_copy(1, slice_index, s)),
+    ("index_fill", ["base"], lambda b: b.index_fill(1, slice_index, 2.5)),
+]
+# Without self, base is moved 0.5 off its ties with src: PyTorch 1.13 still counts them in the
+# shares of src's gradient (which then add up to less than the whole)
+for reduce in ["sum", "mean", "amax", "amin", "prod"]:
+    for include_self in [True, False]:
+        scatter_cases.append(("scatter_reduce_%s_%s" % (reduce, "self" if include_self else "src"),
+                              ["base", "src"],
+                              lambda b, s, r=reduce, i=include_self:
+                              (b if i else b + 0.5).scatter_reduce(1, scatter_index, s[:2, :4], r,
+                                                                   include_self=i)))
+scatter_cases.append(("index_reduce_amax", ["base", "slices"],
+                      lambda b, s: b.index_reduce(1, torch.tensor([3, 3]), s, "amax")))
+scatter_cases.append(("scatter_reduce_mean_int", [], lambda: torch.tensor(
+    [[10, 20, 30, 40]]).scatter_reduce(1, torch.tensor([[0, 0, 1, 1, 1]]),
+                                       torch.tensor([[1, 2, 3, 4, -8]]), "mean",
+                                       include_self=False)))
+# max_pool's indices (a tie in the first window) and max_unpool of values at them
+image = (torch.arange(2 * 2 * 7 * 6, dtype=torch.float64).reshape(2, 2, 7, 6) * 0.37 % 2.3) - 1.1
+image[0, 0, 1, 1] = image[0, 0, 1, 2]
+scatter_inputs["image"] = image
+scatter_inputs["pooled"] = torch.arange(2 * 2 * 3 * 3, dtype=torch.float64).reshape(
+    2, 2, 3, 3) * 0.25 - 2
+scatter_inputs["pooled_wide"] = torch.arange(2 * 2 * 4 * 4, dtype=torch.float64).reshape(
+    2, 2, 4, 4) * 0.125 - 3
+volume = image.reshape(1, 2, 7, 6, 2)
+scatter_cases += [
+    ("max_pool2d_indices", [], lambda: F.max_pool2d(image, 3, 2, 1, return_indices=True)[1]),
+    ("max_pool2d_indices_ceil", [], lambda: F.max_pool2d(
+        image, 2, (2, 3), 0, ceil_mode=True, return_indices=True)[1]),
+    ("max_pool1d_indices_dilated", [], lambda: F.max_pool1d(
+        image.reshape(2, 2, 42), 3, 2, 1, 2, return_indices=True)[1]),
+    ("max_pool3d_indices", [], lambda: F.max_pool3d(volume, 2, (2, 2, 1), (1, 0, 0),
+                                                     return_indices=True)[1]),
+    ("max_unpool2d", ["pooled"], lambda p: F.max_unpool2d(
+        p, F.max_pool2d(image, 2, 2, return_indices=True)[1], 2, 2, output_size=(7, 6))),
+    ("max_unpool2d_padded", ["pooled_wide"], lambda p: F.max_unpool2d(
+        p, F.max_pool2d(image, 2, 2, 1, return_indices=True)[1], 2, 2, 1, output_size=(7, 6))),
+]
+write("scatter_reference.txt", scatter_inputs, scatter_cases)
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
 # each, made as PyTorch makes them (each layer a copy of the one given), then every weight
