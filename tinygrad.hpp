@@ -1895,6 +1895,34 @@ struct TransformerDecoder : Module {
     ModuleList layers;
     std::optional<LayerNorm> norm;
 };
+// PyTorch's nn.Transformer: encoder (num_encoder_layers TransformerEncoderLayers and a
+// LayerNorm) and decoder (num_decoder_layers TransformerDecoderLayers and a LayerNorm), every
+// parameter of two axes or more then drawn again from xavier_uniform, as PyTorch's
+// _reset_parameters (its seeds: the layers', then one per such parameter, in named order).
+// forward(src, tgt, ...) = decoder(tgt, encoder(src)); the masks as the layers' (src_mask and
+// src_key_padding_mask the encoder's, memory_* the decoder's attention to the memory).
+struct Transformer : Module {
+    Transformer(int64_t d_model = 512, int64_t nhead = 8, int64_t num_encoder_layers = 6,
+                int64_t num_decoder_layers = 6, int64_t dim_feedforward = 2048,
+                double dropout = 0.1, const std::string& activation = "relu",
+                double layer_norm_eps = 1e-5, bool batch_first = false, bool norm_first = false,
+                bool bias = true, Loc loc = Loc::here());
+    Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask = Tensor(),
+                   const Tensor& tgt_mask = Tensor(), const Tensor& memory_mask = Tensor(),
+                   const Tensor& src_key_padding_mask = Tensor(),
+                   const Tensor& tgt_key_padding_mask = Tensor(),
+                   const Tensor& memory_key_padding_mask = Tensor(), bool src_is_causal = false,
+                   bool tgt_is_causal = false, Loc loc = Loc::here());
+    Tensor forward(const Tensor& x) override;   // an error: it takes src and tgt
+    std::vector<std::pair<std::string, Module*>> children() override;
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override;
+    // [size, size] float32: -∞ above the diagonal (a later position), 0 elsewhere
+    static Tensor generate_square_subsequent_mask(int64_t size, Loc loc = Loc::here());
+    TransformerEncoder encoder;
+    TransformerDecoder decoder;
+    int64_t d_model, nhead;
+    bool batch_first;
+};
 
 namespace init {   // fan_in/fan_out: inputs and outputs per unit; gain √2 for ReLU (kaiming)
 Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed = Tensor::next_seed(),
@@ -16837,6 +16865,72 @@ Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory,
                                                           tgt_key_padding_mask,
                                                           memory_key_padding_mask, tgt_is_causal);
     return norm ? (*norm)(x) : x;
+}
+Transformer::Transformer(int64_t d, int64_t heads, int64_t encoder_layers, int64_t decoder_layers,
+                         int64_t ff, double p, const std::string& activation, double eps,
+                         bool batch_first_, bool norm_first, bool bias, Loc loc)
+    : encoder(TransformerEncoderLayer(d, heads, ff, p, activation, eps, batch_first_, norm_first,
+                                      bias, loc),
+              encoder_layers, LayerNorm(d, eps, true, bias, loc), loc),
+      decoder(TransformerDecoderLayer(d, heads, ff, p, activation, eps, batch_first_, norm_first,
+                                      bias, loc),
+              decoder_layers, LayerNorm(d, eps, true, bias, loc), loc),
+      d_model(d), nhead(heads), batch_first(batch_first_) {
+    detail::UserLocScope at(loc);
+    take_seeds_of_children();
+    std::vector<uint64_t> all = seeds;
+    for (auto& [name, t] : named_parameters())
+        if (t.ndim() >= 2) all.push_back(Tensor::next_seed());
+    reset_parameters(all);
+}
+std::vector<std::pair<std::string, Module*>> Transformer::children() {
+    return {{"encoder", &encoder}, {"decoder", &decoder}};
+}
+// the layers' own seeds, then xavier_uniform for each matrix, loaded in one program
+void Transformer::reset_parameters(const std::vector<uint64_t>& s) {
+    Named named = named_parameters();
+    size_t own = encoder.seeds.size() + decoder.seeds.size(), matrices = 0;
+    for (auto& [name, t] : named) matrices += t.ndim() >= 2;
+    check_seed_count(s, own + matrices, "Transformer");
+    Module::reset_parameters(std::vector<uint64_t>(s.begin(), s.begin() + long(own)));
+    std::map<std::string, Tensor> drawn;
+    size_t at = own;
+    for (auto& [name, t] : named_parameters())
+        if (t.ndim() >= 2)
+            drawn[name] = init::xavier_uniform(t.shape(), t.size(1), t.size(0), s.at(at++));
+    load_state_dict(drawn, false);
+    seeds = s;
+}
+Tensor Transformer::forward(const Tensor& x) {
+    detail::fail(strf("Transformer: forward(x) with x %s alone: it takes src and tgt, "
+                      "forward(src, tgt, ...)", shape_str(x.shape()).c_str()));
+}
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
+                            const Tensor& tgt_mask, const Tensor& memory_mask,
+                            const Tensor& src_key_padding_mask,
+                            const Tensor& tgt_key_padding_mask,
+                            const Tensor& memory_key_padding_mask, bool src_is_causal,
+                            bool tgt_is_causal, Loc loc) {
+    detail::UserLocScope at(loc);
+    detail::check_defined(src, "Transformer", loc), detail::check_defined(tgt, "Transformer", loc);
+    // the batch axis: 0 with batch_first, else 1; none unbatched (2 axes)
+    auto batch = [&](const Tensor& t) { return t.ndim() == 3 ? t.size(batch_first ? 0 : 1) : -1; };
+    if (src.ndim() != tgt.ndim() || batch(src) != batch(tgt) || src.size(-1) != d_model ||
+        tgt.size(-1) != d_model)
+        detail::fail(strf("Transformer: src %s and tgt %s need one batch size and d_model %lld "
+                          "features (batch_first %s)", shape_str(src.shape()).c_str(),
+                          shape_str(tgt.shape()).c_str(), (long long)d_model,
+                          batch_first ? "true" : "false"));
+    Tensor memory = encoder.forward(src, src_mask, src_key_padding_mask, src_is_causal);
+    return decoder.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                           memory_key_padding_mask, tgt_is_causal);
+}
+Tensor Transformer::generate_square_subsequent_mask(int64_t size, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (size < 0)
+        detail::fail(strf("Transformer: generate_square_subsequent_mask(%lld): a size below 0",
+                          (long long)size));
+    return where(causal_mask(size), -INFINITY, Tensor::zeros({size, size}));
 }
 std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {
     return {{"qkv", &qkv}, {"proj", &proj}, {"attn_drop", &attn_drop}};

@@ -2435,6 +2435,50 @@ TEST(nn_transformer_encoder_and_decoder_match_pytorch) {
     CHECK_THROWS(nn::TransformerEncoderLayer(8, 3), "MultiheadAttention");
 }
 
+// nn.Transformer: PyTorch's weights loaded by name, its output and the inputs' gradients;
+// the init draws every matrix from xavier_uniform; reseeding draws the same values again
+TEST(nn_transformer_matches_pytorch) {
+    Reference ref = read_reference("tests/data/transformer_reference.txt");
+    nn::Transformer model(8, 2, 1, 1, 16, 0.0, "relu", 1e-5, true);
+    size_t counted = 0;
+    for (auto& [name, t] : model.named_parameters()) {
+        if (t.ndim() < 2) continue;
+        counted++;
+        double bound = std::sqrt(6.0 / double(t.size(0) + t.size(1)));
+        CHECK(t.abs().max().item() <= bound);
+        CHECK(t.abs().max().item() > 0.5 * bound);
+    }
+    CHECK_EQ(counted, size_t(10));   // 4 matrices in the encoder's layer, 6 in the decoder's
+    std::vector<uint64_t> seeds = model.seeds;
+    Vec before = vals(model.decoder.layers.at<nn::TransformerDecoderLayer>(0).linear2.weight);
+    model.reset_parameters(seeds);
+    CHECK_ALL_NEAR(vals(model.decoder.layers.at<nn::TransformerDecoderLayer>(0).linear2.weight),
+                   before, 0);
+    std::map<std::string, Tensor> state;
+    for (const auto& [name, t] : ref.inputs)
+        if (name.rfind("transformer.", 0) == 0) state[name.substr(12)] = t;
+    CHECK_EQ(state.size(), size_t(34));
+    model.load_state_dict(state);   // strict: every name PyTorch's
+    Tensor padding = ref.inputs.at("src_key_padding_mask") != 0;
+    Tensor src = ref.inputs.at("src").cast(DType::FLOAT32).requires_grad();
+    Tensor tgt = ref.inputs.at("tgt").cast(DType::FLOAT32).requires_grad();
+    Tensor subsequent = nn::Transformer::generate_square_subsequent_mask(4);
+    CHECK_ALL_NEAR(vals(subsequent), (Vec{0, -INFINITY, -INFINITY, -INFINITY, 0, 0, -INFINITY,
+                                          -INFINITY, 0, 0, 0, -INFINITY, 0, 0, 0, 0}), 0);
+    Tensor out = model.forward(src, tgt, Tensor(), subsequent, Tensor(), padding, Tensor(),
+                               padding);
+    check_case("transformer", ref.cases.at("transformer"), out, {src, tgt}, 1e-5);
+    // tgt_is_causal in place of the mask
+    CHECK_ALL_NEAR(vals(model.forward(src, tgt, Tensor(), Tensor(), Tensor(), padding, Tensor(),
+                                      padding, false, true)), vals(out), 1e-6);
+    // errors
+    CHECK_THROWS(model(src), "Transformer", "src and tgt");
+    CHECK_THROWS(model.forward(src, tgt.slice(0, 0, 1)), "Transformer", "[2,5,8]", "[1,4,8]",
+                 "one batch size");
+    CHECK_THROWS(model.reset_parameters({1, 2}), "Transformer", "seeds");
+    CHECK_THROWS(nn::Transformer::generate_square_subsequent_mask(-1), "below 0");
+}
+
 TEST(nn_multihead_attention) {
     const int64_t E = 8, H = 2, D = 4, N = 2, L = 3, S = 4;
     nn::MultiheadAttention mha(E, H);

@@ -20,9 +20,9 @@
                          index_copy, index_fill, index_reduce, max_pool's indices and
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
-  transformer_reference.txt  a TransformerEncoder and a TransformerDecoder: their weights,
-                         inputs, outputs and the inputs' gradients (tests/test_training.cpp,
-                         nn_transformer_encoder_and_decoder_match_pytorch)
+  transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
+                         their weights, inputs, outputs and the inputs' gradients
+                         (tests/test_training.cpp, nn_transformer_*_match_pytorch)
 Each function runs on fixed float64 inputs, written first, one line each:
   input NAME [SHAPE] {VALUES}
 then each case's result y (in float64) and the gradients of sum(y·c) for its inputs that need
@@ -411,7 +411,23 @@ def decode(src, tgt):
     return decoder(tgt, encode(src), tgt_mask=causal, memory_key_padding_mask=padding)
 
 
+# A whole nn.Transformer (one layer each way), its weights moved by noise as above
+transformer = torch.nn.Transformer(E, HEADS, 1, 1, FF, 0.0, batch_first=True)
+with torch.no_grad():
+    for name, p in transformer.named_parameters():
+        p.add_(torch.randn(p.shape) * 0.1)
+        inputs["transformer." + name] = p.detach().double()
+    transformer.double()
+
+
+def transform(src, tgt):
+    subsequent = torch.nn.Transformer.generate_square_subsequent_mask(T).double()
+    return transformer(src, tgt, tgt_mask=subsequent, src_key_padding_mask=padding,
+                       memory_key_padding_mask=padding)
+
+
 write("transformer_reference.txt", inputs, [
     ("encoder", ["src"], encode),
     ("decoder", ["src", "tgt"], decode),
+    ("transformer", ["src", "tgt"], transform),
 ])
