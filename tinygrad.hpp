@@ -2612,6 +2612,46 @@ protected:
     std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
     std::vector<Tensor> square_avg, acc_delta;
 };
+// PyTorch's Rprop: each element's step size (the lr at its first step) times etas.second where
+// its gradient keeps its sign from the last step, etas.first where it flips (that gradient
+// then counts as 0, in the update and as the next step's last), kept within step_sizes;
+// p -= sign(g)·step size ("prev", "step_size")
+class Rprop : public Optimizer {
+public:
+    Rprop(std::vector<Tensor> params, double lr = 0.01,
+          std::pair<double, double> etas = {0.5, 1.2},
+          std::pair<double, double> step_sizes = {1e-6, 50}, Loc loc = Loc::here());
+    Rprop(const std::vector<ParamGroup>& groups, double lr = 0.01,
+          std::pair<double, double> etas = {0.5, 1.2},
+          std::pair<double, double> step_sizes = {1e-6, 50}, Loc loc = Loc::here())
+        : Rprop(params_of(groups), lr, etas, step_sizes, loc) {
+        set_groups(groups, lr, "Rprop", loc);
+    }
+    double etaminus, etaplus, step_size_min, step_size_max;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> prev, step_size, skipped;
+};
+// PyTorch's ASGD: p = p·(1 - λη) - η·g (weight_decay adds wd·p to g) with η = lr/(1 + λ·lr·
+// (t - 1))^alpha at step t; ax, p averaged from step t0 on: ax += (p - ax)·μ, μ = 1/max(1, t - 1
+// - t0) (ax = p while μ is 1). ax is public: the averaged parameters ("ax").
+class ASGD : public Optimizer {
+public:
+    ASGD(std::vector<Tensor> params, double lr = 0.01, double lambd = 1e-4, double alpha = 0.75,
+         double t0 = 1e6, double weight_decay = 0, Loc loc = Loc::here());
+    ASGD(const std::vector<ParamGroup>& groups, double lr = 0.01, double lambd = 1e-4,
+         double alpha = 0.75, double t0 = 1e6, double weight_decay = 0, Loc loc = Loc::here())
+        : ASGD(params_of(groups), lr, lambd, alpha, t0, weight_decay, loc) {
+        set_groups(groups, lr, "ASGD", loc);
+    }
+    double lambd, alpha, t0, weight_decay;
+    std::vector<Tensor> ax;
+protected:
+    std::vector<Tensor> updates() override;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> param_state() override;
+    std::vector<Tensor> skipped;
+};
 // PyTorch's ReduceLROnPlateau: step(metric) after each epoch; once the metric has not improved
 // on its best (below best·(1 - threshold), or best - threshold when not relative; above
 // best·(1 + threshold) or best + threshold when maximizing) for more than patience steps, the
@@ -17962,6 +18002,81 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Adadelta::param_state()
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;
     for (size_t i = 0; i < params.size(); i++)
         out.push_back({{"square_avg", square_avg[i]}, {"acc_delta", acc_delta[i]}});
+    return out;
+}
+
+Rprop::Rprop(std::vector<Tensor> ps, double learning_rate, std::pair<double, double> etas,
+             std::pair<double, double> step_sizes, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), etaminus(etas.first), etaplus(etas.second),
+      step_size_min(step_sizes.first), step_size_max(step_sizes.second) {
+    detail::UserLocScope at(loc);
+    if (!(etaminus > 0 && etaminus < 1 && etaplus > 1))
+        detail::fail(strf("Rprop: etas must be 0 < etaminus < 1 < etaplus, got (%g, %g)",
+                          etaminus, etaplus));
+    if (!(step_size_min >= 0 && step_size_min <= step_size_max))
+        detail::fail(strf("Rprop: step_sizes must be 0 <= min <= max, got (%g, %g)",
+                          step_size_min, step_size_max));
+    for (const Tensor& p : params) {
+        prev.push_back(Tensor::zeros_like(p).realize());
+        step_size.push_back(Tensor::zeros_like(p).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
+}
+std::vector<Tensor> Rprop::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        Tensor start = where(*t == 1.0f, lr_of(i), step_size[i]);   // PyTorch's first state
+        Tensor turn = g * prev[i];
+        Tensor factor = where(turn > 0, float(etaplus),
+                              where(turn < 0, float(etaminus), Tensor::full_like(g, 1.0f)));
+        Tensor size = step_size[i].assign(
+            (start * factor).clamp(float(step_size_min), float(step_size_max)));
+        Tensor kept = where(turn < 0, 0.0f, g);
+        out.insert(out.end(), {size, prev[i].assign(kept), p.assign(p - kept.sign() * size)});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> Rprop::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"prev", prev[i]}, {"step_size", step_size[i]}, {"skipped", skipped[i]}});
+    return out;
+}
+
+ASGD::ASGD(std::vector<Tensor> ps, double learning_rate, double l, double a, double start,
+           double wd, Loc loc)
+    : Optimizer(std::move(ps), learning_rate, loc), lambd(l), alpha(a), t0(start),
+      weight_decay(wd) {
+    detail::UserLocScope at(loc);
+    check_at_least_0("ASGD", "weight_decay", weight_decay);
+    for (const Tensor& p : params) {
+        ax.push_back(Tensor::zeros_like(p).realize());
+        skipped.push_back(skipped_steps_of(p));
+    }
+}
+std::vector<Tensor> ASGD::updates() {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params.size(); i++) {
+        Tensor p = params[i], g = p.grad();
+        std::optional<Tensor> t = own_step(step_t, skipped[i], g.defined(), out);
+        if (!t) continue;
+        if (double wd = weight_decay_of(i, weight_decay); wd != 0) g = g + p * float(wd);
+        Tensor lr_i = lr_of(i);
+        Tensor eta = lr_i / (lr_i * float(lambd) * (*t - 1.0f) + 1.0f).pow(alpha);
+        Tensor mu = 1.0f / (*t - float(1 + t0)).maximum(1.0f);
+        Tensor moved = p.assign(p * (1.0f - eta * float(lambd)) - eta * g);
+        Tensor averaged = where(mu == 1.0f, moved, ax[i] + (moved - ax[i]) * mu);
+        out.insert(out.end(), {moved, ax[i].assign(averaged)});
+    }
+    return out;
+}
+std::vector<std::vector<std::pair<std::string, Tensor>>> ASGD::param_state() {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> out;
+    for (size_t i = 0; i < params.size(); i++)
+        out.push_back({{"ax", ax[i]}, {"skipped", skipped[i]}});
     return out;
 }
 }  // namespace optim

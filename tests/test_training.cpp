@@ -3340,9 +3340,9 @@ TEST(optim_rmsprop_and_adagrad_three_steps_match_reference) {
 // Eight steps on 0.5·Σ w(p - c)², each step's parameter against PyTorch 1.13's optimizers
 // (NAdam: a float64 loop of PyTorch 2's, tests/data/make_reference.py); RAdam's rectified steps
 // begin at the sixth (β2 = 0.9)
-TEST(optim_adamax_nadam_radam_adadelta_match_pytorch) {
+TEST(optim_adamax_nadam_radam_adadelta_rprop_asgd_match_pytorch) {
     Reference ref = read_reference("tests/data/optimizer_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(32));
+    CHECK_EQ(ref.cases.size(), size_t(49));
     Tensor c = ref.inputs.at("c").cast(DType::FLOAT32), w = ref.inputs.at("w").cast(DType::FLOAT32);
     using Make = std::function<std::unique_ptr<optim::Optimizer>(const Tensor&)>;
     const std::vector<std::pair<std::string, Make>> optimizers = {
@@ -3360,6 +3360,14 @@ TEST(optim_adamax_nadam_radam_adadelta_match_pytorch) {
          }},
         {"adadelta", [](const Tensor& p) {
              return std::make_unique<optim::Adadelta>(std::vector<Tensor>{p}, 0.5, 0.8, 1e-4, 0.1);
+         }},
+        {"rprop", [](const Tensor& p) {
+             return std::make_unique<optim::Rprop>(std::vector<Tensor>{p}, 0.3,
+                                                   std::pair<double, double>{0.4, 1.5},
+                                                   std::pair<double, double>{0.01, 0.5});
+         }},
+        {"asgd", [](const Tensor& p) {
+             return std::make_unique<optim::ASGD>(std::vector<Tensor>{p}, 0.2, 0.05, 0.6, 3, 0.1);
          }},
     };
     for (const auto& [name, make] : optimizers) {
@@ -3381,11 +3389,19 @@ TEST(optim_adamax_nadam_radam_adadelta_match_pytorch) {
         if (name == "adamax") CHECK(state.count("state.0.exp_avg") && state.count("state.0.exp_inf"));
         if (name == "nadam") CHECK(state.count("state.0.mu_product"));
         if (name == "adadelta") CHECK(state.count("state.0.acc_delta"));
+        if (name == "rprop") CHECK(state.count("state.0.prev") && state.count("state.0.step_size"));
+        if (name == "asgd") {
+            auto& asgd = dynamic_cast<optim::ASGD&>(*opt);
+            CHECK_ALL_NEAR(vals(asgd.ax[0]), ref.cases.at("asgd_ax").values, 1e-5);
+        }
     }
     Tensor p = Tensor::zeros({2}).requires_grad();
     CHECK_THROWS(optim::NAdam({p}, 0.01, 1.0), "NAdam", "betas");
     CHECK_THROWS(optim::RAdam({p}, 0.01, 0.9, 0.999, -1), "RAdam", "eps");
     CHECK_THROWS(optim::Adamax({p}, -0.01), "lr");
+    CHECK_THROWS(optim::Rprop({p}, 0.01, {0.5, 0.9}), "Rprop", "etas", "(0.5, 0.9)");
+    CHECK_THROWS(optim::Rprop({p}, 0.01, {0.5, 1.2}, {1, 0.5}), "Rprop", "step_sizes");
+    CHECK_THROWS(optim::ASGD({p}, 0.01, 1e-4, 0.75, 1e6, -1), "ASGD", "weight_decay");
     CHECK_THROWS(optim::Adadelta({p}, 1.0, 1.5), "Adadelta", "rho", "1.5");
     CHECK_THROWS(optim::NAdam({p}, 0.01, 0.9, 0.999, 1e-8, 0, -1), "NAdam", "momentum_decay");
 }

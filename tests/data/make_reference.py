@@ -8,9 +8,9 @@
                          ops_layout_functions_match_pytorch)
   product_reference.txt  bilinear, cdist and embedding_bag (tests/test_ops.cpp,
                          ops_bilinear_cdist_embedding_bag_match_pytorch)
-  optimizer_reference.txt  Adamax, NAdam, RAdam and Adadelta on a quadratic: the parameter
-                         after each of 8 steps (tests/test_training.cpp,
-                         optim_adamax_nadam_radam_adadelta_match_pytorch)
+  optimizer_reference.txt  Adamax, NAdam, RAdam, Adadelta, Rprop and ASGD on a quadratic: the
+                         parameter after each of 8 steps (tests/test_training.cpp,
+                         optim_adamax_nadam_radam_adadelta_rprop_asgd_match_pytorch)
   math_reference.txt     diagonal, trace, diag, outer, kron, diff, logaddexp (tests/test_ops.cpp,
                          ops_diagonal_kron_diff_logaddexp_search_match_pytorch)
   math_more_reference.txt  cummax, logcumsumexp, median, quantile, tensordot, cross, hypot,
@@ -221,6 +221,10 @@ optimizers = {
                                           weight_decay=0.1).step,
     "adadelta": lambda ps: torch.optim.Adadelta(ps, lr=0.5, rho=0.8, eps=1e-4,
                                                 weight_decay=0.1).step,
+    "rprop": lambda ps: torch.optim.Rprop(ps, lr=0.3, etas=(0.4, 1.5),
+                                          step_sizes=(0.01, 0.5)).step,
+    "asgd": lambda ps: torch.optim.ASGD(ps, lr=0.2, lambd=0.05, alpha=0.6, t0=3,
+                                        weight_decay=0.1).step,
 }
 with open(os.path.join(HERE, "optimizer_reference.txt"), "w") as out:
     for name, x in quadratic.items():
@@ -233,6 +237,9 @@ with open(os.path.join(HERE, "optimizer_reference.txt"), "w") as out:
             (0.5 * quadratic["w"] * (p - quadratic["c"]) ** 2).sum().backward()
             step()
             out.write("case %s_%d %s %s\n" % (name, s, shape(p), numbers(p)))
+        if name == "asgd":   # the average of the steps from t0 on
+            ax = step.__self__.state[p]["ax"]
+            out.write("case asgd_ax %s %s\n" % (shape(ax), numbers(ax)))
 
 
 matrices = {
