@@ -882,6 +882,32 @@ Tensor rot90(const Tensor& x, int64_t k = 1, int axis0 = 0, int axis1 = 1, Loc l
 // cartesian_prod: every combination of the 1-D tensors' elements as rows, the last fastest
 Tensor block_diag(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 Tensor cartesian_prod(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+// torch.linalg's, composed, over the last two axes of a (the others batch; float): det, slogdet,
+// inv and solve by Gauss-Jordan elimination with partial pivoting (n elementwise steps, each
+// row swap a gather: the gradients follow the steps taken); a singular matrix gives det 0,
+// slogdet (0, -∞), and an inverse or a solution of NaN, where PyTorch raises an error.
+// cholesky: lower L with L Lᵀ = a (upper: Lᵀ), from a's lower triangle, as a symmetric matrix
+// (its gradient symmetric, as PyTorch's); NaN where a is not positive definite.
+namespace linalg {
+Tensor det(const Tensor& a, Loc loc = Loc::here());
+struct SignLogAbsDet {
+    Tensor sign, logabsdet;
+};
+SignLogAbsDet slogdet(const Tensor& a, Loc loc = Loc::here());
+Tensor inv(const Tensor& a, Loc loc = Loc::here());
+// x with a x = b: b [..., n, k], or [..., n] (a vector: x one too)
+Tensor solve(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor cholesky(const Tensor& a, bool upper = false, Loc loc = Loc::here());
+// vector_norm: (Σ|x|^ord)^(1/ord) over the axes (none: all); ord 0 counts the nonzero, ±∞
+// the largest or smallest |x|. matrix_norm over the last two axes: "fro", 1 or -1 (the
+// largest or smallest column sum of |a|), INFINITY or -INFINITY (row sums); 2, -2 and "nuc"
+// need singular values, which are not here (an error)
+Tensor vector_norm(const Tensor& x, double ord = 2, const std::vector<int>& axes = {},
+                   bool keepdim = false, Loc loc = Loc::here());
+Tensor matrix_norm(const Tensor& a, double ord, bool keepdim = false, Loc loc = Loc::here());
+Tensor matrix_norm(const Tensor& a, const std::string& ord = "fro", bool keepdim = false,
+                   Loc loc = Loc::here());
+}  // namespace linalg
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -6549,6 +6575,149 @@ Tensor cartesian_prod(const std::vector<Tensor>& tensors, Loc loc) {
     for (Tensor& g : grids) g = g.flatten();
     return stack(grids, 1);
 }
+namespace linalg {
+static void check_square(const Tensor& a, const char* op, Loc loc) {
+    check_defined(a, op, loc);
+    if (a.ndim() < 2 || a.size(-1) != a.size(-2) || !dtype_is_float(a.dtype()))
+        fail(strf("%s: a must be float square matrices [..., n, n], got %s %s", op,
+                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+}
+// Gauss-Jordan on [a | b]: step k swaps the row of the largest |value| in column k at or below
+// row k into row k (the first of ties), divides it by its pivot and takes its multiples from
+// every other row; a zero pivot (a singular a) divides by 1. Gives the columns of b then
+// (a⁻¹ b), the pivots [..., n] and the swaps' sign [...].
+struct Elimination {
+    Tensor solution, pivots, sign;
+};
+static Elimination gauss_jordan(const Tensor& a, const Tensor& b, Loc loc) {
+    UserLocScope at(loc);
+    const int64_t n = a.size(-1);
+    Tensor work = cat({a, b}, -1);
+    Tensor rows = Tensor::arange(n).cast(DType::INT64).reshape({n, 1});
+    Shape batch(a.shape().begin(), a.shape().end() - 2), one = batch;
+    one.insert(one.end(), {1, 1});
+    Tensor sign = Tensor::ones(one, a.dtype());
+    std::vector<Tensor> pivots;
+    for (int64_t k = 0; k < n; k++) {
+        Tensor column = work.slice(-1, k, k + 1).detach();
+        Tensor p = where(rows >= k, column.abs(), -1).argmax(-2, true);   // [..., 1, 1]
+        Tensor source = where(rows == k, p, where(rows == p, k, rows));  // of each row
+        work = work.gather(-2, source.expand(work.shape()));
+        sign = where(p == k, sign, -sign);
+        Tensor pivot = work.slice(-2, k, k + 1).slice(-1, k, k + 1);
+        pivots.push_back(pivot);
+        Tensor normalized = work.slice(-2, k, k + 1) / where(pivot == 0, 1, pivot);
+        Tensor factors = work.slice(-1, k, k + 1);
+        work = where(rows == k, normalized, work - factors * normalized).contiguous();
+    }
+    Shape flat = batch;
+    flat.push_back(n);
+    return {work.slice(-1, n, work.size(-1)), cat(pivots, -1).reshape(flat), sign.reshape(batch)};
+}
+static Elimination eliminated(const Tensor& a, Loc loc) {   // a alone: its pivots
+    Shape none = a.shape();
+    none.back() = 0;
+    return gauss_jordan(a, Tensor::zeros(none, a.dtype()), loc);
+}
+Tensor det(const Tensor& a, Loc loc) {
+    check_square(a, "linalg.det", loc);
+    Elimination e = eliminated(a, loc);
+    UserLocScope at(loc);
+    return e.pivots.prod(-1) * e.sign;
+}
+SignLogAbsDet slogdet(const Tensor& a, Loc loc) {
+    check_square(a, "linalg.slogdet", loc);
+    Elimination e = eliminated(a, loc);
+    UserLocScope at(loc);
+    return {e.pivots.sign().prod(-1) * e.sign, e.pivots.abs().log().sum(-1)};
+}
+// the solution, NaN where a pivot was 0
+static Tensor solution_of(const Elimination& e, Loc loc) {
+    UserLocScope at(loc);
+    Tensor singular = (e.pivots == 0).any(-1).unsqueeze(-1).unsqueeze(-1);
+    return where(singular, NAN, e.solution);
+}
+Tensor inv(const Tensor& a, Loc loc) {
+    check_square(a, "linalg.inv", loc);
+    Tensor eye = Tensor::eye(a.size(-1), a.dtype(), loc).expand(a.shape(), loc);
+    return solution_of(gauss_jordan(a, eye, loc), loc);
+}
+Tensor solve(const Tensor& a, const Tensor& b, Loc loc) {
+    check_square(a, "linalg.solve", loc);
+    check_defined(b, "linalg.solve", loc);
+    const int64_t n = a.size(-1);
+    const bool vector = b.ndim() == a.ndim() - 1 || b.ndim() == 1;
+    Tensor columns = vector ? b.unsqueeze(-1, loc) : b;
+    Shape lead_a(a.shape().begin(), a.shape().end() - 2);
+    Shape lead_b(columns.shape().begin(), columns.shape().end() - 2);
+    if (columns.ndim() < 2 || columns.size(-2) != n || b.dtype() != a.dtype())
+        fail(strf("linalg.solve: b %s %s must be [..., %lld, k] or [..., %lld] in a's dtype (a "
+                  "%s %s)", dtype_name(b.dtype()), shape_str(b.shape()).c_str(), (long long)n,
+                  (long long)n, dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    Shape lead = broadcast_shape(lead_a, lead_b, "linalg.solve", loc);
+    Shape a_shape = lead, b_shape = lead;
+    a_shape.insert(a_shape.end(), {n, n});
+    b_shape.insert(b_shape.end(), {n, columns.size(-1)});
+    Tensor x = solution_of(gauss_jordan(a.expand(a_shape, loc), columns.expand(b_shape, loc),
+                                        loc), loc);
+    return vector ? x.squeeze(-1, loc) : x;
+}
+// column j of L: (a[:, j] - Σ_k<j L[:, k] L[j, k]) / L[j, j], L[j, j] the root of its own
+Tensor cholesky(const Tensor& a_in, bool upper, Loc loc) {
+    check_square(a_in, "linalg.cholesky", loc);
+    UserLocScope at(loc);
+    const int64_t n = a_in.size(-1);
+    // the lower triangle as a symmetric matrix, its gradient that of (a + aᵀ)/2 (symmetric)
+    Tensor mean = (a_in + a_in.mT()) * 0.5;
+    Tensor a = mean + (a_in.tril() + a_in.tril(-1).mT() - mean).detach();
+    Tensor rows = Tensor::arange(n).reshape({n, 1}), columns = Tensor::arange(n);
+    Tensor l = Tensor::zeros(a.shape(), a.dtype());
+    for (int64_t j = 0; j < n; j++) {
+        Tensor rest = a.slice(-1, j, j + 1) - (l * l.slice(-2, j, j + 1)).sum(-1, true);
+        Tensor root = rest.slice(-2, j, j + 1).sqrt();
+        Tensor column = where(rows == j, root, where(rows > j, rest / root, 0));
+        l = where(columns == j, column, l).contiguous();
+    }
+    return upper ? l.mT() : l;
+}
+Tensor vector_norm(const Tensor& x, double ord, const std::vector<int>& axes, bool keepdim,
+                   Loc loc) {
+    check_defined(x, "linalg.vector_norm", loc);
+    UserLocScope at(loc);
+    Tensor magnitude = as_float(x, loc).abs();
+    if (ord == 0) return (magnitude != 0).cast(magnitude.dtype()).sum(axes, keepdim);
+    if (ord == -INFINITY) return magnitude.min(axes, keepdim);
+    if (ord < 0)
+        return (magnitude.pow(ord).sum(axes, keepdim)).pow(1 / ord);
+    return as_float(x, loc).norm(ord, axes, keepdim);
+}
+Tensor matrix_norm(const Tensor& a, double ord, bool keepdim, Loc loc) {
+    check_defined(a, "linalg.matrix_norm", loc);
+    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
+        fail(strf("linalg.matrix_norm: a must be float [..., m, n], got %s %s",
+                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    const bool columns = std::fabs(ord) == 1;
+    if (!columns && std::fabs(ord) != INFINITY)
+        fail(strf("linalg.matrix_norm: ord %g needs singular values, which are not here (ord "
+                  "\"fro\", 1, -1, INFINITY, -INFINITY are)", ord), loc);
+    UserLocScope at(loc);
+    Tensor sums = a.abs().sum(columns ? -2 : -1, true);
+    Tensor norm = ord > 0 ? sums.max(std::vector<int>{columns ? -1 : -2}, true)
+                          : sums.min(std::vector<int>{columns ? -1 : -2}, true);
+    return keepdim ? norm : norm.squeeze(-1).squeeze(-1);
+}
+Tensor matrix_norm(const Tensor& a, const std::string& ord, bool keepdim, Loc loc) {
+    check_defined(a, "linalg.matrix_norm", loc);
+    if (ord != "fro")
+        fail("linalg.matrix_norm: ord \"" + ord + "\" is not \"fro\" (\"nuc\" needs singular "
+             "values, which are not here)", loc);
+    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
+        fail(strf("linalg.matrix_norm: a must be float [..., m, n], got %s %s",
+                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    return a.norm(2, std::vector<int>{-2, -1}, keepdim, loc);
+}
+}  // namespace linalg
+
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
     for (const Tensor& t : operands) check_defined(t, "einsum", loc);
     std::string spec;

@@ -3211,6 +3211,64 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
     CHECK_THROWS(unpool(pooled), "max_unpool1d", "it takes the indices too");
 }
 
+// Values and gradients from PyTorch 1.13's torch.linalg (tests/data/make_reference.py): a
+// row swap at the first step, a batch with a negative determinant, vectors on the right
+TEST(ops_linalg_matches_pytorch) {
+    namespace la = tg::linalg;
+    Reference ref = read_reference("tests/data/linalg_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(18));
+    using X = const std::vector<Tensor>&;
+    std::map<std::string, std::pair<std::vector<const char*>, std::function<Tensor(X)>>> ours = {
+        {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
+        {"det_batch", {{"batch"}, [](X x) { return la::det(x[0]); }}},
+        {"slogdet_sign", {{}, [&](X) { return la::slogdet(ref.inputs.at("batch")).sign; }}},
+        {"slogdet_logabs", {{"batch"}, [](X x) { return la::slogdet(x[0]).logabsdet; }}},
+        {"inv", {{"a"}, [](X x) { return la::inv(x[0]); }}},
+        {"inv_batch", {{"batch"}, [](X x) { return la::inv(x[0]); }}},
+        {"solve", {{"a", "rhs"}, [](X x) { return la::solve(x[0], x[1]); }}},
+        {"solve_vector", {{"batch", "vec"}, [](X x) { return la::solve(x[0], x[1]); }}},
+        {"cholesky", {{"spd"}, [](X x) { return la::cholesky(x[0]); }}},
+        {"cholesky_upper", {{"spd"}, [](X x) { return la::cholesky(x[0], true); }}},
+        {"vector_norm_3", {{"batch"}, [](X x) { return la::vector_norm(x[0], 3, {1, 2}); }}},
+        {"vector_norm_0", {{}, [&](X) { return la::vector_norm(ref.inputs.at("a"), 0); }}},
+        {"vector_norm_neg_inf",
+         {{"a"}, [](X x) { return la::vector_norm(x[0] + 5, -INFINITY, {1}); }}},
+        {"vector_norm_neg", {{"rhs"}, [](X x) { return la::vector_norm(x[0], -1.5, {0}); }}},
+        {"matrix_norm_fro", {{"batch"}, [](X x) { return la::matrix_norm(x[0]); }}},
+        {"matrix_norm_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], 1); }}},
+        {"matrix_norm_inf", {{"a"}, [](X x) { return la::matrix_norm(x[0], INFINITY); }}},
+        {"matrix_norm_neg_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], -1, true); }}},
+    };
+    for (const auto& [name, c] : ref.cases) {
+        CHECK(ours.count(name) == 1);
+        if (!ours.count(name)) continue;
+        auto [inputs, f] = ours[name];
+        std::vector<Tensor> x;
+        for (const char* input : inputs)
+            x.push_back(ref.inputs.at(input).detach().requires_grad());
+        check_case(name, c, f(x), x, 1e-12);
+    }
+    // singular: det 0, slogdet (0, -inf), an inverse of NaN
+    Tensor singular = Tensor::from_vector(Vec{1, 2, 3, 2, 4, 6, 1, 0, 1}, {3, 3});
+    CHECK_ALL_NEAR(vals(la::det(singular)), (Vec{0}), 0);
+    CHECK_ALL_NEAR(vals(la::slogdet(singular).sign), (Vec{0}), 0);
+    CHECK_ALL_NEAR(vals(la::slogdet(singular).logabsdet), (Vec{-INFINITY}), 0);
+    CHECK(std::isnan(vals(la::inv(singular))[0]));
+    // float32
+    Tensor a32 = ref.inputs.at("a").cast(DType::FLOAT32);
+    CHECK_NEAR(la::det(a32).item(), -31.5, 1e-4);
+    CHECK_ALL_NEAR(vals(a32.matmul(la::inv(a32))), vals(Tensor::eye(4)), 1e-5);
+    // errors
+    Tensor rhs = ref.inputs.at("rhs");
+    CHECK_THROWS(la::det(rhs), "linalg.det", "square", "[4,2]");
+    CHECK_THROWS(la::inv(Tensor::eye(3, DType::INT32)), "linalg.inv", "float", "int32");
+    CHECK_THROWS(la::solve(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.solve", "[3,2]",
+                 "[4,4]");
+    CHECK_THROWS(la::solve(ref.inputs.at("batch"), rhs.reshape({2, 4})), "linalg.solve");
+    CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
+    CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
+}
+
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {
     namespace F = tg::nn::functional;
     Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});

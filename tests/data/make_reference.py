@@ -20,6 +20,8 @@
                          index_copy, index_fill, index_reduce, max_pool's indices and
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
+  linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky and norms
+                         (tests/test_ops.cpp, ops_linalg_matches_pytorch)
   transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
                          their weights, inputs, outputs and the inputs' gradients
                          (tests/test_training.cpp, nn_transformer_*_match_pytorch)
@@ -383,6 +385,36 @@ scatter_cases += [
         p, F.max_pool2d(image, 2, 2, 1, return_indices=True)[1], 2, 2, 1, output_size=(7, 6))),
 ]
 write("scatter_reference.txt", scatter_inputs, scatter_cases)
+
+# Matrices: a needs a row swap at its first step (a zero in its corner), batch holds two 3 x 3
+# (one of negative determinant), spd a symmetric positive definite pair
+linalg_inputs = {
+    "a": tensor([0, 2, 1, -1, 3, 1, 0.5, 4, 2, 1, -1, 3, 1.5, 0.25, 2, -2], 4, 4),
+    "batch": tensor([2, -1, 0.5, 1, 3, 1, 0.25, -2, 4, 0, 1, 4, 1, 2, 3, 2, 0.5, 1], 2, 3, 3),
+    "rhs": tensor([1, -2, 0.5, 3, 2, 1, -1, 0.25], 4, 2),
+    "vec": tensor([1, -1, 2], 3),
+    "spd": tensor([4, 1, 0.5, 1, 3, -0.5, 0.5, -0.5, 2, 2, -1, 0, -1, 5, 1, 0, 1, 3], 2, 3, 3),
+}
+write("linalg_reference.txt", linalg_inputs, [
+    ("det", ["a"], torch.linalg.det),
+    ("det_batch", ["batch"], torch.linalg.det),
+    ("slogdet_sign", [], lambda: torch.linalg.slogdet(linalg_inputs["batch"])[0]),
+    ("slogdet_logabs", ["batch"], lambda b: torch.linalg.slogdet(b)[1]),
+    ("inv", ["a"], torch.linalg.inv),
+    ("inv_batch", ["batch"], torch.linalg.inv),
+    ("solve", ["a", "rhs"], torch.linalg.solve),
+    ("solve_vector", ["batch", "vec"], torch.linalg.solve),
+    ("cholesky", ["spd"], torch.linalg.cholesky),
+    ("cholesky_upper", ["spd"], lambda x: torch.linalg.cholesky(x, upper=True)),
+    ("vector_norm_3", ["batch"], lambda b: torch.linalg.vector_norm(b, 3, (1, 2))),
+    ("vector_norm_0", [], lambda: torch.linalg.vector_norm(linalg_inputs["a"], 0)),
+    ("vector_norm_neg_inf", ["a"], lambda a: torch.linalg.vector_norm(a + 5, -float("inf"), 1)),
+    ("vector_norm_neg", ["rhs"], lambda r: torch.linalg.vector_norm(r, -1.5, 0)),
+    ("matrix_norm_fro", ["batch"], torch.linalg.matrix_norm),
+    ("matrix_norm_1", ["batch"], lambda b: torch.linalg.matrix_norm(b, 1)),
+    ("matrix_norm_inf", ["a"], lambda a: torch.linalg.matrix_norm(a, float("inf"))),
+    ("matrix_norm_neg_1", ["batch"], lambda b: torch.linalg.matrix_norm(b, -1, keepdim=True)),
+])
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
 # each, made as PyTorch makes them (each layer a copy of the one given), then every weight
