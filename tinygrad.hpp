@@ -489,6 +489,9 @@ public:
     // (2/√π)·e^(-x²) in float32 and 3e-13 in float64
     Tensor erf(Loc loc = Loc::here()) const;
     Tensor erfc(Loc loc = Loc::here()) const;
+    // erf's inverse on [-1, 1] (±∞ at ±1, NaN beyond): Giles' float32 approximation, then two
+    // Newton steps on erf; its gradient (√π/2)·e^(y²), y the result
+    Tensor erfinv(Loc loc = Loc::here()) const;
     // x·ln y, 0 where x is 0 (y not NaN), as torch.xlogy: its gradient in x is ln y, 0 where x is
     // 0 and y <= 0 (and in y, x/y, 0 there too, where PyTorch's is NaN at y = 0)
     Tensor xlogy(const Tensor& y, Loc loc = Loc::here()) const;
@@ -898,6 +901,14 @@ Tensor inv(const Tensor& a, Loc loc = Loc::here());
 // x with a x = b: b [..., n, k], or [..., n] (a vector: x one too)
 Tensor solve(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor cholesky(const Tensor& a, bool upper = false, Loc loc = Loc::here());
+// a = Q R by Householder reflections (one step per column, as LAPACK's: a column already zero
+// below the diagonal is left as it is): mode "reduced" (Q [..., m, k], R [..., k, n], k =
+// min(m, n)) or "complete" (Q [..., m, m], R [..., m, n]). R's diagonal may be negative, as
+// PyTorch's.
+struct QR {
+    Tensor Q, R;
+};
+QR qr(const Tensor& a, const std::string& mode = "reduced", Loc loc = Loc::here());
 // vector_norm: (Σ|x|^ord)^(1/ord) over the axes (none: all); ord 0 counts the nonzero, ±∞
 // the largest or smallest |x|. matrix_norm over the last two axes: "fro", 1 or -1 (the
 // largest or smallest column sum of |a|), INFINITY or -INFINITY (row sums); 2, -2 and "nuc"
@@ -1961,6 +1972,17 @@ Tensor xavier_normal(const Shape& shape, int64_t fan_in, int64_t fan_out,
                      uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
 Tensor uniform(const Shape& shape, double low, double high, uint64_t seed = Tensor::next_seed(),
                Loc loc = Loc::here());
+Tensor normal(const Shape& shape, double mean = 0, double std = 1,
+              uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+// normal(mean, std) cut to [a, b], as PyTorch's trunc_normal_: uniform between the normal
+// CDF's values at a and b, through its inverse (erfinv), clamped to [a, b]
+Tensor trunc_normal(const Shape& shape, double mean = 0, double std = 1, double a = -2,
+                    double b = 2, uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+// a (semi-)orthogonal matrix times gain, as PyTorch's orthogonal_: the Q of a normal matrix's
+// QR (the shape's trailing axes flattened into columns; of its transpose when rows <
+// columns), each column's sign that of R's diagonal
+Tensor orthogonal(const Shape& shape, double gain = 1, uint64_t seed = Tensor::next_seed(),
+                  Loc loc = Loc::here());
 }  // namespace init
 
 // MEAN: over the items (a loss with class weights divides by their sum); BATCHMEAN, kl_div's
@@ -4876,6 +4898,35 @@ Tensor Tensor::erfc(Loc loc) const {
     Tensor far = where(x < 0, 2.0 - tail, tail, loc);
     return where(near_0, 1.0 - erf_near_0(where(near_0, x, 0.0, loc), loc), far, loc);
 }
+// Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011): a polynomial in
+// w = -ln(1 - x²) (less 2.5) below w = 5, else in √w - 3, to float32's precision; Newton's
+// steps x -= (erf x - y)/((2/√π) e^(-x²)) then each double the digits. The gradient is
+// attached to the result as a constant, not through the steps.
+Tensor Tensor::erfinv(Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    Tensor y = as_float(check_defined(*this, "erfinv", loc), loc);
+    Tensor value = y.detach(), edge = value.abs() >= 1;
+    Tensor inside = where(edge, 0.0, value);
+    Tensor w = -((1.0 - inside) * (1.0 + inside)).log(), central = w < 5.0;
+    auto polynomial = [&](const Tensor& u, std::initializer_list<double> c) {
+        Tensor p = const_like(u, *c.begin(), u.dtype(), loc);
+        for (auto it = c.begin() + 1; it != c.end(); ++it) p = p * u + *it;
+        return p;
+    };
+    Tensor near = polynomial(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06,
+                                       -4.39150654e-06, 0.00021858087, -0.00125372503,
+                                       -0.00417768164, 0.246640727, 1.50140941});
+    Tensor far = polynomial(where(central, 9.0, w).sqrt() - 3.0,
+                            {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                             0.00573950773, -0.0076224613, 0.00943887047, 1.00167406,
+                             2.83297682});
+    Tensor x = where(central, near, far) * inside;
+    for (int step = 0; step < 2; step++)
+        x = x - (x.erf() - inside) / ((-(x * x)).exp() * (2 / std::sqrt(PI)));
+    Tensor result = where(edge, where(value.abs() == 1, value * INFINITY, NAN), x);
+    Tensor slope = (result * result).exp() * (std::sqrt(PI) / 2);
+    return where(edge, result, result + (y - value) * where(edge, 0.0, slope));
+}
 Tensor Tensor::isnan(Loc loc) const {
     Tensor x = check_defined(*this, "isnan", loc);
     return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);
@@ -6679,6 +6730,35 @@ Tensor cholesky(const Tensor& a_in, bool upper, Loc loc) {
         l = where(columns == j, column, l).contiguous();
     }
     return upper ? l.mT() : l;
+}
+// Step j reflects rows j.. of column j onto row j: v = x - α e_j, α = -sign(x_j)·|x| (x the
+// column from row j down), R = R - 2v(vᵀR)/(vᵀv), Q = Q - 2(Qv)vᵀ/(vᵀv)
+QR qr(const Tensor& a, const std::string& mode, Loc loc) {
+    check_defined(a, "linalg.qr", loc);
+    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
+        fail(strf("linalg.qr: a must be float matrices [..., m, n], got %s %s",
+                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    if (mode != "reduced" && mode != "complete")
+        fail("linalg.qr: mode \"" + mode + "\" is not \"reduced\" or \"complete\"", loc);
+    UserLocScope at(loc);
+    const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+    Tensor rows = Tensor::arange(m).reshape({m, 1});
+    Shape square = a.shape();
+    square[square.size() - 1] = m;
+    Tensor r = a, q = Tensor::eye(m, a.dtype()).expand(square);
+    for (int64_t j = 0; j < std::min(k, m - 1); j++) {
+        Tensor x = where(rows >= j, r.slice(-1, j, j + 1), 0.0);              // [..., m, 1]
+        Tensor head = x.slice(-2, j, j + 1), below = where(rows > j, x, 0.0);
+        Tensor rest = (below * below).sum(-2, true), length = (head * head + rest).sqrt();
+        Tensor alpha = where(head < 0, length, -length);
+        Tensor v = where(rows == j, head - alpha, x);
+        Tensor scale = where(rest == 0, 0.0, 2.0 / where(rest == 0, 1.0, (v * v).sum(-2, true)));
+        r = (r - v * ((v * r).sum(-2, true) * scale)).contiguous();
+        q = (q - (q.matmul(v) * scale).matmul(v.mT())).contiguous();
+    }
+    r = r.triu();
+    if (mode == "complete") return {q, r};
+    return {q.slice(-1, 0, k), r.slice(-2, 0, k)};
 }
 Tensor vector_norm(const Tensor& x, double ord, const std::vector<int>& axes, bool keepdim,
                    Loc loc) {
@@ -14189,6 +14269,33 @@ namespace init {
 Tensor uniform(const Shape& shape, double low, double high, uint64_t seed, Loc loc) {
     detail::UserLocScope at(loc);
     return detail::add_c(detail::mul_c(Tensor::rand(shape, seed), high - low, {}), low, {});
+}
+Tensor normal(const Shape& shape, double mean, double std, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    return detail::add_c(detail::mul_c(Tensor::randn(shape, seed), std, {}), mean, {});
+}
+Tensor trunc_normal(const Shape& shape, double mean, double std, double a, double b,
+                    uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (!(a < b) || !(std > 0))
+        detail::fail(strf("trunc_normal: needs a < b and std > 0, got a %g, b %g, std %g", a, b,
+                          std));
+    auto cdf = [&](double x) { return (1 + std::erf((x - mean) / std / std::sqrt(2.0))) / 2; };
+    Tensor u = uniform(shape, 2 * cdf(a) - 1, 2 * cdf(b) - 1, seed, loc);
+    return (u.erfinv() * (std * std::sqrt(2.0)) + mean).clamp(a, b);
+}
+Tensor orthogonal(const Shape& shape, double gain, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    if (shape.size() < 2)
+        detail::fail(strf("orthogonal: shape %s needs 2 axes or more", shape_str(shape).c_str()));
+    int64_t rows = shape[0], columns = 1;
+    for (size_t d = 1; d < shape.size(); d++) columns *= shape[d];
+    Tensor flat = Tensor::randn({rows, columns}, seed);
+    const bool wide = rows < columns;
+    if (wide) flat = flat.t();
+    linalg::QR qr = linalg::qr(flat);
+    Tensor q = qr.Q * diagonal(qr.R).sign();
+    return ((wide ? q.t() : q) * gain).reshape(shape);
 }
 // bound √(6/fan_in): uniform with the variance 2/fan_in that keeps ReLU activations steady
 Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, uint64_t seed, Loc loc) {

@@ -3216,7 +3216,7 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
 TEST(ops_linalg_matches_pytorch) {
     namespace la = tg::linalg;
     Reference ref = read_reference("tests/data/linalg_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(18));
+    CHECK_EQ(ref.cases.size(), size_t(29));
     using X = const std::vector<Tensor>&;
     std::map<std::string, std::pair<std::vector<const char*>, std::function<Tensor(X)>>> ours = {
         {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
@@ -3238,6 +3238,17 @@ TEST(ops_linalg_matches_pytorch) {
         {"matrix_norm_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], 1); }}},
         {"matrix_norm_inf", {{"a"}, [](X x) { return la::matrix_norm(x[0], INFINITY); }}},
         {"matrix_norm_neg_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], -1, true); }}},
+        {"qr_q", {{"tall"}, [](X x) { return la::qr(x[0]).Q; }}},
+        {"qr_r", {{"tall"}, [](X x) { return la::qr(x[0]).R; }}},
+        {"qr_square_q", {{"batch"}, [](X x) { return la::qr(x[0]).Q; }}},
+        {"qr_square_r", {{"batch"}, [](X x) { return la::qr(x[0]).R; }}},
+        {"qr_complete_q", {{}, [&](X) { return la::qr(ref.inputs.at("tall"), "complete").Q; }}},
+        {"qr_complete_r", {{}, [&](X) { return la::qr(ref.inputs.at("tall"), "complete").R; }}},
+        {"qr_wide_q", {{}, [&](X) { return la::qr(ref.inputs.at("tall").t()).Q; }}},
+        {"qr_wide_r", {{}, [&](X) { return la::qr(ref.inputs.at("tall").t()).R; }}},
+        {"qr_upper_q", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).Q; }}},
+        {"qr_upper_r", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).R; }}},
+        {"erfinv", {{"probabilities"}, [](X x) { return x[0].erfinv(); }}},
     };
     for (const auto& [name, c] : ref.cases) {
         CHECK(ours.count(name) == 1);
@@ -3267,6 +3278,29 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::solve(ref.inputs.at("batch"), rhs.reshape({2, 4})), "linalg.solve");
     CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
     CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
+    CHECK_THROWS(la::qr(rhs, "r"), "linalg.qr", "\"r\"");
+    // erfinv's ends and float32
+    CHECK_ALL_NEAR(vals(Tensor::from_vector(Vec{1, -1, 1.5, NAN}).erfinv()),
+                   (Vec{INFINITY, -INFINITY, NAN, NAN}), 0);
+    Tensor p32 = ref.inputs.at("probabilities").cast(DType::FLOAT32);
+    CHECK_ALL_NEAR(vals(p32.erfinv().erf()), vals(p32), 2e-6);
+    // init: orthogonal gives orthonormal columns (rows when wide); trunc_normal stays inside
+    namespace init = tg::nn::init;
+    for (tg::Shape shape : {tg::Shape{6, 4}, tg::Shape{3, 2, 4}}) {
+        Tensor w = init::orthogonal(shape, 2.0, 7).reshape({shape[0], -1});
+        Tensor gram = shape[0] >= w.size(1) ? w.t().matmul(w) : w.matmul(w.t());
+        CHECK_ALL_NEAR(vals(gram), vals(Tensor::eye(gram.size(0)) * 4.0f), 1e-5);
+    }
+    Tensor t = init::trunc_normal({20000}, 1.0, 2.0, -1.0, 2.0, 11);
+    CHECK(t.min().item() >= -1.0 && t.max().item() <= 2.0);
+    CHECK(t.min().item() < -0.99 && t.max().item() > 1.99);
+    // the truncated normal's mean: μ + σ(φ(α) - φ(β))/(Φ(β) - Φ(α)), α = -1, β = 0.5
+    auto phi = [](double z) { return std::exp(-z * z / 2) / std::sqrt(2 * M_PI); };
+    auto Phi = [](double z) { return (1 + std::erf(z / std::sqrt(2.0))) / 2; };
+    double mean = 1 + 2 * (phi(-1) - phi(0.5)) / (Phi(0.5) - Phi(-1));
+    CHECK_NEAR(t.mean().item(), mean, 0.02);
+    CHECK_THROWS(init::trunc_normal({2}, 0, 1, 1, -1), "trunc_normal", "a < b");
+    CHECK_THROWS(init::orthogonal({5}), "orthogonal", "[5]");
 }
 
 TEST(ops_conv_and_pooling_errors_name_the_shapes) {

@@ -20,8 +20,8 @@
                          index_copy, index_fill, index_reduce, max_pool's indices and
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
-  linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky and norms
-                         (tests/test_ops.cpp, ops_linalg_matches_pytorch)
+  linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr and norms, and
+                         erfinv (tests/test_ops.cpp, ops_linalg_matches_pytorch)
   transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
                          their weights, inputs, outputs and the inputs' gradients
                          (tests/test_training.cpp, nn_transformer_*_match_pytorch)
@@ -394,6 +394,9 @@ linalg_inputs = {
     "rhs": tensor([1, -2, 0.5, 3, 2, 1, -1, 0.25], 4, 2),
     "vec": tensor([1, -1, 2], 3),
     "spd": tensor([4, 1, 0.5, 1, 3, -0.5, 0.5, -0.5, 2, 2, -1, 0, -1, 5, 1, 0, 1, 3], 2, 3, 3),
+    "tall": tensor([1, 2, -1, 0.5, 3, 1, 2, -2, 0.25, 1, 1, 4, -3, 0.5, 2], 5, 3),
+    "upper": tensor([-2, 1, 3, 0, 0.5, -1, 0, 0, -4], 3, 3),
+    "probabilities": tensor([-0.999, -0.9, -0.5, -0.1, 0, 1e-5, 0.3, 0.7, 0.95, 0.9999], 10),
 }
 write("linalg_reference.txt", linalg_inputs, [
     ("det", ["a"], torch.linalg.det),
@@ -414,6 +417,17 @@ write("linalg_reference.txt", linalg_inputs, [
     ("matrix_norm_1", ["batch"], lambda b: torch.linalg.matrix_norm(b, 1)),
     ("matrix_norm_inf", ["a"], lambda a: torch.linalg.matrix_norm(a, float("inf"))),
     ("matrix_norm_neg_1", ["batch"], lambda b: torch.linalg.matrix_norm(b, -1, keepdim=True)),
+    ("qr_q", ["tall"], lambda a: torch.linalg.qr(a)[0]),
+    ("qr_r", ["tall"], lambda a: torch.linalg.qr(a)[1]),
+    ("qr_square_q", ["batch"], lambda a: torch.linalg.qr(a)[0]),
+    ("qr_square_r", ["batch"], lambda a: torch.linalg.qr(a)[1]),
+    ("qr_complete_q", [], lambda: torch.linalg.qr(linalg_inputs["tall"], "complete")[0]),
+    ("qr_complete_r", [], lambda: torch.linalg.qr(linalg_inputs["tall"], "complete")[1]),
+    ("qr_wide_q", [], lambda: torch.linalg.qr(linalg_inputs["tall"].t())[0]),
+    ("qr_wide_r", [], lambda: torch.linalg.qr(linalg_inputs["tall"].t())[1]),
+    ("qr_upper_q", [], lambda: torch.linalg.qr(linalg_inputs["upper"])[0]),
+    ("qr_upper_r", [], lambda: torch.linalg.qr(linalg_inputs["upper"])[1]),
+    ("erfinv", ["probabilities"], torch.erfinv),
 ])
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
