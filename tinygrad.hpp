@@ -909,6 +909,17 @@ struct QR {
     Tensor Q, R;
 };
 QR qr(const Tensor& a, const std::string& mode = "reduced", Loc loc = Loc::here());
+// x with a x = b (left = false: x a = b), a triangular [..., n, n] (upper or lower; its
+// diagonal taken as ones when unitriangular), b [..., n, k]: substitution, a row at a time
+Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left = true,
+                        bool unitriangular = false, Loc loc = Loc::here());
+// the least-squares solution of a x = b for a [..., m, n] of full rank, b [..., m, k], through
+// qr: m >= n minimizes |a x - b|, m < n gives the x of least norm (from the qr of aᵀ)
+Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// a^k by repeated squaring (k < 0: of inv(a); k = 0: the identity)
+Tensor matrix_power(const Tensor& a, int64_t k, Loc loc = Loc::here());
+// the product of the matrices, left to right; a 1-D first (last) one is a row (column)
+Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 // vector_norm: (Σ|x|^ord)^(1/ord) over the axes (none: all); ord 0 counts the nonzero, ±∞
 // the largest or smallest |x|. matrix_norm over the last two axes: "fro", 1 or -1 (the
 // largest or smallest column sum of |a|), INFINITY or -INFINITY (row sums); 2, -2 and "nuc"
@@ -919,6 +930,10 @@ Tensor matrix_norm(const Tensor& a, double ord, bool keepdim = false, Loc loc = 
 Tensor matrix_norm(const Tensor& a, const std::string& ord = "fro", bool keepdim = false,
                    Loc loc = Loc::here());
 }  // namespace linalg
+// cov: the covariance of the rows of x [variables, observations] (1-D: one variable), divided
+// by observations - correction, as torch.cov; corrcoef: it scaled to correlations, in [-1, 1]
+Tensor cov(const Tensor& x, int64_t correction = 1, Loc loc = Loc::here());
+Tensor corrcoef(const Tensor& x, Loc loc = Loc::here());
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -6760,6 +6775,76 @@ QR qr(const Tensor& a, const std::string& mode, Loc loc) {
     if (mode == "complete") return {q, r};
     return {q.slice(-1, 0, k), r.slice(-2, 0, k)};
 }
+// upper: the rows from the last up, row i = (b_i - a_i· x)/a_ii with x's rows below i found
+Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left,
+                        bool unitriangular, Loc loc) {
+    check_square(a, "linalg.solve_triangular", loc);
+    check_defined(b, "linalg.solve_triangular", loc);
+    const int64_t n = a.size(-1);
+    if (b.ndim() < 2 || b.size(left ? -2 : -1) != n || b.dtype() != a.dtype())
+        fail(strf("linalg.solve_triangular: b %s %s must be [..., %lld, k]%s in a's dtype (a %s "
+                  "%s)", dtype_name(b.dtype()), shape_str(b.shape()).c_str(), (long long)n,
+                  left ? "" : " transposed ([..., k, n], left = false)", dtype_name(a.dtype()),
+                  shape_str(a.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    if (!left)   // x a = b is aᵀ xᵀ = bᵀ
+        return solve_triangular(a.mT(), b.mT(), !upper, true, unitriangular, loc).mT();
+    Shape lead = broadcast_shape(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2),
+                                 "linalg.solve_triangular", loc);
+    Shape x_shape = lead;
+    x_shape.insert(x_shape.end(), {n, b.size(-1)});
+    Tensor rows = Tensor::arange(n).reshape({n, 1});
+    Tensor x = Tensor::zeros(x_shape, a.dtype());
+    for (int64_t step = 0; step < n; step++) {
+        const int64_t i = upper ? n - 1 - step : step;
+        Tensor row_a = a.slice(-2, i, i + 1);
+        Tensor rest = b.slice(-2, i, i + 1) - row_a.matmul(x);   // x's unfound rows are 0
+        Tensor row = unitriangular ? rest : rest / row_a.slice(-1, i, i + 1);
+        x = where(rows == i, row, x).contiguous();
+    }
+    return x;
+}
+Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "linalg.lstsq", loc), check_defined(b, "linalg.lstsq", loc);
+    if (a.ndim() < 2 || b.ndim() < 2 || a.size(-2) != b.size(-2) || a.dtype() != b.dtype())
+        fail(strf("linalg.lstsq: a [..., m, n] and b [..., m, k] of one dtype, got %s %s and %s "
+                  "%s", dtype_name(a.dtype()), shape_str(a.shape()).c_str(),
+                  dtype_name(b.dtype()), shape_str(b.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    if (a.size(-2) >= a.size(-1)) {   // R x = Qᵀ b
+        QR f = qr(a, "reduced", loc);
+        return solve_triangular(f.R, f.Q.mT().matmul(b), true, true, false, loc);
+    }
+    QR f = qr(a.mT(), "reduced", loc);   // a = Rᵀ Qᵀ: x = Q y with Rᵀ y = b
+    return f.Q.matmul(solve_triangular(f.R.mT(), b, false, true, false, loc));
+}
+Tensor matrix_power(const Tensor& a, int64_t k, Loc loc) {
+    check_square(a, "linalg.matrix_power", loc);
+    UserLocScope at(loc);
+    Tensor base = k < 0 ? inv(a, loc) : a;
+    std::optional<Tensor> result;   // none yet: the identity
+    for (uint64_t e = k < 0 ? uint64_t(-(k + 1)) + 1 : uint64_t(k); e > 0; e >>= 1) {
+        if (e & 1) result = result ? result->matmul(base) : base;
+        if (e > 1) base = base.matmul(base);
+    }
+    return result ? *result : Tensor::eye(a.size(-1), a.dtype()).expand(a.shape());
+}
+Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc) {
+    if (tensors.size() < 2)
+        fail(strf("linalg.multi_dot: needs 2 tensors or more, got %zu", tensors.size()), loc);
+    for (size_t i = 0; i < tensors.size(); i++) {
+        const Tensor& t = check_defined(tensors[i], "linalg.multi_dot", loc);
+        bool end = i == 0 || i + 1 == tensors.size();
+        if (t.ndim() != 2 && !(end && t.ndim() == 1))
+            fail(strf("linalg.multi_dot: tensor %zu is %s: 2-D, or 1-D first or last", i,
+                      shape_str(t.shape()).c_str()), loc);
+    }
+    UserLocScope at(loc);
+    Tensor product = tensors[0];
+    for (size_t i = 1; i < tensors.size(); i++) product = product.matmul(tensors[i]);
+    return product;
+}
 Tensor vector_norm(const Tensor& x, double ord, const std::vector<int>& axes, bool keepdim,
                    Loc loc) {
     check_defined(x, "linalg.vector_norm", loc);
@@ -6798,6 +6883,25 @@ Tensor matrix_norm(const Tensor& a, const std::string& ord, bool keepdim, Loc lo
 }
 }  // namespace linalg
 
+Tensor cov(const Tensor& x_in, int64_t correction, Loc loc) {
+    check_defined(x_in, "cov", loc);
+    if (x_in.ndim() > 2)
+        fail(strf("cov: x %s must be [variables, observations] or 1-D",
+                  shape_str(x_in.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(x_in, loc);
+    Tensor rows = x.ndim() == 2 ? x : x.reshape({1, -1});
+    Tensor centered = rows - rows.mean(1, true);
+    Tensor c = centered.matmul(centered.t()) / double(rows.size(1) - correction);
+    return x.ndim() == 2 ? c : c.reshape({});
+}
+Tensor corrcoef(const Tensor& x, Loc loc) {
+    Tensor c = cov(x, 1, loc);
+    if (c.ndim() == 0) return c / c;
+    UserLocScope at(loc);
+    Tensor spread = diagonal(c).sqrt();
+    return (c / spread.unsqueeze(1) / spread.unsqueeze(0)).clamp(-1, 1);
+}
 Tensor einsum(const std::string& spec_in, const std::vector<Tensor>& operands, Loc loc) {
     for (const Tensor& t : operands) check_defined(t, "einsum", loc);
     std::string spec;

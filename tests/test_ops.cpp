@@ -3216,7 +3216,7 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
 TEST(ops_linalg_matches_pytorch) {
     namespace la = tg::linalg;
     Reference ref = read_reference("tests/data/linalg_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(29));
+    CHECK_EQ(ref.cases.size(), size_t(40));
     using X = const std::vector<Tensor>&;
     std::map<std::string, std::pair<std::vector<const char*>, std::function<Tensor(X)>>> ours = {
         {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
@@ -3249,6 +3249,33 @@ TEST(ops_linalg_matches_pytorch) {
         {"qr_upper_q", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).Q; }}},
         {"qr_upper_r", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).R; }}},
         {"erfinv", {{"probabilities"}, [](X x) { return x[0].erfinv(); }}},
+        {"solve_triangular_upper",
+         {{"upper", "rhs"},
+          [](X x) { return la::solve_triangular(x[0], x[1].slice(0, 0, 3), true); }}},
+        {"solve_triangular_lower_right",
+         {{"spd", "rhs"},
+          [](X x) {
+              Tensor lower = x[0].slice(0, 0, 1).squeeze(0).tril();
+              return la::solve_triangular(lower, x[1].slice(0, 0, 3).t(), false, false);
+          }}},
+        {"solve_triangular_unit",
+         {{"a", "rhs"}, [](X x) { return la::solve_triangular(x[0], x[1], false, true, true); }}},
+        {"lstsq_tall",
+         {{"tall", "rhs"},
+          [](X x) { return la::lstsq(x[0], tg::cat({x[1], x[1].slice(0, 0, 1)})); }}},
+        {"lstsq_wide",
+         {{"tall", "rhs"}, [](X x) { return la::lstsq(x[0].t(), x[1].slice(0, 0, 3)); }}},
+        {"matrix_power_5", {{"batch"}, [](X x) { return la::matrix_power(x[0], 5); }}},
+        {"matrix_power_neg_2", {{"a"}, [](X x) { return la::matrix_power(x[0], -2); }}},
+        {"multi_dot",
+         {{"vec", "batch", "spd"},
+          [](X x) {
+              auto at = [](const Tensor& t, int64_t i) { return t.slice(0, i, i + 1).squeeze(0); };
+              return la::multi_dot({x[0], at(x[1], 0), at(x[2], 1), at(x[1], 1)});
+          }}},
+        {"cov", {{"tall"}, [](X x) { return tg::cov(x[0].t()); }}},
+        {"cov_vector", {{"vec"}, [](X x) { return tg::cov(x[0], 0); }}},
+        {"corrcoef", {{"tall"}, [](X x) { return tg::corrcoef(x[0].t()); }}},
     };
     for (const auto& [name, c] : ref.cases) {
         CHECK(ours.count(name) == 1);
@@ -3279,6 +3306,13 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
     CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
     CHECK_THROWS(la::qr(rhs, "r"), "linalg.qr", "\"r\"");
+    CHECK_THROWS(la::solve_triangular(ref.inputs.at("a"), rhs.t(), true), "solve_triangular",
+                 "[2,4]");
+    CHECK_THROWS(la::lstsq(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.lstsq", "[3,2]");
+    CHECK_THROWS(la::multi_dot({rhs}), "multi_dot", "2 tensors");
+    CHECK_THROWS(la::multi_dot({rhs, ref.inputs.at("vec"), rhs}), "multi_dot", "tensor 1");
+    CHECK_THROWS(tg::cov(ref.inputs.at("batch")), "cov", "[2,3,3]");
+    CHECK_ALL_NEAR(vals(la::matrix_power(ref.inputs.at("a"), 0)), vals(Tensor::eye(4)), 0);
     // erfinv's ends and float32
     CHECK_ALL_NEAR(vals(Tensor::from_vector(Vec{1, -1, 1.5, NAN}).erfinv()),
                    (Vec{INFINITY, -INFINITY, NAN, NAN}), 0);

@@ -20,8 +20,9 @@
                          index_copy, index_fill, index_reduce, max_pool's indices and
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
-  linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr and norms, and
-                         erfinv (tests/test_ops.cpp, ops_linalg_matches_pytorch)
+  linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
+                         lstsq, matrix_power, multi_dot and norms; erfinv, cov, corrcoef
+                         (tests/test_ops.cpp, ops_linalg_matches_pytorch)
   transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
                          their weights, inputs, outputs and the inputs' gradients
                          (tests/test_training.cpp, nn_transformer_*_match_pytorch)
@@ -428,6 +429,23 @@ write("linalg_reference.txt", linalg_inputs, [
     ("qr_upper_q", [], lambda: torch.linalg.qr(linalg_inputs["upper"])[0]),
     ("qr_upper_r", [], lambda: torch.linalg.qr(linalg_inputs["upper"])[1]),
     ("erfinv", ["probabilities"], torch.erfinv),
+    ("solve_triangular_upper", ["upper", "rhs"],
+     lambda u, r: torch.linalg.solve_triangular(u, r[:3], upper=True)),
+    ("solve_triangular_lower_right", ["spd", "rhs"], lambda s, r: torch.linalg.solve_triangular(
+        s[0].tril(), r[:3].t(), upper=False, left=False)),
+    ("solve_triangular_unit", ["a", "rhs"], lambda a, r: torch.linalg.solve_triangular(
+        a, r, upper=False, unitriangular=True)),
+    ("lstsq_tall", ["tall", "rhs"], lambda a, r: torch.linalg.lstsq(
+        a, torch.cat([r, r[:1]]), driver="gels").solution),
+    ("lstsq_wide", ["tall", "rhs"], lambda a, r: torch.linalg.lstsq(
+        a.t(), r[:3], driver="gels").solution),
+    ("matrix_power_5", ["batch"], lambda b: torch.linalg.matrix_power(b, 5)),
+    ("matrix_power_neg_2", ["a"], lambda a: torch.linalg.matrix_power(a, -2)),
+    ("multi_dot", ["vec", "batch", "spd"], lambda v, b, s: torch.linalg.multi_dot(
+        [v, b[0], s[1], b[1]])),
+    ("cov", ["tall"], lambda t: torch.cov(t.t())),
+    ("cov_vector", ["vec"], lambda v: torch.cov(v, correction=0)),
+    ("corrcoef", ["tall"], lambda t: torch.corrcoef(t.t())),
 ])
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
