@@ -102,10 +102,12 @@ $(BUILD)/probes/seed_probe_%: tests/seed_probe.cpp tinygrad.hpp $(BUILD)/tinygra
 
 # Tests run from the repository root with a fresh, private compile cache, in as many processes
 # as there are cores (tests/run.sh; TG_TEST_PROCESSES=1 for one).
-CUDA_TESTS  := test_ops.cpp test_autograd.cpp test_training.cpp test_reliability.cpp test_cuda.cpp
+CUDA_TESTS  := test_ops.cpp test_math.cpp test_autograd.cpp test_training.cpp test_reliability.cpp \
+               test_cuda.cpp
 # make test's rerun on the CPU stand-in leaves test_training (layers, losses, optimizers, jit)
-# to make test-cuda on a GPU: with it, CI took 15 min 5 s on this 2-core machine (50617d9,
-# 2026-12-07). test_cuda's own tests still train, jit and replay CUDA graphs on the stand-in.
+# and test_math (compositions that add no device code) to make test-cuda on a GPU: with
+# test_training, CI took 15 min 5 s on this 2-core machine (50617d9, 2026-12-07). test_cuda's
+# own tests still train, jit and replay CUDA graphs on the stand-in.
 STAND_IN_TESTS := test_ops.cpp test_autograd.cpp test_reliability.cpp test_cuda.cpp
 CUDA_ON_CPU ?= 1
 STAND_IN    := $(if $(filter 1,$(CUDA_ON_CPU)),$(BUILD)/cuda_on_cpu.so)

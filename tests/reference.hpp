@@ -8,6 +8,7 @@
 #include "harness.hpp"
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -78,4 +79,52 @@ inline void check_case(const std::string& name, const Reference::Case& c, const 
             CHECK_ALL_NEAR(grads[i].to_vector<double>(), c.gradients[i], tol);
     }
     if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", name.c_str());
+}
+
+// The cases of a reference file and how this project computes each: the names of its inputs
+// (taken from the file, each to be differentiated) and the function of them
+using CaseInputs = const std::vector<tg::Tensor>&;
+using Cases =
+    std::map<std::string, std::pair<std::vector<const char*>, std::function<tg::Tensor(CaseInputs)>>>;
+// every case of ref against ours, as check_case, all computed by one program (one compile
+// instead of one a case); a case ours lacks fails
+inline void check_cases(const Reference& ref, const Cases& ours, double tol) {
+    struct Computed {
+        const std::string* name;
+        const Reference::Case* want;
+        tg::Tensor y;
+        std::vector<tg::Tensor> grads;
+    };
+    std::vector<Computed> computed;
+    std::vector<tg::Tensor> all;
+    for (const auto& [name, c] : ref.cases) {
+        auto found = ours.find(name);
+        CHECK(found != ours.end());
+        if (found == ours.end()) continue;
+        std::vector<tg::Tensor> x;
+        for (const char* input : found->second.first)
+            x.push_back(ref.inputs.at(input).detach().requires_grad());
+        tg::Tensor y = found->second.second(x);
+        CHECK(y.shape() == c.shape);
+        CHECK_EQ(c.gradients.size(), x.size());
+        if (y.shape() != c.shape || c.gradients.size() != x.size()) continue;
+        std::vector<tg::Tensor> grads;
+        if (!x.empty()) {
+            std::vector<double> weights;
+            for (size_t i = 0; i < c.values.size(); i++) weights.push_back(double(i) / 10 - 1);
+            tg::Tensor c_y = tg::Tensor::from_vector(weights, c.shape).cast(y.dtype());
+            grads = tg::gradients((y * c_y).sum(), x);
+        }
+        all.push_back(y);
+        all.insert(all.end(), grads.begin(), grads.end());
+        computed.push_back({&name, &c, y, grads});
+    }
+    tg::realize(all);
+    for (const Computed& k : computed) {
+        const int before = th::failures();
+        CHECK_ALL_NEAR(k.y.to_vector<double>(), k.want->values, tol);
+        for (size_t i = 0; i < k.grads.size(); i++)
+            CHECK_ALL_NEAR(k.grads[i].to_vector<double>(), k.want->gradients[i], tol);
+        if (th::failures() > before) std::fprintf(stderr, "  in case %s\n", k.name->c_str());
+    }
 }

@@ -833,6 +833,7 @@ TEST(loss_more_pytorch_losses_match_pytorch) {
     };
     const std::vector<std::pair<std::string, R>> reductions = {
         {"_mean", R::MEAN}, {"_sum", R::SUM}, {"_none", R::NONE}};
+    Cases cases;   // each case a loss and the reduction its name ends in (MEAN if none)
     for (const auto& [name, c] : ref.cases) {
         std::string loss = name;
         R r = R::MEAN;
@@ -845,10 +846,9 @@ TEST(loss_more_pytorch_losses_match_pytorch) {
         CHECK(ours.count(loss) == 1);
         if (!ours.count(loss)) continue;
         auto [inputs, f] = ours[loss];
-        std::vector<Tensor> x;
-        for (const char* input : inputs) x.push_back(in(input).detach().requires_grad());
-        check_case(name, c, f(x, r), x, 1e-9);
+        cases[name] = {inputs, [f = f, r](CaseInputs x) { return f(x, r); }};
     }
+    check_cases(ref, cases, 1e-9);
     // errors
     Tensor a = in("a"), b = in("b");
     CHECK_THROWS(F::margin_ranking_loss(a, b.slice(0, 0, 2), signs), "margin_ranking_loss",

@@ -14,7 +14,7 @@
   math_reference.txt     diagonal, trace, diag, outer, kron, diff, logaddexp (tests/test_ops.cpp,
                          ops_diagonal_kron_diff_logaddexp_search_match_pytorch)
   math_more_reference.txt  cummax, logcumsumexp, median, quantile, tensordot, cross, hypot,
-                         bincount, histc, rot90 and the like (tests/test_ops.cpp,
+                         bincount, histc, rot90 and the like (tests/test_math.cpp,
                          ops_scans_order_statistics_and_products_match_pytorch)
   scatter_reference.txt  scatter, scatter_reduce (each reduction, with and without self),
                          index_copy, index_fill, index_reduce, max_pool's indices and
@@ -22,7 +22,7 @@
                          ops_scatter_and_scatter_reduce_match_pytorch)
   linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
                          lstsq, matrix_power, multi_dot and norms; erfinv, cov, corrcoef
-                         (tests/test_ops.cpp, ops_linalg_matches_pytorch)
+                         (tests/test_math.cpp, ops_linalg_matches_pytorch)
   transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
                          their weights, inputs, outputs and the inputs' gradients
                          (tests/test_training.cpp, nn_transformer_*_match_pytorch)

@@ -1,0 +1,247 @@
+// torch's functions that are compositions of the existing primitives (scans, order statistics,
+// tensordot and the like, torch.linalg), their values and gradients against PyTorch 1.13
+// (tests/reference.hpp). They add no device code, so make test does not run them again on the
+// CUDA stand-in: their programs are compiled by NVRTC with the rest of the first run's.
+#include "harness.hpp"
+#include "reference.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+
+using tg::DType;
+using tg::Tensor;
+
+namespace {
+using Vec = std::vector<double>;
+Vec vals(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<int> ivals(const Tensor& t) { return t.to_vector<int>(); }
+}  // namespace
+
+// Values, indices and gradients from PyTorch 1.13 (tests/data/make_reference.py): running
+// extremes with ties and NaN, order statistics, tensordot, cross, hypot at 1e±200, bincount,
+// histc and the layout functions
+TEST(ops_scans_order_statistics_and_products_match_pytorch) {
+    Reference ref = read_reference("tests/data/math_more_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(39));
+    using X = const std::vector<Tensor>&;
+    Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0, 2, 5, 1, 2});
+    Tensor spread = Tensor::from_vector(Vec{0, 0.5, 1, 1.25, 2.5, 3, 3.5, 4, -1, 5, 2, 2});
+    const Tensor &r = ref.inputs.at("r"), &n = ref.inputs.at("n");
+    Cases ours = {
+        {"cummax", {{"m"}, [](X x) { return x[0].cummax(1).values; }}},
+        {"cummin", {{"m"}, [](X x) { return x[0].cummin(2).values; }}},
+        {"cummax_ties_nan", {{"r"}, [](X x) { return x[0].cummax(1).values; }}},
+        {"cummax_ties_nan_indices", {{}, [&](X) { return r.cummax(1).indices; }}},
+        {"cummin_ties_nan_indices", {{}, [&](X) { return r.cummin(1).indices; }}},
+        {"logcumsumexp", {{"m"}, [](X x) { return x[0].logcumsumexp(2); }}},
+        {"logcumsumexp_wide", {{"wide"}, [](X x) { return x[0].logcumsumexp(0); }}},
+        {"median", {{"n"}, [](X x) { return x[0].median(1).values; }}},
+        {"median_indices", {{}, [&](X) { return n.median(2).indices; }}},
+        {"median_all", {{"n"}, [](X x) { return x[0].median(); }}},
+        {"median_nan", {{"r"}, [](X x) { return x[0].median(1, true).values; }}},
+        {"kthvalue", {{"n"}, [](X x) { return x[0].kthvalue(2, 0).values; }}},
+        {"quantile_linear", {{"n"}, [](X x) { return tg::quantile(x[0], {0.1, 0.5, 0.8}, 2); }}},
+        {"quantile_lower",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 1, true, "lower"); }}},
+        {"quantile_higher",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 1, false, "higher"); }}},
+        {"quantile_midpoint",
+         {{"n"}, [](X x) { return tg::quantile(x[0], 0.4, 0, false, "midpoint"); }}},
+        {"quantile_nearest",
+         {{"m"}, [](X x) { return tg::quantile(x[0], {0.375, 0.625}, 2, false, "nearest"); }}},
+        {"quantile_all", {{"n"}, [](X x) { return tg::quantile(x[0], 0.3); }}},
+        {"quantile_all_keepdim",
+         {{"n"}, [](X x) { return tg::quantile(x[0], {0.3, 0.9}, std::nullopt, true); }}},
+        {"quantile_nan", {{"r"}, [](X x) { return tg::quantile(x[0], 0.5, 1); }}},
+        {"tensordot", {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1]); }}},
+        {"tensordot_axes",
+         {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1], {2, 1}, {1, 0}); }}},
+        {"tensordot_one", {{"m", "n"}, [](X x) { return tg::tensordot(x[0], x[1], {1}, {0}); }}},
+        {"tensordot_outer", {{"v", "w"}, [](X x) { return tg::tensordot(x[0], x[1], 0); }}},
+        {"cross", {{"p", "q"}, [](X x) { return tg::cross(x[0], x[1]); }}},
+        {"cross_axis_0",
+         {{"p", "q"}, [](X x) { return tg::cross(x[0].t(), x[1].slice(0, 0, 1).t(), 0); }}},
+        {"hypot", {{"a", "b"}, [](X x) { return tg::hypot(x[0], x[1]); }}},
+        {"copysign", {{"a", "b"}, [](X x) { return tg::copysign(x[0], x[1]); }}},
+        {"sinc", {{"a"}, [](X x) { return tg::sinc(x[0] / 1e200 * 3); }}},
+        {"sinc_small", {{"p"}, [](X x) { return tg::sinc(x[0]); }}},
+        {"bincount_weights",
+         {{}, [&](X) { return tg::bincount(ids, ref.inputs.at("weights"), 8); }}},
+        {"histc", {{}, [&](X) { return tg::histc(spread, 4, 0, 4); }}},
+        {"histc_own_range", {{}, [&](X) { return tg::histc(spread.slice(0, 0, 10), 5); }}},
+        {"rot90", {{"m"}, [](X x) { return tg::rot90(x[0], 1, 1, 2); }}},
+        {"rot90_back", {{"m"}, [](X x) { return tg::rot90(x[0], -1, 2, 0); }}},
+        {"rot90_twice", {{"m"}, [](X x) { return tg::rot90(x[0], 2, 0, 1); }}},
+        {"block_diag",
+         {{"p", "v", "w"},
+          [](X x) { return tg::block_diag({x[0], x[1], x[2].slice(0, 0, 1).squeeze(0)}); }}},
+        {"cartesian_prod", {{"v", "w"}, [](X x) { return tg::cartesian_prod({x[0], x[1]}); }}},
+        {"meshgrid_xy", {{"v", "w"}, [](X x) { return tg::stack(tg::meshgrid(x, "xy")); }}},
+    };
+    check_cases(ref, ours, 1e-12);
+    // dtypes; integers scan in int64; bincount's weights get the gradient PyTorch lacks
+    Tensor ints = Tensor::from_vector(std::vector<int>{3, 1, 1, 2, 5});
+    auto [running, where_at] = ints.cummin(0);
+    CHECK(running.dtype() == DType::INT32 && where_at.dtype() == DType::INT64);
+    CHECK(ivals(running) == (std::vector<int>{3, 1, 1, 1, 1}));
+    CHECK(ivals(ints.cummax(0).indices) == (std::vector<int>{0, 0, 0, 0, 4}));
+    CHECK(ivals(ints.median(0).indices) == (std::vector<int>{3}));
+    CHECK(tg::bincount(ids).dtype() == DType::INT64);
+    CHECK(ivals(tg::bincount(ids)) == (std::vector<int>{1, 1, 3, 0, 0, 1}));
+    CHECK(ivals(tg::bincount(ids.slice(0, 0, 0), Tensor(), 3)) == (std::vector<int>{0, 0, 0}));
+    Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}).requires_grad();
+    Tensor counts = tg::bincount(ids, w);
+    CHECK(counts.dtype() == DType::FLOAT32);
+    (counts * Tensor::arange(6)).sum().backward();
+    CHECK_ALL_NEAR(vals(w.grad()), (Vec{2, 0, 2, 5, 1, 2}), 0);
+    CHECK(tg::tril_indices(3, 4, 1).to_vector<int>() ==
+          (std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 1, 0, 1, 2, 0, 1, 2, 3}));
+    CHECK(tg::triu_indices(3, 3, -1).to_vector<int>() ==
+          (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 0, 1, 2, 0, 1, 2, 1, 2}));
+    CHECK(tg::tril_indices(0, 3).shape() == (tg::Shape{2, 0}));
+    // histc leaves NaN out (PyTorch 1.13 counts it in the first bin)
+    Tensor with_nan = Tensor::from_vector(Vec{1, NAN, 2, 0.5});
+    CHECK_ALL_NEAR(vals(tg::histc(with_nan, 2, 0, 2)), (Vec{1, 2}), 0);
+    CHECK_ALL_NEAR(vals(tg::histc(with_nan.slice(0, 0, 2), 2)), (Vec{0, 1}), 0);
+    // errors
+    Tensor m = ref.inputs.at("m");
+    CHECK_THROWS(m.kthvalue(5, 1), "kthvalue", "k = 5", "[2,3,4]");
+    CHECK_THROWS(m.median(3), "median", "axis");
+    CHECK_THROWS(tg::quantile(m, 1.5), "quantile", "1.5");
+    CHECK_THROWS(tg::quantile(m, 0.5, 1, false, "cubic"), "quantile", "cubic");
+    CHECK_THROWS(tg::quantile(ints, 0.5), "quantile", "float");
+    CHECK_THROWS(tg::tensordot(m, n, {0}, {0}), "tensordot", "[2,3,4]", "[3,4,5]", "axis 0 (2)");
+    CHECK_THROWS(tg::tensordot(m, n, {1, 2}, {0}), "tensordot", "2 axes of a against 1");
+    CHECK_THROWS(tg::tensordot(m, n, 4), "tensordot", "dims = 4");
+    CHECK_THROWS(tg::meshgrid({m}), "meshgrid", "[2,3,4]");
+    CHECK_THROWS(tg::meshgrid({ints}, "yx"), "meshgrid", "yx");
+    CHECK_THROWS(tg::cross(m, m), "cross", "3 elements", "[2,3,4]");
+    CHECK_THROWS(tg::bincount(ids.reshape({2, 3})), "bincount", "1-D", "[2,3]");
+    CHECK_THROWS(tg::bincount(ids - 3), "bincount", "holds -1");
+    CHECK_THROWS(tg::bincount(ids, w.slice(0, 0, 2)), "bincount", "weights [2]", "[6]");
+    CHECK_THROWS(tg::histc(spread, 0), "histc", "bins = 0");
+    CHECK_THROWS(tg::histc(spread, 4, 2, 1), "histc", "min 2", "max 1");
+    CHECK_THROWS(tg::rot90(ids), "rot90", "[6]");
+    CHECK_THROWS(tg::block_diag({m}), "block_diag", "[2,3,4]");
+    CHECK_THROWS(tg::tril_indices(-1, 2), "tril_indices", "-1");
+}
+
+// Values and gradients from PyTorch 1.13's torch.linalg (tests/data/make_reference.py): a
+// row swap at the first step, a batch with a negative determinant, vectors on the right
+TEST(ops_linalg_matches_pytorch) {
+    namespace la = tg::linalg;
+    Reference ref = read_reference("tests/data/linalg_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(40));
+    using X = const std::vector<Tensor>&;
+    Cases ours = {
+        {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
+        {"det_batch", {{"batch"}, [](X x) { return la::det(x[0]); }}},
+        {"slogdet_sign", {{}, [&](X) { return la::slogdet(ref.inputs.at("batch")).sign; }}},
+        {"slogdet_logabs", {{"batch"}, [](X x) { return la::slogdet(x[0]).logabsdet; }}},
+        {"inv", {{"a"}, [](X x) { return la::inv(x[0]); }}},
+        {"inv_batch", {{"batch"}, [](X x) { return la::inv(x[0]); }}},
+        {"solve", {{"a", "rhs"}, [](X x) { return la::solve(x[0], x[1]); }}},
+        {"solve_vector", {{"batch", "vec"}, [](X x) { return la::solve(x[0], x[1]); }}},
+        {"cholesky", {{"spd"}, [](X x) { return la::cholesky(x[0]); }}},
+        {"cholesky_upper", {{"spd"}, [](X x) { return la::cholesky(x[0], true); }}},
+        {"vector_norm_3", {{"batch"}, [](X x) { return la::vector_norm(x[0], 3, {1, 2}); }}},
+        {"vector_norm_0", {{}, [&](X) { return la::vector_norm(ref.inputs.at("a"), 0); }}},
+        {"vector_norm_neg_inf",
+         {{"a"}, [](X x) { return la::vector_norm(x[0] + 5, -INFINITY, {1}); }}},
+        {"vector_norm_neg", {{"rhs"}, [](X x) { return la::vector_norm(x[0], -1.5, {0}); }}},
+        {"matrix_norm_fro", {{"batch"}, [](X x) { return la::matrix_norm(x[0]); }}},
+        {"matrix_norm_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], 1); }}},
+        {"matrix_norm_inf", {{"a"}, [](X x) { return la::matrix_norm(x[0], INFINITY); }}},
+        {"matrix_norm_neg_1", {{"batch"}, [](X x) { return la::matrix_norm(x[0], -1, true); }}},
+        {"qr_q", {{"tall"}, [](X x) { return la::qr(x[0]).Q; }}},
+        {"qr_r", {{"tall"}, [](X x) { return la::qr(x[0]).R; }}},
+        {"qr_square_q", {{"batch"}, [](X x) { return la::qr(x[0]).Q; }}},
+        {"qr_square_r", {{"batch"}, [](X x) { return la::qr(x[0]).R; }}},
+        {"qr_complete_q", {{}, [&](X) { return la::qr(ref.inputs.at("tall"), "complete").Q; }}},
+        {"qr_complete_r", {{}, [&](X) { return la::qr(ref.inputs.at("tall"), "complete").R; }}},
+        {"qr_wide_q", {{}, [&](X) { return la::qr(ref.inputs.at("tall").t()).Q; }}},
+        {"qr_wide_r", {{}, [&](X) { return la::qr(ref.inputs.at("tall").t()).R; }}},
+        {"qr_upper_q", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).Q; }}},
+        {"qr_upper_r", {{}, [&](X) { return la::qr(ref.inputs.at("upper")).R; }}},
+        {"erfinv", {{"probabilities"}, [](X x) { return x[0].erfinv(); }}},
+        {"solve_triangular_upper",
+         {{"upper", "rhs"},
+          [](X x) { return la::solve_triangular(x[0], x[1].slice(0, 0, 3), true); }}},
+        {"solve_triangular_lower_right",
+         {{"spd", "rhs"},
+          [](X x) {
+              Tensor lower = x[0].slice(0, 0, 1).squeeze(0).tril();
+              return la::solve_triangular(lower, x[1].slice(0, 0, 3).t(), false, false);
+          }}},
+        {"solve_triangular_unit",
+         {{"a", "rhs"}, [](X x) { return la::solve_triangular(x[0], x[1], false, true, true); }}},
+        {"lstsq_tall",
+         {{"tall", "rhs"},
+          [](X x) { return la::lstsq(x[0], tg::cat({x[1], x[1].slice(0, 0, 1)})); }}},
+        {"lstsq_wide",
+         {{"tall", "rhs"}, [](X x) { return la::lstsq(x[0].t(), x[1].slice(0, 0, 3)); }}},
+        {"matrix_power_5", {{"batch"}, [](X x) { return la::matrix_power(x[0], 5); }}},
+        {"matrix_power_neg_2", {{"a"}, [](X x) { return la::matrix_power(x[0], -2); }}},
+        {"multi_dot",
+         {{"vec", "batch", "spd"},
+          [](X x) {
+              auto at = [](const Tensor& t, int64_t i) { return t.slice(0, i, i + 1).squeeze(0); };
+              return la::multi_dot({x[0], at(x[1], 0), at(x[2], 1), at(x[1], 1)});
+          }}},
+        {"cov", {{"tall"}, [](X x) { return tg::cov(x[0].t()); }}},
+        {"cov_vector", {{"vec"}, [](X x) { return tg::cov(x[0], 0); }}},
+        {"corrcoef", {{"tall"}, [](X x) { return tg::corrcoef(x[0].t()); }}},
+    };
+    check_cases(ref, ours, 1e-12);
+    // singular: det 0, slogdet (0, -inf), an inverse of NaN
+    Tensor singular = Tensor::from_vector(Vec{1, 2, 3, 2, 4, 6, 1, 0, 1}, {3, 3});
+    CHECK_ALL_NEAR(vals(la::det(singular)), (Vec{0}), 0);
+    CHECK_ALL_NEAR(vals(la::slogdet(singular).sign), (Vec{0}), 0);
+    CHECK_ALL_NEAR(vals(la::slogdet(singular).logabsdet), (Vec{-INFINITY}), 0);
+    CHECK(std::isnan(vals(la::inv(singular))[0]));
+    // float32
+    Tensor a32 = ref.inputs.at("a").cast(DType::FLOAT32);
+    CHECK_NEAR(la::det(a32).item(), -31.5, 1e-4);
+    CHECK_ALL_NEAR(vals(a32.matmul(la::inv(a32))), vals(Tensor::eye(4)), 1e-5);
+    // errors
+    Tensor rhs = ref.inputs.at("rhs");
+    CHECK_THROWS(la::det(rhs), "linalg.det", "square", "[4,2]");
+    CHECK_THROWS(la::inv(Tensor::eye(3, DType::INT32)), "linalg.inv", "float", "int32");
+    CHECK_THROWS(la::solve(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.solve", "[3,2]",
+                 "[4,4]");
+    CHECK_THROWS(la::solve(ref.inputs.at("batch"), rhs.reshape({2, 4})), "linalg.solve");
+    CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
+    CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
+    CHECK_THROWS(la::qr(rhs, "r"), "linalg.qr", "\"r\"");
+    CHECK_THROWS(la::solve_triangular(ref.inputs.at("a"), rhs.t(), true), "solve_triangular",
+                 "[2,4]");
+    CHECK_THROWS(la::lstsq(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.lstsq", "[3,2]");
+    CHECK_THROWS(la::multi_dot({rhs}), "multi_dot", "2 tensors");
+    CHECK_THROWS(la::multi_dot({rhs, ref.inputs.at("vec"), rhs}), "multi_dot", "tensor 1");
+    CHECK_THROWS(tg::cov(ref.inputs.at("batch")), "cov", "[2,3,3]");
+    CHECK_ALL_NEAR(vals(la::matrix_power(ref.inputs.at("a"), 0)), vals(Tensor::eye(4)), 0);
+    // erfinv's ends and float32
+    CHECK_ALL_NEAR(vals(Tensor::from_vector(Vec{1, -1, 1.5, NAN}).erfinv()),
+                   (Vec{INFINITY, -INFINITY, NAN, NAN}), 0);
+    Tensor p32 = ref.inputs.at("probabilities").cast(DType::FLOAT32);
+    CHECK_ALL_NEAR(vals(p32.erfinv().erf()), vals(p32), 2e-6);
+    // init: orthogonal gives orthonormal columns (rows when wide); trunc_normal stays inside
+    namespace init = tg::nn::init;
+    for (tg::Shape shape : {tg::Shape{6, 4}, tg::Shape{3, 2, 4}}) {
+        Tensor w = init::orthogonal(shape, 2.0, 7).reshape({shape[0], -1});
+        Tensor gram = shape[0] >= w.size(1) ? w.t().matmul(w) : w.matmul(w.t());
+        CHECK_ALL_NEAR(vals(gram), vals(Tensor::eye(gram.size(0)) * 4.0f), 1e-5);
+    }
+    Tensor t = init::trunc_normal({20000}, 1.0, 2.0, -1.0, 2.0, 11);
+    CHECK(t.min().item() >= -1.0 && t.max().item() <= 2.0);
+    CHECK(t.min().item() < -0.99 && t.max().item() > 1.99);
+    // the truncated normal's mean: μ + σ(φ(α) - φ(β))/(Φ(β) - Φ(α)), α = -1, β = 0.5
+    auto phi = [](double z) { return std::exp(-z * z / 2) / std::sqrt(2 * M_PI); };
+    auto Phi = [](double z) { return (1 + std::erf(z / std::sqrt(2.0))) / 2; };
+    double mean = 1 + 2 * (phi(-1) - phi(0.5)) / (Phi(0.5) - Phi(-1));
+    CHECK_NEAR(t.mean().item(), mean, 0.02);
+    CHECK_THROWS(init::trunc_normal({2}, 0, 1, 1, -1), "trunc_normal", "a < b");
+    CHECK_THROWS(init::orthogonal({5}), "orthogonal", "[5]");
+}
