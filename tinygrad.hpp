@@ -2361,6 +2361,18 @@ Tensor interpolate(const Tensor& x, SpatialSizes size, const std::string& mode =
 Tensor interpolate(const Tensor& x, ScaleFactor scale_factor, const std::string& mode = "nearest",
                    bool align_corners = false, bool recompute_scale_factor = false,
                    Loc loc = Loc::here());
+// The sampling grid [N, H, W, 2] of the affine maps theta [N, 2, 3] over an image of size
+// {N, C, H, W}, as PyTorch's affine_grid: each output pixel's (x, y) in [-1, 1] (the corner
+// pixels' centres at ±1 with align_corners, else the corners' edges), times thetaᵀ
+Tensor affine_grid(const Tensor& theta, const std::vector<int64_t>& size,
+                   bool align_corners = false, Loc loc = Loc::here());
+// x [N, C, H, W] read at grid [N, Ho, Wo, 2] ((x, y) in [-1, 1], as affine_grid's), as
+// PyTorch's grid_sample: mode "bilinear" (the four pixels around, weighted) or "nearest" (half
+// to even); outside x, padding_mode "zeros", "border" (the edge's) or "reflection" (x
+// mirrored at its edges). Gradients to x (a scatter of the weights) and, bilinear, to grid.
+Tensor grid_sample(const Tensor& x, const Tensor& grid, const std::string& mode = "bilinear",
+                   const std::string& padding_mode = "zeros", bool align_corners = false,
+                   Loc loc = Loc::here());
 // int64 [..., num_classes]: 1 at each id (num_classes -1: the largest id + 1, which reads ids);
 // an id outside [0, num_classes) stops the program with an index error, as PyTorch raises
 Tensor one_hot(const Tensor& ids, int64_t num_classes = -1, Loc loc = Loc::here());
@@ -16019,6 +16031,89 @@ Tensor interpolate(const Tensor& x, ScaleFactor scale_factor, const std::string&
                    bool align_corners, bool recompute_scale_factor, Loc loc) {
     return resize_by("interpolate", x, scale_factor, mode, align_corners,
                      recompute_scale_factor, loc);
+}
+Tensor affine_grid(const Tensor& theta, const std::vector<int64_t>& size, bool align_corners,
+                   Loc loc) {
+    detail::check_defined(theta, "affine_grid", loc);
+    if (size.size() != 4 || theta.ndim() != 3 || theta.size(0) != size[0] || theta.size(1) != 2 ||
+        theta.size(2) != 3 || !dtype_is_float(theta.dtype()))
+        detail::fail(strf("affine_grid: theta %s must be float [N, 2, 3] for size %s {N, C, H, W}",
+                          shape_str(theta.shape()).c_str(), shape_str(size).c_str()), loc);
+    detail::UserLocScope at(loc);
+    // the centres of n pixels on [-1, 1]
+    auto centres = [&](int64_t n) {
+        Tensor i = Tensor::arange(n).cast(theta.dtype());
+        if (align_corners) return n == 1 ? i * 0.0 : i * (2.0 / double(n - 1)) - 1.0;
+        return (i * 2.0 + 1.0) / double(n) - 1.0;
+    };
+    const int64_t h = size[2], w = size[3];
+    Tensor xs = centres(w).reshape({1, w, 1}).expand({h, w, 1});
+    Tensor ys = centres(h).reshape({h, 1, 1}).expand({h, w, 1});
+    Tensor base = cat({xs, ys, Tensor::ones({h, w, 1}, theta.dtype())}, -1).reshape({1, h * w, 3});
+    return base.matmul(theta.mT()).reshape({size[0], h, w, 2});
+}
+// Each output reads pixel indices y·W + x of x's flattened planes: a gather whose weights (the
+// bilinear ones, zero for a corner outside in "zeros") carry grid's gradient
+Tensor grid_sample(const Tensor& x, const Tensor& grid, const std::string& mode,
+                   const std::string& padding_mode, bool align_corners, Loc loc) {
+    detail::check_defined(x, "grid_sample", loc), detail::check_defined(grid, "grid_sample", loc);
+    if (x.ndim() != 4 || grid.ndim() != 4 || grid.size(0) != x.size(0) || grid.size(3) != 2 ||
+        !dtype_is_float(x.dtype()) || grid.dtype() != x.dtype())
+        detail::fail(strf("grid_sample: x %s %s must be float [N, C, H, W] and grid %s %s "
+                          "[N, Ho, Wo, 2] of its dtype", dtype_name(x.dtype()),
+                          shape_str(x.shape()).c_str(), dtype_name(grid.dtype()),
+                          shape_str(grid.shape()).c_str()), loc);
+    if (mode != "bilinear" && mode != "nearest")
+        detail::fail("grid_sample: mode \"" + mode + "\" is not \"bilinear\" or \"nearest\"", loc);
+    if (padding_mode != "zeros" && padding_mode != "border" && padding_mode != "reflection")
+        detail::fail("grid_sample: padding_mode \"" + padding_mode +
+                     "\" is not \"zeros\", \"border\" or \"reflection\"", loc);
+    detail::UserLocScope at(loc);
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    const int64_t ho = grid.size(1), wo = grid.size(2);
+    // a coordinate in [-1, 1] to pixels, then into [0, size - 1] by the padding mode
+    auto pixels = [&](const Tensor& g, int64_t size) {
+        Tensor p = align_corners ? (g + 1.0) * (double(size - 1) / 2)
+                                 : ((g + 1.0) * double(size) - 1.0) / 2;
+        if (padding_mode == "reflection") {
+            // mirrored at the edges' centres (align_corners) or their outer borders
+            double low = align_corners ? 0 : -0.5, span = align_corners ? double(size - 1)
+                                                                       : double(size);
+            if (span > 0) {
+                Tensor from = (p - low).abs();
+                Tensor extra = from.fmod(span), flips = (from / span).floor();
+                p = where(flips.fmod(2.0) == 0, extra + low, span - extra + low);
+            } else {
+                p = p * 0.0;
+            }
+        }
+        if (padding_mode == "zeros") return p;
+        // clamped; at the bounds too, the gradient is PyTorch's 0
+        Tensor open = (p > 0).minimum(p < double(size - 1));
+        return where(open, p, p.detach().clamp(0, size - 1));
+    };
+    Tensor gx = pixels(grid.slice(3, 0, 1).squeeze(3), w);   // [N, Ho, Wo]
+    Tensor gy = pixels(grid.slice(3, 1, 2).squeeze(3), h);
+    Tensor planes = x.reshape({n, c, h * w});
+    // x at integer pixels (px, py), 0 outside; weight times it
+    auto read = [&](const Tensor& px, const Tensor& py, const Tensor& weight) {
+        Tensor inside = (px >= 0).minimum(px <= double(w - 1))
+                            .minimum((py >= 0).minimum(py <= double(h - 1)));
+        Tensor at = (py.clamp(0, h - 1) * double(w) + px.clamp(0, w - 1)).cast(DType::INT64);
+        Tensor picked = planes.gather(2, at.reshape({n, 1, ho * wo}).expand({n, c, ho * wo}));
+        return picked * where(inside, weight, 0.0).reshape({n, 1, ho * wo});
+    };
+    Tensor out;
+    if (mode == "nearest") {
+        Tensor px = gx.detach().round(), py = gy.detach().round();
+        out = read(px, py, Tensor::ones_like(gx));
+    } else {
+        Tensor x0 = gx.detach().floor(), y0 = gy.detach().floor();
+        Tensor east = gx - x0, south = gy - y0, west = 1.0 - east, north = 1.0 - south;
+        out = read(x0, y0, west * north) + read(x0 + 1.0, y0, east * north) +
+              read(x0, y0 + 1.0, west * south) + read(x0 + 1.0, y0 + 1.0, east * south);
+    }
+    return out.reshape({n, c, ho, wo});
 }
 // Reflect, replicate and circular read x through index_select along each padded axis, the
 // source of output o (input position o - before) computed from an arange

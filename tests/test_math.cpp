@@ -245,3 +245,31 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(init::trunc_normal({2}, 0, 1, 1, -1), "trunc_normal", "a < b");
     CHECK_THROWS(init::orthogonal({5}), "orthogonal", "[5]");
 }
+
+// Values and gradients (to x and to grid) from PyTorch 1.13 (tests/data/make_reference.py):
+// every mode, padding mode and align_corners, at points inside, on the edges and outside
+TEST(ops_affine_grid_grid_sample_match_pytorch) {
+    namespace F = tg::nn::functional;
+    Reference ref = read_reference("tests/data/sampling_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(14));
+    Cases ours = {
+        {"affine_grid",
+         {{"theta"}, [](CaseInputs x) { return F::affine_grid(x[0], {2, 1, 3, 4}); }}},
+        {"affine_grid_corners",
+         {{"theta"}, [](CaseInputs x) { return F::affine_grid(x[0], {2, 1, 3, 4}, true); }}},
+    };
+    for (std::string mode : {"bilinear", "nearest"})
+        for (std::string padding : {"zeros", "border", "reflection"})
+            for (bool corners : {false, true})
+                ours["grid_sample_" + mode + "_" + padding + (corners ? "_corners" : "_edges")] = {
+                    {"x", "grid"}, [=](CaseInputs x) {
+                        return F::grid_sample(x[0], x[1], mode, padding, corners);
+                    }};
+    check_cases(ref, ours, 1e-12);
+    // errors
+    Tensor x = ref.inputs.at("x"), grid = ref.inputs.at("grid");
+    CHECK_THROWS(F::grid_sample(x, grid, "bicubic"), "grid_sample", "bicubic");
+    CHECK_THROWS(F::grid_sample(x, grid, "bilinear", "wrap"), "grid_sample", "wrap");
+    CHECK_THROWS(F::grid_sample(x, grid.slice(0, 0, 1)), "grid_sample", "[2,2,4,5]", "[1,3,3,2]");
+    CHECK_THROWS(F::affine_grid(ref.inputs.at("theta"), {2, 1, 3}), "affine_grid", "[2,2,3]");
+}

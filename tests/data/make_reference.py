@@ -23,6 +23,9 @@
   linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
                          lstsq, matrix_power, multi_dot and norms; erfinv, cov, corrcoef
                          (tests/test_math.cpp, ops_linalg_matches_pytorch)
+  sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
+                         align_corners) (tests/test_math.cpp,
+                         ops_affine_grid_grid_sample_match_pytorch)
   transformer_reference.txt  a TransformerEncoder, a TransformerDecoder and a Transformer:
                          their weights, inputs, outputs and the inputs' gradients
                          (tests/test_training.cpp, nn_transformer_*_match_pytorch)
@@ -447,6 +450,30 @@ write("linalg_reference.txt", linalg_inputs, [
     ("cov_vector", ["vec"], lambda v: torch.cov(v, correction=0)),
     ("corrcoef", ["tall"], lambda t: torch.corrcoef(t.t())),
 ])
+
+# grid_sample of x [2, 2, 4, 5] at grid [2, 3, 3, 2]: points inside, on the edges and outside
+torch.manual_seed(3)
+sampling = {
+    "x": torch.randn(2, 2, 4, 5, dtype=torch.float64),
+    "grid": torch.rand(2, 3, 3, 2, dtype=torch.float64) * 2.8 - 1.4,
+    "theta": tensor([1, 0.2, -0.1, -0.3, 0.9, 0.25, 0.5, -1, 0, 1.5, 0.1, -0.5], 2, 2, 3),
+}
+sampling["grid"][0, 0, 0] = torch.tensor([1.0, -1.0])
+sampling["grid"][0, 0, 1] = torch.tensor([0.0, 0.0])
+sampling_cases = [
+    ("affine_grid", ["theta"], lambda t: F.affine_grid(t, [2, 1, 3, 4], align_corners=False)),
+    ("affine_grid_corners", ["theta"], lambda t: F.affine_grid(t, [2, 1, 3, 4],
+                                                               align_corners=True)),
+]
+for mode in ["bilinear", "nearest"]:
+    for padding_mode in ["zeros", "border", "reflection"]:
+        for align_corners in [False, True]:
+            sampling_cases.append((
+                "grid_sample_%s_%s_%s" % (mode, padding_mode,
+                                          "corners" if align_corners else "edges"),
+                ["x", "grid"], lambda x, g, m=mode, p=padding_mode, a=align_corners:
+                F.grid_sample(x, g, m, p, a)))
+write("sampling_reference.txt", sampling, sampling_cases)
 
 # A post-norm encoder (ReLU) with a final LayerNorm and a pre-norm decoder (GELU), two layers
 # each, made as PyTorch makes them (each layer a copy of the one given), then every weight
