@@ -859,8 +859,8 @@ std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors,
 // The cross product of 3-vectors along the axis (broadcast), as torch.linalg.cross
 Tensor cross(const Tensor& a, const Tensor& b, int axis = -1, Loc loc = Loc::here());
 // hypot: √(a² + b²) without overflow or underflow (the larger times √(1 + r²)); copysign: |a|
-// with b's sign bit (-0 and NaN's too), its gradient ±1 where a is not 0; sinc: sin(πx)/(πx),
-// 1 at 0
+// with b's sign (-0's too; a NaN b counts as positive), its gradient ±1 where a is not 0;
+// sinc: sin(πx)/(πx), 1 at 0
 Tensor hypot(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor copysign(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor sinc(const Tensor& x, Loc loc = Loc::here());
