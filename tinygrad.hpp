@@ -6654,11 +6654,13 @@ Tensor cartesian_prod(const std::vector<Tensor>& tensors, Loc loc) {
     return stack(grids, 1);
 }
 namespace linalg {
-static void check_square(const Tensor& a, const char* op, Loc loc) {
+// a: float matrices [..., m, n], square where asked
+static void check_matrices(const Tensor& a, const char* op, Loc loc, bool square = false) {
     check_defined(a, op, loc);
-    if (a.ndim() < 2 || a.size(-1) != a.size(-2) || !dtype_is_float(a.dtype()))
-        fail(strf("%s: a must be float square matrices [..., n, n], got %s %s", op,
-                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    if (a.ndim() < 2 || (square && a.size(-1) != a.size(-2)) || !dtype_is_float(a.dtype()))
+        fail(strf("%s: a must be float %smatrices %s, got %s %s", op, square ? "square " : "",
+                  square ? "[..., n, n]" : "[..., m, n]", dtype_name(a.dtype()),
+                  shape_str(a.shape()).c_str()), loc);
 }
 // Gauss-Jordan on [a | b]: step k swaps the row of the largest |value| in column k at or below
 // row k into row k (the first of ties), divides it by its pivot and takes its multiples from
@@ -6698,13 +6700,13 @@ static Elimination eliminated(const Tensor& a, Loc loc) {   // a alone: its pivo
     return gauss_jordan(a, Tensor::zeros(none, a.dtype()), loc);
 }
 Tensor det(const Tensor& a, Loc loc) {
-    check_square(a, "linalg.det", loc);
+    check_matrices(a, "linalg.det", loc, true);
     Elimination e = eliminated(a, loc);
     UserLocScope at(loc);
     return e.pivots.prod(-1) * e.sign;
 }
 SignLogAbsDet slogdet(const Tensor& a, Loc loc) {
-    check_square(a, "linalg.slogdet", loc);
+    check_matrices(a, "linalg.slogdet", loc, true);
     Elimination e = eliminated(a, loc);
     UserLocScope at(loc);
     return {e.pivots.sign().prod(-1) * e.sign, e.pivots.abs().log().sum(-1)};
@@ -6716,12 +6718,12 @@ static Tensor solution_of(const Elimination& e, Loc loc) {
     return where(singular, NAN, e.solution);
 }
 Tensor inv(const Tensor& a, Loc loc) {
-    check_square(a, "linalg.inv", loc);
+    check_matrices(a, "linalg.inv", loc, true);
     Tensor eye = Tensor::eye(a.size(-1), a.dtype(), loc).expand(a.shape(), loc);
     return solution_of(gauss_jordan(a, eye, loc), loc);
 }
 Tensor solve(const Tensor& a, const Tensor& b, Loc loc) {
-    check_square(a, "linalg.solve", loc);
+    check_matrices(a, "linalg.solve", loc, true);
     check_defined(b, "linalg.solve", loc);
     const int64_t n = a.size(-1);
     const bool vector = b.ndim() == a.ndim() - 1 || b.ndim() == 1;
@@ -6742,7 +6744,7 @@ Tensor solve(const Tensor& a, const Tensor& b, Loc loc) {
 }
 // column j of L: (a[:, j] - Σ_k<j L[:, k] L[j, k]) / L[j, j], L[j, j] the root of its own
 Tensor cholesky(const Tensor& a_in, bool upper, Loc loc) {
-    check_square(a_in, "linalg.cholesky", loc);
+    check_matrices(a_in, "linalg.cholesky", loc, true);
     UserLocScope at(loc);
     const int64_t n = a_in.size(-1);
     // the lower triangle as a symmetric matrix, its gradient that of (a + aᵀ)/2 (symmetric)
@@ -6761,10 +6763,7 @@ Tensor cholesky(const Tensor& a_in, bool upper, Loc loc) {
 // Step j reflects rows j.. of column j onto row j: v = x - α e_j, α = -sign(x_j)·|x| (x the
 // column from row j down), R = R - 2v(vᵀR)/(vᵀv), Q = Q - 2(Qv)vᵀ/(vᵀv)
 QR qr(const Tensor& a, const std::string& mode, Loc loc) {
-    check_defined(a, "linalg.qr", loc);
-    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
-        fail(strf("linalg.qr: a must be float matrices [..., m, n], got %s %s",
-                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    check_matrices(a, "linalg.qr", loc);
     if (mode != "reduced" && mode != "complete")
         fail("linalg.qr: mode \"" + mode + "\" is not \"reduced\" or \"complete\"", loc);
     UserLocScope at(loc);
@@ -6790,7 +6789,7 @@ QR qr(const Tensor& a, const std::string& mode, Loc loc) {
 // upper: the rows from the last up, row i = (b_i - a_i· x)/a_ii with x's rows below i found
 Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left,
                         bool unitriangular, Loc loc) {
-    check_square(a, "linalg.solve_triangular", loc);
+    check_matrices(a, "linalg.solve_triangular", loc, true);
     check_defined(b, "linalg.solve_triangular", loc);
     const int64_t n = a.size(-1);
     if (b.ndim() < 2 || b.size(left ? -2 : -1) != n || b.dtype() != a.dtype())
@@ -6832,7 +6831,7 @@ Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc) {
     return f.Q.matmul(solve_triangular(f.R.mT(), b, false, true, false, loc));
 }
 Tensor matrix_power(const Tensor& a, int64_t k, Loc loc) {
-    check_square(a, "linalg.matrix_power", loc);
+    check_matrices(a, "linalg.matrix_power", loc, true);
     UserLocScope at(loc);
     Tensor base = k < 0 ? inv(a, loc) : a;
     std::optional<Tensor> result;   // none yet: the identity
@@ -6869,10 +6868,7 @@ Tensor vector_norm(const Tensor& x, double ord, const std::vector<int>& axes, bo
     return as_float(x, loc).norm(ord, axes, keepdim);
 }
 Tensor matrix_norm(const Tensor& a, double ord, bool keepdim, Loc loc) {
-    check_defined(a, "linalg.matrix_norm", loc);
-    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
-        fail(strf("linalg.matrix_norm: a must be float [..., m, n], got %s %s",
-                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
+    check_matrices(a, "linalg.matrix_norm", loc);
     const bool columns = std::fabs(ord) == 1;
     if (!columns && std::fabs(ord) != INFINITY)
         fail(strf("linalg.matrix_norm: ord %g needs singular values, which are not here (ord "
@@ -6884,13 +6880,10 @@ Tensor matrix_norm(const Tensor& a, double ord, bool keepdim, Loc loc) {
     return keepdim ? norm : norm.squeeze(-1).squeeze(-1);
 }
 Tensor matrix_norm(const Tensor& a, const std::string& ord, bool keepdim, Loc loc) {
-    check_defined(a, "linalg.matrix_norm", loc);
+    check_matrices(a, "linalg.matrix_norm", loc);
     if (ord != "fro")
         fail("linalg.matrix_norm: ord \"" + ord + "\" is not \"fro\" (\"nuc\" needs singular "
              "values, which are not here)", loc);
-    if (a.ndim() < 2 || !dtype_is_float(a.dtype()))
-        fail(strf("linalg.matrix_norm: a must be float [..., m, n], got %s %s",
-                  dtype_name(a.dtype()), shape_str(a.shape()).c_str()), loc);
     return a.norm(2, std::vector<int>{-2, -1}, keepdim, loc);
 }
 }  // namespace linalg

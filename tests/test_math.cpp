@@ -215,6 +215,8 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
     CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
     CHECK_THROWS(la::qr(rhs, "r"), "linalg.qr", "\"r\"");
+    CHECK_THROWS(la::qr(ref.inputs.at("vec")), "linalg.qr", "float matrices [..., m, n]", "[3]");
+    CHECK_THROWS(la::matrix_norm(ref.inputs.at("vec")), "linalg.matrix_norm", "[3]");
     CHECK_THROWS(la::solve_triangular(ref.inputs.at("a"), rhs.t(), true), "solve_triangular",
                  "[2,4]");
     CHECK_THROWS(la::lstsq(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.lstsq", "[3,2]");
