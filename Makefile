@@ -85,7 +85,7 @@ $(BUILD)/tests/%.o: tests/%.cpp tests/harness.hpp tinygrad.hpp
 	$(CXX) $(TEST_CXXFLAGS) -c -o $@ $<
 $(BUILD)/tests/test_fuzz.o: tests/fuzz_targets.hpp
 $(BUILD)/tests/test_oracle.o: tests/random_graphs.hpp
-$(BUILD)/tests/test_ops.o $(BUILD)/tests/test_training.o: tests/reference.hpp
+$(BUILD)/tests/test_ops.o $(BUILD)/tests/test_math.o $(BUILD)/tests/test_training.o: tests/reference.hpp
 $(BUILD)/tests/test_cuda.o: cuda_backend.hpp tests/random_graphs.hpp
 
 $(BUILD)/run_tests: $(TEST_OBJS) $(BUILD)/tinygrad.o
