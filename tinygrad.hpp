@@ -232,7 +232,8 @@
        matmul: [32,30] @ [20,200]: inner dims 30 != 20 (at main.cpp:7)
    A failing compile reports the command, the compiler's output and the kept source path. An
    index out of range is found when the program runs; the program then stops before its
-   in-place writes, and the error names the line that indexed.
+   in-place writes, and the error names the call and the line that indexed, a gradient's too:
+       embedding (computing its gradient): index out of range [0, 5) ... (at main.cpp:9)
 
  NOT YET
    CUDA products at cuBLAS's speed (the tiled kernels: 29 of its 51 TFLOP/s at 4096^3 on an
@@ -3120,12 +3121,18 @@ static bool is_library_loc(Loc l) {   // this file, however the includer spelled
     const char* base = std::strrchr(l.file, '/');
     return std::strcmp(base ? base + 1 : l.file, "tinygrad.hpp") == 0;
 }
+// The library call the user made (embedding, cross_entropy, scatter...), which a program's
+// failed index check names: the outermost named call wins, so the calls it makes inside
+// (index_select, gather) do not rename its nodes; backward() sets each rule's to its node's.
+static thread_local const char* user_op = nullptr;
 struct UserLocScope {
     Loc saved;
-    explicit UserLocScope(Loc l) : saved(user_loc) {
+    const char* saved_op;
+    explicit UserLocScope(Loc l, const char* op = nullptr) : saved(user_loc), saved_op(user_op) {
         if (!is_library_loc(l)) user_loc = l;
+        if (!user_op) user_op = op;
     }
-    ~UserLocScope() { user_loc = saved; }
+    ~UserLocScope() { user_loc = saved, user_op = saved_op; }
 };
 
 // Errors name the user's line; a location inside the library is replaced by the caller's.
@@ -3649,6 +3656,7 @@ struct Node : std::enable_shared_from_this<Node> {
     std::shared_ptr<Buffer> buffer;   // set once realized (BUFFER nodes have it from the start)
     Device* device = nullptr;         // where it is computed (node_device); null: a constant
     Loc loc;
+    const char* user_op = nullptr;    // the library call that built it (UserLocScope)
     Phase phase = Phase::FORWARD;
     bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
     bool leaf = false;                // requires_grad() was called on it: backward() fills grad
@@ -3801,6 +3809,7 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
     n->arg = std::move(arg);
     n->value = value;
     n->loc = is_library_loc(loc) ? user_loc : loc;
+    n->user_op = user_op;
     n->phase = current_phase;
     if (no_grad_depth == 0 && dtype_is_float(dt))
         for (auto& s : n->src) n->requires_grad = n->requires_grad || s->requires_grad;
@@ -5983,6 +5992,7 @@ static void check_index(const Tensor& src, const Tensor& index, const char* op, 
 }
 // out[i][j] = src[index[i][j]][j] (for axis 0); index has src's rank
 Tensor Tensor::gather(int axis, const Tensor& index, Loc loc) const {
+    UserLocScope at(loc, "gather");
     check_index(*this, index, "gather", loc);
     int ax = normalize_axis(axis, shape().size(), "gather", shape(), loc, false);
     bool ok = index.ndim() == ndim();
@@ -5994,6 +6004,7 @@ Tensor Tensor::gather(int axis, const Tensor& index, Loc loc) const {
 }
 // out = src with axis replaced by the rows index picks; index is 1-D
 Tensor Tensor::index_select(int axis, const Tensor& index, Loc loc) const {
+    UserLocScope at(loc, "index_select");
     check_index(*this, index, "index_select", loc);
     int ax = normalize_axis(axis, shape().size(), "index_select", shape(), loc, false);
     if (index.ndim() != 1)
@@ -6065,6 +6076,7 @@ static Tensor scatter_counts(const Tensor& self, int ax, const Tensor& index, Lo
 }
 
 Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
+    UserLocScope at(loc, "scatter_add");
     check_defined(src, "scatter_add", loc);
     int ax = check_scatter(*this, index, src, "scatter_add", axis, false, loc);
     NodeP added = node_make(Op::SCATTER_ADD, dtype(), shape(),
@@ -6073,9 +6085,9 @@ Tensor Tensor::scatter_add(int axis, const Tensor& index, const Tensor& src, Loc
 }
 // Where each place was last written: the largest position along the axis that names it
 Tensor Tensor::scatter(int axis, const Tensor& index, const Tensor& src, Loc loc) const {
+    UserLocScope at(loc, "scatter");   // for the operators below
     check_defined(src, "scatter", loc);
     int ax = check_scatter(*this, index, src, "scatter", axis, true, loc);
-    UserLocScope at(loc);   // for the operators below
     Shape into = index.shape();
     into[size_t(ax)] = size(ax);
     Tensor last = scatter_max(into, ax, index, positions_along(index.shape(), ax, loc), loc);
@@ -6084,21 +6096,21 @@ Tensor Tensor::scatter(int axis, const Tensor& index, const Tensor& src, Loc loc
                  *this, loc);
 }
 Tensor Tensor::scatter(int axis, const Tensor& index, Scalar value, Loc loc) const {
+    UserLocScope at(loc, "scatter");
     check_defined(*this, "scatter", loc);
     int ax = check_scatter(*this, index, Tensor(), "scatter", axis, true, loc);
-    UserLocScope at(loc);
     return where(scatter_counts(*this, ax, index, loc) > 0,
                  const_like(*this, value.value, dtype(), loc), *this, loc);
 }
 Tensor Tensor::scatter_reduce(int axis, const Tensor& index, const Tensor& src,
                               const std::string& reduce, bool include_self, Loc loc) const {
+    UserLocScope at(loc, "scatter_reduce");   // for the operators below
     check_defined(src, "scatter_reduce", loc);
     int ax = check_scatter(*this, index, src, "scatter_reduce", axis, false, loc);
     if (reduce != "sum" && reduce != "mean" && reduce != "amax" && reduce != "amin" &&
         reduce != "prod")
         fail("scatter_reduce: reduce \"" + reduce + "\" is not sum, mean, amax, amin or prod",
              loc);
-    UserLocScope at(loc);   // for the operators below
     if (reduce == "amin")   // the largest of the order reversed
         return reversed_order(reversed_order(*this, loc).scatter_reduce(
                                   ax, index, reversed_order(src, loc), "amax", include_self, loc),
@@ -6157,6 +6169,7 @@ static Tensor index_spread(const Tensor& index, int ax, const Shape& shape, Loc 
 }
 Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Scalar alpha,
                          Loc loc) const {
+    UserLocScope at(loc, "index_add");
     int ax = check_index_slices(*this, axis, index, source, "index_add", loc);
     if (!dtype_is_float(source.dtype()) && alpha.is_float)
         fail(strf("index_add: alpha %g must be an integer for %s source", alpha.value,
@@ -6165,16 +6178,19 @@ Tensor Tensor::index_add(int axis, const Tensor& index, const Tensor& source, Sc
     return scatter_add(ax, index_spread(index, ax, source.shape(), loc), scaled, loc);
 }
 Tensor Tensor::index_copy(int axis, const Tensor& index, const Tensor& source, Loc loc) const {
+    UserLocScope at(loc, "index_copy");
     int ax = check_index_slices(*this, axis, index, source, "index_copy", loc);
     return scatter(ax, index_spread(index, ax, source.shape(), loc), source, loc);
 }
 Tensor Tensor::index_reduce(int axis, const Tensor& index, const Tensor& source,
                             const std::string& reduce, bool include_self, Loc loc) const {
+    UserLocScope at(loc, "index_reduce");
     int ax = check_index_slices(*this, axis, index, source, "index_reduce", loc);
     return scatter_reduce(ax, index_spread(index, ax, source.shape(), loc), source, reduce,
                           include_self, loc);
 }
 Tensor Tensor::index_fill(int axis, const Tensor& index, Scalar value, Loc loc) const {
+    UserLocScope at(loc, "index_fill");
     check_defined(*this, "index_fill", loc);
     check_index(*this, index, "index_fill", loc);
     int ax = normalize_axis(axis, shape().size(), "index_fill", shape(), loc, false);
@@ -6198,9 +6214,9 @@ static Tensor rows_of(const Tensor& src, const Tensor& ix, Loc loc, bool from_en
 Tensor Tensor::operator[](Operand index) const {
     const Tensor& ix = index.tensor;
     Loc loc = index.loc;
+    UserLocScope at(loc, "index");   // for the operators below
     check_index(*this, ix, "index", loc);
     if (ndim() == 0) fail("index: cannot index a 0-d tensor", loc);
-    UserLocScope at(loc);   // for the operators below
     return rows_of(*this, ix, loc, true);
 }
 Tensor Tensor::operator[](Index index) const {
@@ -7158,11 +7174,15 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
         one_pick[size_t(axis)] = 1;
         if (index->shape == one_pick) {
             // one element picked per row (cross-entropy's label): the scatter into zeros is
-            // a select, [j == index] g, which fuses into its reader instead of being a kernel
+            // a select, [j == index] g, which fuses into its reader instead of being a kernel.
+            // The index is read through a gather of the positions, which gives it back where
+            // it is in range: the program checks it even where the forward gather never runs.
             Shape along(in.size(), 1);
             along[size_t(axis)] = in[size_t(axis)];
-            Tensor j = Tensor::arange(in[size_t(axis)], loc).cast(index->dtype, loc);
-            Tensor hit = j.reshape(along, loc).expand(in, loc) == wrap(index).expand(in, loc);
+            Tensor j = Tensor::arange(in[size_t(axis)], loc).cast(index->dtype, loc)
+                           .reshape(along, loc).expand(in, loc);
+            Tensor every = wrap(index).expand(in, loc);   // not a broadcast gather: it fuses
+            Tensor hit = j == wrap(graph_gather(j.node(), every.node(), axis, loc));
             return {where(hit, g.expand(in, loc), 0, loc), Tensor()};
         }
         return {wrap(node_make(Op::SCATTER_ADD, dt, in, {g.node(), index}, loc, n->arg)),
@@ -7224,6 +7244,7 @@ static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
         }
         check_fresh(n);   // its rule reads its inputs as they were when it was built
         UserLocScope at(n->loc);
+        user_op = n->user_op;   // restored by at
         std::vector<Tensor> in_grads = backward_rule(n->shared_from_this(), *found);
         for (size_t i = 0; i < in_grads.size(); i++) {
             Node* s = n->src[i].get();
@@ -8117,14 +8138,17 @@ struct Lowering {
         return id;
     }
 
-    // A gradient's scatter_add carries its gather's line: the error points at the indexing.
+    // A gradient's scatter_add carries its gather's line and call: the error points at the
+    // indexing the user wrote.
     int check_site(Node* n, const Node* src, size_t axis) {
-        const char* what = n->op == Op::GATHER          ? "gather"
-                           : n->phase == Phase::BACKWARD ? "gather (computing its gradient)"
-                           : n->op == Op::SCATTER_MAX    ? "scatter"
-                                                         : "scatter_add";
-        prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s", what,
-                                    (long long)src->shape[axis], shape_str(src->shape).c_str()),
+        std::string what = n->user_op ? n->user_op
+                           : n->op == Op::GATHER || n->phase == Phase::BACKWARD ? "gather"
+                           : n->op == Op::SCATTER_MAX ? "scatter"
+                                                      : "scatter_add";
+        if (n->phase == Phase::BACKWARD) what += " (computing its gradient)";
+        prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s",
+                                    what.c_str(), (long long)src->shape[axis],
+                                    shape_str(src->shape).c_str()),
                                n->loc});
         return int(prog.checks.size()) - 1;
     }
@@ -13380,6 +13404,7 @@ static bool graph_fields(const std::vector<NodeP>& targets, GraphKey& g,
         bytes.add(first_place<const Device*>(devices, n->device));
         bytes.add(first_place(g.files, n->loc.file));
         bytes.add(n->loc.line);
+        bytes.add(n->user_op ? fnv1a64(n->user_op) : 0);   // its checks' messages name it
         bytes.add(n->arg.size());
         for (int64_t a : n->arg) bytes.add(a);
         bytes.add(n->src.size());
@@ -15504,7 +15529,7 @@ Tensor max_unpool(const char* op, size_t axes, const Tensor& x, const Tensor& in
                   const SpatialSizes& kernel_given, const SpatialSizes& stride_given,
                   const SpatialSizes& padding_given, const SpatialSizes& output_size,
                   Loc loc) {
-    detail::UserLocScope at(loc);
+    detail::UserLocScope at(loc, op);
     check_pooling_input(op, axes, x);
     if (!indices.defined() || indices.shape() != x.shape() ||
         (indices.dtype() != DType::INT64 && indices.dtype() != DType::INT32))
@@ -16167,7 +16192,7 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int axis, double ep
     return (a * b).sum(axis) / (a.norm(2, axis).clamp(eps) * b.norm(2, axis).clamp(eps));
 }
 Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
-    detail::UserLocScope at(loc);
+    detail::UserLocScope at(loc, "one_hot");
     if (ids.dtype() != DType::INT32 && ids.dtype() != DType::INT64)
         detail::fail(strf("one_hot: ids must be int32 or int64, got %s",
                           dtype_name(ids.dtype())));
@@ -16180,7 +16205,7 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes, Loc loc) {
 Tensor embedding(const Tensor& ids, const Tensor& weight, std::optional<int64_t> padding_idx,
                  Loc loc) {
     check_index(weight, ids, "embedding", loc);
-    detail::UserLocScope at(loc);
+    detail::UserLocScope at(loc, "embedding");
     Tensor rows = rows_of(weight, ids, loc);
     std::optional<int64_t> padding = padding_row(padding_idx, weight.size(0), "embedding");
     if (!padding) return rows;   // a padding id's row: its value without its gradient
@@ -16194,7 +16219,7 @@ Tensor embedding_bag(const Tensor& ids, const Tensor& weight, const Tensor& offs
                      bool include_last_offset, std::optional<int64_t> padding_idx, Loc loc) {
     const char* op = "embedding_bag";
     check_index(weight, ids, op, loc);
-    detail::UserLocScope at(loc);
+    detail::UserLocScope at(loc, op);
     if (mode != "mean" && mode != "sum" && mode != "max")
         detail::fail(strf("%s: mode \"%s\" is not \"mean\", \"sum\" or \"max\"", op,
                           mode.c_str()));
@@ -17500,7 +17525,7 @@ static Tensor picked_loss(const char* op, const char* input, const Tensor& score
                           const Tensor& target, Reduction r, int64_t ignore_index,
                           double label_smoothing, const Tensor& weight, bool log_softmax,
                           Loc loc) {
-    detail::UserLocScope at(loc);
+    detail::UserLocScope at(loc, op);
     detail::check_defined(scores, op, loc), detail::check_defined(target, op, loc);
     if (scores.ndim() == 0)
         detail::fail(strf("%s: %s is a scalar; it needs an axis of classes", op, input));
@@ -17762,8 +17787,8 @@ Tensor poisson_nll_loss(const Tensor& x, const Tensor& target, Reduction r, bool
 }
 Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r, double p,
                          double margin, const Tensor& weight, Loc loc) {
-    detail::UserLocScope at(loc);
     const char* op = "multi_margin_loss";
+    detail::UserLocScope at(loc, op);
     if (p != 1 && p != 2) detail::fail(strf("%s: p must be 1 or 2, got %g", op, p));
     if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
         detail::fail(strf("%s: target must hold int32 or int64 classes, got %s", op,

@@ -172,8 +172,10 @@ TEST(errors_scatter_add_and_index_add) {
     Tensor far = self.scatter_add(1, ints({0, 4}, {1, 2}), src);
     here = at(__LINE__ - 1);
     CHECK_THROWS(far.to_vector(), "scatter_add", "out of range", "[3,4]", "got 4", here.c_str());
-    CHECK_THROWS(self.index_add(0, ints({-1, 0}), src).realize(), "scatter_add",
-                 "out of range", "got -1");
+    CHECK_THROWS(self.index_add(0, ints({-1, 0}), src).realize(), "index_add: index out of range",
+                 "got -1");
+    CHECK_THROWS(self.gather(1, ints({0, 4}, {1, 2})).realize(), "gather: index out of range",
+                 "got 4");
 }
 
 TEST(errors_pad_shrink_slice) {

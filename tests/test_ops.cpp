@@ -1558,9 +1558,16 @@ TEST(ops_index_select_embedding) {
     Tensor emb = C[X], emb1 = C[Tensor::from_vector(std::vector<int32_t>{1, 3})];
     CHECK_ALL_NEAR(vals(C[Tensor::from_vector({-1, 0, -5})]),
                    vals(C[Tensor::from_vector({4, 0, 0})]), 0);   // from the end, as PyTorch
+    // named by the call the user made, its gradient's too
     CHECK_THROWS(tg::nn::functional::embedding(Tensor::from_vector({-1}), C).realize(),
-                 "index out of range [0, 5)", "got -1");
-    CHECK_THROWS(C[Tensor::from_vector({-6})].realize(), "index out of range", "got -1");
+                 "embedding: index out of range [0, 5)", "got -1");
+    Tensor rows = C.detach().requires_grad();
+    std::string here = "test_ops.cpp:" + std::to_string(__LINE__ + 1);
+    Tensor picked = tg::nn::functional::embedding(Tensor::from_vector({7}), rows).sum();
+    CHECK_THROWS(tg::gradients(picked, {rows})[0].realize(),   // the gather itself never runs
+                 "embedding (computing its gradient): index out of range [0, 5)", "got 7",
+                 here.c_str());
+    CHECK_THROWS(C[Tensor::from_vector({-6})].realize(), "index: index out of range", "got -1");
     CHECK(r0.shape() == S({3, 5}));
     CHECK(r1.shape() == S({4, 3}));
     CHECK(emb.shape() == S({2, 3, 3}));
@@ -1764,7 +1771,7 @@ TEST(ops_edge_values_as_pytorch) {
     CHECK_ALL_NEAR(ivals(F::one_hot(ids, 3)), (std::vector<int>{0, 0, 1, 1, 0, 0}), 0);
     for (int64_t bad : {3, -1}) {
         Tensor out_of_range = Tensor::from_vector(std::vector<int64_t>{0, bad});
-        CHECK_THROWS(F::one_hot(out_of_range, 3).realize(), "index out of range [0, 3)",
+        CHECK_THROWS(F::one_hot(out_of_range, 3).realize(), "one_hot: index out of range [0, 3)",
                      "test_ops.cpp:");
     }
 }
@@ -3043,7 +3050,7 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
                    (Vec{NAN, 0, 3}), 0);
     Tensor base = ref.inputs.at("base");
     CHECK_THROWS(base.scatter_reduce(1, repeated + 1, ref.inputs.at("src"), "amax").realize(),
-                 "scatter: index out of range [0, 5)");
+                 "scatter_reduce: index out of range [0, 5)");
     // errors
     CHECK_THROWS(base.scatter_reduce(1, repeated, ref.inputs.at("src"), "max"), "scatter_reduce",
                  "\"max\"", "sum, mean, amax, amin or prod");
@@ -3063,7 +3070,7 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
     CHECK_THROWS(F::max_unpool2d(pooled, where_from, 2, 2, 0, {7, 6, 1}), "max_unpool2d",
                  "must have 2 (or 4) sizes");
     CHECK_THROWS(F::max_unpool2d(pooled, where_from + 6, 2).realize(),
-                 "scatter: index out of range [0, 36)");
+                 "max_unpool2d: index out of range [0, 36)");
     tg::nn::MaxUnpool1d unpool(2);
     CHECK_THROWS(unpool(pooled), "max_unpool1d", "it takes the indices too");
 }

@@ -663,7 +663,15 @@ TEST(loss_cross_entropy_matches_loop) {
     }
     std::vector<int32_t> below = target;
     below[0] = -1;
-    CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(below)).item(), "index out of range");
+    CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(below)).item(),
+                 "cross_entropy: index out of range");
+    {   // the gradient alone (the loss never computed) checks the labels too
+        Tensor logits = L.detach().requires_grad();
+        Tensor loss = nn::cross_entropy(logits, Tensor::from_vector(below));
+        CHECK_THROWS(tg::gradients(loss, {logits})[0].realize(),
+                     "cross_entropy (computing its gradient): index out of range [0, 5)",
+                     "got -1");
+    }
     // errors
     CHECK_THROWS(nn::cross_entropy(L, fv({0, 1, 2, 3, 4, 0})), "cross_entropy", "int32", "float32");
     CHECK_THROWS(nn::cross_entropy(L, Tensor::from_vector(std::vector<int32_t>{0, 1, 2})), "cross_entropy",
