@@ -6136,11 +6136,14 @@ Tensor Tensor::scatter_reduce(int axis, const Tensor& index, const Tensor& src,
                              positions_along(shape(), ax, loc)}, ax, loc);
         return scatter_max(shape(), ax, places, values, loc);
     }
-    // prod: [.., i, place, ..], src's element i where index names the place, else 1
-    Shape spread(size_t(ndim()) + 1, 1);
-    spread[size_t(ax) + 1] = size(ax);
+    // prod: [.., i, place, ..], src's element i where index names the place, else 1. The
+    // index is read through a gather of the positions (its values, range checked): a compare
+    // alone would let one out of range name no place.
+    Shape spread(size_t(ndim()) + 1, 1), into = index.shape();
+    spread[size_t(ax) + 1] = into[size_t(ax)] = size(ax);
     Tensor places = Tensor::arange(size(ax), loc).cast(DType::INT64, loc).reshape(spread, loc);
-    Tensor named = index.cast(DType::INT64, loc).unsqueeze(ax + 1, loc) == places;
+    Tensor checked = positions_along(into, ax, loc).gather(ax, index, loc);
+    Tensor named = checked.unsqueeze(ax + 1, loc) == places;
     Tensor product = where(named, used.unsqueeze(ax + 1, loc), 1, loc).prod(ax, false, loc)
                          .cast(dtype(), loc);
     product = padded_to(product, *this, ax, 1, loc);

@@ -3049,8 +3049,11 @@ TEST(ops_scatter_and_scatter_reduce_match_pytorch) {
     CHECK_ALL_NEAR(vals(Tensor::zeros({3}, DType::FLOAT64).scatter_reduce(0, at, with_nan, "amax")),
                    (Vec{NAN, 0, 3}), 0);
     Tensor base = ref.inputs.at("base");
-    CHECK_THROWS(base.scatter_reduce(1, repeated + 1, ref.inputs.at("src"), "amax").realize(),
-                 "scatter_reduce: index out of range [0, 5)");
+    for (const char* reduce : {"sum", "mean", "amax", "amin", "prod"})
+        for (bool include_self : {true, false})
+            CHECK_THROWS(base.scatter_reduce(1, repeated + 1, ref.inputs.at("src"), reduce,
+                                             include_self).realize(),
+                         "scatter_reduce: index out of range [0, 5)");
     // errors
     CHECK_THROWS(base.scatter_reduce(1, repeated, ref.inputs.at("src"), "max"), "scatter_reduce",
                  "\"max\"", "sum, mean, amax, amin or prod");
