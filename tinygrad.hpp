@@ -8142,19 +8142,22 @@ struct Lowering {
     }
 
     // A gradient's scatter_add carries its gather's line and call: the error points at the
-    // indexing the user wrote.
+    // indexing the user wrote. Checks of one message and line share a site, so that kernels
+    // of the same code from one line (a loop's steps) stay the same code and share a function.
     int check_site(Node* n, const Node* src, size_t axis) {
         std::string what = n->user_op ? n->user_op
                            : n->op == Op::GATHER || n->phase == Phase::BACKWARD ? "gather"
                            : n->op == Op::SCATTER_MAX ? "scatter"
                                                       : "scatter_add";
         if (n->phase == Phase::BACKWARD) what += " (computing its gradient)";
-        prog.checks.push_back({strf("%s: index out of range [0, %lld) for source %s",
-                                    what.c_str(), (long long)src->shape[axis],
-                                    shape_str(src->shape).c_str()),
-                               n->loc});
-        return int(prog.checks.size()) - 1;
+        what = strf("%s: index out of range [0, %lld) for source %s", what.c_str(),
+                    (long long)src->shape[axis], shape_str(src->shape).c_str());
+        auto [site, added] = check_sites.emplace(what + "\n" + loc_str(n->loc),
+                                                 int(prog.checks.size()));
+        if (added) prog.checks.push_back({what, n->loc});
+        return site->second;
     }
+    std::unordered_map<std::string, int> check_sites;   // by message and line
 
     ExprP lower(Node* n, const std::vector<ExprP>& idx) {
         if (n != root && (n->buffer || sched.materialized.count(n)))

@@ -103,6 +103,27 @@ TEST(kernels_of_the_same_code_share_a_function) {
     CHECK_ALL_NEAR(y.to_vector<double>(), want, 1e-5);
 }
 
+// Bounds-checked kernels of one line (a loop's steps, each permuting the last one's rows) share
+// a function: their checks, of one message and line, share a site, which the code names
+TEST(checked_kernels_of_one_line_share_a_function) {
+    std::vector<float> twelve(12);
+    for (size_t i = 0; i < twelve.size(); i++) twelve[i] = float(i);
+    Tensor x = Tensor::from_vector(twelve, {4, 3});
+    Tensor order = Tensor::from_vector(std::vector<int64_t>{1, 0, 3, 2});
+    for (int step = 0; step < 3; step++) x = (x.index_select(0, order) * 2).contiguous();
+    std::string c = tg::inspect({x}).c_source;
+    CHECK_EQ(kernels(x), 3);
+    CHECK_EQ(th::count_of(c, "__attribute__((noinline)) void k"), 1);
+    CHECK_EQ(th::count_of(c, "runs k0's code"), 2);
+    CHECK_ALL_NEAR(x.to_vector<double>(), (std::vector<double>{24, 32, 40, 0, 8, 16, 72, 80, 88,
+                                                                48, 56, 64}), 0);
+    Tensor y = Tensor::ones({4, 3});   // a bad index in the second step still names its call
+    Tensor bad = Tensor::from_vector(std::vector<int64_t>{1, 0, 4, 2});
+    for (int step = 0; step < 3; step++)
+        y = (y.index_select(0, step == 1 ? bad : order) * 2).contiguous();
+    CHECK_THROWS(y.to_vector(), "index_select: index out of range [0, 4)", "test_schedule.cpp");
+}
+
 // An embedding read by a matrix product (the model of 04_makemore evaluated on many rows) is
 // stored: inlined into the product, its bounds-checked lookups kept the product out of tiles.
 TEST(embedding_read_by_a_product_is_stored_and_the_product_tiled) {
