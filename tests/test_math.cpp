@@ -128,12 +128,28 @@ TEST(ops_scans_order_statistics_and_products_match_pytorch) {
     CHECK_THROWS(tg::tril_indices(-1, 2), "tril_indices", "-1");
 }
 
+// eigh's and svd's results flat, as make_reference.py's: the vectors' signs turned to make
+// each column's sum positive (each of Vh's rows')
+static Tensor flat_eigh(const Tensor& a, const char* uplo) {
+    tg::linalg::Eigh e = tg::linalg::eigh(a, uplo);
+    Tensor vectors = e.eigenvectors * e.eigenvectors.sum(-2, true).sign();
+    return tg::cat({e.eigenvalues.flatten(), vectors.flatten()});
+}
+static Tensor flat_svd(const Tensor& a) {
+    tg::linalg::SVD f = tg::linalg::svd(a, false);
+    Tensor sign = f.Vh.sum(-1, true).sign();
+    return tg::cat({(f.U * sign.mT()).flatten(), f.S.flatten(), (f.Vh * sign).flatten()});
+}
+static Tensor rank_2(const Tensor& a) {   // a's first two columns times its first two rows
+    return a.slice(1, 0, 2).matmul(a.slice(0, 0, 2));
+}
+
 // Values and gradients from PyTorch 1.13's torch.linalg (tests/data/make_reference.py): a
 // row swap at the first step, a batch with a negative determinant, vectors on the right
 TEST(ops_linalg_matches_pytorch) {
     namespace la = tg::linalg;
     Reference ref = read_reference("tests/data/linalg_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(40));
+    CHECK_EQ(ref.cases.size(), size_t(56));
     using X = const std::vector<Tensor>&;
     Cases ours = {
         {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
@@ -193,6 +209,24 @@ TEST(ops_linalg_matches_pytorch) {
         {"cov", {{"tall"}, [](X x) { return tg::cov(x[0].t()); }}},
         {"cov_vector", {{"vec"}, [](X x) { return tg::cov(x[0], 0); }}},
         {"corrcoef", {{"tall"}, [](X x) { return tg::corrcoef(x[0].t()); }}},
+        {"eigh", {{"spd"}, [](X x) { return flat_eigh(x[0], "L"); }}},
+        {"eigh_odd_upper", {{}, [&](X) { return flat_eigh(ref.inputs.at("symmetric5"), "U"); }}},
+        {"eigvalsh", {{}, [&](X) { return la::eigvalsh(ref.inputs.at("a")); }}},
+        {"svd", {{"tall"}, [](X x) { return flat_svd(x[0]); }}},
+        {"svd_wide", {{}, [&](X) { return flat_svd(ref.inputs.at("tall").t()); }}},
+        {"svdvals", {{}, [&](X) { return la::svdvals(ref.inputs.at("batch")); }}},
+        {"pinv", {{"tall"}, [](X x) { return la::pinv(x[0]); }}},
+        {"pinv_rank_2", {{}, [&](X) { return la::pinv(rank_2(ref.inputs.at("a"))); }}},
+        {"matrix_rank", {{}, [&](X) { return la::matrix_rank(rank_2(ref.inputs.at("a"))); }}},
+        {"matrix_rank_atol", {{}, [&](X) { return la::matrix_rank(ref.inputs.at("batch"), 2); }}},
+        {"matrix_norm_2", {{}, [&](X) { return la::matrix_norm(ref.inputs.at("batch"), 2); }}},
+        {"matrix_norm_neg_2",
+         {{}, [&](X) { return la::matrix_norm(ref.inputs.at("tall"), -2, true); }}},
+        {"matrix_norm_nuc",
+         {{}, [&](X) { return la::matrix_norm(ref.inputs.at("batch"), "nuc"); }}},
+        {"cond", {{}, [&](X) { return la::cond(ref.inputs.at("a")); }}},
+        {"cond_1", {{}, [&](X) { return la::cond(ref.inputs.at("batch"), 1); }}},
+        {"cond_fro", {{}, [&](X) { return la::cond(ref.inputs.at("a"), "fro"); }}},
     };
     check_cases(ref, ours, 1e-12);
     // singular: det 0, slogdet (0, -inf), an inverse of NaN
@@ -212,8 +246,8 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::solve(ref.inputs.at("a"), rhs.slice(0, 0, 3)), "linalg.solve", "[3,2]",
                  "[4,4]");
     CHECK_THROWS(la::solve(ref.inputs.at("batch"), rhs.reshape({2, 4})), "linalg.solve");
-    CHECK_THROWS(la::matrix_norm(rhs, 2), "linalg.matrix_norm", "singular values");
-    CHECK_THROWS(la::matrix_norm(rhs, "nuc"), "linalg.matrix_norm", "nuc");
+    CHECK_THROWS(la::matrix_norm(rhs, 3), "linalg.matrix_norm", "ord 3");
+    CHECK_THROWS(la::matrix_norm(rhs, "max"), "linalg.matrix_norm", "\"max\"");
     CHECK_THROWS(la::qr(rhs, "r"), "linalg.qr", "\"r\"");
     CHECK_THROWS(la::qr(ref.inputs.at("vec")), "linalg.qr", "float matrices [..., m, n]", "[3]");
     CHECK_THROWS(la::matrix_norm(ref.inputs.at("vec")), "linalg.matrix_norm", "[3]");
@@ -246,6 +280,65 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_NEAR(t.mean().item(), mean, 0.02);
     CHECK_THROWS(init::trunc_normal({2}, 0, 1, 1, -1), "trunc_normal", "a < b");
     CHECK_THROWS(init::orthogonal({5}), "orthogonal", "[5]");
+}
+
+// eigh and svd beyond the reference's values: a larger matrix of odd size (a bye each round)
+// and repeated eigenvalues decomposed to rounding, in float32 too; a rank-deficient matrix's
+// full U and Vh (a completion, still orthonormal); the gradient where every eigenvalue repeats
+// (finite: 2 I of 2 I); errors
+TEST(ops_linalg_eigh_and_svd_decompose) {
+    namespace la = tg::linalg;
+    const int64_t n = 9;
+    Vec values;
+    for (int64_t i = 0; i < n * n; i++) values.push_back(std::sin(1.3 * double(i)));
+    Tensor m = Tensor::from_vector(values, {n, n}), sym = m + m.t();   // rank 4: 5 zeros
+    Tensor low_rank = m.slice(0, 0, 5).slice(1, 0, 2).matmul(m.slice(0, 0, 2).slice(1, 0, 3));
+    la::Eigh e = la::eigh(sym), e32 = la::eigh(sym.cast(DType::FLOAT32));
+    la::SVD tall = la::svd(low_rank), wide = la::svd(low_rank.t());
+    Tensor twos = Tensor::eye(3, DType::FLOAT64).detach().requires_grad();
+    Tensor repeated = la::eigvalsh(twos * 2);
+    Tensor repeated_grad = tg::gradients(repeated.sum(), {twos})[0];
+    auto residual = [](const Tensor& a, const la::Eigh& f) {
+        return (a.matmul(f.eigenvectors) - f.eigenvectors * f.eigenvalues.unsqueeze(0)).abs().max();
+    };
+    auto off_identity = [](const Tensor& q) {   // of qᵀq
+        return (q.t().matmul(q) - Tensor::eye(q.size(1), q.dtype())).abs().max();
+    };
+    auto rebuilt = [](const la::SVD& f, const Tensor& a) {   // |U S Vh - a|, max
+        const int64_t k = f.S.size(0);
+        Tensor u = f.U.slice(1, 0, k), vh = f.Vh.slice(0, 0, k);
+        return ((u * f.S.unsqueeze(0)).matmul(vh) - a).abs().max();
+    };
+    std::vector<Tensor> errors = {
+        residual(sym, e), off_identity(e.eigenvectors), off_identity(tall.U),
+        off_identity(tall.Vh.t()), off_identity(wide.U), off_identity(wide.Vh.t()),
+        rebuilt(tall, low_rank), rebuilt(wide, low_rank.t())};
+    Tensor residual32 = residual(sym.cast(DType::FLOAT32), e32);
+    std::vector<Tensor> all = errors;
+    all.insert(all.end(), {e.eigenvalues, e32.eigenvalues, residual32, tall.S, wide.S,
+                           repeated, repeated_grad});
+    tg::realize(all);
+    for (const Tensor& error : errors) CHECK_NEAR(error.item(), 0, 1e-12);
+    CHECK(tall.U.shape() == (tg::Shape{5, 5}) && tall.Vh.shape() == (tg::Shape{3, 3}));
+    CHECK(wide.U.shape() == (tg::Shape{3, 3}) && wide.Vh.shape() == (tg::Shape{5, 5}));
+    Vec ascending = vals(e.eigenvalues);
+    for (size_t i = 1; i < ascending.size(); i++) CHECK(ascending[i - 1] <= ascending[i]);
+    CHECK_ALL_NEAR(vals(e32.eigenvalues), ascending, 2e-5);
+    CHECK_NEAR(residual32.item(), 0, 1e-4);
+    Vec s = vals(tall.S);
+    CHECK(s[0] >= s[1] && s[1] > 0.5 && s[2] < 1e-12 * s[0]);   // rank 2 (2.6, 0.98, ~2e-16)
+    CHECK_ALL_NEAR(vals(wide.S), s, 1e-12);
+    CHECK_ALL_NEAR(vals(repeated), (Vec{2, 2, 2}), 0);
+    CHECK_ALL_NEAR(vals(repeated_grad), vals(Tensor::eye(3) * 2.0), 1e-15);
+    // errors
+    CHECK_THROWS(la::eigh(low_rank), "linalg.eigh", "square", "[5,3]");
+    CHECK_THROWS(la::eigh(sym, "X"), "linalg.eigh", "uplo \"X\"");
+    CHECK_THROWS(la::eigvalsh(Tensor::eye(3, DType::INT32)), "linalg.eigvalsh", "int32");
+    CHECK_THROWS(la::svd(Tensor::ones({4})), "linalg.svd", "[4]");
+    CHECK_THROWS(la::svdvals(Tensor::eye(2, DType::INT64)), "linalg.svdvals", "int64");
+    CHECK_THROWS(la::cond(low_rank, 1), "linalg.cond", "square", "[5,3]");
+    CHECK_THROWS(la::pinv(Tensor::ones({3})), "linalg.pinv", "[3]");
+    CHECK_THROWS(la::matrix_rank(Tensor::ones({3})), "linalg.matrix_rank", "[3]");
 }
 
 // Values and gradients (to x and to grid) from PyTorch 1.13 (tests/data/make_reference.py):

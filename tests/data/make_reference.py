@@ -21,7 +21,8 @@
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
   linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
-                         lstsq, matrix_power, multi_dot and norms; erfinv, cov, corrcoef
+                         lstsq, matrix_power, multi_dot, norms, eigh, svd, pinv, matrix_rank
+                         and cond; erfinv, cov, corrcoef
                          (tests/test_math.cpp, ops_linalg_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
                          align_corners) (tests/test_math.cpp,
@@ -401,7 +402,26 @@ linalg_inputs = {
     "tall": tensor([1, 2, -1, 0.5, 3, 1, 2, -2, 0.25, 1, 1, 4, -3, 0.5, 2], 5, 3),
     "upper": tensor([-2, 1, 3, 0, 0.5, -1, 0, 0, -4], 3, 3),
     "probabilities": tensor([-0.999, -0.9, -0.5, -0.1, 0, 1e-5, 0.3, 0.7, 0.95, 0.9999], 10),
+    "symmetric5": tensor([2, 1, -0.5, 0.25, 1, 1, -3, 0.5, 2, -1, -0.5, 0.5, 4, 1.5, 0.75, 0.25, 2,
+                          1.5, -1, -2, 1, -1, 0.75, -2, 0.5], 5, 5),
 }
+
+
+def flat_eigh(s, uplo):
+    values, vectors = torch.linalg.eigh(s, uplo)
+    return torch.cat([values.flatten(), (vectors * vectors.sum(-2, keepdim=True).sign()).flatten()])
+
+
+def flat_svd(a):
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    sign = vh.sum(-1, keepdim=True).sign()
+    return torch.cat([(u * sign.mT).flatten(), s.flatten(), (vh * sign).flatten()])
+
+
+def rank_2(a):   # a's first two columns times its first two rows
+    return a[:, :2] @ a[:2, :]
+
+
 write("linalg_reference.txt", linalg_inputs, [
     ("det", ["a"], torch.linalg.det),
     ("det_batch", ["batch"], torch.linalg.det),
@@ -449,6 +469,27 @@ write("linalg_reference.txt", linalg_inputs, [
     ("cov", ["tall"], lambda t: torch.cov(t.t())),
     ("cov_vector", ["vec"], lambda v: torch.cov(v, correction=0)),
     ("corrcoef", ["tall"], lambda t: torch.corrcoef(t.t())),
+    # Eigenvalues and eigenvectors, singular values and vectors, as one flat case each (the
+    # vectors' signs turned to make each column's sum positive, each of Vh's rows', as theirs
+    # and ours may differ in sign); gradients of three (each a long program of rotations)
+    ("eigh", ["spd"], lambda s: flat_eigh(s, "L")),
+    ("eigh_odd_upper", [], lambda: flat_eigh(linalg_inputs["symmetric5"], "U")),
+    ("eigvalsh", [], lambda: torch.linalg.eigvalsh(linalg_inputs["a"])),
+    ("svd", ["tall"], lambda t: flat_svd(t)),
+    ("svd_wide", [], lambda: flat_svd(linalg_inputs["tall"].t())),
+    ("svdvals", [], lambda: torch.linalg.svdvals(linalg_inputs["batch"])),
+    ("pinv", ["tall"], torch.linalg.pinv),
+    ("pinv_rank_2", [], lambda: torch.linalg.pinv(rank_2(linalg_inputs["a"]))),
+    ("matrix_rank", [], lambda: torch.linalg.matrix_rank(rank_2(linalg_inputs["a"]))),
+    ("matrix_rank_atol", [], lambda: torch.linalg.matrix_rank(linalg_inputs["batch"], atol=2.0)),
+    ("matrix_norm_2", [], lambda: torch.linalg.matrix_norm(linalg_inputs["batch"], 2)),
+    ("matrix_norm_neg_2", [], lambda: torch.linalg.matrix_norm(linalg_inputs["tall"], -2,
+                                                               keepdim=True)),
+    ("matrix_norm_nuc", [], lambda: torch.linalg.matrix_norm(linalg_inputs["batch"], "nuc")),
+    ("cond", [], lambda: torch.linalg.cond(linalg_inputs["a"])),
+    # (without gradients: PyTorch 1.13's cond 1 and "fro" fail theirs, an inverse changed in place)
+    ("cond_1", [], lambda: torch.linalg.cond(linalg_inputs["batch"], 1)),
+    ("cond_fro", [], lambda: torch.linalg.cond(linalg_inputs["a"], "fro")),
 ])
 
 # grid_sample of x [2, 2, 4, 5] at grid [2, 3, 3, 2]: points inside, on the edges and outside
