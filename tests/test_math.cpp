@@ -287,7 +287,7 @@ TEST(ops_linalg_matches_pytorch) {
 // eigh and svd beyond the reference's values: a 7 x 7 matrix (odd: a bye each round) of rank 4
 // (3 equal eigenvalues) decomposed to rounding, in float32 too; a rank-deficient matrix's
 // full U and Vh (a completion, still orthonormal); the gradient where every eigenvalue repeats
-// (finite: 2 I of 2 I); errors
+// (finite: 2 I of 2 I); 1 x 1, 0 x 0 and zero matrices; errors
 TEST(ops_linalg_eigh_and_svd_decompose) {
     namespace la = tg::linalg;
     const int64_t n = 7;
@@ -332,6 +332,17 @@ TEST(ops_linalg_eigh_and_svd_decompose) {
     CHECK_ALL_NEAR(vals(wide.S), s, 1e-12);
     CHECK_ALL_NEAR(vals(repeated), (Vec{2, 2, 2}), 0);
     CHECK_ALL_NEAR(vals(repeated_grad), vals(Tensor::eye(3) * 2.0), 1e-15);
+    // the edges: 1 x 1 (a bye every round), 0 x 0, a zero matrix (U the identity: completed)
+    la::Eigh one = la::eigh(Tensor::full({2, 1, 1}, -2.0, DType::FLOAT64));
+    la::SVD zero = la::svd(Tensor::zeros({3, 2}, DType::FLOAT64));
+    tg::realize({one.eigenvalues, one.eigenvectors, zero.U, zero.S, zero.Vh});
+    CHECK_ALL_NEAR(vals(one.eigenvalues), (Vec{-2, -2}), 0);
+    CHECK_ALL_NEAR(vals(one.eigenvectors), (Vec{1, 1}), 0);
+    CHECK_EQ(la::eigvalsh(Tensor::zeros({0, 0})).numel(), int64_t(0));
+    CHECK_ALL_NEAR(vals(zero.S), (Vec{0, 0}), 0);
+    CHECK_ALL_NEAR(vals(zero.U), vals(Tensor::eye(3)), 0);
+    CHECK_ALL_NEAR(vals(la::pinv(Tensor::zeros({2, 2}))), (Vec{0, 0, 0, 0}), 0);
+    CHECK_EQ(la::matrix_rank(Tensor::zeros({2, 2})).item(), 0.0);
     // errors
     CHECK_THROWS(la::eigh(low_rank), "linalg.eigh", "square", "[5,3]");
     CHECK_THROWS(la::eigh(sym, "X"), "linalg.eigh", "uplo \"X\"");
