@@ -6960,7 +6960,7 @@ struct JacobiRound {
 // A sweep's rounds by the circle method: label m-1 stays, the others turn one place a round
 // (m = n rounded up to even; a pair with index n is a bye). Sweep k gives label i to index
 // (i + k) mod m: with the same labels every sweep, a matrix of rank 4 and 64 rows (60 equal
-// eigenvalues) still had off-diagonal entries of 1e-9 after 10 sweeps, of 6e-12 after 12;
+// eigenvalues) still had off-diagonal entries of 3e-9 after 10 sweeps, of 6e-12 after 12;
 // turned each sweep, 5e-14 after 11 (in a model of the rounds in Python, float64).
 static std::vector<JacobiRound> jacobi_rounds(int64_t n, int64_t sweep) {
     const int64_t m = n + n % 2;
@@ -7007,9 +7007,11 @@ static Rotation jacobi_rotation(const Tensor& own, const Tensor& other, const Te
     Tensor c = (t * t + 1).rsqrt(), s = t * c;
     return {c, where(round.first, -s, s)};
 }
-// x's columns rotated: x J (rotation per index, as [..., n])
-static Tensor rotate_columns(const Tensor& x, const Tensor& partner, const Rotation& r) {
-    return (x * r.c.unsqueeze(-2) + x.index_select(-1, partner) * r.sigma.unsqueeze(-2))
+// x rotated along its last axis (x J) or the one before it (Jᵀ x): the rotation per index,
+// as [..., n], spread over the other axis
+static Tensor rotated(const Tensor& x, int axis, const Tensor& partner, const Rotation& r) {
+    const int other = axis == -1 ? -2 : -1;
+    return (x * r.c.unsqueeze(other) + x.index_select(axis, partner) * r.sigma.unsqueeze(other))
         .contiguous();
 }
 Eigh eigh(const Tensor& a_in, const std::string& uplo, Loc loc) {
@@ -7027,11 +7029,8 @@ Eigh eigh(const Tensor& a_in, const std::string& uplo, Loc loc) {
             Tensor in_column = diagonal(a.index_select(-2, round.partner), 0, -2, -1);
             Rotation r = jacobi_rotation(own, other, where(round.first, in_row, in_column),
                                          round);
-            Tensor columns = rotate_columns(a, round.partner, r);
-            a = (columns * r.c.unsqueeze(-1) +
-                 columns.index_select(-2, round.partner) * r.sigma.unsqueeze(-1))
-                    .contiguous();
-            vectors = rotate_columns(vectors, round.partner, r);
+            a = rotated(rotated(a, -1, round.partner, r), -2, round.partner, r);
+            vectors = rotated(vectors, -1, round.partner, r);
         }
     ValuesIndices sorted = diagonal(a, 0, -2, -1).sort(-1);
     return {sorted.values,
@@ -7054,8 +7053,8 @@ static SVD svd_tall(const Tensor& a, bool full_matrices) {
             Tensor own = (b * b).sum(-2), other = own.index_select(-1, round.partner);
             Tensor dot = (b * b.index_select(-1, round.partner)).sum(-2);
             Rotation r = jacobi_rotation(own, other, dot, round);
-            b = rotate_columns(b, round.partner, r);
-            v = rotate_columns(v, round.partner, r);
+            b = rotated(b, -1, round.partner, r);
+            v = rotated(v, -1, round.partner, r);
         }
     Tensor lengths = (b * b).sum(-2), zero = lengths == 0;
     lengths = where(zero, 0.0, where(zero, 1.0, lengths).sqrt());
@@ -7082,31 +7081,28 @@ Tensor svdvals(const Tensor& a, Loc loc) {
     check_matrices(a, "linalg.svdvals", loc);
     return svd(a, false, loc).S;   // U never read, never run
 }
-// the singular values [..., k] and the cutoff at or below which they count as 0 [..., 1]
-static std::pair<Tensor, Tensor> singular_cutoff(const SVD& f, const Tensor& a, double atol,
-                                                 double rtol) {
+// the cutoff [..., 1] at or below which a's singular values s [..., k] count as 0
+static Tensor singular_cutoff(const Tensor& s, const Tensor& a, double atol, double rtol) {
     if (rtol < 0)
         rtol = atol > 0 ? 0
                         : (a.dtype() == DType::FLOAT64 ? std::numeric_limits<double>::epsilon()
                                                        : std::numeric_limits<float>::epsilon()) *
                               double(std::max(a.size(-2), a.size(-1)));
-    Tensor largest = f.S.slice(-1, 0, 1).detach();
-    return {f.S, (largest * rtol).maximum(atol)};
+    return (s.slice(-1, 0, 1).detach() * rtol).maximum(atol);
 }
 Tensor pinv(const Tensor& a, double atol, double rtol, Loc loc) {
     check_matrices(a, "linalg.pinv", loc);
     UserLocScope at(loc);
     SVD f = svd(a, false, loc);
-    auto [s, cutoff] = singular_cutoff(f, a, atol, rtol);
-    Tensor kept = s > cutoff;
-    Tensor inverse = where(kept, 1.0 / where(kept, s, 1.0), 0.0);
+    Tensor kept = f.S > singular_cutoff(f.S, a, atol, rtol);
+    Tensor inverse = where(kept, 1.0 / where(kept, f.S, 1.0), 0.0);
     return (f.Vh.mT() * inverse.unsqueeze(-2)).matmul(f.U.mT());
 }
 Tensor matrix_rank(const Tensor& a, double atol, double rtol, Loc loc) {
     check_matrices(a, "linalg.matrix_rank", loc);
     UserLocScope at(loc);
-    auto [s, cutoff] = singular_cutoff(svd(a, false, loc), a, atol, rtol);
-    return (s > cutoff).sum(-1).cast(DType::INT64);
+    Tensor s = svdvals(a, loc);
+    return (s > singular_cutoff(s, a, atol, rtol)).sum(-1).cast(DType::INT64);
 }
 Tensor cond(const Tensor& a, double ord, Loc loc) {
     check_matrices(a, "linalg.cond", loc, std::fabs(ord) != 2);
