@@ -4,8 +4,8 @@
 // "N passed, N failed, N skipped". Exit status 1 on a failure.
 // With TG_TEST_CLAIMS=DIR several processes share one run (tests/run.sh): a case runs in the
 // process that first creates DIR/<its number>; a TEST_LAST case runs in each, over what that
-// process did. TG_TEST_TIMES=1 prints each case's seconds after its status (to find the slow
-// ones: make test stays quick).
+// process did. TG_TEST_TIMES=1 prints each case's seconds after its status, and at the end
+// what the process compiled and ran (tg::stats), to find the slow ones: make test stays quick.
 #include "harness.hpp"
 #include <chrono>
 #include <cstdlib>
@@ -67,6 +67,13 @@ int main(int argc, char** argv) {
             std::printf("\n");
             std::fflush(stdout);
         }
+    if (times) {
+        tg::Stats s = tg::stats();
+        std::printf("(this process: %lld programs compiled in %.1f s, %lld in the background"
+                    " in %.1f s; %lld run in %.1f s)\n",
+                    (long long)s.compiles, s.compile_seconds, (long long)s.background_compiles,
+                    s.background_compile_seconds, (long long)s.programs_run, s.run_seconds);
+    }
     std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }

@@ -1,6 +1,6 @@
 // The CUDA device (cuda_backend.hpp) and the device seam: tensors know their device, to()
 // moves them, ops mixing devices fail. Without a GPU: every program the test run builds is
-// rendered to CUDA C and compiled by NVRTC for sm_90 (skipped when NVRTC is absent), and the
+// rendered to CUDA C and compiled by NVRTC (skipped when NVRTC is absent), and the
 // CUDA device fails with a clear error. With a GPU: ops, gradients, bounds checks and the
 // allocator on CUDA against the CPU (make test-cuda also runs the op, gradient and training
 // tests with TG_DEVICE=CUDA).
@@ -9,6 +9,7 @@
 #include "../cuda_backend.hpp"
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <dirent.h>
@@ -48,14 +49,19 @@ struct PlanOnly : tg::detail::Device {
     bool recomputes_calls() const override { return tg::detail::device("CUDA").recomputes_calls(); }
 };
 
-
 // Every program of this run built with all the passes, rendered for CUDA as it is prepared
 // for its own device. One built under TG_PASSES (test_passes.cpp runs the IR with passes left
 // out) is not: it is a debugging form of what the default passes build, and its unsimplified
 // indices (one line of 770 KB) took NVRTC's fast compile 50 s, a quarter of make test's NVRTC
-// time.
+// time. Each kernel is kept once, by its code (as render_cuda_kernels compares kernels: its
+// name, comments and buffer numbers aside), with the first program that made it: the run's
+// programs share many kernels, and NVRTC's time is the kernels'.
+struct Kernel {
+    std::string program, code;   // code: the function, named KERNEL
+};
 struct Rendered {
-    std::vector<std::pair<std::string, std::string>> programs;   // name, CUDA source
+    size_t programs = 0;
+    std::vector<Kernel> kernels;
     std::set<uint64_t> seen;
     std::vector<std::string> render_errors;
     size_t under_chosen_passes = 0;
@@ -69,6 +75,39 @@ uint64_t hash_of(const std::string& s) {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
     return h;
 }
+bool identifier_char(char c) { return std::isalnum((unsigned char)c) || c == '_'; }
+// A __global__ function's text as compared: named KERNEL, without its line comments (launch
+// names), its buffers renumbered buf0, buf1, ... in the order the text names them.
+std::string canonical_kernel(const std::string& fn) {
+    std::string code;
+    for (size_t at = 0; at < fn.size();) {
+        size_t comment = fn.find("//", at), eol = fn.find('\n', comment);
+        if (comment == std::string::npos) { code += fn.substr(at); break; }
+        code += fn.substr(at, comment - at);
+        at = eol == std::string::npos ? fn.size() : eol;
+    }
+    size_t name = code.find(" void ") + 6;
+    if (code.compare(name, 18, "__launch_bounds__(") == 0) name = code.find(") ", name) + 2;
+    code.replace(name, code.find('(', name) - name, "KERNEL");
+    std::map<std::string, std::string> renamed;
+    std::string out;
+    for (size_t i = 0; i < code.size(); i++) {
+        if (code.compare(i, 3, "buf") == 0 && (i == 0 || !identifier_char(code[i - 1])) &&
+            i + 3 < code.size() && std::isdigit((unsigned char)code[i + 3])) {
+            size_t e = i + 3;
+            while (e < code.size() && std::isdigit((unsigned char)code[e])) e++;
+            if (e == code.size() || !identifier_char(code[e])) {
+                std::string& to = renamed[code.substr(i, e - i)];
+                if (to.empty()) to = "buf" + std::to_string(renamed.size() - 1);
+                out += to;
+                i = e - 1;
+                continue;
+            }
+        }
+        out += code[i];
+    }
+    return out;
+}
 const bool collecting = [] {
     if (!tg::cuda::nvrtc_available()) return false;
     tg::detail::program_observer() = [](const tg::detail::Program& p) {
@@ -80,7 +119,14 @@ const bool collecting = [] {
         }
         try {
             std::string src = tg::detail::render_cuda(p);
-            if (r.seen.insert(hash_of(src)).second) r.programs.push_back({p.name, src});
+            r.programs++;
+            const std::string marker = "extern \"C\" __global__ ";
+            for (size_t at = 0; (at = src.find(marker, at)) != std::string::npos;) {
+                size_t end = src.find("\n}\n", at) + 3;
+                std::string code = canonical_kernel(src.substr(at, end - at));
+                if (r.seen.insert(hash_of(code)).second) r.kernels.push_back({p.name, code});
+                at = end;
+            }
         } catch (const std::exception& e) {
             r.render_errors.push_back(p.name + ": " + e.what());
         }
@@ -88,35 +134,66 @@ const bool collecting = [] {
     return true;
 }();
 
-// Many programs in one NVRTC call, each in a namespace of its own (their kernels lose their C
-// names, which would collide); a batch that fails is compiled program by program to name the
-// one at fault.
-std::vector<std::string> compile_all(const std::vector<std::pair<std::string, std::string>>& ps) {
+// Kernels in NVRTC calls of up to 128, with the helpers they use, each named by its place:
+// those that declare shared memory (tiles, block reductions) compiled to a CUBIN for sm_90
+// (TG_NVRTC_FLAGS), so that ptxas checks what they declare against the GPU's limits; the
+// others to PTX alone (nvrtc_check, ptxas took six sevenths of the time) with quick_flags, and
+// one of more than 128 KB alone with large_flags. A batch that fails is compiled kernel by
+// kernel to name the program at fault.
+std::vector<std::string> compile_all(const std::vector<Kernel>& all, const std::string& quick_flags,
+                                     const std::string& large_flags, size_t* assembled) {
+    enum Kind { ASSEMBLED, LARGE, QUICK };
+    auto kind = [](const Kernel* k) {
+        if (k->code.find("__shared__") != std::string::npos ||
+            k->code.find("tg_block_reduce") != std::string::npos)
+            return ASSEMBLED;
+        return k->code.size() > 128 * 1024 ? LARGE : QUICK;
+    };
+    std::vector<const Kernel*> ks;
+    for (const Kernel& k : all) ks.push_back(&k);
+    std::stable_sort(ks.begin(), ks.end(),
+                     [&](const Kernel* x, const Kernel* y) { return kind(x) < kind(y); });
+    struct Batch {
+        size_t first, last;
+        Kind kind;
+    };
+    std::vector<Batch> batches;
+    *assembled = 0;
+    for (size_t i = 0; i < ks.size(); i++) {
+        Kind k = kind(ks[i]);
+        *assembled += k == ASSEMBLED;
+        if (batches.empty() || batches.back().kind != k || k == LARGE ||
+            batches.back().last - batches.back().first == 128)
+            batches.push_back({i, i, k});
+        batches.back().last = i + 1;
+    }
+    auto compile = [&](size_t first, size_t last, Kind k, const std::string& name) {
+        std::string code;
+        for (size_t i = first; i < last; i++) {
+            std::string fn = ks[i]->code;
+            code += "\n" + fn.replace(fn.find("KERNEL("), 6, "k" + std::to_string(i));
+        }
+        code = tg::detail::cuda_prelude(code) + code;
+        if (k == ASSEMBLED) tg::detail::nvrtc_compile(code, 90, name);
+        else tg::detail::nvrtc_check(code, 90, name, k == LARGE ? large_flags : quick_flags);
+    };
     std::vector<std::string> failures;
     std::mutex m;
-    const size_t batch = 64;
     std::atomic<size_t> next{0};
     auto work = [&] {
-      for (size_t first; (first = next.fetch_add(batch)) < ps.size();) {
-        size_t last = std::min(ps.size(), first + batch);
-        std::string unit;
-        for (size_t i = first; i < last; i++) {
-            std::string src = ps[i].second;
-            for (size_t at; (at = src.find("extern \"C\" ")) != std::string::npos;)
-                src.erase(at, 11);
-            unit += "namespace p" + std::to_string(i) + " {\n" + src + "}\n";
+        for (size_t b; (b = next++) < batches.size();) {
+            const Batch& batch = batches[b];
+            try {
+                compile(batch.first, batch.last, batch.kind, "batch.cu");
+            } catch (const tg::Error&) {
+                for (size_t i = batch.first; i < batch.last; i++) try {
+                        compile(i, i + 1, batch.kind, ks[i]->program + ".cu");
+                    } catch (const tg::Error& e) {
+                        std::lock_guard<std::mutex> lock(m);
+                        failures.push_back(e.what());
+                    }
+            }
         }
-        try {
-            tg::detail::nvrtc_compile(unit, 90, "batch.cu");
-        } catch (const tg::Error&) {
-            for (size_t i = first; i < last; i++) try {
-                    tg::detail::nvrtc_compile(ps[i].second, 90, ps[i].first + ".cu");
-                } catch (const tg::Error& e) {
-                    std::lock_guard<std::mutex> lock(m);
-                    failures.push_back(e.what());
-                }
-        }
-      }
     };
     std::vector<std::thread> threads;   // a thread per core: the batches are independent
     for (unsigned t = 1; t < std::max(1u, std::thread::hardware_concurrency()); t++)
@@ -420,8 +497,10 @@ TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
     if (!tg::cuda::nvrtc_available(&why)) SKIP("NVRTC is absent: " + why);
     if (stand_in()) SKIP("NVRTC is the CPU stand-in, whose compiler ran every program already");
     CHECK(collecting);
-    // a few programs of its own, so that it compiles something when run alone
+    // a few programs of its own, so that it compiles something when run alone, a product in
+    // tiles through shared memory among them
     Tensor x = Tensor::randn({16, 8}, 3).requires_grad();
+    (Tensor::randn({64, 64}, 4).matmul(Tensor::randn({64, 64}, 5))).realize();
     Tensor idx = Tensor::from_vector(std::vector<int32_t>{0, 2, 5});
     Tensor loss = (x.index_select(0, idx).softmax(-1) * x.sum(0)).tanh().mean();
     loss.backward();
@@ -432,34 +511,35 @@ TEST_LAST(cuda_nvrtc_compiles_every_program_of_the_run) {
     }
     Rendered& r = rendered();
     for (const std::string& e : r.render_errors) th::report(__FILE__, __LINE__, e);
-    CHECK(r.programs.size() >= 3);
-    // NVRTC's fastest compile (-Ofc, CUDA 12.8 on) and ptxas unoptimized: each kernel is
-    // still compiled and assembled for sm_90, its registers and shared memory checked, in
-    // less than half the time of ptxas unoptimized alone (the 16 largest programs of a run,
-    // one by one: 25.2 s, then 10.0 s), which took a quarter less than full optimization.
-    // Not for every program: grid_sample's gradient planned for the CPU, a straight line of
-    // 2,292 doubles, takes 40 s with -Ofc=max and 7 s without, but test_training.cpp's programs
-    // take 16 s with it and 71 s without (NVRTC 13.0, 2026-12-07)
-    const char* quick_flags = "-Ofc=max -Xptxas -O0";
-    {
-        EnvGuard probe("TG_NVRTC_FLAGS", quick_flags);
-        try {
-            tg::detail::nvrtc_compile("extern \"C\" __global__ void k() {}", 90, "probe.cu");
-        } catch (const tg::Error&) {
-            quick_flags = "-Xptxas -O0";   // an NVRTC before -Ofc
-        }
+    CHECK(r.programs >= 3);
+    // NVRTC's fastest compile (-Ofc=max, CUDA 12.8 on), and ptxas unoptimized for the kernels
+    // it assembles: a third of the time of ptxas unoptimized alone (16 large programs, one by
+    // one: 25.2 s, then 10.0 s; it took a quarter less than full optimization). Not for a
+    // kernel of 270 KB, grid_sample's gradient planned for the CPU (a straight line of 2,292
+    // doubles): 65 s to PTX with -Ofc=max, 0.8 s with -Ofc=mid, which takes twice -Ofc=max's
+    // time on test_ops.cpp's kernels (NVRTC 13.0, 2026-12-07).
+    std::string quick_flags = "-Ofc=max", large_flags = "-Ofc=mid";
+    try {
+        tg::detail::nvrtc_check("extern \"C\" __global__ void k() {}", 90, "probe.cu",
+                                quick_flags);
+    } catch (const tg::Error&) {
+        quick_flags = large_flags = "";   // an NVRTC before -Ofc
     }
-    EnvGuard quick("TG_NVRTC_FLAGS", quick_flags);
+    EnvGuard quick("TG_NVRTC_FLAGS", (quick_flags + " -Xptxas -O0").c_str());
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::string> failures = compile_all(r.programs);
+    size_t assembled = 0;
+    std::vector<std::string> failures = compile_all(r.kernels, quick_flags, large_flags,
+                                                    &assembled);
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < failures.size() && i < 5; i++)
         th::report(__FILE__, __LINE__, failures[i]);
     CHECK_EQ(failures.size(), size_t(0));
-    std::printf("    %zu programs rendered for CUDA, compiled by NVRTC for sm_90 in %.1f s (%s);"
-                " %zu built under TG_PASSES left out\n",
-                r.programs.size(), seconds, quick_flags, r.under_chosen_passes);
+    CHECK(assembled >= 1);
+    std::printf("    %zu programs rendered for CUDA, their %zu kernels compiled by NVRTC (%zu of"
+                " shared memory for sm_90, the others to PTX) in %.1f s (%s); %zu built under"
+                " TG_PASSES left out\n", r.programs, r.kernels.size(), assembled, seconds,
+                quick_flags.c_str(), r.under_chosen_passes);
 }
 
 // ---- CUDA on a GPU -----------------------------------------------------------------------------
