@@ -493,6 +493,16 @@ public:
     // erf's inverse on [-1, 1] (±∞ at ±1, NaN beyond): Giles' float32 approximation, then two
     // Newton steps on erf; its gradient (√π/2)·e^(y²), y the result
     Tensor erfinv(Loc loc = Loc::here()) const;
+    // lgamma: ln|Γ(x)| (+∞ at 0 and the negative integers); digamma: Γ'/Γ (-1/x at ±0, NaN at
+    // the negative integers); polygamma(n): digamma's n-th derivative (n = 0: digamma), as
+    // PyTorch's. Composed, in x's float dtype: the recurrence up to 6 (10 + n for polygamma),
+    // then the asymptotic series (Stirling's; Euler-Maclaurin's of the Hurwitz zeta function),
+    // and the reflection formulas below 0 (polygamma's through x's fraction, as a difference of
+    // two zeta values). Their gradients are the compositions': within 1e-12 of the next
+    // function in float64 at the tests' points (away from the poles).
+    Tensor lgamma(Loc loc = Loc::here()) const;
+    Tensor digamma(Loc loc = Loc::here()) const;
+    Tensor polygamma(int n, Loc loc = Loc::here()) const;
     // x·ln y, 0 where x is 0 (y not NaN), as torch.xlogy: its gradient in x is ln y, 0 where x is
     // 0 and y <= 0 (and in y, x/y, 0 there too, where PyTorch's is NaN at y = 0)
     Tensor xlogy(const Tensor& y, Loc loc = Loc::here()) const;
@@ -865,6 +875,40 @@ Tensor cross(const Tensor& a, const Tensor& b, int axis = -1, Loc loc = Loc::her
 Tensor hypot(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor copysign(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor sinc(const Tensor& x, Loc loc = Loc::here());
+// nansum, nanmean: the sum and mean over the axes (none: all) with NaN left out (the mean of
+// no numbers is NaN), as torch.nansum and torch.nanmean
+Tensor nansum(const Tensor& x, const std::vector<int>& axes = {}, bool keepdim = false,
+              Loc loc = Loc::here());
+Tensor nanmean(const Tensor& x, const std::vector<int>& axes = {}, bool keepdim = false,
+               Loc loc = Loc::here());
+// the least and the largest element along the axis (none: of all), NaN where there is one,
+// as torch.aminmax
+struct MinMax {
+    Tensor min, max;
+};
+MinMax aminmax(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdim = false,
+               Loc loc = Loc::here());
+// heaviside: 0 below 0 (and at NaN), values at 0, 1 above, as torch.heaviside; ldexp:
+// x·2^exponent
+Tensor heaviside(const Tensor& x, const Tensor& values, Loc loc = Loc::here());
+Tensor ldexp(const Tensor& x, const Tensor& exponent, Loc loc = Loc::here());
+// The integral of y along the axis by the trapezoid rule, its samples dx apart or at x (1-D,
+// the axis's length, or y's shape); cumulative_trapezoid: the integral up to each sample after
+// the first (one fewer along the axis), as torch's
+Tensor trapezoid(const Tensor& y, double dx = 1, int axis = -1, Loc loc = Loc::here());
+Tensor trapezoid(const Tensor& y, const Tensor& x, int axis = -1, Loc loc = Loc::here());
+Tensor cumulative_trapezoid(const Tensor& y, double dx = 1, int axis = -1, Loc loc = Loc::here());
+Tensor cumulative_trapezoid(const Tensor& y, const Tensor& x, int axis = -1,
+                            Loc loc = Loc::here());
+// Each slice of x along the axis whose p-norm is above maxnorm, times maxnorm/(norm + 1e-7),
+// as torch.renorm (the gradient through the norm too)
+Tensor renorm(const Tensor& x, double p, int axis, double maxnorm, Loc loc = Loc::here());
+// The p-norm distances (cdist's) of the rows i < j of x [N, M], in row-major order:
+// [N(N - 1)/2], as torch.pdist
+Tensor pdist(const Tensor& x, double p = 2, Loc loc = Loc::here());
+// The powers of 1-D x as columns [n, N] (N: n where -1), x^(N-1) first, x^0 first where
+// increasing, as torch.vander: products in turn (exact for integers)
+Tensor vander(const Tensor& x, int64_t N = -1, bool increasing = false, Loc loc = Loc::here());
 // bincount: how often each value 0, 1, ... of x (1-D, integer, not negative) occurs, at least
 // minlength of them, as torch.bincount; with weights (x's shape) their sums instead (float32
 // weights sum in float32, others in float64), with their gradient. Its length depends on
@@ -921,6 +965,8 @@ Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor matrix_power(const Tensor& a, int64_t k, Loc loc = Loc::here());
 // the product of the matrices, left to right; a 1-D first (last) one is a row (column)
 Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+// Σ a·b along the axis (broadcast), as torch.linalg.vecdot
+Tensor vecdot(const Tensor& a, const Tensor& b, int axis = -1, Loc loc = Loc::here());
 // vector_norm: (Σ|x|^ord)^(1/ord) over the axes (none: all); ord 0 counts the nonzero, ±∞
 // the largest or smallest |x|. matrix_norm over the last two axes: "fro", 1 or -1 (the
 // largest or smallest column sum of |a|), INFINITY or -INFINITY (row sums), 2 or -2 (the
@@ -2133,6 +2179,16 @@ Tensor poisson_nll_loss(const Tensor& x, const Tensor& target, Reduction r = Red
 Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r = Reduction::MEAN,
                          double p = 1, double margin = 1, const Tensor& weight = Tensor(),
                          Loc loc = Loc::here());
+// Σ over the target classes j and the other classes i of max(0, 1 - (x_j - x_i)), divided by
+// the classes: x [N, C] with target [N, C] (or [C] with [C]), int, each row's classes up to its
+// first -1 (one out of range there is an error)
+Tensor multilabel_margin_loss(const Tensor& x, const Tensor& target,
+                              Reduction r = Reduction::MEAN, Loc loc = Loc::here());
+// softmax((logits + g)/tau) along the axis, g Gumbel noise (-ln of an exponential sample, in
+// float64); hard: the one-hot of its largest (the first of ties), with the soft one's gradient
+// (straight through), as torch.nn.functional.gumbel_softmax
+Tensor gumbel_softmax(const Tensor& logits, double tau = 1, bool hard = false, int axis = -1,
+                      uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
 
 // Scales the gradients of params so that their global norm is at most max_norm: each times
 // min(1, max_norm / (norm + 1e-6)), as PyTorch's; lazily, so the scaling joins the optimizer's
@@ -2450,6 +2506,8 @@ using nn::margin_ranking_loss;
 using nn::mse_loss;
 using nn::multi_margin_loss;
 using nn::multilabel_soft_margin_loss;
+using nn::multilabel_margin_loss;
+using nn::gumbel_softmax;
 using nn::nll_loss;
 using nn::pairwise_distance;
 using nn::poisson_nll_loss;
@@ -4998,6 +5056,99 @@ Tensor Tensor::erfinv(Loc loc) const {
     Tensor slope = (result * result).exp() * (std::sqrt(PI) / 2);
     return where(edge, result, result + (y - value) * where(edge, 0.0, slope));
 }
+// x^k by squaring, k >= 1
+static Tensor int_power(const Tensor& x, int k) {
+    Tensor result, square = x;
+    for (; k > 0; k >>= 1, square = square * square)
+        if (k & 1) result = result.defined() ? result * square : square;
+    return result;
+}
+// Stirling's series of ln Γ(y) for y >= 6, to B_12: its next term is below 1e-12
+static Tensor lgamma_large(const Tensor& y) {
+    Tensor r = 1.0 / y, r2 = r * r;
+    Tensor series = r * (1.0 / 12 - r2 * (1.0 / 360 - r2 * (1.0 / 1260 - r2 * (1.0 / 1680 -
+                         r2 * (1.0 / 1188 - r2 * (691.0 / 360360))))));
+    return (y - 0.5) * y.log() - y + 0.5 * std::log(2 * PI) + series;
+}
+// ln Γ(x) for x >= 0 (+∞ at 0): below 6, of x + 6 less ln(x (x + 1) ... (x + 5))
+static Tensor lgamma_positive(const Tensor& x) {
+    Tensor small = x < 6.0, xs = where(small, x, 1.0), product = xs;
+    for (int k = 1; k < 6; k++) product = product * (xs + double(k));
+    return lgamma_large(where(small, x + 6.0, x)) - where(small, product.log(), 0.0);
+}
+Tensor Tensor::lgamma(Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(*this, "lgamma", loc), loc);
+    // below 0: ln π - ln|sin(π x)| - ln Γ(1 - x), the sine of x's fraction (exact at any size)
+    Tensor negative = x < 0.0, fraction = where(negative, x - x.floor(), 0.5);
+    Tensor own = lgamma_positive(where(negative, 1.0 - x, where(x.isinf(), 1.0, x)));
+    Tensor reflected = std::log(PI) - (fraction * PI).sin().abs().log() - own;
+    return where(x.isinf(), INFINITY, where(negative, reflected, own));
+}
+// ψ(x) for x > 0: below 6, ψ(x + 6) less 1/x + ... + 1/(x + 5); then the asymptotic series,
+// to B_14
+static Tensor digamma_positive(const Tensor& x) {
+    Tensor small = x < 6.0, xs = where(small, x, 1.0), y = where(small, x + 6.0, x);
+    Tensor recurrence = 1.0 / xs;
+    for (int k = 1; k < 6; k++) recurrence = recurrence + 1.0 / (xs + double(k));
+    Tensor r = 1.0 / y, r2 = r * r;
+    Tensor series = r2 * (1.0 / 12 - r2 * (1.0 / 120 - r2 * (1.0 / 252 - r2 * (1.0 / 240 -
+                    r2 * (1.0 / 132 - r2 * (691.0 / 32760 - r2 * (1.0 / 12)))))));
+    return y.log() - 0.5 * r - series - where(small, recurrence, 0.0);
+}
+Tensor Tensor::digamma(Loc loc) const {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(*this, "digamma", loc), loc);
+    // below 0: ψ(1 - x) - π/tan(π x), through x's fraction
+    Tensor negative = x < 0.0, fraction = x - x.floor();
+    Tensor pole = logical_and(negative, fraction == 0.0), zero = x == 0.0;
+    Tensor turned = where(logical_and(negative, fraction != 0.0), fraction, 0.25) * PI;
+    Tensor own = digamma_positive(where(negative, 1.0 - x, where(zero, 1.0, x)));
+    Tensor result = where(negative, own - PI / turned.tan(), own);
+    return where(pole, NAN, where(zero, -1.0 / where(zero, x, 1.0), result));
+}
+// The Hurwitz zeta function ζ(s, q) = Σ_k (q + k)^-s for q >= 0, s >= 2: `shift` terms, then
+// Euler-Maclaurin's series at y = q + shift, to B_16
+static Tensor hurwitz_zeta(int s, const Tensor& q, int shift) {
+    Tensor sum;
+    for (int k = 0; k < shift; k++) {
+        Tensor term = int_power(1.0 / (q + double(k)), s);
+        sum = sum.defined() ? sum + term : term;
+    }
+    Tensor y = q + double(shift), r = 1.0 / y, r2 = r * r;
+    // B_2j/(2j)! · s (s + 1) ... (s + 2j - 2), the coefficient of y^-(s + 2j - 1)
+    const double bernoulli[] = {1.0 / 6,  -1.0 / 30, 1.0 / 42,       -1.0 / 30,
+                                5.0 / 66, -691.0 / 2730, 7.0 / 6, -3617.0 / 510};
+    std::vector<double> c;
+    double rising = s, factorial = 2;
+    for (int j = 1; j <= 8; j++) {
+        c.push_back(bernoulli[j - 1] / factorial * rising);
+        rising *= double(s + 2 * j - 1) * double(s + 2 * j);
+        factorial *= double(2 * j + 1) * double(2 * j + 2);
+    }
+    Tensor series = const_like(r, c.back(), r.dtype(), {});
+    for (int j = int(c.size()) - 2; j >= 0; j--) series = series * r2 + c[size_t(j)];
+    return sum + int_power(r, s) * (y / double(s - 1) + 0.5 + series * r);
+}
+Tensor Tensor::polygamma(int n, Loc loc) const {
+    check_defined(*this, "polygamma", loc);
+    if (n < 0) fail(strf("polygamma: n must be at least 0, got %d", n), loc);
+    if (n == 0) return digamma(loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(*this, loc);
+    // ψ_n(x) = (-1)^(n+1) n! ζ(n + 1, x); below 0, with f = x - floor(x) and m = -floor(x),
+    // ψ_n(f) less the recurrence's m terms: (-1)^(n+1) n! (ζ(s, f) + (-1)^s (ζ(s, 1 - f) -
+    // ζ(s, m + 1 - f))), s = n + 1, where m + 1 - f = 1 - x
+    const int s = n + 1, shift = 10 + n;
+    Tensor negative = x < 0.0, fraction = x - x.floor();
+    Tensor own = hurwitz_zeta(s, where(negative, fraction, where(x == 0.0, 0.0, x)), shift);
+    Tensor from_one = hurwitz_zeta(s, where(negative, 1.0 - fraction, 1.0), shift);
+    Tensor from_m = hurwitz_zeta(s, where(negative, 1.0 - x, 1.0), shift);
+    Tensor terms = (from_one - from_m) * (s % 2 ? -1.0 : 1.0);
+    double factor = s % 2 ? -1.0 : 1.0;
+    for (int k = 2; k <= n; k++) factor *= k;
+    return where(negative, own + terms, own) * factor;
+}
 Tensor Tensor::isnan(Loc loc) const {
     Tensor x = check_defined(*this, "isnan", loc);
     return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);
@@ -6328,6 +6479,16 @@ static Tensor diagonal_last2(const Tensor& x, Loc loc) {
 }
 }  // namespace detail
 
+// The p-norm distance of differences' last axis (cdist's, pdist's): p = 0 counts the nonzero,
+// ∞ takes the largest |difference|, its gradient whole to each that ties for it (torch.cdist's;
+// norm's shares it among them): the value, plus terms that are 0 and carry the gradient
+static Tensor distance(const Tensor& differences, double p, DType dtype) {
+    if (p == 0) return (differences != 0).cast(dtype).sum(-1);
+    if (p != INFINITY) return differences.norm(p, -1);
+    Tensor size = differences.abs(), largest = size.detach().max(-1, true).values;
+    Tensor ties = where(size.detach() == largest, size - size.detach(), 0).sum(-1);
+    return largest.squeeze(-1) + ties;
+}
 Tensor cdist(const Tensor& x1, const Tensor& x2, double p, Loc loc) {
     check_defined(x1, "cdist", loc), check_defined(x2, "cdist", loc);
     if (x1.ndim() < 2 || x2.ndim() < 2 || x1.size(-1) != x2.size(-1))
@@ -6337,13 +6498,36 @@ Tensor cdist(const Tensor& x1, const Tensor& x2, double p, Loc loc) {
     if (!(p >= 0)) fail(strf("cdist: p must be at least 0, got %g", p), loc);
     UserLocScope at(loc);
     Tensor differences = x1.unsqueeze(-2) - x2.unsqueeze(-3);   // [..., P, R, M]
-    if (p == 0) return (differences != 0).cast(as_float(x1, loc).dtype()).sum(-1);
-    if (p != INFINITY) return differences.norm(p, -1);
-    // the largest |difference|, its gradient whole to each that ties for it (torch.cdist's;
-    // norm's shares it among them): the value, plus terms that are 0 and carry the gradient
-    Tensor size = differences.abs(), largest = size.detach().max(-1, true).values;
-    Tensor ties = where(size.detach() == largest, size - size.detach(), 0).sum(-1);
-    return largest.squeeze(-1) + ties;
+    return distance(differences, p, as_float(x1, loc).dtype());
+}
+// The pairs' rows gathered, so that no difference of a row with itself (whose norm's gradient
+// is NaN) is formed
+Tensor pdist(const Tensor& x, double p, Loc loc) {
+    check_defined(x, "pdist", loc);
+    if (x.ndim() != 2)
+        fail(strf("pdist: x %s must be [N, M]", shape_str(x.shape()).c_str()), loc);
+    if (!(p >= 0)) fail(strf("pdist: p must be at least 0, got %g", p), loc);
+    UserLocScope at(loc);
+    Tensor pairs = triu_indices(x.size(0), x.size(0), 1), f = as_float(x, loc);
+    Tensor differences = f.index_select(0, pairs.slice(0, 0, 1).reshape({-1})) -
+                         f.index_select(0, pairs.slice(0, 1, 2).reshape({-1}));
+    return distance(differences, p, f.dtype());
+}
+Tensor vander(const Tensor& x, int64_t N, bool increasing, Loc loc) {
+    check_defined(x, "vander", loc);
+    if (x.ndim() != 1) fail(strf("vander: x %s must be 1-D", shape_str(x.shape()).c_str()), loc);
+    if (N < -1) fail(strf("vander: N must be at least 0, got %lld", (long long)N), loc);
+    UserLocScope at(loc);
+    const int64_t columns = N == -1 ? x.size(0) : N;
+    DType dt = x.dtype() == DType::BOOL || (!dtype_is_float(x.dtype()) &&
+                                            x.dtype() != DType::INT64) ? DType::INT64 : x.dtype();
+    Tensor xs = x.cast(dt);
+    std::vector<Tensor> powers;
+    for (int64_t k = 0; k < columns; k++)
+        powers.push_back(k == 0 ? const_like(xs, 1, dt, loc) : powers.back() * xs);
+    if (!increasing) std::reverse(powers.begin(), powers.end());
+    if (powers.empty()) return Tensor::zeros({x.size(0), 0}, dt, loc);
+    return stack(powers, 1);
 }
 // The two axes moved last and joined; the diagonal is then every (cols + 1)-th element,
 // starting at the offset's first one
@@ -6598,6 +6782,99 @@ Tensor sinc(const Tensor& x_in, Loc loc) {
     Tensor x = as_float(check_defined(x_in, "sinc", loc), loc), zero = x == 0;
     Tensor turned = where(zero, 1, x) * PI;
     return where(zero, 1, turned.sin() / turned);
+}
+static std::vector<int> all_axes(const Tensor& x) {
+    std::vector<int> axes(size_t(x.ndim()));
+    for (int a = 0; a < x.ndim(); a++) axes[size_t(a)] = a;
+    return axes;
+}
+Tensor nansum(const Tensor& x_in, const std::vector<int>& axes, bool keepdim, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = check_defined(x_in, "nansum", loc);
+    if (dtype_is_float(x.dtype())) x = where(x.isnan(), 0.0, x);
+    return x.sum(axes.empty() ? all_axes(x) : axes, keepdim);
+}
+Tensor nanmean(const Tensor& x_in, const std::vector<int>& axes, bool keepdim, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "nanmean", loc), loc);
+    Tensor numbers = x.isnan().logical_not().cast(x.dtype());
+    return nansum(x, axes, keepdim, loc) / nansum(numbers, axes, keepdim, loc);
+}
+MinMax aminmax(const Tensor& x_in, std::optional<int> axis, bool keepdim, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = check_defined(x_in, "aminmax", loc);
+    if (x.numel() == 0) fail(strf("aminmax: x %s is empty", shape_str(x.shape()).c_str()), loc);
+    if (!axis) {
+        std::vector<int> all = all_axes(x);
+        return {x.min(all, keepdim), x.max(all, keepdim)};
+    }
+    return {x.min(*axis, keepdim).values, x.max(*axis, keepdim).values};
+}
+Tensor heaviside(const Tensor& x_in, const Tensor& values, Loc loc) {
+    auto [x, v] = operands(x_in, values, "heaviside", loc);
+    UserLocScope at(loc);
+    return where(x == 0, v, (x > 0).cast(x.dtype()));
+}
+Tensor ldexp(const Tensor& x_in, const Tensor& exponent, Loc loc) {
+    auto [x, e] = operands(x_in, exponent, "ldexp", loc, true);
+    UserLocScope at(loc);
+    return x * e.exp2();
+}
+// The areas between y's samples along its axis (the trapezoid rule), the samples dx apart or
+// at x: the terms that trapezoid sums and cumulative_trapezoid adds up
+static Tensor trapezoid_areas(const Tensor& y, const Tensor& x, double dx, int axis,
+                              const char* op, Loc loc) {
+    check_defined(y, op, loc);
+    if (y.ndim() == 0) fail(strf("%s: y must have an axis", op), loc);
+    int ax = normalize_axis(axis, y.shape().size(), op, y.shape(), loc);
+    UserLocScope at(loc);
+    DType dt = x.defined() ? promote(y.dtype(), x.dtype()) : y.dtype();
+    if (!dtype_is_float(dt)) dt = DType::FLOAT32;
+    Tensor f = y.cast(dt);
+    const int64_t n = y.size(ax), gaps = std::max<int64_t>(n - 1, 0);
+    Tensor spacing;
+    if (x.defined() && x.ndim() == 1) {
+        if (x.size(0) != n)
+            fail(strf("%s: x %s needs y's %lld samples along axis %d", op,
+                      shape_str(x.shape()).c_str(), (long long)n, ax), loc);
+        Shape shape(size_t(y.ndim()), 1);
+        shape[size_t(ax)] = gaps;
+        spacing = diff(x.cast(dt), 1, 0).reshape(shape);
+    } else if (x.defined()) {
+        if (x.shape() != y.shape())
+            fail(strf("%s: x %s must be 1-D or y's shape %s", op, shape_str(x.shape()).c_str(),
+                      shape_str(y.shape()).c_str()), loc);
+        spacing = diff(x.cast(dt), 1, ax);
+    }
+    Tensor sums = f.slice(ax, 1, n) + f.slice(ax, 0, gaps);
+    return (spacing.defined() ? sums * spacing : sums * dx) / 2.0;
+}
+Tensor trapezoid(const Tensor& y, double dx, int axis, Loc loc) {
+    return trapezoid_areas(y, Tensor(), dx, axis, "trapezoid", loc).sum(axis, false, loc);
+}
+Tensor trapezoid(const Tensor& y, const Tensor& x, int axis, Loc loc) {
+    check_defined(x, "trapezoid", loc);
+    return trapezoid_areas(y, x, 1, axis, "trapezoid", loc).sum(axis, false, loc);
+}
+Tensor cumulative_trapezoid(const Tensor& y, double dx, int axis, Loc loc) {
+    return trapezoid_areas(y, Tensor(), dx, axis, "cumulative_trapezoid", loc).cumsum(axis, loc);
+}
+Tensor cumulative_trapezoid(const Tensor& y, const Tensor& x, int axis, Loc loc) {
+    check_defined(x, "cumulative_trapezoid", loc);
+    return trapezoid_areas(y, x, 1, axis, "cumulative_trapezoid", loc).cumsum(axis, loc);
+}
+Tensor renorm(const Tensor& x_in, double p, int axis, double maxnorm, Loc loc) {
+    check_defined(x_in, "renorm", loc);
+    if (!(p > 0)) fail(strf("renorm: p must be above 0, got %g", p), loc);
+    if (!(maxnorm >= 0)) fail(strf("renorm: maxnorm must be at least 0, got %g", maxnorm), loc);
+    int ax = normalize_axis(axis, x_in.shape().size(), "renorm", x_in.shape(), loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(x_in, loc);
+    std::vector<int> others;
+    for (int a = 0; a < x.ndim(); a++)
+        if (a != ax) others.push_back(a);
+    Tensor norm = others.empty() ? x.abs() : x.norm(p, others, true);
+    return x * where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0);
 }
 // scatter_add of ones (or the weights) into zeros, at each value
 Tensor bincount(const Tensor& x, const Tensor& weights, int64_t minlength, Loc loc) {
@@ -6899,6 +7176,12 @@ Tensor matrix_power(const Tensor& a, int64_t k, Loc loc) {
         if (e > 1) base = base.matmul(base);
     }
     return result ? *result : Tensor::eye(a.size(-1), a.dtype()).expand(a.shape());
+}
+Tensor vecdot(const Tensor& a, const Tensor& b, int axis, Loc loc) {
+    auto [x, y] = operands(a, b, "vecdot", loc);
+    normalize_axis(axis, x.shape().size(), "vecdot", x.shape(), loc);
+    UserLocScope at(loc);
+    return (x * y).sum(axis);
 }
 Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc) {
     if (tensors.size() < 2)
@@ -18028,6 +18311,44 @@ Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r, dou
         terms = terms * weight.cast(x.dtype()).gather(0, y.reshape({-1})).unsqueeze(1);
     Tensor loss = terms.sum(1) / double(classes);
     return reduce_loss(x.ndim() == 2 ? loss : loss.reshape({}), r, op);
+}
+Tensor multilabel_margin_loss(const Tensor& x, const Tensor& target, Reduction r, Loc loc) {
+    const char* op = "multilabel_margin_loss";
+    detail::UserLocScope at(loc, op);
+    if (target.dtype() != DType::INT32 && target.dtype() != DType::INT64)
+        detail::fail(strf("%s: target must hold int32 or int64 classes, got %s", op,
+                          dtype_name(target.dtype())));
+    if (x.ndim() < 1 || x.ndim() > 2 || target.shape() != x.shape())
+        detail::fail(strf("%s: x %s and target %s must be [N, C] or [C], of one shape", op,
+                          shape_str(x.shape()).c_str(), shape_str(target.shape()).c_str()));
+    const int64_t classes = x.size(-1);
+    Tensor rows = x.ndim() == 2 ? x : x.unsqueeze(0);
+    Tensor ys = (target.ndim() == 2 ? target : target.unsqueeze(0)).cast(DType::INT64);
+    Tensor listed = ((ys == -1).cast(DType::INT64).cumsum(1) == 0);   // [N, C]: before the -1
+    Tensor y = where(listed, ys, 0);   // a listed class out of range: gather's error
+    Tensor each = Tensor::arange(classes).reshape({1, 1, classes});
+    Tensor is_target = logical_and(y.unsqueeze(2) == each, listed.unsqueeze(2)).any(1);   // [N, C]
+    Tensor margins = 1.0 - rows.gather(1, y).unsqueeze(2) + rows.unsqueeze(1);   // [N, j, i]
+    Tensor counted = logical_and(listed.unsqueeze(2), is_target.logical_not().unsqueeze(1));
+    Tensor loss = where(counted, margins.relu(), 0).sum({1, 2}) / double(classes);
+    return reduce_loss(x.ndim() == 2 ? loss : loss.reshape({}), r, op);
+}
+Tensor gumbel_softmax(const Tensor& logits, double tau, bool hard, int axis, uint64_t seed,
+                      Loc loc) {
+    const char* op = "gumbel_softmax";
+    detail::UserLocScope at(loc, op);
+    Tensor x = detail::as_float(detail::check_defined(logits, op, loc), loc);
+    if (!(tau > 0)) detail::fail(strf("%s: tau must be above 0, got %g", op, tau));
+    int ax = detail::normalize_axis(axis, x.shape().size(), op, x.shape(), loc);
+    // u + 2^-25 in (0, 1): a finite exponential sample, above 0
+    Tensor u = Tensor::rand(x.shape(), seed).cast(DType::FLOAT64) + std::ldexp(1.0, -25);
+    Tensor gumbel = -(-u.log()).log();
+    Tensor soft = ((x + gumbel.cast(x.dtype())) / tau).softmax(ax);
+    if (!hard) return soft;
+    Shape along(size_t(x.ndim()), 1);
+    along[size_t(ax)] = x.size(ax);
+    Tensor one_hot = (soft.argmax(ax, true) == Tensor::arange(x.size(ax)).reshape(along));
+    return one_hot.cast(x.dtype()) - soft.detach() + soft;
 }
 }  // namespace nn
 

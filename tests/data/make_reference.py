@@ -24,6 +24,9 @@
                          lstsq, matrix_power, multi_dot, norms, eigh, svd, pinv, matrix_rank
                          and cond; erfinv, cov, corrcoef
                          (tests/test_math.cpp, ops_linalg_matches_pytorch)
+  special_reference.txt  lgamma, digamma, polygamma, nansum, nanmean, aminmax, heaviside, ldexp,
+                         trapezoid, renorm, pdist, vander, vecdot, multilabel_margin_loss
+                         (tests/test_math.cpp, ops_special_functions_and_more_match_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
                          align_corners) (tests/test_math.cpp,
                          ops_affine_grid_grid_sample_match_pytorch)
@@ -571,4 +574,57 @@ write("transformer_reference.txt", inputs, [
     ("encoder", ["src"], encode),
     ("decoder", ["src", "tgt"], decode),
     ("transformer", ["src", "tgt"], transform),
+])
+
+gamma_points = tensor([-2.5, -0.5, -1.25, -7.75, 0.3, 0.5, 1.0, 2.0, 3.7, 7.3, 25.0, 150.0, 1e-3,
+                       5.999, 6.0], 15)
+with_nan = tensor([1.5, float("nan"), -2, 0.25, float("nan"), float("nan"), 3, 4, -1], 3, 3)
+targets = torch.tensor([[3, 0, -1, 1], [1, 2, 3, 0], [2, -1, 0, 0]])
+write("special_reference.txt", {
+    "g": gamma_points,
+    "nan": with_nan,
+    "m": more["m"],
+    "y": tensor([1, 2.5, 4, 3.5, -1, 0, 2, 2.25], 2, 4),
+    "t": tensor([0, 0.5, 2, 2.25], 4),
+    "ts": tensor([0, 1, 1.5, 3, 0, 0.25, 0.75, 2], 2, 4),
+    "e": tensor([1, -2, 0, 3, 10, -1, 2, 0.5], 2, 4),
+    "s": tensor([-1, 0, 0.5, 2, 0, -0.0, 3, 0], 2, 4),
+    "h": tensor([0.25, 0.5, 0.75, 1], 4),
+    "rows": tensor([1, 2, -1, 0.5, 3, 1, 0, 0, 2, -2, 1, 4, 1.5, -0.5, 0, 2], 4, 4),
+    "scores": tensor([0.1, 0.2, 0.4, 0.8, -1, 0.5, 0.3, 2, 1, -0.5, 0.25, 0.7], 3, 4),
+}, [
+    ("lgamma", ["g"], torch.lgamma),
+    ("digamma", ["g"], torch.digamma),
+    ("polygamma_1", ["g"], lambda g: torch.polygamma(1, g)),
+    ("polygamma_2", ["g"], lambda g: torch.polygamma(2, g)),
+    ("polygamma_3", ["g"], lambda g: torch.polygamma(3, g)),
+    ("nansum", ["nan"], torch.nansum),
+    ("nansum_axis", ["nan"], lambda x: torch.nansum(x, 1, keepdim=True)),
+    ("nanmean_axis", ["nan"], lambda x: torch.nanmean(x, 0)),
+    ("aminmax_min", [], lambda: torch.aminmax(with_nan, dim=1).min),
+    ("aminmax_max", [], lambda: torch.aminmax(more["m"], dim=2, keepdim=True).max),
+    ("aminmax_all", [], lambda: torch.stack(torch.aminmax(more["m"]))),
+    ("heaviside", [], lambda: torch.heaviside(tensor([-1, 0, 2, -0.0, 3, 0], 2, 3),
+                                              tensor([0.5, 0.25, 7], 3))),
+    ("ldexp", ["y", "e"], torch.ldexp),
+    ("trapezoid", ["y"], lambda y: torch.trapezoid(y, dx=0.5)),
+    ("trapezoid_x", ["y", "t"], lambda y, t: torch.trapezoid(y, t)),
+    ("trapezoid_xs_axis_0", ["y", "ts"], lambda y, t: torch.trapezoid(y, t, dim=0)),
+    ("cumulative_trapezoid", ["y", "t"], lambda y, t: torch.cumulative_trapezoid(y, t)),
+    ("cumulative_trapezoid_dx", ["y"], lambda y: torch.cumulative_trapezoid(y, dx=2, dim=0)),
+    ("renorm", ["m"], lambda m: torch.renorm(m, 2, 0, 3)),
+    ("renorm_1", ["m"], lambda m: torch.renorm(m, 1, 2, 2)),
+    ("pdist", ["rows"], torch.pdist),
+    ("pdist_1", ["rows"], lambda r: torch.pdist(r, 1)),
+    ("pdist_3", ["rows"], lambda r: torch.pdist(r, 3)),
+    # values alone: PyTorch 1.13's vander has no gradient (an in-place cumprod)
+    ("vander", [], lambda: torch.vander(tensor([2, -1, 0.5, 3], 4))),
+    ("vander_increasing", [], lambda: torch.vander(tensor([2, -1, 0.5, 3], 4), 6, increasing=True)),
+    ("vecdot", ["y", "e"], lambda a, b: torch.linalg.vecdot(a, b)),
+    ("vecdot_axis_0", ["y", "t"], lambda a, b: torch.linalg.vecdot(a, b.reshape(1, 4), dim=0)),
+    ("multilabel_margin_loss", ["scores"], lambda x: F.multilabel_margin_loss(x, targets)),
+    ("multilabel_margin_loss_none", ["scores"],
+     lambda x: F.multilabel_margin_loss(x, targets, reduction="none")),
+    ("multilabel_margin_loss_one", ["h"],
+     lambda x: F.multilabel_margin_loss(x, torch.tensor([2, 0, -1, 3]), reduction="sum")),
 ])
