@@ -122,7 +122,12 @@ const bool collecting = [] {
             r.programs++;
             const std::string marker = "extern \"C\" __global__ ";
             for (size_t at = 0; (at = src.find(marker, at)) != std::string::npos;) {
-                size_t end = src.find("\n}\n", at) + 3;
+                size_t end = src.find("\n}\n", at);
+                if (end == std::string::npos) {
+                    r.render_errors.push_back(p.name + ": a kernel without its closing brace");
+                    break;
+                }
+                end += 3;
                 std::string code = canonical_kernel(src.substr(at, end - at));
                 if (r.seen.insert(hash_of(code)).second) r.kernels.push_back({p.name, code});
                 at = end;
@@ -149,10 +154,12 @@ std::vector<std::string> compile_all(const std::vector<Kernel>& all, const std::
             return ASSEMBLED;
         return k->code.size() > 128 * 1024 ? LARGE : QUICK;
     };
+    std::vector<std::pair<Kind, const Kernel*>> sorted;
+    for (const Kernel& k : all) sorted.push_back({kind(&k), &k});
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<const Kernel*> ks;
-    for (const Kernel& k : all) ks.push_back(&k);
-    std::stable_sort(ks.begin(), ks.end(),
-                     [&](const Kernel* x, const Kernel* y) { return kind(x) < kind(y); });
+    for (const auto& [k, kernel] : sorted) ks.push_back(kernel);
     struct Batch {
         size_t first, last;
         Kind kind;
@@ -160,7 +167,7 @@ std::vector<std::string> compile_all(const std::vector<Kernel>& all, const std::
     std::vector<Batch> batches;
     *assembled = 0;
     for (size_t i = 0; i < ks.size(); i++) {
-        Kind k = kind(ks[i]);
+        Kind k = sorted[i].first;
         *assembled += k == ASSEMBLED;
         if (batches.empty() || batches.back().kind != k || k == LARGE ||
             batches.back().last - batches.back().first == 128)
