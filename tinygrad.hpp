@@ -6500,8 +6500,8 @@ Tensor cdist(const Tensor& x1, const Tensor& x2, double p, Loc loc) {
     Tensor differences = x1.unsqueeze(-2) - x2.unsqueeze(-3);   // [..., P, R, M]
     return distance(differences, p, as_float(x1, loc).dtype());
 }
-// The pairs' rows gathered, so that no difference of a row with itself (whose norm's gradient
-// is NaN) is formed
+// Only the pairs i < j, their rows gathered: half of cdist's differences, none of a row with
+// itself
 Tensor pdist(const Tensor& x, double p, Loc loc) {
     check_defined(x, "pdist", loc);
     if (x.ndim() != 2)
@@ -6519,8 +6519,7 @@ Tensor vander(const Tensor& x, int64_t N, bool increasing, Loc loc) {
     if (N < -1) fail(strf("vander: N must be at least 0, got %lld", (long long)N), loc);
     UserLocScope at(loc);
     const int64_t columns = N == -1 ? x.size(0) : N;
-    DType dt = x.dtype() == DType::BOOL || (!dtype_is_float(x.dtype()) &&
-                                            x.dtype() != DType::INT64) ? DType::INT64 : x.dtype();
+    DType dt = dtype_is_float(x.dtype()) ? x.dtype() : DType::INT64;
     Tensor xs = x.cast(dt);
     std::vector<Tensor> powers;
     for (int64_t k = 0; k < columns; k++)
@@ -6783,31 +6782,23 @@ Tensor sinc(const Tensor& x_in, Loc loc) {
     Tensor turned = where(zero, 1, x) * PI;
     return where(zero, 1, turned.sin() / turned);
 }
-static std::vector<int> all_axes(const Tensor& x) {
-    std::vector<int> axes(size_t(x.ndim()));
-    for (int a = 0; a < x.ndim(); a++) axes[size_t(a)] = a;
-    return axes;
-}
 Tensor nansum(const Tensor& x_in, const std::vector<int>& axes, bool keepdim, Loc loc) {
     UserLocScope at(loc);
     Tensor x = check_defined(x_in, "nansum", loc);
     if (dtype_is_float(x.dtype())) x = where(x.isnan(), 0.0, x);
-    return x.sum(axes.empty() ? all_axes(x) : axes, keepdim);
+    return x.sum(axes, keepdim);   // no axes: all
 }
 Tensor nanmean(const Tensor& x_in, const std::vector<int>& axes, bool keepdim, Loc loc) {
     UserLocScope at(loc);
     Tensor x = as_float(check_defined(x_in, "nanmean", loc), loc);
-    Tensor numbers = x.isnan().logical_not().cast(x.dtype());
-    return nansum(x, axes, keepdim, loc) / nansum(numbers, axes, keepdim, loc);
+    Tensor numbers = x.isnan().logical_not().cast(x.dtype()).sum(axes, keepdim);
+    return nansum(x, axes, keepdim, loc) / numbers;
 }
 MinMax aminmax(const Tensor& x_in, std::optional<int> axis, bool keepdim, Loc loc) {
     UserLocScope at(loc);
     Tensor x = check_defined(x_in, "aminmax", loc);
     if (x.numel() == 0) fail(strf("aminmax: x %s is empty", shape_str(x.shape()).c_str()), loc);
-    if (!axis) {
-        std::vector<int> all = all_axes(x);
-        return {x.min(all, keepdim), x.max(all, keepdim)};
-    }
+    if (!axis) return {x.min(std::vector<int>{}, keepdim), x.max(std::vector<int>{}, keepdim)};
     return {x.min(*axis, keepdim).values, x.max(*axis, keepdim).values};
 }
 Tensor heaviside(const Tensor& x_in, const Tensor& values, Loc loc) {
