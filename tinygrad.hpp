@@ -2184,6 +2184,21 @@ Tensor multi_margin_loss(const Tensor& x, const Tensor& target, Reduction r = Re
 // first -1 (one out of range there is an error)
 Tensor multilabel_margin_loss(const Tensor& x, const Tensor& target,
                               Reduction r = Reduction::MEAN, Loc loc = Loc::here());
+// Connectionist temporal classification, as torch's ctc_loss: -ln of the summed probability of
+// the alignments in log_probs [T, N, C] (unbatched: [T, C]) that give the target once repeats
+// are merged and blanks dropped. targets [N, S] padded (S at least the longest; unbatched: [S]),
+// or 1-D, every target end to end (target_lengths are then read on the host: not in a tg::Jit);
+// input_lengths and target_lengths [N] (unbatched: scalars), int; each length in [0, T] or
+// [0, S], checked as the program runs. The forward variable runs in log space over the target
+// with blanks between and around its labels, one elementwise step per time step (T steps in the
+// graph), a sample's steps past its input length leaving it as it is. An impossible target
+// costs ∞ (zero_infinity: 0), its gradient 0 (PyTorch's: NaN). MEAN divides each loss by its
+// target length (at least 1), then averages. The gradient is the loss's own: through
+// log_softmax it equals PyTorch's, whose gradient for log_probs themselves adds exp(log_probs)
+// (a term log_softmax's gradient cancels).
+Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
+                const Tensor& target_lengths, Reduction r = Reduction::MEAN, int64_t blank = 0,
+                bool zero_infinity = false, Loc loc = Loc::here());
 // softmax((logits + g)/tau) along the axis, g Gumbel noise (-ln of an exponential sample, in
 // float64); hard: the one-hot of its largest (the first of ties), with the soft one's gradient
 // (straight through), as torch.nn.functional.gumbel_softmax
@@ -2507,6 +2522,7 @@ using nn::mse_loss;
 using nn::multi_margin_loss;
 using nn::multilabel_soft_margin_loss;
 using nn::multilabel_margin_loss;
+using nn::ctc_loss;
 using nn::gumbel_softmax;
 using nn::nll_loss;
 using nn::pairwise_distance;
@@ -18323,6 +18339,113 @@ Tensor multilabel_margin_loss(const Tensor& x, const Tensor& target, Reduction r
     Tensor counted = logical_and(listed.unsqueeze(2), is_target.logical_not().unsqueeze(1));
     Tensor loss = where(counted, margins.relu(), 0).sum({1, 2}) / double(classes);
     return reduce_loss(x.ndim() == 2 ? loss : loss.reshape({}), r, op);
+}
+// ln Σ e^term elementwise; where every term is -∞, -∞ with a gradient of 0 rather than NaN
+static Tensor log_sum_exp_of(const std::vector<Tensor>& terms) {
+    Tensor largest = terms[0];
+    for (size_t i = 1; i < terms.size(); i++) largest = largest.maximum(terms[i]);
+    Tensor reached = largest > -INFINITY, shift = where(reached, largest, 0).detach();
+    Tensor sum = (terms[0] - shift).exp();
+    for (size_t i = 1; i < terms.size(); i++) sum = sum + (terms[i] - shift).exp();
+    return where(reached, where(reached, sum, 1).log() + shift, -INFINITY);
+}
+static void check_int_lengths(const char* op, const char* name, const Tensor& lengths,
+                              const Shape& shape) {
+    if (lengths.dtype() != DType::INT32 && lengths.dtype() != DType::INT64)
+        detail::fail(strf("%s: %s must be int32 or int64, got %s", op, name,
+                          dtype_name(lengths.dtype())));
+    if (lengths.shape() != shape)
+        detail::fail(strf("%s: %s must be %s, got %s", op, name, shape_str(shape).c_str(),
+                          shape_str(lengths.shape()).c_str()));
+}
+// targets [N, S] from 1-D targets end to end: row n from target n's start, 0 past its end
+static Tensor padded_targets(const char* op, const Tensor& targets, const Tensor& lengths) {
+    std::vector<int64_t> each = lengths.to_vector<int64_t>();
+    int64_t longest = 0, total = 0;
+    for (int64_t length : each)
+        longest = std::max(longest, length), total += std::max<int64_t>(length, 0);
+    if (total > targets.size(0))
+        detail::fail(strf("%s: target_lengths add up to %lld, more than the %lld 1-D targets", op,
+                          (long long)total, (long long)targets.size(0)));
+    std::vector<int64_t> picks(each.size() * size_t(longest), -1);
+    int64_t start = 0;
+    for (size_t n = 0; n < each.size(); start += std::max<int64_t>(each[n], 0), n++)
+        for (int64_t j = 0; j < each[n]; j++) picks[n * size_t(longest) + size_t(j)] = start + j;
+    Tensor at = Tensor::from_vector(picks, {int64_t(each.size()), longest});
+    at = on_device_of(targets, at, {});
+    return where(at >= 0, targets.gather(0, at.clamp(0).reshape({-1})).reshape(at.shape()), 0);
+}
+Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
+                const Tensor& target_lengths, Reduction r, int64_t blank, bool zero_infinity,
+                Loc loc) {
+    const char* op = "ctc_loss";
+    detail::check_defined(log_probs, op, loc), detail::check_defined(targets, op, loc);
+    detail::check_defined(input_lengths, op, loc), detail::check_defined(target_lengths, op, loc);
+    const bool batched = log_probs.ndim() == 3;
+    if ((!batched && log_probs.ndim() != 2) || !dtype_is_float(log_probs.dtype()))
+        detail::fail(strf("%s: log_probs must be float [T, N, C] (unbatched: [T, C]), got %s %s",
+                          op, dtype_name(log_probs.dtype()),
+                          shape_str(log_probs.shape()).c_str()), loc);
+    Tensor lp = batched ? log_probs : log_probs.unsqueeze(1);
+    const int64_t steps = lp.size(0), batch = lp.size(1), classes = lp.size(2);
+    if (blank < 0 || blank >= classes)
+        detail::fail(strf("%s: blank %lld is not a class of log_probs %s", op, (long long)blank,
+                          shape_str(log_probs.shape()).c_str()), loc);
+    if (targets.dtype() != DType::INT32 && targets.dtype() != DType::INT64)
+        detail::fail(strf("%s: targets must be int32 or int64, got %s", op,
+                          dtype_name(targets.dtype())), loc);
+    const Shape lengths_shape = batched ? Shape{batch} : Shape{};
+    {
+        detail::UserLocScope at(loc);
+        check_int_lengths(op, "input_lengths", input_lengths, lengths_shape);
+        check_int_lengths(op, "target_lengths", target_lengths, lengths_shape);
+        if (!(batched ? targets.ndim() == 1 || (targets.ndim() == 2 && targets.size(0) == batch)
+                      : targets.ndim() == 1))
+            detail::fail(strf("%s: log_probs %s need targets %s, got %s", op,
+                              shape_str(log_probs.shape()).c_str(),
+                              batched ? "[N, S] or 1-D (end to end)" : "[S]",
+                              shape_str(targets.shape()).c_str()));
+    }
+    Tensor il = input_lengths.reshape({batch, 1}), tl = target_lengths.reshape({batch, 1});
+    Tensor labels = batched && targets.ndim() == 1 ? padded_targets(op, targets, target_lengths)
+                                                   : batched ? targets : targets.unsqueeze(0);
+    const int64_t longest = labels.size(1), states = 2 * longest + 1;
+    // Each length passes through a checked gather, which names it when out of range
+    {
+        detail::UserLocScope at(loc, "ctc_loss (input_lengths, each from 0 to T)");
+        il = on_device_of(il, Tensor::arange(steps + 1), loc).gather(0, il.reshape({-1}))
+                 .reshape({batch, 1});
+    }
+    {
+        detail::UserLocScope at(loc, "ctc_loss (target_lengths, each from 0 to S)");
+        tl = on_device_of(tl, Tensor::arange(longest + 1), loc)
+                 .gather(0, tl.reshape({-1})).reshape({batch, 1});
+    }
+    detail::UserLocScope at(loc, op);
+    // the states: a blank, then each label followed by a blank; a label's state may also be
+    // entered from two states back (past the blank between) unless that holds the same label
+    labels = labels.cast(DType::INT64);
+    Tensor extended = stack({Tensor::full_like(labels, blank), labels}, 2).reshape({batch, -1})
+                          .pad({{0, 0}, {0, 1}}, blank);
+    auto back = [&](const Tensor& x, int64_t by, Scalar fill) {   // x[:, s - by], fill before
+        return x.pad({{0, 0}, {by, 0}}, fill).slice(1, 0, states);
+    };
+    Tensor skips = logical_and(extended != blank, extended != back(extended, 2, blank));
+    Tensor emitted = lp.gather(2, extended.unsqueeze(0).expand({steps, batch, states}));
+    Tensor first = on_device_of(lp, Tensor::arange(states).reshape({1, states}), loc);
+    // ln 1 in the first state, ln 0 in the others
+    Tensor alpha = (first == 0).cast(lp.dtype()).log().expand({batch, states});
+    for (int64_t t = 0; t < steps; t++) {
+        Tensor from = log_sum_exp_of({alpha, back(alpha, 1, -INFINITY),
+                                      where(skips, back(alpha, 2, -INFINITY), -INFINITY)});
+        alpha = where(il > t, emitted.slice(0, t, t + 1).squeeze(0) + from, alpha);
+    }
+    Tensor ends_blank = alpha.gather(1, tl * 2);
+    Tensor ends_label = where(tl > 0, alpha.gather(1, (tl * 2 - 1).clamp(0)), -INFINITY);
+    Tensor loss = -log_sum_exp_of({ends_blank, ends_label}).squeeze(1);
+    if (zero_infinity) loss = where(loss == INFINITY, 0, loss);
+    if (r == Reduction::MEAN) loss = loss / tl.squeeze(1).clamp(1).cast(loss.dtype());
+    return reduce_loss(batched ? loss : loss.reshape({}), r, op);
 }
 Tensor gumbel_softmax(const Tensor& logits, double tau, bool hard, int axis, uint64_t seed,
                       Loc loc) {

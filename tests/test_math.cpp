@@ -508,3 +508,98 @@ TEST(ops_special_functions_and_more_match_pytorch) {
     CHECK_THROWS(tg::aminmax(m.slice(0, 0, 0)), "aminmax: x [0,3,4] is empty");
     CHECK_THROWS(tg::nn::gumbel_softmax(m, 0), "gumbel_softmax: tau must be above 0");
 }
+
+TEST(nn_ctc_loss_matches_pytorch) {
+    Reference ref = read_reference("tests/data/ctc_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(8));
+    using X = const std::vector<Tensor>&;
+    using tg::nn::Reduction;
+    auto ints = [](std::vector<int64_t> v, tg::Shape shape = {-1}) {
+        return Tensor::from_vector(v, shape);
+    };
+    Tensor padded = ints({1, 2, 2, 3, 1, 0, 4, 0, 0}, {3, 3}), inputs = ints({6, 5, 4});
+    Tensor lengths = ints({3, 2, 1});
+    auto ctc = [=](const Tensor& x, Reduction r = Reduction::MEAN) {
+        return tg::nn::ctc_loss(x.log_softmax(-1), padded, inputs, lengths, r);
+    };
+    Cases ours = {
+        {"ctc_mean", {{"x"}, [=](X x) { return ctc(x[0]); }}},
+        {"ctc_sum", {{"x"}, [=](X x) { return ctc(x[0], Reduction::SUM); }}},
+        {"ctc_none", {{"x"}, [=](X x) { return ctc(x[0], Reduction::NONE); }}},
+        {"ctc_end_to_end",
+         {{"x"},
+          [=](X x) {
+              return tg::nn::ctc_loss(x[0].log_softmax(-1), ints({1, 2, 2, 3, 1, 4}), inputs,
+                                      lengths);
+          }}},
+        {"ctc_blank_4",
+         {{"x"},
+          [=](X x) {
+              return tg::nn::ctc_loss(x[0].log_softmax(-1), padded % 4, inputs, lengths,
+                                      Reduction::NONE, 4);
+          }}},
+        {"ctc_repeats",
+         {{"x"},
+          [=](X x) {
+              return tg::nn::ctc_loss(x[0].log_softmax(-1),
+                                      ints({1, 1, 1, 2, 2, 0, 3, 3, 3}, {3, 3}), ints({6, 6, 5}),
+                                      lengths, Reduction::NONE);
+          }}},
+        {"ctc_unbatched",
+         {{"x"},
+          [=](X x) {
+              Tensor five = ints({5}, {}), two = ints({2}, {});
+              return tg::nn::ctc_loss(x[0].slice(1, 1, 2).squeeze(1).log_softmax(-1), ints({3, 1}),
+                                      five, two);
+          }}},
+        {"ctc_zero_infinity",
+         {{"x"},
+          [=](X x) {
+              return tg::nn::ctc_loss(x[0].log_softmax(-1),
+                                      ints({1, 1, 1, 2, 2, 0, 4, 0, 0}, {3, 3}), ints({4, 6, 6}),
+                                      ints({3, 2, 0}), Reduction::NONE, 0, true);
+          }}},
+    };
+    check_cases(ref, ours, 1e-12);
+    // without zero_infinity the impossible target costs ∞ and adds no gradient; an input of
+    // no steps gives the empty target probability 1; float32 within 1e-5 of float64
+    Tensor x = ref.inputs.at("x").detach().requires_grad();
+    Tensor impossible =
+        tg::nn::ctc_loss(x.log_softmax(-1), ints({1, 1, 1, 2, 2, 0, 4, 0, 0}, {3, 3}),
+                         ints({4, 0, 0}), ints({3, 0, 1}), Reduction::NONE);
+    Tensor grad = tg::gradients(impossible.slice(0, 0, 1).sum(), {x})[0];
+    Tensor x32 = ref.inputs.at("x").cast(DType::FLOAT32);
+    Tensor gap = tg::nn::ctc_loss(x32.log_softmax(-1), padded, inputs, lengths, Reduction::NONE)
+                     .cast(DType::FLOAT64) -
+                 ctc(ref.inputs.at("x"), Reduction::NONE);
+    tg::realize({impossible, grad, gap});
+    CHECK(vals(impossible) == (Vec{INFINITY, 0, INFINITY}));
+    for (double g : vals(grad))
+        CHECK_EQ(g, 0.0);
+    for (double e : vals(gap))
+        CHECK(std::fabs(e) < 1e-5);
+    // errors: the op, the argument, what was wrong
+    Tensor lp = x.detach().log_softmax(-1);
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, ints({7, 5, 4}), lengths).item(),
+                 "ctc_loss (input_lengths, each from 0 to T): index out of range [0, 7)", "got 7");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, inputs, ints({3, 4, 1})).item(),
+                 "ctc_loss (target_lengths, each from 0 to S): index out of range [0, 4)", "got 4");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, inputs, ints({3, -1, 1})).item(), "got -1");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded + 2, inputs, lengths).item(),
+                 "ctc_loss: index out of range [0, 5) for source [6,3,5]");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, inputs, lengths, Reduction::MEAN, 5),
+                 "ctc_loss: blank 5 is not a class of log_probs [6,3,5]");
+    CHECK_THROWS(
+        tg::nn::ctc_loss(lp.reshape({-1}).slice(0, 0, 5), padded, inputs, lengths),
+        "ctc_loss: log_probs must be float [T, N, C] (unbatched: [T, C]), got float64 [5]");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded.cast(DType::FLOAT32), inputs, lengths),
+                 "ctc_loss: targets must be int32 or int64, got float32");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, inputs.slice(0, 0, 2), lengths),
+                 "ctc_loss: input_lengths must be [3], got [2]");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded, inputs, lengths.cast(DType::FLOAT32)),
+                 "ctc_loss: target_lengths must be int32 or int64, got float32");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, padded.slice(0, 0, 2), inputs, lengths),
+                 "ctc_loss: log_probs [6,3,5] need targets [N, S] or 1-D (end to end), got [2,3]");
+    CHECK_THROWS(tg::nn::ctc_loss(lp, ints({1, 2, 3, 4}), inputs, lengths),
+                 "ctc_loss: target_lengths add up to 6, more than the 4 1-D targets");
+}

@@ -27,6 +27,8 @@
   special_reference.txt  lgamma, digamma, polygamma, nansum, nanmean, aminmax, heaviside, ldexp,
                          trapezoid, renorm, pdist, vander, vecdot, multilabel_margin_loss
                          (tests/test_math.cpp, ops_special_functions_and_more_match_pytorch)
+  ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
+                         unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
                          align_corners) (tests/test_math.cpp,
                          ops_affine_grid_grid_sample_match_pytorch)
@@ -627,4 +629,34 @@ write("special_reference.txt", {
      lambda x: F.multilabel_margin_loss(x, targets, reduction="none")),
     ("multilabel_margin_loss_one", ["h"],
      lambda x: F.multilabel_margin_loss(x, torch.tensor([2, 0, -1, 3]), reduction="sum")),
+])
+
+# ctc_loss of log_softmax(x) (T 6, N 3, C 5): the gradients of x, through log_softmax, are the
+# ones to compare (PyTorch's gradient for log_probs themselves adds exp(log_probs))
+ctc_padded = torch.tensor([[1, 2, 2], [3, 1, 0], [4, 0, 0]])
+ctc_end_to_end = torch.tensor([1, 2, 2, 3, 1, 4])
+ctc_inputs, ctc_targets = torch.tensor([6, 5, 4]), torch.tensor([3, 2, 1])
+
+
+def ctc(x, targets=ctc_padded, inputs=ctc_inputs, lengths=ctc_targets, **options):
+    return F.ctc_loss(x.log_softmax(-1), targets, inputs, lengths, **options)
+
+
+write("ctc_reference.txt", {
+    "x": torch.arange(6 * 3 * 5, dtype=torch.float64).reshape(6, 3, 5) * 0.77 % 3.1 - 1.4,
+}, [
+    ("ctc_mean", ["x"], ctc),
+    ("ctc_sum", ["x"], lambda x: ctc(x, reduction="sum")),
+    ("ctc_none", ["x"], lambda x: ctc(x, reduction="none")),
+    ("ctc_end_to_end", ["x"], lambda x: ctc(x, ctc_end_to_end)),
+    ("ctc_blank_4", ["x"], lambda x: ctc(x, ctc_padded % 4, blank=4, reduction="none")),
+    ("ctc_repeats", ["x"],
+     lambda x: ctc(x, torch.tensor([[1, 1, 1], [2, 2, 0], [3, 3, 3]]), torch.tensor([6, 6, 5]),
+                   torch.tensor([3, 2, 1]), reduction="none")),
+    ("ctc_unbatched", ["x"],
+     lambda x: ctc(x[:, 1], torch.tensor([3, 1]), torch.tensor(5), torch.tensor(2))),
+    # sample 0 needs 5 steps for 1, 1, 1 and has 4: its loss and gradient 0
+    ("ctc_zero_infinity", ["x"],
+     lambda x: ctc(x, torch.tensor([[1, 1, 1], [2, 2, 0], [4, 0, 0]]), torch.tensor([4, 6, 6]),
+                   torch.tensor([3, 2, 0]), reduction="none", zero_infinity=True)),
 ])
