@@ -958,6 +958,27 @@ QR qr(const Tensor& a, const std::string& mode = "reduced", Loc loc = Loc::here(
 // diagonal taken as ones when unitriangular), b [..., n, k]: substitution, a row at a time
 Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left = true,
                         bool unitriangular = false, Loc loc = Loc::here());
+// a = P L U with partial pivoting, as LAPACK's getrf: step k swaps the row of the largest
+// |value| in column k at or below row k (the first of ties) into row k, keeps that column
+// below it divided by the pivot (L's; its diagonal is ones) and takes those multiples of row k
+// from the rows below (a zero pivot divides by 1: the column below it is zero too); pivot =
+// false swaps nothing. lu_factor gives L and U in one matrix [..., m, n] and the swaps as
+// pivots int32 [..., min(m, n)] (1-based: row k was swapped with row pivots[k] - 1); a
+// singular a gives a zero on U's diagonal, where PyTorch's lu_factor raises an error (its
+// lu_factor_ex does not). lu: P [..., m, m], L [..., m, k], U [..., k, n], k = min(m, n).
+// Gradients follow the steps, the swaps taken as constants.
+struct LUFactor {
+    Tensor LU, pivots;
+};
+LUFactor lu_factor(const Tensor& a, bool pivot = true, Loc loc = Loc::here());
+struct PLU {
+    Tensor P, L, U;
+};
+PLU lu(const Tensor& a, bool pivot = true, Loc loc = Loc::here());
+// x with a x = b from a's lu_factor, b [..., n, k] (its batch broadcast with LU's); adjoint:
+// aᵀ x = b; left = false: x a = b (b [..., k, n])
+Tensor lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& b, bool left = true,
+                bool adjoint = false, Loc loc = Loc::here());
 // the least-squares solution of a x = b for a [..., m, n] of full rank, b [..., m, k], through
 // qr: m >= n minimizes |a x - b|, m < n gives the x of least norm (from the qr of aᵀ)
 Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
@@ -1012,6 +1033,8 @@ Tensor matrix_rank(const Tensor& a, double atol = 0, double rtol = -1, Loc loc =
 Tensor cond(const Tensor& a, double ord = 2, Loc loc = Loc::here());
 Tensor cond(const Tensor& a, const std::string& ord, Loc loc = Loc::here());
 }  // namespace linalg
+// P, L and U from lu_factor's LU [..., m, n] and pivots [..., min(m, n)], as torch.lu_unpack
+linalg::PLU lu_unpack(const Tensor& LU, const Tensor& pivots, Loc loc = Loc::here());
 // cov: the covariance of the rows of x [variables, observations] (1-D: one variable), divided
 // by observations - correction, as torch.cov; corrcoef: it scaled to correlations, in [-1, 1]
 Tensor cov(const Tensor& x, int64_t correction = 1, Loc loc = Loc::here());
@@ -7000,6 +7023,28 @@ static void check_matrices(const Tensor& a, const char* op, Loc loc, bool square
                   square ? "[..., n, n]" : "[..., m, n]", dtype_name(a.dtype()),
                   shape_str(a.shape()).c_str()), loc);
 }
+// The rows of LU's a after the swaps of pivots (lu_factor's), as int64 [..., m]: row i of
+// Pᵀ a is row order[i] of a. A pivot out of [1, m] is the gather's error.
+static Tensor row_order(const char* op, const Tensor& LU, const Tensor& pivots, Loc loc) {
+    check_defined(pivots, op, loc);
+    const int64_t m = LU.size(-2), steps = std::min(m, LU.size(-1));
+    Shape flat(LU.shape().begin(), LU.shape().end() - 2);
+    flat.push_back(steps);
+    if ((pivots.dtype() != DType::INT32 && pivots.dtype() != DType::INT64) ||
+        pivots.shape() != flat)
+        fail(strf("%s: pivots must be int32 or int64 %s for LU %s, got %s %s", op,
+                  shape_str(flat).c_str(), shape_str(LU.shape()).c_str(),
+                  dtype_name(pivots.dtype()), shape_str(pivots.shape()).c_str()), loc);
+    UserLocScope at(loc, op);
+    Tensor rows = Tensor::arange(m).cast(DType::INT64);
+    flat.back() = m;
+    Tensor order = rows.expand(flat);
+    for (int64_t k = 0; k < steps; k++) {
+        Tensor p = pivots.slice(-1, k, k + 1).cast(DType::INT64) - 1;
+        order = order.gather(-1, where(rows == k, p, where(rows == p, k, rows)));
+    }
+    return order;
+}
 // Gauss-Jordan on [a | b]: step k swaps the row of the largest |value| in column k at or below
 // row k into row k (the first of ties), divides it by its pivot and takes its multiples from
 // every other row; a zero pivot (a singular a) divides by 1. Gives the columns of b then
@@ -7158,6 +7203,78 @@ Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left,
         x = where(rows == i, row, x).contiguous();
     }
     return x;
+}
+LUFactor lu_factor(const Tensor& a, bool pivot, Loc loc) {
+    check_matrices(a, "linalg.lu_factor", loc);
+    UserLocScope at(loc);
+    const int64_t m = a.size(-2), n = a.size(-1), steps = std::min(m, n);
+    Tensor rows = Tensor::arange(m).cast(DType::INT64).reshape({m, 1});
+    Tensor columns = Tensor::arange(n).reshape({1, n});
+    Tensor work = a;
+    std::vector<Tensor> pivots;
+    for (int64_t k = 0; k < steps; k++) {
+        if (pivot) {
+            Tensor column = work.slice(-1, k, k + 1).detach();
+            Tensor p = where(rows >= k, column.abs(), -1).argmax(-2, true);   // [..., 1, 1]
+            Tensor source = where(rows == k, p, where(rows == p, k, rows));  // of each row
+            work = work.gather(-2, source.expand(work.shape()));
+            pivots.push_back(p + 1);
+        }
+        Tensor pivot_value = work.slice(-2, k, k + 1).slice(-1, k, k + 1);
+        Tensor factors = work.slice(-1, k, k + 1) / where(pivot_value == 0, 1, pivot_value);
+        Tensor below = rows > k;
+        Tensor updated = work - factors * work.slice(-2, k, k + 1);
+        work = where(logical_and(below, columns == k), factors,
+                     where(logical_and(below, columns > k), updated, work))
+                   .contiguous();
+    }
+    Shape flat(a.shape().begin(), a.shape().end() - 2);
+    flat.push_back(steps);
+    Tensor swaps = !pivot ? Tensor::arange(1, steps + 1).expand(flat)
+                   : steps ? cat(pivots, -1).reshape(flat)
+                           : Tensor::zeros(flat, DType::INT32);
+    return {work, swaps.cast(DType::INT32)};
+}
+PLU lu(const Tensor& a, bool pivot, Loc loc) {
+    check_matrices(a, "linalg.lu", loc);
+    LUFactor f = lu_factor(a, pivot, loc);
+    return lu_unpack(f.LU, f.pivots, loc);
+}
+Tensor lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& b, bool left, bool adjoint,
+                Loc loc) {
+    const char* op = "linalg.lu_solve";
+    check_matrices(LU, op, loc, true);
+    check_defined(b, op, loc);
+    const int64_t n = LU.size(-1);
+    if (b.ndim() < 2 || b.size(left ? -2 : -1) != n || b.dtype() != LU.dtype())
+        fail(strf("%s: b %s %s must be [..., %lld, k]%s in LU's dtype (LU %s %s)", op,
+                  dtype_name(b.dtype()), shape_str(b.shape()).c_str(), (long long)n,
+                  left ? "" : " transposed ([..., k, n], left = false)", dtype_name(LU.dtype()),
+                  shape_str(LU.shape()).c_str()), loc);
+    UserLocScope at(loc, op);
+    if (!left)   // x a = b is aᵀ xᵀ = bᵀ
+        return lu_solve(LU, pivots, b.mT(), true, !adjoint, loc).mT();
+    Tensor order = row_order(op, LU, pivots, loc);   // P's: row i of Pᵀ a is row order[i] of a
+    Shape lead = broadcast_shape(Shape(LU.shape().begin(), LU.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2), op, loc);
+    Shape x_shape = lead;
+    x_shape.insert(x_shape.end(), {n, b.size(-1)});
+    Tensor lower = LU.tril(-1), upper = LU.triu(), rows = b.expand(x_shape);
+    auto picked = [&](const Tensor& at) {   // rows[at[i]] as row i
+        return rows.gather(-2, at.unsqueeze(-1).expand(x_shape));
+    };
+    if (!adjoint) {   // a = P L U: x = U⁻¹ L⁻¹ Pᵀ b
+        rows = picked(order.expand(Shape(x_shape.begin(), x_shape.end() - 1)));
+        return solve_triangular(upper, solve_triangular(lower, rows, false, true, true, loc),
+                                true, true, false, loc);
+    }
+    // aᵀ = Uᵀ Lᵀ Pᵀ: x = P L⁻ᵀ U⁻ᵀ b, P putting row i at row order[i]
+    rows = solve_triangular(lower.mT(), solve_triangular(upper.mT(), rows, false, true, false,
+                                                         loc), true, true, true, loc);
+    Tensor each = Tensor::arange(n).cast(DType::INT64);
+    Tensor inverse = ((order.unsqueeze(-1) == each).cast(DType::INT64) * each.unsqueeze(-1))
+                         .sum(-2);
+    return picked(inverse.expand(Shape(x_shape.begin(), x_shape.end() - 1)));
 }
 Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc) {
     check_defined(a, "linalg.lstsq", loc), check_defined(b, "linalg.lstsq", loc);
@@ -7410,6 +7527,17 @@ Tensor cond(const Tensor& a, const std::string& ord, Loc loc) {
 }
 }  // namespace linalg
 
+linalg::PLU lu_unpack(const Tensor& LU, const Tensor& pivots, Loc loc) {
+    const char* op = "lu_unpack";
+    linalg::check_matrices(LU, op, loc);
+    Tensor order = linalg::row_order(op, LU, pivots, loc);
+    UserLocScope at(loc, op);
+    const int64_t m = LU.size(-2), n = LU.size(-1), k = std::min(m, n);
+    Tensor rows = Tensor::arange(m).reshape({m, 1});
+    Tensor L = where(rows == Tensor::arange(k), 1, LU.slice(-1, 0, k).tril(-1));
+    Tensor P = (order.unsqueeze(-2) == rows).cast(LU.dtype());   // P[r, i]: order[i] is r
+    return {P, L, LU.slice(-2, 0, k).triu()};
+}
 Tensor cov(const Tensor& x_in, int64_t correction, Loc loc) {
     check_defined(x_in, "cov", loc);
     if (x_in.ndim() > 2)

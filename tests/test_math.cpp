@@ -150,7 +150,7 @@ static Tensor rank_1(const Reference& ref) {   // vec's first two entries times 
 TEST(ops_linalg_matches_pytorch) {
     namespace la = tg::linalg;
     Reference ref = read_reference("tests/data/linalg_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(56));
+    CHECK_EQ(ref.cases.size(), size_t(67));
     using X = const std::vector<Tensor>&;
     Cases ours = {
         {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
@@ -229,8 +229,65 @@ TEST(ops_linalg_matches_pytorch) {
         {"cond", {{}, [&](X) { return la::cond(ref.inputs.at("rhs").slice(0, 0, 2)); }}},
         {"cond_1", {{}, [&](X) { return la::cond(ref.inputs.at("batch"), 1); }}},
         {"cond_fro", {{}, [&](X) { return la::cond(ref.inputs.at("a"), "fro"); }}},
+        {"lu_factor", {{"a"}, [](X x) { return la::lu_factor(x[0]).LU; }}},
+        {"lu_factor_pivots", {{}, [&](X) { return la::lu_factor(ref.inputs.at("batch")).pivots; }}},
+        {"lu_tall_l", {{"tall"}, [](X x) { return la::lu(x[0]).L; }}},
+        {"lu_tall_u", {{"tall"}, [](X x) { return la::lu(x[0]).U; }}},
+        {"lu_tall_p", {{}, [&](X) { return la::lu(ref.inputs.at("tall")).P; }}},
+        {"lu_wide",
+         {{"tall"},
+          [](X x) {
+              la::PLU f = la::lu(x[0].t());
+              return tg::cat({f.L.flatten(), f.U.flatten()});
+          }}},
+        {"lu_singular",
+         {{},
+          [](X) {
+              return la::lu_factor(Tensor::from_vector(Vec{1, 2, 3, 2, 4, 6, 1, 0, 1}, {3, 3})).LU;
+          }}},
+        {"lu_solve",
+         {{"a", "rhs"},
+          [](X x) {
+              la::LUFactor f = la::lu_factor(x[0]);
+              return la::lu_solve(f.LU, f.pivots, x[1]);
+          }}},
+        {"lu_solve_adjoint",
+         {{"batch", "rhs"},
+          [](X x) {
+              la::LUFactor f = la::lu_factor(x[0]);
+              return la::lu_solve(f.LU, f.pivots, x[1].slice(0, 0, 3), true, true);
+          }}},
+        {"lu_solve_right",
+         {{"a", "rhs"},
+          [](X x) {
+              la::LUFactor f = la::lu_factor(x[0]);
+              return la::lu_solve(f.LU, f.pivots, x[1].t(), false);
+          }}},
+        {"lu_solve_right_adjoint",
+         {{"a", "rhs"},
+          [](X x) {
+              la::LUFactor f = la::lu_factor(x[0]);
+              return la::lu_solve(f.LU, f.pivots, x[1].t(), false, true);
+          }}},
     };
     check_cases(ref, ours, 1e-12);
+    // LU without pivoting: P = I and L U = a; lu_unpack of lu_factor's is lu's
+    Tensor spd = ref.inputs.at("spd"), batch = ref.inputs.at("batch");
+    la::PLU unpivoted = la::lu(spd, false);
+    la::LUFactor factors = la::lu_factor(batch);
+    la::PLU unpacked = tg::lu_unpack(factors.LU, factors.pivots), direct = la::lu(batch);
+    std::vector<Tensor> lu_checks = {unpivoted.P, unpivoted.L.matmul(unpivoted.U),
+                                     unpacked.P.matmul(unpacked.L).matmul(unpacked.U),
+                                     la::lu_factor(spd, false).pivots};
+    for (const Tensor& t : {unpacked.P, unpacked.L, unpacked.U, direct.P, direct.L, direct.U})
+        lu_checks.push_back(t);
+    tg::realize(lu_checks);
+    CHECK_ALL_NEAR(vals(lu_checks[0]), vals(Tensor::eye(3).expand({2, 3, 3})), 0);
+    CHECK_ALL_NEAR(vals(lu_checks[1]), vals(spd), 1e-14);
+    CHECK_ALL_NEAR(vals(lu_checks[2]), vals(batch), 1e-14);
+    CHECK(vals(lu_checks[3]) == (Vec{1, 2, 3, 1, 2, 3}));
+    for (size_t i = 4; i < 7; i++)
+        CHECK(vals(lu_checks[i]) == vals(lu_checks[i + 3]));
     // singular: det 0, slogdet (0, -inf), an inverse of NaN
     Tensor singular = Tensor::from_vector(Vec{1, 2, 3, 2, 4, 6, 1, 0, 1}, {3, 3});
     CHECK_ALL_NEAR(vals(la::det(singular)), (Vec{0}), 0);
@@ -259,6 +316,14 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::multi_dot({rhs}), "multi_dot", "2 tensors");
     CHECK_THROWS(la::multi_dot({rhs, ref.inputs.at("vec"), rhs}), "multi_dot", "tensor 1");
     CHECK_THROWS(tg::cov(ref.inputs.at("batch")), "cov", "[2,3,3]");
+    CHECK_THROWS(la::lu_factor(ref.inputs.at("vec")), "linalg.lu_factor", "[..., m, n]", "[3]");
+    CHECK_THROWS(la::lu_solve(factors.LU, factors.pivots, rhs),
+                 "linalg.lu_solve: b float64 [4,2] must be [..., 3, k] in LU's dtype");
+    CHECK_THROWS(la::lu_solve(factors.LU, factors.pivots.cast(DType::FLOAT32), rhs.slice(0, 0, 3)),
+                 "linalg.lu_solve: pivots must be int32 or int64 [2,3] for LU [2,3,3], got "
+                 "float32 [2,3]");
+    CHECK_THROWS(tg::lu_unpack(factors.LU, factors.pivots + 1).P.sum().item(),
+                 "lu_unpack: index out of range [0, 3)", "got 3");
     CHECK_ALL_NEAR(vals(la::matrix_power(ref.inputs.at("a"), 0)), vals(Tensor::eye(4)), 0);
     // erfinv's ends and float32
     CHECK_ALL_NEAR(vals(Tensor::from_vector(Vec{1, -1, 1.5, NAN}).erfinv()),

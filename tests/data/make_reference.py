@@ -21,8 +21,8 @@
                          max_unpool (tests/test_ops.cpp,
                          ops_scatter_and_scatter_reduce_match_pytorch)
   linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
-                         lstsq, matrix_power, multi_dot, norms, eigh, svd, pinv, matrix_rank
-                         and cond; erfinv, cov, corrcoef
+                         lstsq, matrix_power, multi_dot, norms, eigh, svd, pinv, matrix_rank,
+                         cond, lu_factor, lu and lu_solve; erfinv, cov, corrcoef
                          (tests/test_math.cpp, ops_linalg_matches_pytorch)
   special_reference.txt  lgamma, digamma, polygamma, nansum, nanmean, aminmax, heaviside, ldexp,
                          trapezoid, renorm, pdist, vander, vecdot, multilabel_margin_loss
@@ -497,6 +497,24 @@ write("linalg_reference.txt", linalg_inputs, [
     # (without gradients: PyTorch 1.13's cond 1 and "fro" fail theirs, an inverse changed in place)
     ("cond_1", [], lambda: torch.linalg.cond(linalg_inputs["batch"], 1)),
     ("cond_fro", [], lambda: torch.linalg.cond(linalg_inputs["a"], "fro")),
+    # LU with partial pivoting (a's first pivot is 0), rectangular both ways, singular (as
+    # lu_factor_ex: lu_factor raises there), and lu_solve's four ways
+    ("lu_factor", ["a"], lambda a: torch.linalg.lu_factor(a).LU),
+    ("lu_factor_pivots", [], lambda: torch.linalg.lu_factor(linalg_inputs["batch"]).pivots),
+    ("lu_tall_l", ["tall"], lambda t: torch.linalg.lu(t).L),
+    ("lu_tall_u", ["tall"], lambda t: torch.linalg.lu(t).U),
+    ("lu_tall_p", [], lambda: torch.linalg.lu(linalg_inputs["tall"]).P),
+    ("lu_wide", ["tall"], lambda t: torch.cat([torch.linalg.lu(t.t()).L.flatten(),
+                                                torch.linalg.lu(t.t()).U.flatten()])),
+    ("lu_singular", [], lambda: torch.linalg.lu_factor_ex(
+        tensor([1, 2, 3, 2, 4, 6, 1, 0, 1], 3, 3)).LU),
+    ("lu_solve", ["a", "rhs"], lambda a, r: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), r)),
+    ("lu_solve_adjoint", ["batch", "rhs"],
+     lambda b, r: torch.linalg.lu_solve(*torch.linalg.lu_factor(b), r[:3], adjoint=True)),
+    ("lu_solve_right", ["a", "rhs"],
+     lambda a, r: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), r.t(), left=False)),
+    ("lu_solve_right_adjoint", ["a", "rhs"], lambda a, r: torch.linalg.lu_solve(
+        *torch.linalg.lu_factor(a), r.t(), left=False, adjoint=True)),
 ])
 
 # grid_sample of x [2, 2, 4, 5] at grid [2, 3, 3, 2]: points inside, on the edges and outside
