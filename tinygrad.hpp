@@ -108,7 +108,9 @@
              it on new inputs, building no graph. A learning rate or step count that changes
              lives in a tensor, so replays see it; so does nn::Dropout's count of masks drawn
              (the RAND op adds an optional integer source to its seed), and nn::BatchNorm's
-             running statistics, assigned and realized in its forward.
+             running statistics, assigned and realized in its forward. What the step builds
+             after a realize that updated a buffer reads the new value, as in eager mode (an
+             optim::AveragedModel update after the optimizer's step).
    device    where a tensor lives and is computed: CPU, INTERP or, with cuda_backend.hpp,
              CUDA. A tensor is made on the default device ($TG_DEVICE) and an op runs on its
              operands' device; a constant goes where it is used; operands on two devices are
@@ -2881,6 +2883,32 @@ public:
     double best;                            // ±∞ until the first step
     int64_t bad_steps = 0, cooldown_left = 0;
 };
+// A model's parameters averaged over training, as torch.optim.swa_utils.AveragedModel:
+// averaged is a second model of the same structure (PyTorch's deep copy) whose parameters hold
+// the averages: evaluate it as any model. update_parameters(), after optimizer steps: the
+// first copies model's parameters; each later one sets an average to avg_fn(average,
+// parameter, n), n the updates before it (int64), by default the equal mean average +
+// (parameter - average)/(n + 1) (SWA); ema(decay) gives the exponential moving average
+// average + (1 - decay)·(parameter - average). Buffers (BatchNorm's statistics) are copied, or with
+// use_buffers averaged the same way (integer ones copied), as PyTorch 2's. One program, in a
+// tg::Jit step too.
+using AverageFn =
+    std::function<Tensor(const Tensor& average, const Tensor& parameter, const Tensor& n)>;
+AverageFn ema(double decay);
+class AveragedModel {
+public:
+    AveragedModel(nn::Module& model, nn::Module& averaged, AverageFn avg_fn = nullptr,
+                  bool use_buffers = false, Loc loc = Loc::here());
+    void update_parameters(Loc loc = Loc::here());
+    Tensor n_averaged;   // int64: the updates so far (a checkpoint keeps it with averaged's)
+private:
+    struct Pair {
+        Tensor average, current;
+        bool averaged;   // else copied
+    };
+    std::vector<Pair> pairs;
+    AverageFn avg_fn;
+};
 class AdamW : public Adam {
 public:
     AdamW(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
@@ -3891,6 +3919,9 @@ static thread_local std::vector<std::weak_ptr<Node>> pending_leaves;
 
 // While a jit traces its function, realizes are collected instead of run.
 static thread_local std::vector<NodeP>* jit_capture = nullptr;
+// ... and the in-place updates (ASSIGNs) of those collected so far, by their target's buffer:
+// a node built after one reads the updated value, as it would where that realize had run
+static thread_local std::unordered_map<const Buffer*, NodeP> jit_updates;
 
 // [REALIZE]; in_background: the program may still run when it returns (an optimizer's step)
 static void realize_nodes(const std::vector<NodeP>& targets, bool now = false,
@@ -3933,6 +3964,11 @@ static NodeP node_make(Op op, DType dt, Shape shape, std::vector<NodeP> src, Loc
         src.clear();
         arg.clear();
     }
+    if (jit_capture && !jit_updates.empty())   // (an ASSIGN's target stays the buffer)
+        for (size_t i = op == Op::ASSIGN ? 1 : 0; i < src.size(); i++)
+            if (src[i]->buffer)
+                if (auto it = jit_updates.find(src[i]->buffer.get()); it != jit_updates.end())
+                    src[i] = it->second;
     auto n = std::make_shared<Node>();
     n->op = op;
     n->dtype = dt;
@@ -14695,6 +14731,19 @@ static std::vector<Device*> realize_pending_leaves(RunMode mode = RunMode::SETUP
     return queued;
 }
 
+// jit_updates gains the unrealized ASSIGNs of the graphs of targets
+static void note_updates(const std::vector<NodeP>& targets) {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> todo;
+    for (const NodeP& t : targets) todo.push_back(t.get());
+    while (!todo.empty()) {
+        Node* n = todo.back();
+        todo.pop_back();
+        if (n->buffer || !seen.insert(n).second) continue;
+        if (n->op == Op::ASSIGN) jit_updates[n->src[0]->buffer.get()] = n->shared_from_this();
+        for (const NodeP& s : n->src) todo.push_back(s.get());
+    }
+}
 // A realize that is not a step's returns with the setup it queued done (its compile counted).
 static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_background) {
     std::vector<Device*> setup = realize_pending_leaves();
@@ -14704,6 +14753,7 @@ static void realize_nodes(const std::vector<NodeP>& targets, bool now, bool in_b
         pending_grads.targets.clear();
         if (jit_capture) {
             jit_capture->insert(jit_capture->end(), all.begin(), all.end());
+            note_updates(all);
             return;
         }
     }
@@ -14745,10 +14795,12 @@ static std::vector<NodeP> capture_realizes(const std::function<void()>& body) {
         body();
     } catch (...) {
         jit_capture = nullptr;
+        jit_updates.clear();
         pending_grads.targets.clear();   // the gradients stay pending on their leaves
         throw;
     }
     jit_capture = nullptr;
+    jit_updates.clear();
     captured.insert(captured.end(), pending_grads.targets.begin(),
                     pending_grads.targets.end());
     pending_grads.targets.clear();
@@ -19347,6 +19399,61 @@ std::vector<Tensor> ASGD::updates() {
         out.insert(out.end(), {moved, ax[i].assign(averaged)});
     }
     return out;
+}
+AverageFn ema(double decay) {
+    if (!(decay >= 0 && decay <= 1))
+        detail::fail(strf("optim::ema: decay must be in [0, 1], got %g", decay));
+    return [decay](const Tensor& average, const Tensor& parameter, const Tensor&) {
+        return average + (parameter - average) * (1 - decay);   // as torch's lerp
+    };
+}
+AveragedModel::AveragedModel(nn::Module& model, nn::Module& averaged, AverageFn fn,
+                             bool use_buffers, Loc loc)
+    : avg_fn(fn ? std::move(fn) : [](const Tensor& average, const Tensor& parameter,
+                                     const Tensor& n) {
+          return average + (parameter - average) / (n + 1).cast(average.dtype());
+      }) {
+    detail::UserLocScope at(loc);
+    auto match = [&](const nn::Module::Named& from, const nn::Module::Named& to, const char* what,
+                     bool average) {
+        if (from.size() != to.size())
+            detail::fail(strf("AveragedModel: the models differ: %zu %s and %zu", from.size(),
+                              what, to.size()));
+        for (size_t i = 0; i < from.size(); i++) {
+            const auto& [name, current] = from[i];
+            const auto& [its_name, its] = to[i];
+            if (name != its_name || current.shape() != its.shape() ||
+                current.dtype() != its.dtype())
+                detail::fail(strf("AveragedModel: the models differ at %s %zu: %s %s %s and %s "
+                                  "%s %s", what, i, name.c_str(), dtype_name(current.dtype()),
+                                  shape_str(current.shape()).c_str(), its_name.c_str(),
+                                  dtype_name(its.dtype()), shape_str(its.shape()).c_str()));
+            pairs.push_back({its, current, average && dtype_is_float(its.dtype())});
+        }
+    };
+    match(model.named_parameters(), averaged.named_parameters(), "parameters", true);
+    match(model.named_buffers(), averaged.named_buffers(), "buffers", use_buffers);
+    n_averaged = Tensor::zeros({}, DType::INT64).realize();
+}
+void AveragedModel::update_parameters(Loc loc) {
+    detail::UserLocScope at(loc);
+    std::vector<detail::NodeP> nodes;
+    {
+        NoGrad no_grad;
+        detail::PhaseScope phase(detail::Phase::UPDATE);
+        Tensor first = n_averaged == 0;
+        for (const Pair& p : pairs) {
+            Tensor current = p.current.detach();
+            if (current.device() != p.average.device()) current = current.to(p.average.device());
+            Tensor value = current;
+            if (p.averaged)
+                value = where(first, current, avg_fn(p.average, current, n_averaged))
+                            .cast(p.average.dtype());
+            nodes.push_back(p.average.assign(value).node());
+        }
+        nodes.push_back(n_averaged.assign(n_averaged + 1).node());
+    }
+    detail::realize_nodes(nodes, false, true);
 }
 std::vector<std::vector<std::pair<std::string, Tensor>>> ASGD::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;

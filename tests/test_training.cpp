@@ -1563,6 +1563,29 @@ TEST(jit_replays_read_the_rows_a_step_slices_from_its_input) {
     CHECK_EQ(step.replays(), int64_t(2));
 }
 
+// What the step builds after its optimizer's step reads the updated parameter, as in eager
+// mode; what it built before reads the old one
+TEST(jit_step_reads_its_own_update_as_eager_does) {
+    Tensor eager_p = fv({1, -2, 0.5}).requires_grad(), jitted_p = fv({1, -2, 0.5}).requires_grad();
+    optim::SGD eager_opt({eager_p}, 0.1), jitted_opt({jitted_p}, 0.1);
+    auto step = [](const Tensor& p, optim::SGD& opt, const Tensor& x) {
+        Tensor before = (p * x).sum().square();
+        opt.zero_grad();
+        before.backward();
+        opt.step();
+        return tg::stack({before, (p * x).sum().square()}); // the loss before and after
+    };
+    tg::Jit jitted(
+        [&](const std::vector<Tensor>& in) { return step(jitted_p, jitted_opt, in[0]); });
+    for (int call = 0; call < 3; call++) {
+        Tensor x = fv({0.5f, 1, float(call) - 1});
+        Vec eager = vals(step(eager_p, eager_opt, x)), traced = vals(jitted({x}));
+        CHECK(eager[1] < eager[0]);
+        CHECK(traced == eager);
+    }
+    CHECK_EQ(jitted.replays(), int64_t(2));
+}
+
 TEST(jit_matches_eager_bit_for_bit_sgd_momentum) { check_jit_matches_eager(false); }
 TEST(jit_matches_eager_bit_for_bit_adam) { check_jit_matches_eager(true); }
 
@@ -3437,4 +3460,89 @@ TEST(loss_binary_cross_entropy_matches_loop) {
     nn::binary_cross_entropy(x.sigmoid(), fv({1, 0, 1})).backward();
     CHECK_ALL_NEAR(vals(x.grad()), (Vec{0, 1 / (1 + std::exp(20.0)) / 3, (1 / (1 + std::exp(-3.0)) - 1) / 3}),
                    F32);
+}
+
+// AveragedModel: SWA's equal mean and ema's moving average of the parameters after each step,
+// against the same on the host; buffers copied, or averaged with use_buffers (integers
+// copied); a jitted step averages as the eager one; errors
+TEST(optim_averaged_model_averages_parameters) {
+    tg::manual_seed(300);
+    nn::Sequential net(nn::Linear(2, 3), nn::BatchNorm1d(3), nn::Linear(3, 1));
+    nn::Sequential swa_net(nn::Linear(2, 3), nn::BatchNorm1d(3), nn::Linear(3, 1));
+    nn::Sequential ema_net(nn::Linear(2, 3), nn::BatchNorm1d(3), nn::Linear(3, 1));
+    optim::AveragedModel swa(net, swa_net), ema(net, ema_net, optim::ema(0.75), true);
+    optim::SGD opt(net.parameters(), 0.1);
+    std::map<std::string, Tensor> initial;
+    for (auto& [name, t] : net.state_dict()) initial[name] = t.clone().realize();
+    Tensor x = fv(randf(6 * 2, 301), {6, 2}), y = fv(randf(6, 302), {6, 1});
+    auto step = [&]() {
+        Tensor loss = nn::mse_loss(net(x), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        swa.update_parameters();
+        ema.update_parameters();
+        return loss;
+    };
+    std::vector<Tensor> averaged_now = net.parameters();
+    averaged_now.push_back(static_cast<nn::BatchNorm1d&>(*net.children()[1].second).running_mean);
+    std::vector<Vec> mean(averaged_now.size()), moving(averaged_now.size());
+    for (int k = 0; k < 4; k++) {
+        step().item();
+        for (size_t i = 0; i < averaged_now.size(); i++) {
+            Vec now = vals(averaged_now[i]);
+            if (k == 0) mean[i] = moving[i] = now;
+            for (size_t j = 0; j < now.size() && k > 0; j++) {
+                mean[i][j] += (now[j] - mean[i][j]) / (k + 1);
+                moving[i][j] += (now[j] - moving[i][j]) * 0.25;
+            }
+        }
+    }
+    CHECK_EQ(swa.n_averaged.item(), 4.0);
+    std::vector<Tensor> swa_ps = swa_net.parameters(), ema_ps = ema_net.parameters();
+    for (size_t i = 0; i < swa_ps.size(); i++) {
+        CHECK_ALL_NEAR(vals(swa_ps[i]), mean[i], 1e-6);
+        CHECK_ALL_NEAR(vals(ema_ps[i]), moving[i], 1e-6);
+    }
+    auto buffers = [](nn::Module& m) {
+        std::map<std::string, Vec> out;
+        for (auto& [name, t] : m.named_buffers()) out[name] = vals(t);
+        return out;
+    };
+    std::map<std::string, Vec> now = buffers(net), copied = buffers(swa_net),
+                               averaged = buffers(ema_net);
+    CHECK(copied == now);
+    CHECK_ALL_NEAR(averaged.at("1.running_mean"), moving.back(), 1e-6);
+    CHECK(averaged.at("1.num_batches_tracked") == (Vec{4}));
+    CHECK(averaged.at("1.running_var") != now.at("1.running_var"));
+    // the same four steps jitted: the same averages
+    nn::Sequential net2(nn::Linear(2, 3), nn::BatchNorm1d(3), nn::Linear(3, 1));
+    nn::Sequential ema_net2(nn::Linear(2, 3), nn::BatchNorm1d(3), nn::Linear(3, 1));
+    net2.load_state_dict(initial);
+    optim::AveragedModel ema2(net2, ema_net2, optim::ema(0.75), true);
+    optim::SGD opt2(net2.parameters(), 0.1);
+    tg::Jit jitted([&](const std::vector<Tensor>& in) {
+        Tensor loss = nn::mse_loss(net2(in[0]), in[1]);
+        opt2.zero_grad();
+        loss.backward();
+        opt2.step();
+        ema2.update_parameters();
+        return loss;
+    });
+    for (int k = 0; k < 4; k++) jitted({x, y}).item();
+    CHECK_EQ(jitted.replays(), int64_t(3));
+    CHECK_EQ(ema2.n_averaged.item(), 4.0);
+    std::vector<Tensor> ema2_ps = ema_net2.parameters();
+    for (size_t i = 0; i < ema2_ps.size(); i++) {
+        CHECK_ALL_NEAR(vals(net2.parameters()[i]), vals(net.parameters()[i]), 1e-6);
+        CHECK_ALL_NEAR(vals(ema2_ps[i]), vals(ema_ps[i]), 1e-6);
+    }
+    // errors
+    nn::Linear narrow(2, 3), wide(3, 2);
+    CHECK_THROWS(optim::AveragedModel(narrow, wide),
+                 "AveragedModel: the models differ at parameters 0: weight float32 [3,2] and "
+                 "weight float32 [2,3]");
+    CHECK_THROWS(optim::AveragedModel(narrow, net), "AveragedModel: the models differ: 2 "
+                 "parameters and 6");
+    CHECK_THROWS(optim::ema(1.5), "optim::ema: decay must be in [0, 1], got 1.5");
 }
