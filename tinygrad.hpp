@@ -1750,6 +1750,122 @@ struct Upsample : Module {
     bool align_corners;
 };
 
+// Reparametrized weights, as torch.nn.utils.parametrizations: the wrapper owns a layer (any
+// with a `weight`: Linear, ConvNd, Embedding...) and sets that weight, at each call, from
+// parameters of its own, which state_dict names as PyTorch does; the layer's others (bias)
+// stay. parametrization:: holds their pieces for any weight.
+namespace parametrization {
+// ‖v‖ over every axis but dim, kept as axes of 1 (std::nullopt: over all, a scalar)
+Tensor norm_except(const Tensor& v, std::optional<int> dim, Loc loc = Loc::here());
+// u [h] and v [w] for weight as a matrix [h, w] (axis dim first, the rest flattened): N(0, 1)
+// normalized, then 15 power iterations (lazily: computed where first used)
+struct SingularVectors {
+    Tensor u, v;
+};
+SingularVectors power_start(const Tensor& weight, int dim, double eps, uint64_t seed,
+                            Loc loc = Loc::here());
+// weight/σ, σ = u·W v; while training, first n_power_iterations more (u = normalize(W v), then
+// v = normalize(Wᵀ u), W detached) written into u and v at once. A 1-D weight is normalized.
+Tensor spectral_normalized(const Tensor& weight, const SingularVectors& uv, int dim,
+                           int n_power_iterations, double eps, bool training,
+                           Loc loc = Loc::here());
+}  // namespace parametrization
+// weight = g·v/‖v‖, the norm over every axis but dim (std::nullopt: over all, g a scalar); g
+// starts at the weight's norms, v at the weight: "parametrizations.weight.original0" and
+// "original1", as torch.nn.utils.parametrizations.weight_norm's
+template <class Layer> struct WeightNorm : Module {
+    explicit WeightNorm(Layer inner, std::optional<int> dim = 0, Loc loc = Loc::here())
+        : layer(std::move(inner)), dim(dim) {
+        start(loc);
+    }
+    Tensor weight() const { return g * v / parametrization::norm_except(v, dim); }
+    Tensor forward(const Tensor& x) override {
+        layer.weight = weight();
+        return layer.forward(x);
+    }
+    Named named_parameters() override {
+        Named out;
+        for (auto& named : layer.named_parameters())
+            if (named.first != "weight") out.push_back(named);
+        out.push_back({"parametrizations.weight.original0", g});
+        out.push_back({"parametrizations.weight.original1", v});
+        return out;
+    }
+    Named named_buffers() override { return layer.named_buffers(); }
+    void train(bool on = true) override {
+        Module::train(on);
+        layer.train(on);
+    }
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override {
+        layer.reset_parameters(new_seeds);
+        start(Loc::here());
+    }
+    Layer layer;
+    std::optional<int> dim;
+    Tensor g, v;
+private:
+    void start(Loc loc) {
+        v = layer.weight;
+        g = parametrization::norm_except(v, dim, loc).detach().requires_grad();
+        seeds = layer.seeds;
+    }
+};
+// weight = W/σ, σ W's largest singular value by power iteration (parametrization::
+// spectral_normalized), as torch.nn.utils.parametrizations.spectral_norm: W is
+// "parametrizations.weight.original", u and v the buffers "parametrizations.weight.0._u" and
+// "_v". dim: the weight's output axis, 0 (1 for a transposed convolution) unless given.
+template <class Layer> struct SpectralNorm : Module {
+    explicit SpectralNorm(Layer inner, int n_power_iterations = 1, double eps = 1e-12,
+                          std::optional<int> dim = std::nullopt,
+                          uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here())
+        : layer(std::move(inner)), n_power_iterations(n_power_iterations), eps(eps) {
+        if constexpr (std::is_base_of_v<ConvNd, Layer>)
+            this->dim = dim ? *dim : layer.transposed ? 1 : 0;
+        else
+            this->dim = dim ? *dim : 0;
+        start(seed, loc);
+    }
+    Tensor forward(const Tensor& x) override {
+        layer.weight = parametrization::spectral_normalized(original, uv, dim,
+                                                            n_power_iterations, eps, training);
+        return layer.forward(x);
+    }
+    Named named_parameters() override {
+        Named out;
+        for (auto& named : layer.named_parameters())
+            if (named.first != "weight") out.push_back(named);
+        out.push_back({"parametrizations.weight.original", original});
+        return out;
+    }
+    Named named_buffers() override {
+        Named out = layer.named_buffers();
+        out.push_back({"parametrizations.weight.0._u", uv.u});
+        out.push_back({"parametrizations.weight.0._v", uv.v});
+        return out;
+    }
+    void train(bool on = true) override {
+        Module::train(on);
+        layer.train(on);
+    }
+    void reset_parameters(const std::vector<uint64_t>& new_seeds) override {   // u's last
+        check_seed_count(new_seeds, seeds.size(), "SpectralNorm");
+        layer.reset_parameters({new_seeds.begin(), new_seeds.end() - 1});
+        start(new_seeds.back(), Loc::here());
+    }
+    Layer layer;
+    int n_power_iterations, dim = 0;
+    double eps;
+    Tensor original;
+    parametrization::SingularVectors uv;
+private:
+    void start(uint64_t seed, Loc loc) {
+        original = layer.weight;
+        uv = parametrization::power_start(original, dim, eps, seed, loc);
+        seeds = layer.seeds;
+        seeds.push_back(seed);
+    }
+};
+
 // Layers held in order, named "0", "1", ...; it has no forward of its own (call its layers).
 struct ModuleList : Module {
     ModuleList& add(std::shared_ptr<Module> layer, Loc loc = Loc::here());
@@ -17022,6 +17138,65 @@ Tensor channel_shuffle(const Tensor& x, int64_t groups, Loc loc) {
 }
 
 }  // namespace functional
+namespace parametrization {
+Tensor norm_except(const Tensor& v, std::optional<int> dim, Loc loc) {
+    const char* op = "WeightNorm";
+    detail::check_defined(v, op, loc);
+    if (!dim) return v.square().sum().sqrt();
+    int kept = detail::normalize_axis(*dim, v.shape().size(), op, v.shape(), loc);
+    std::vector<int> axes;
+    for (int a = 0; a < int(v.ndim()); a++)
+        if (a != kept) axes.push_back(a);
+    return v.square().sum(axes, true).sqrt();
+}
+// weight as the matrix [h, w] of its axis dim against the rest
+static Tensor matrix_of(const Tensor& weight, int dim) {
+    return weight.movedim(dim, 0).flatten(1);
+}
+SingularVectors power_start(const Tensor& weight, int dim, double eps, uint64_t seed, Loc loc) {
+    const char* op = "SpectralNorm";
+    detail::check_defined(weight, op, loc);
+    if (weight.ndim() == 0 || !dtype_is_float(weight.dtype()))
+        detail::fail(strf("%s: the layer's weight must be a float tensor of 1 axis or more, got "
+                          "%s %s", op, dtype_name(weight.dtype()),
+                          shape_str(weight.shape()).c_str()), loc);
+    if (weight.ndim() == 1) return {};
+    dim = detail::normalize_axis(dim, weight.shape().size(), op, weight.shape(), loc);
+    detail::UserLocScope at(loc, op);
+    NoGrad no_grad;
+    Tensor w = matrix_of(weight.detach(), dim);
+    Tensor u = functional::normalize(Tensor::randn({w.size(0)}, seed).cast(w.dtype()), 2, 0, eps);
+    Tensor v = functional::normalize(Tensor::randn({w.size(1)}, seed + 1).cast(w.dtype()), 2, 0, eps);
+    for (int i = 0; i < 15; i++) {
+        u = functional::normalize(w.matmul(v), 2, 0, eps);
+        v = functional::normalize(w.t().matmul(u), 2, 0, eps);
+    }
+    return {u, v};
+}
+Tensor spectral_normalized(const Tensor& weight, const SingularVectors& uv, int dim,
+                           int n_power_iterations, double eps, bool training, Loc loc) {
+    detail::UserLocScope at(loc, "SpectralNorm");
+    if (weight.ndim() == 1) return functional::normalize(weight, 2, 0, eps);
+    dim = detail::normalize_axis(dim, weight.shape().size(), "SpectralNorm", weight.shape(),
+                                 loc);
+    Tensor w = matrix_of(weight, dim), u = uv.u, v = uv.v;
+    if (training && n_power_iterations > 0) {
+        {
+            NoGrad no_grad;
+            Tensor fixed = w.detach();
+            for (int i = 0; i < n_power_iterations; i++) {
+                u = functional::normalize(fixed.matmul(v), 2, 0, eps);
+                v = functional::normalize(fixed.t().matmul(u), 2, 0, eps);
+            }
+            u = uv.u.assign(u), v = uv.v.assign(v);
+        }
+        realize({u, v});   // at once, as BatchNorm's statistics: the output may never be
+    }
+    Tensor sigma = (u.detach() * w.matmul(v.detach())).sum();
+    return weight / sigma;
+}
+}  // namespace parametrization
+
 
 GroupNorm::GroupNorm(int64_t groups, int64_t channels, double e, bool affine, Loc loc)
     : num_groups(groups), num_channels(channels), eps(e) {

@@ -3546,3 +3546,129 @@ TEST(optim_averaged_model_averages_parameters) {
                  "parameters and 6");
     CHECK_THROWS(optim::ema(1.5), "optim::ema: decay must be in [0, 1], got 1.5");
 }
+
+// WeightNorm and SpectralNorm on Linear, Conv1d and ConvTranspose1d against PyTorch's
+// parametrizations (given g, and given starting vectors u, v); PyTorch's state_dict names; a
+// WeightNorm starts as its layer; errors
+TEST(nn_weight_norm_and_spectral_norm_match_pytorch) {
+    Reference ref = read_reference("tests/data/parametrization_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(9));
+    using X = const std::vector<Tensor>&;
+    namespace pz = nn::parametrization;
+    auto copy = [&](const char* name, int64_t n) { // a buffer of its own, unit length
+        Tensor t = ref.inputs.at(name).slice(0, 0, n);
+        return (t / t.square().sum().sqrt()).realize();
+    };
+    auto spectral_linear = [=](const Tensor& w, bool training) {
+        nn::SpectralNorm<nn::Linear> m(nn::Linear(3, 4, false));
+        m.original = w;
+        m.uv = {copy("u0", 4), copy("v0", 3)};
+        m.train(training);
+        return m;
+    };
+    auto transposed = [=](const Tensor& w) {
+        nn::SpectralNorm<nn::ConvTranspose1d> m(nn::ConvTranspose1d(4, 2, 3, 1, 0, 0, 1, false));
+        m.original = w;
+        m.uv = {copy("u2", 2), copy("v12", 12)};
+        return m;
+    };
+    auto transposed_input = [](const Tensor& x) { return x.reshape({1, 4, 1}).expand({1, 4, 3}); };
+    Cases cases = {
+        {"weight_norm_linear",
+         {{"v", "g", "b", "x"},
+          [](X x) {
+              nn::WeightNorm<nn::Linear> m(nn::Linear(3, 2));
+              m.v = x[0], m.g = x[1], m.layer.bias = x[2];
+              return m(x[3]);
+          }}},
+        {"weight_norm_conv1d_all",
+         {{"cv", "cb", "cx"},
+          [](X x) {
+              nn::WeightNorm<nn::Conv1d> m(nn::Conv1d(2, 4, 3), std::nullopt);
+              m.v = x[0], m.g = (pz::norm_except(x[0], std::nullopt) * 0.5).detach();
+              m.layer.bias = x[1];
+              return m(x[2]);
+          }}},
+        {"weight_norm_conv1d_dim_1",
+         {{"cv", "cx"},
+          [](X x) {
+              nn::WeightNorm<nn::Conv1d> m(nn::Conv1d(2, 4, 3, 1, 0, 1, 1, false), 1);
+              m.v = x[0], m.g = pz::norm_except(x[0], 1).detach();
+              return m(x[1]);
+          }}},
+        {"spectral_norm_linear",
+         {{"w4", "x"}, [=](X x) { return spectral_linear(x[0], true)(x[1]); }}},
+        {"spectral_norm_linear_vectors",
+         {{},
+          [=](X) {
+              auto m = spectral_linear(ref.inputs.at("w4"), true);
+              m(ref.inputs.at("x"));
+              return tg::cat({m.uv.u, m.uv.v});
+          }}},
+        {"spectral_norm_linear_eval",
+         {{"w4", "x"}, [=](X x) { return spectral_linear(x[0], false)(x[1]); }}},
+        {"spectral_norm_conv1d",
+         {{"cv", "cx"},
+          [=](X x) {
+              nn::SpectralNorm<nn::Conv1d> m(nn::Conv1d(2, 4, 3, 1, 0, 1, 1, false));
+              m.original = x[0];
+              m.uv = {copy("u0", 4), copy("v0", 6)};
+              return m(x[1]);
+          }}},
+        {"spectral_norm_conv_transpose1d",
+         {{"cv", "cb"}, [=](X x) { return transposed(x[0])(transposed_input(x[1])); }}},
+        {"spectral_norm_conv_transpose1d_vectors",
+         {{},
+          [=](X) {
+              auto m = transposed(ref.inputs.at("cv"));
+              m(transposed_input(ref.inputs.at("cb")));
+              return tg::cat({m.uv.u, m.uv.v});
+          }}},
+    };
+    check_cases(ref, cases, 1e-12);
+    // names as PyTorch's state_dict; a WeightNorm starts as its layer; a SpectralNorm's weight
+    // from its own start has σ near 1 (15 iterations)
+    tg::manual_seed(400);
+    nn::Linear plain(3, 5);
+    nn::WeightNorm<nn::Linear> normed(plain);
+    nn::SpectralNorm<nn::Conv1d> spectral(nn::Conv1d(2, 4, 3));
+    std::vector<std::string> names;
+    for (auto& [name, t] : normed.state_dict())
+        names.push_back(name);
+    CHECK((names == std::vector<std::string>{"bias", "parametrizations.weight.original0",
+                                             "parametrizations.weight.original1"}));
+    names.clear();
+    for (auto& [name, t] : spectral.state_dict())
+        names.push_back(name);
+    CHECK((names == std::vector<std::string>{"bias", "parametrizations.weight.0._u",
+                                             "parametrizations.weight.0._v",
+                                             "parametrizations.weight.original"}));
+    CHECK_EQ(normed.g.shape(), (Shape{5, 1}));
+    Tensor x = fv(randf(4 * 3, 401), {4, 3}), cx = fv(randf(2 * 2 * 6, 402), {2, 2, 6});
+    spectral.eval();
+    Tensor sn_weight = pz::spectral_normalized(spectral.original, spectral.uv, 0, 1, 1e-12, false);
+    tg::realize({normed(x), plain(x), tg::linalg::matrix_norm(sn_weight.flatten(1), 2.0)});
+    CHECK_ALL_NEAR(vals(normed(x)), vals(plain(x)), 1e-6);
+    CHECK_NEAR(tg::linalg::matrix_norm(sn_weight.flatten(1), 2.0).item(), 1.0, 1e-3);
+    // in a Sequential, seeds handed out in layer order, u's with its layer's: one seed, one
+    // model; another seed, another u
+    auto model_state = [](uint64_t seed) {
+        tg::manual_seed(seed);
+        nn::Sequential m(nn::SpectralNorm<nn::Linear>(nn::Linear(3, 4)),
+                         nn::WeightNorm<nn::Linear>(nn::Linear(4, 2)));
+        std::map<std::string, Vec> out;
+        for (auto& [name, t] : m.state_dict())
+            out[name] = vals(t);
+        return out;
+    };
+    std::map<std::string, Vec> first = model_state(7), again = model_state(7),
+                               other = model_state(8);
+    CHECK_EQ(first.size(), size_t(7));
+    CHECK(first == again);
+    CHECK(first.at("0.parametrizations.weight.0._u") != other.at("0.parametrizations.weight.0._u"));
+    // errors
+    CHECK_THROWS(nn::WeightNorm<nn::Linear>(nn::Linear(3, 2), 2),
+                 "WeightNorm: axis 2 out of range for shape [2,3]");
+    CHECK_THROWS(nn::SpectralNorm<nn::Linear>(nn::Linear(3, 2), 1, 1e-12, -3),
+                 "SpectralNorm: axis -3 out of range for shape [2,3]");
+}

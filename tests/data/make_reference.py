@@ -27,6 +27,9 @@
   special_reference.txt  lgamma, digamma, polygamma, nansum, nanmean, aminmax, heaviside, ldexp,
                          trapezoid, renorm, pdist, vander, vecdot, multilabel_margin_loss
                          (tests/test_math.cpp, ops_special_functions_and_more_match_pytorch)
+  parametrization_reference.txt  weight_norm and spectral_norm on Linear, Conv1d and
+                         ConvTranspose1d (tests/test_training.cpp,
+                         nn_weight_norm_and_spectral_norm_match_pytorch)
   ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
                          unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
@@ -677,4 +680,62 @@ write("ctc_reference.txt", {
     ("ctc_zero_infinity", ["x"],
      lambda x: ctc(x, torch.tensor([[1, 1, 1], [2, 2, 0], [4, 0, 0]]), torch.tensor([4, 6, 6]),
                    torch.tensor([3, 2, 0]), reduction="none", zero_infinity=True)),
+])
+
+# weight_norm (PyTorch's math, torch._weight_norm) and spectral_norm's parametrization with
+# given starting vectors u0, v0, one power iteration while training, none in eval
+def spectral(w, u0, v0, dim=0, training=True):
+    sn = torch.nn.utils.parametrizations._SpectralNorm(w.detach(), 1, dim, 1e-12)
+    with torch.no_grad():
+        sn._u.copy_(u0)
+        sn._v.copy_(v0)
+    sn.train(training)
+    return sn(w), sn
+
+
+def spectral_vectors(w, u0, v0, dim=0):
+    _, sn = spectral(w, u0, v0, dim)
+    return torch.cat([sn._u, sn._v])
+
+
+def unit(t):
+    return t / t.norm()
+
+
+norm_inputs = {
+    "v": tensor([0.5, -1, 2, 1.5, 0.25, -0.75], 2, 3),
+    "g": tensor([1.5, -0.5], 2, 1),
+    "b": tensor([0.1, -0.2], 2),
+    "x": tensor([1, 2, -1, 0.5, 0, 3, -2, 1, 1.5], 3, 3),
+    "cv": torch.arange(4 * 2 * 3, dtype=torch.float64).reshape(4, 2, 3) * 0.37 % 1.3 - 0.6,
+    "cx": torch.arange(2 * 2 * 6, dtype=torch.float64).reshape(2, 2, 6) * 0.53 % 1.7 - 0.8,
+    "cb": tensor([0.2, -0.1, 0.05, 0.3], 4),
+    "u0": unit(tensor([1, -2, 0.5, 1], 4)),
+    "v0": unit(tensor([0.5, 1, -1, 2, 0.25, -0.5], 6)),
+    "w4": tensor([0.5, -1, 2, 1.5, 0.25, -0.75, 1, 0, -0.5, 2, 1, -1.5], 4, 3),
+    "u2": unit(tensor([1, -2], 2)),
+    "v12": unit(torch.arange(12, dtype=torch.float64) % 5 - 2),
+}
+ni = norm_inputs
+write("parametrization_reference.txt", norm_inputs, [
+    ("weight_norm_linear", ["v", "g", "b", "x"],
+     lambda v, g, b, x: F.linear(x, torch._weight_norm(v, g, 0), b)),
+    ("weight_norm_conv1d_all", ["cv", "cb", "cx"],
+     lambda v, b, x: F.conv1d(x, torch._weight_norm(v, v.norm().detach() * 0.5, -1), b)),
+    ("weight_norm_conv1d_dim_1", ["cv", "cx"],
+     lambda v, x: F.conv1d(x, torch._weight_norm(v, torch._weight_norm(v, v.norm(dim=(0, 2), keepdim=True), 1).norm(dim=(0, 2), keepdim=True).detach(), 1))),
+    ("spectral_norm_linear", ["w4", "x"],
+     lambda w, x: F.linear(x, spectral(w, ni["u0"], ni["v0"][:3] / ni["v0"][:3].norm())[0])),
+    ("spectral_norm_linear_vectors", [],
+     lambda: spectral_vectors(ni["w4"], ni["u0"], ni["v0"][:3] / ni["v0"][:3].norm())),
+    ("spectral_norm_linear_eval", ["w4", "x"],
+     lambda w, x: F.linear(x, spectral(w, ni["u0"], ni["v0"][:3] / ni["v0"][:3].norm(), 0,
+                                       False)[0])),
+    ("spectral_norm_conv1d", ["cv", "cx"],
+     lambda w, x: F.conv1d(x, spectral(w, ni["u0"], ni["v0"])[0])),
+    ("spectral_norm_conv_transpose1d", ["cv", "cb"],
+     lambda w, x: F.conv_transpose1d(x.reshape(1, 4, 1).expand(1, 4, 3),
+                                     spectral(w, ni["u2"], ni["v12"], 1)[0])),
+    ("spectral_norm_conv_transpose1d_vectors", [],
+     lambda: spectral_vectors(ni["cv"], ni["u2"], ni["v12"], 1)),
 ])
