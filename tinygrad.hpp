@@ -17165,12 +17165,11 @@ SingularVectors power_start(const Tensor& weight, int dim, double eps, uint64_t 
     detail::UserLocScope at(loc, op);
     NoGrad no_grad;
     Tensor w = matrix_of(weight.detach(), dim);
-    Tensor u = functional::normalize(Tensor::randn({w.size(0)}, seed).cast(w.dtype()), 2, 0, eps);
-    Tensor v = functional::normalize(Tensor::randn({w.size(1)}, seed + 1).cast(w.dtype()), 2, 0, eps);
-    for (int i = 0; i < 15; i++) {
-        u = functional::normalize(w.matmul(v), 2, 0, eps);
-        v = functional::normalize(w.t().matmul(u), 2, 0, eps);
-    }
+    auto unit = [&](const Tensor& x) { return functional::normalize(x, 2, 0, eps); };
+    const int64_t h = w.size(0), width = w.size(1);
+    Tensor drawn = Tensor::randn({h + width}, seed).cast(w.dtype());
+    Tensor u = unit(drawn.slice(0, 0, h)), v = unit(drawn.slice(0, h, h + width));
+    for (int i = 0; i < 15; i++) u = unit(w.matmul(v)), v = unit(w.t().matmul(u));
     return {u, v};
 }
 Tensor spectral_normalized(const Tensor& weight, const SingularVectors& uv, int dim,
@@ -17184,10 +17183,9 @@ Tensor spectral_normalized(const Tensor& weight, const SingularVectors& uv, int 
         {
             NoGrad no_grad;
             Tensor fixed = w.detach();
-            for (int i = 0; i < n_power_iterations; i++) {
-                u = functional::normalize(fixed.matmul(v), 2, 0, eps);
-                v = functional::normalize(fixed.t().matmul(u), 2, 0, eps);
-            }
+            auto unit = [&](const Tensor& x) { return functional::normalize(x, 2, 0, eps); };
+            for (int i = 0; i < n_power_iterations; i++)
+                u = unit(fixed.matmul(v)), v = unit(fixed.t().matmul(u));
             u = uv.u.assign(u), v = uv.v.assign(v);
         }
         realize({u, v});   // at once, as BatchNorm's statistics: the output may never be
