@@ -3025,6 +3025,38 @@ private:
     std::vector<Pair> pairs;
     AverageFn avg_fn;
 };
+// L-BFGS, as torch.optim.LBFGS (its options, defaults and stopping rules; line_search_fn ""
+// or "strong_wolfe"): step(closure) runs up to max_iter iterations, calling closure (which
+// zeroes the gradients, computes the loss and its gradients, and returns the loss) up to
+// max_eval times; returns the first call's loss. It reads losses and gradients on the host and
+// keeps its directions there, in double (2·history_size vectors of all the parameters' size),
+// writing the parameters back in one program per evaluation: not for a tg::Jit.
+class LBFGS {
+public:
+    LBFGS(std::vector<Tensor> params, double lr = 1, int max_iter = 20,
+          std::optional<int> max_eval = std::nullopt, double tolerance_grad = 1e-7,
+          double tolerance_change = 1e-9, int history_size = 100,
+          std::string line_search_fn = "", Loc loc = Loc::here());
+    Tensor step(const std::function<Tensor()>& closure, Loc loc = Loc::here());
+    void zero_grad();
+    std::vector<Tensor> params;
+    double lr, tolerance_grad, tolerance_change;
+    int max_iter, max_eval, history_size;
+    std::string line_search_fn;
+    int64_t func_evals = 0, n_iter = 0;   // over every step, as PyTorch's state
+private:
+    using Vector = std::vector<double>;
+    Vector flat_params() const;
+    Vector flat_grad() const;
+    void set_params(const Vector& x);
+    // loss and gradient at x + t·d (the parameters are left there)
+    std::pair<double, Vector> evaluate(const std::function<Tensor()>& closure, const Vector& x,
+                                       double t, const Vector& d);
+    Vector d, prev_flat_grad;   // the state carried from one step to the next
+    std::vector<Vector> old_dirs, old_stps;
+    std::vector<double> ro;
+    double t = 0, H_diag = 1, prev_loss = 0;
+};
 class AdamW : public Adam {
 public:
     AdamW(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
@@ -19627,6 +19659,255 @@ void AveragedModel::update_parameters(Loc loc) {
         nodes.push_back(n_averaged.assign(n_averaged + 1).node());
     }
     detail::realize_nodes(nodes, false, true);
+}
+LBFGS::LBFGS(std::vector<Tensor> ps, double learning_rate, int iterations,
+             std::optional<int> evaluations, double tol_grad, double tol_change, int history,
+             std::string line_search, Loc loc)
+    : params(std::move(ps)), lr(learning_rate), tolerance_grad(tol_grad),
+      tolerance_change(tol_change), max_iter(iterations),
+      max_eval(evaluations ? *evaluations : iterations * 5 / 4), history_size(history),
+      line_search_fn(std::move(line_search)) {
+    detail::UserLocScope at(loc);
+    if (!(lr >= 0)) detail::fail(strf("LBFGS: lr must be at least 0, got %g", lr));
+    if (max_iter < 1 || max_eval < 1 || history_size < 1)
+        detail::fail(strf("LBFGS: max_iter %d, max_eval %d and history_size %d must be at least "
+                          "1", max_iter, max_eval, history_size));
+    if (!line_search_fn.empty() && line_search_fn != "strong_wolfe")
+        detail::fail(strf("LBFGS: line_search_fn must be \"\" or \"strong_wolfe\", got \"%s\"",
+                          line_search_fn.c_str()));
+    for (size_t i = 0; i < params.size(); i++)
+        if (!dtype_is_float(params[i].dtype()))
+            detail::fail(strf("LBFGS: parameter %zu is %s; it must be float", i,
+                              dtype_name(params[i].dtype())));
+}
+void LBFGS::zero_grad() {
+    for (Tensor& p : params) p.zero_grad();
+}
+LBFGS::Vector LBFGS::flat_params() const {
+    Vector out;
+    for (const Tensor& p : params) {
+        Vector v = p.to_vector<double>();
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+LBFGS::Vector LBFGS::flat_grad() const {
+    Vector out;
+    for (const Tensor& p : params) {
+        Vector v = p.grad().defined() ? p.grad().to_vector<double>() : Vector(size_t(p.numel()));
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+void LBFGS::set_params(const Vector& x) {
+    std::vector<Tensor> writes;
+    size_t at = 0;
+    NoGrad no_grad;
+    for (const Tensor& p : params) {
+        Vector part(x.begin() + long(at), x.begin() + long(at + size_t(p.numel())));
+        at += part.size();
+        Tensor value = Tensor::from_vector(part, p.shape()).cast(p.dtype());
+        writes.push_back(p.assign(value.device() == p.device() ? value : value.to(p.device())));
+    }
+    realize(writes);
+}
+std::pair<double, LBFGS::Vector> LBFGS::evaluate(const std::function<Tensor()>& closure,
+                                                 const Vector& x, double step, const Vector& dir) {
+    Vector moved = x;
+    for (size_t i = 0; i < moved.size(); i++) moved[i] += step * dir[i];
+    set_params(moved);
+    double loss = closure().item();
+    return {loss, flat_grad()};
+}
+static double dot(const std::vector<double>& a, const std::vector<double>& b) {
+    double sum = 0;
+    for (size_t i = 0; i < a.size(); i++) sum += a[i] * b[i];
+    return sum;
+}
+static double largest_abs(const std::vector<double>& a) {
+    double m = 0;
+    for (double v : a) m = std::max(m, std::fabs(v));
+    return m;
+}
+// the minimum of the cubic through (x1, f1) and (x2, f2) with slopes g1 and g2, clamped to
+// bounds (default: between the two); their midpoint where the cubic has none
+static double cubic_minimum(double x1, double f1, double g1, double x2, double f2, double g2,
+                            std::optional<std::pair<double, double>> bounds = std::nullopt) {
+    auto [low, high] = bounds ? *bounds : std::pair{std::min(x1, x2), std::max(x1, x2)};
+    double d1 = g1 + g2 - 3 * (f1 - f2) / (x1 - x2), d2_square = d1 * d1 - g1 * g2;
+    if (d2_square < 0) return (low + high) / 2;
+    double d2 = std::sqrt(d2_square);
+    double at = x1 <= x2 ? x2 - (x2 - x1) * ((g2 + d2 - d1) / (g2 - g1 + 2 * d2))
+                         : x1 - (x1 - x2) * ((g1 + d2 - d1) / (g1 - g2 + 2 * d2));
+    return std::min(std::max(at, low), high);
+}
+namespace {
+struct LineSearch {
+    double loss;
+    std::vector<double> grad;
+    double t;
+    int evaluations;
+};
+}  // namespace
+// A step t along d satisfying the strong Wolfe conditions (sufficient decrease c1, curvature
+// c2): bracketing by cubic extrapolation, then zooming by cubic interpolation, at most max_ls
+// evaluations; the lowest point found otherwise. As torch.optim.lbfgs's _strong_wolfe.
+static LineSearch strong_wolfe(
+    const std::function<std::pair<double, std::vector<double>>(double)>& at, double t,
+    const std::vector<double>& d, double f, const std::vector<double>& g, double gtd,
+    double tolerance_change, double c1 = 1e-4, double c2 = 0.9, int max_ls = 25) {
+    using Vector = std::vector<double>;
+    const double d_norm = largest_abs(d);
+    auto [f_new, g_new] = at(t);
+    int evaluations = 1, ls_iter = 0;
+    double gtd_new = dot(g_new, d), t_prev = 0, f_prev = f, gtd_prev = gtd;
+    Vector g_prev = g;
+    bool done = false;
+    std::vector<double> bracket, bracket_f, bracket_gtd;
+    std::vector<Vector> bracket_g;
+    while (ls_iter < max_ls) {
+        const bool too_high = f_new > f + c1 * t * gtd || (ls_iter > 1 && f_new >= f_prev);
+        if (!too_high && std::fabs(gtd_new) <= -c2 * gtd) {
+            bracket = {t}, bracket_f = {f_new}, bracket_g = {g_new};
+            done = true;
+            break;
+        }
+        if (too_high || gtd_new >= 0) {   // past a minimum: it lies between t_prev and t
+            bracket = {t_prev, t}, bracket_f = {f_prev, f_new}, bracket_g = {g_prev, g_new};
+            bracket_gtd = {gtd_prev, gtd_new};
+            break;
+        }
+        double next = cubic_minimum(t_prev, f_prev, gtd_prev, t, f_new, gtd_new,
+                                    std::pair{t + 0.01 * (t - t_prev), t * 10});
+        t_prev = t, f_prev = f_new, g_prev = g_new, gtd_prev = gtd_new, t = next;
+        std::tie(f_new, g_new) = at(t);
+        evaluations++, ls_iter++;
+        gtd_new = dot(g_new, d);
+    }
+    if (ls_iter == max_ls)
+        bracket = {0, t}, bracket_f = {f, f_new}, bracket_g = {g, g_new};
+    bool insufficient_progress = false;
+    size_t low = bracket_f[0] <= bracket_f.back() ? 0 : 1, high = 1 - low;
+    while (!done && ls_iter < max_ls) {
+        if (std::fabs(bracket[1] - bracket[0]) * d_norm < tolerance_change) break;
+        t = cubic_minimum(bracket[0], bracket_f[0], bracket_gtd[0], bracket[1], bracket_f[1],
+                          bracket_gtd[1]);
+        // too near an end of the bracket, twice or beyond it: 0.1 of its width inside instead
+        double top = std::max(bracket[0], bracket[1]), bottom = std::min(bracket[0], bracket[1]);
+        double margin = 0.1 * (top - bottom);
+        if (std::min(top - t, t - bottom) < margin) {
+            if (insufficient_progress || t >= top || t <= bottom) {
+                t = std::fabs(t - top) < std::fabs(t - bottom) ? top - margin : bottom + margin;
+                insufficient_progress = false;
+            } else {
+                insufficient_progress = true;
+            }
+        } else {
+            insufficient_progress = false;
+        }
+        std::tie(f_new, g_new) = at(t);
+        evaluations++, ls_iter++;
+        gtd_new = dot(g_new, d);
+        if (f_new > f + c1 * t * gtd || f_new >= bracket_f[low]) {
+            bracket[high] = t, bracket_f[high] = f_new, bracket_g[high] = g_new;
+            bracket_gtd[high] = gtd_new;
+            low = bracket_f[0] <= bracket_f[1] ? 0 : 1, high = 1 - low;
+        } else {
+            if (std::fabs(gtd_new) <= -c2 * gtd) {
+                done = true;
+            } else if (gtd_new * (bracket[high] - bracket[low]) >= 0) {
+                bracket[high] = bracket[low], bracket_f[high] = bracket_f[low];
+                bracket_g[high] = bracket_g[low], bracket_gtd[high] = bracket_gtd[low];
+            }
+            bracket[low] = t, bracket_f[low] = f_new, bracket_g[low] = g_new;
+            bracket_gtd[low] = gtd_new;
+        }
+    }
+    return {bracket_f[low], bracket_g[low], bracket[low], evaluations};
+}
+Tensor LBFGS::step(const std::function<Tensor()>& closure, Loc loc) {
+    detail::UserLocScope at(loc);
+    Tensor first_loss = closure();
+    double loss = first_loss.item();
+    int evaluations = 1;
+    func_evals++;
+    Vector grad = flat_grad(), x = flat_params();
+    if (largest_abs(grad) <= tolerance_grad) return first_loss;
+    for (int iteration = 1; iteration <= max_iter; iteration++) {
+        n_iter++;
+        if (n_iter == 1) {   // steepest descent to start
+            d.resize(grad.size());
+            for (size_t i = 0; i < d.size(); i++) d[i] = -grad[i];
+            old_dirs.clear(), old_stps.clear(), ro.clear();
+            H_diag = 1;
+        } else {   // the history gains the last step, if it curved up enough; two loops
+            Vector y(grad.size()), s(grad.size());
+            for (size_t i = 0; i < y.size(); i++)
+                y[i] = grad[i] - prev_flat_grad[i], s[i] = d[i] * t;
+            double ys = dot(y, s);
+            if (ys > 1e-10) {
+                if (int(old_dirs.size()) == history_size) {
+                    old_dirs.erase(old_dirs.begin()), old_stps.erase(old_stps.begin());
+                    ro.erase(ro.begin());
+                }
+                old_dirs.push_back(y), old_stps.push_back(s), ro.push_back(1 / ys);
+                H_diag = ys / dot(y, y);
+            }
+            std::vector<double> al(old_dirs.size());
+            Vector q(grad.size());
+            for (size_t i = 0; i < q.size(); i++) q[i] = -grad[i];
+            for (size_t i = old_dirs.size(); i-- > 0;) {
+                al[i] = dot(old_stps[i], q) * ro[i];
+                for (size_t j = 0; j < q.size(); j++) q[j] -= al[i] * old_dirs[i][j];
+            }
+            for (double& v : q) v *= H_diag;
+            for (size_t i = 0; i < old_dirs.size(); i++) {
+                double be = dot(old_dirs[i], q) * ro[i];
+                for (size_t j = 0; j < q.size(); j++) q[j] += (al[i] - be) * old_stps[i][j];
+            }
+            d = q;
+        }
+        prev_flat_grad = grad, prev_loss = loss;
+        if (n_iter == 1) {
+            double l1 = 0;
+            for (double v : grad) l1 += std::fabs(v);
+            t = std::min(1.0, 1 / l1) * lr;
+        } else {
+            t = lr;
+        }
+        double gtd = dot(grad, d);
+        if (gtd > -tolerance_change) break;
+        int ls_evaluations = 0;
+        bool optimal = false;
+        if (!line_search_fn.empty()) {
+            LineSearch found = strong_wolfe(
+                [&](double step) { return evaluate(closure, x, step, d); }, t, d, loss, grad,
+                gtd, tolerance_change);
+            loss = found.loss, grad = found.grad, t = found.t;
+            ls_evaluations = found.evaluations;
+            for (size_t i = 0; i < x.size(); i++) x[i] += t * d[i];
+            set_params(x);
+            x = flat_params();
+            optimal = largest_abs(grad) <= tolerance_grad;
+        } else {
+            for (size_t i = 0; i < x.size(); i++) x[i] += t * d[i];
+            set_params(x);
+            x = flat_params();
+            if (iteration != max_iter) {   // the last iteration's loss is not needed
+                loss = closure().item();
+                grad = flat_grad();
+                optimal = largest_abs(grad) <= tolerance_grad;
+                ls_evaluations = 1;
+            }
+        }
+        evaluations += ls_evaluations;
+        func_evals += ls_evaluations;
+        if (iteration == max_iter || evaluations >= max_eval || optimal) break;
+        double moved = 0;
+        for (double v : d) moved = std::max(moved, std::fabs(v * t));
+        if (moved <= tolerance_change || std::fabs(loss - prev_loss) < tolerance_change) break;
+    }
+    return first_loss;
 }
 std::vector<std::vector<std::pair<std::string, Tensor>>> ASGD::param_state() {
     std::vector<std::vector<std::pair<std::string, Tensor>>> out;

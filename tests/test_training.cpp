@@ -3672,3 +3672,52 @@ TEST(nn_weight_norm_and_spectral_norm_match_pytorch) {
     CHECK_THROWS(nn::SpectralNorm<nn::Linear>(nn::Linear(3, 2), 1, 1e-12, -3),
                  "SpectralNorm: axis -3 out of range for shape [2,3]");
 }
+
+// LBFGS against PyTorch's on Rosenbrock's function of two parameters (the parameters, loss,
+// evaluations and iterations after each step), without and with the strong Wolfe line
+// search; float32 parameters get there too; errors
+TEST(optim_lbfgs_matches_pytorch) {
+    Reference ref = read_reference("tests/data/lbfgs_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(3));
+    auto run = [](DType dtype, const std::string& line_search, int steps = 3, double lr = 1,
+                  int history_size = 100, int max_iter = 20) {
+        Tensor a = Tensor::from_vector(Vec{-1.5, 2.0}).cast(dtype).realize().requires_grad();
+        Tensor b = Tensor::from_vector(Vec{0.5}).cast(dtype).realize().requires_grad();
+        optim::LBFGS opt({a, b}, lr, max_iter, std::nullopt, 1e-7, 1e-9, history_size, line_search);
+        auto closure = [&] {
+            opt.zero_grad();
+            Tensor x = tg::cat({a, b});
+            Tensor head = x.slice(0, 0, 2), tail = x.slice(0, 1, 3);
+            Tensor loss = ((tail - head * head).square() * 100 + (1 - head).square()).sum();
+            loss.backward();
+            return loss;
+        };
+        Vec rows;
+        for (int k = 0; k < steps; k++) {
+            double loss = opt.step(closure).item();
+            for (double v : vals(a))
+                rows.push_back(v);
+            rows.insert(rows.end(), {vals(b)[0], loss, double(opt.func_evals), double(opt.n_iter)});
+        }
+        return Tensor::from_vector(rows, {steps, 6});
+    };
+    using X = const std::vector<Tensor>&;
+    Cases cases = {
+        {"lbfgs", {{}, [&](X) { return run(DType::FLOAT64, ""); }}},
+        {"lbfgs_strong_wolfe", {{}, [&](X) { return run(DType::FLOAT64, "strong_wolfe"); }}},
+        {"lbfgs_strong_wolfe_short",
+         {{}, [&](X) { return run(DType::FLOAT64, "strong_wolfe", 2, 0.5, 3, 10); }}},
+    };
+    // (without the line search, rounding apart grows with the iterations: 2e-11 after the
+    // second step's 40, 2e-7 after the third's 60)
+    check_cases(ref, cases, 1e-6);
+    // float32: near the minimum (1, 1, 1) after three steps with the line search
+    Vec found = vals(run(DType::FLOAT32, "strong_wolfe"));
+    CHECK_ALL_NEAR((Vec{found[12], found[13], found[14]}), (Vec{1, 1, 1}), 1e-4);
+    // errors
+    Tensor p = fv({1, 2}).requires_grad();
+    CHECK_THROWS(optim::LBFGS({p}, 1, 20, std::nullopt, 1e-7, 1e-9, 100, "wolfe"),
+                 "LBFGS: line_search_fn must be \"\" or \"strong_wolfe\", got \"wolfe\"");
+    CHECK_THROWS(optim::LBFGS({p}, -1), "LBFGS: lr must be at least 0, got -1");
+    CHECK_THROWS(optim::LBFGS({p}, 1, 0), "LBFGS: max_iter 0, max_eval 0 and history_size 100");
+}

@@ -30,6 +30,9 @@
   parametrization_reference.txt  weight_norm and spectral_norm on Linear, Conv1d and
                          ConvTranspose1d (tests/test_training.cpp,
                          nn_weight_norm_and_spectral_norm_match_pytorch)
+  lbfgs_reference.txt    LBFGS on the 3-variable Rosenbrock function, two parameters, without
+                         and with its strong Wolfe line search: the parameters and the loss
+                         after each step (tests/test_training.cpp, optim_lbfgs_matches_pytorch)
   ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
                          unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
@@ -738,4 +741,34 @@ write("parametrization_reference.txt", norm_inputs, [
                                      spectral(w, ni["u2"], ni["v12"], 1)[0])),
     ("spectral_norm_conv_transpose1d_vectors", [],
      lambda: spectral_vectors(ni["cv"], ni["u2"], ni["v12"], 1)),
+])
+
+
+# LBFGS on Rosenbrock's function of a [2] and b [1] together: each step's parameters and loss
+def lbfgs_run(line_search_fn, steps=3, lr=1, history_size=100, max_iter=20):
+    a = tensor([-1.5, 2.0], 2).requires_grad_()
+    b = tensor([0.5], 1).requires_grad_()
+    opt = torch.optim.LBFGS([a, b], lr=lr, history_size=history_size, max_iter=max_iter,
+                            line_search_fn=line_search_fn)
+
+    def closure():
+        opt.zero_grad()
+        x = torch.cat([a, b])
+        loss = (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+        loss.backward()
+        return loss
+
+    rows = []
+    for _ in range(steps):
+        loss = opt.step(closure)
+        state = opt.state[a]
+        rows.append(torch.cat([a.detach(), b.detach(), loss.detach().reshape(1),
+                               tensor([state["func_evals"], state["n_iter"]], 2)]))
+    return torch.stack(rows)
+
+
+write("lbfgs_reference.txt", {}, [
+    ("lbfgs", [], lambda: lbfgs_run(None)),
+    ("lbfgs_strong_wolfe", [], lambda: lbfgs_run("strong_wolfe")),
+    ("lbfgs_strong_wolfe_short", [], lambda: lbfgs_run("strong_wolfe", 2, 0.5, 3, 10)),
 ])
