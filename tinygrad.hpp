@@ -469,6 +469,9 @@ public:
     Tensor abs(Loc loc = Loc::here()) const;
     Tensor square(Loc loc = Loc::here()) const;
     Tensor trunc(Loc loc = Loc::here()) const;         // toward 0; integers as they are
+    Tensor frac(Loc loc = Loc::here()) const;          // x - trunc(x)
+    Tensor deg2rad(Loc loc = Loc::here()) const;
+    Tensor rad2deg(Loc loc = Loc::here()) const;
     Tensor floor(Loc loc = Loc::here()) const;
     Tensor ceil(Loc loc = Loc::here()) const;
     Tensor log1p(Loc loc = Loc::here()) const;         // ln(1 + x), accurate for tiny x
@@ -531,6 +534,10 @@ public:
     Tensor floor_divide(Scalar other, Loc loc = Loc::here()) const;
     // min(max(x, min), max), either bound optional; the gradient passes where
     // min <= x <= max, as in PyTorch
+    Tensor clamp_min(Scalar min, Loc loc = Loc::here()) const { return clamp(min, {}, loc); }
+    Tensor clamp_max(Scalar max, Loc loc = Loc::here()) const { return clamp({}, max, loc); }
+    // the elements other than 0 along the axes (none: all), int64
+    Tensor count_nonzero(const std::vector<int>& axes = {}, Loc loc = Loc::here()) const;
     Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
                  Loc loc = Loc::here()) const;
     Tensor clip(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt,
@@ -676,6 +683,32 @@ public:
     std::vector<Tensor> split(int64_t size, int axis = 0, Loc loc = Loc::here()) const;
     std::vector<Tensor> split(const std::vector<int64_t>& sizes, int axis = 0,
                               Loc loc = Loc::here()) const;
+    // tensor_split: sections pieces, the first size % sections one longer (torch's), or the
+    // pieces between the indices given (one index: std::vector<int64_t>{i}, as {i} is a
+    // count); unbind: the slices along the axis, the axis gone
+    std::vector<Tensor> tensor_split(int64_t sections, int axis = 0, Loc loc = Loc::here()) const;
+    std::vector<Tensor> tensor_split(const std::vector<int64_t>& indices, int axis,
+                                     Loc loc = Loc::here()) const;
+    std::vector<Tensor> unbind(int axis = 0, Loc loc = Loc::here()) const;
+    Tensor narrow(int axis, int64_t start, int64_t length, Loc loc = Loc::here()) const;
+    Tensor swapaxes(int axis0, int axis1, Loc loc = Loc::here()) const {
+        return transpose(axis0, axis1, loc);
+    }
+    Tensor moveaxis(int source, int destination, Loc loc = Loc::here()) const {
+        return movedim(source, destination, loc);
+    }
+    Tensor flipud(Loc loc = Loc::here()) const { return flip(0, loc); }
+    Tensor fliplr(Loc loc = Loc::here()) const { return flip(1, loc); }
+    // repeat with fewer repeats than axes taken as leading ones, as torch.tile
+    Tensor tile(const std::vector<int64_t>& repeats, Loc loc = Loc::here()) const;
+    // each element repeats times in a row along the axis (none: of the flattened tensor)
+    Tensor repeat_interleave(int64_t repeats, std::optional<int> axis = std::nullopt,
+                             Loc loc = Loc::here()) const;
+    // the elements at flat indices (any shape; int), as torch.take
+    Tensor take(const Tensor& indices, Loc loc = Loc::here()) const;
+    // where mask (broadcast) is true, source's elements in order (source has at least as
+    // many), as torch.Tensor.masked_scatter
+    Tensor masked_scatter(const Tensor& mask, const Tensor& source, Loc loc = Loc::here()) const;
     Tensor clone(Loc loc = Loc::here()) const;        // a copy in its own buffer; grads flow
 
     // composed
@@ -890,6 +923,54 @@ struct MinMax {
 };
 MinMax aminmax(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdim = false,
                Loc loc = Loc::here());
+// |a - b| <= atol + rtol·|b| elementwise (equal infinities close, NaN close to NaN with
+// equal_nan), as torch.isclose; allclose: all of them (read on the host)
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+               bool equal_nan = false, Loc loc = Loc::here());
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false, Loc loc = Loc::here());
+// whether each element is among test_elements' (invert: is not), as torch.isin
+Tensor isin(const Tensor& elements, const Tensor& test_elements, bool invert = false,
+            Loc loc = Loc::here());
+// matrices with x's last axis on their diagonal offset (above the main one when positive) in
+// the axes dim1 and dim2 of the result, as torch.diag_embed
+Tensor diag_embed(const Tensor& x, int64_t offset = 0, int dim1 = -2, int dim2 = -1,
+                  Loc loc = Loc::here());
+// gather with indices broadcast to x's shape but along the axis (none: of both flattened)
+Tensor take_along_dim(const Tensor& x, const Tensor& indices,
+                      std::optional<int> axis = std::nullopt, Loc loc = Loc::here());
+// ln det(a) (NaN where det < 0, -∞ where 0), from linalg::slogdet
+Tensor logdet(const Tensor& a, Loc loc = Loc::here());
+// beta·input + alpha·(the product), as torch's addmm (m1 @ m2), addmv (matrix @ vector),
+// addr (the outer product), baddbmm (batched), addbmm (batched, summed over the batch)
+Tensor addmm(const Tensor& input, const Tensor& m1, const Tensor& m2, double beta = 1,
+             double alpha = 1, Loc loc = Loc::here());
+Tensor addmv(const Tensor& input, const Tensor& matrix, const Tensor& vector, double beta = 1,
+             double alpha = 1, Loc loc = Loc::here());
+Tensor addr(const Tensor& input, const Tensor& vec1, const Tensor& vec2, double beta = 1,
+            double alpha = 1, Loc loc = Loc::here());
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2,
+               double beta = 1, double alpha = 1, Loc loc = Loc::here());
+Tensor addbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, double beta = 1,
+              double alpha = 1, Loc loc = Loc::here());
+// input + value·t1·t2 and input + value·t1/t2, as torch.addcmul and addcdiv
+Tensor addcmul(const Tensor& input, const Tensor& t1, const Tensor& t2, double value = 1,
+               Loc loc = Loc::here());
+Tensor addcdiv(const Tensor& input, const Tensor& t1, const Tensor& t2, double value = 1,
+               Loc loc = Loc::here());
+// at least 1, 2 or 3 axes (new ones as torch's: [n] -> [1, n] -> [1, n, 1])
+Tensor atleast_1d(const Tensor& x, Loc loc = Loc::here());
+Tensor atleast_2d(const Tensor& x, Loc loc = Loc::here());
+Tensor atleast_3d(const Tensor& x, Loc loc = Loc::here());
+// cat along axis 1 (0 for 1-D tensors: hstack), 0 (vstack, row_stack), 2 (dstack), of the
+// tensors made at least 1-D, 2-D or 3-D; column_stack: 1-D ones as columns
+Tensor hstack(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+Tensor vstack(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+Tensor dstack(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+Tensor column_stack(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+// a^b in float64, as torch.float_power; log2(2^a + 2^b), as torch.logaddexp2
+Tensor float_power(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor logaddexp2(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 // heaviside: 0 below 0 (and at NaN), values at 0, 1 above, as torch.heaviside; ldexp:
 // x·2^exponent
 Tensor heaviside(const Tensor& x, const Tensor& values, Loc loc = Loc::here());
@@ -5037,6 +5118,23 @@ Tensor Tensor::square(Loc loc) const {
 }
 // A float with |x| >= 2^23 (2^52 in float64) is whole already; a smaller one goes through int64,
 // and a zero result keeps x's sign (trunc(-0.5) = -0). No gradient reaches x, as in PyTorch.
+Tensor Tensor::frac(Loc loc) const {
+    UserLocScope at(loc);
+    return *this - trunc(loc);
+}
+Tensor Tensor::deg2rad(Loc loc) const {
+    UserLocScope at(loc);
+    return as_float(*this, loc) * (M_PI / 180);
+}
+Tensor Tensor::rad2deg(Loc loc) const {
+    UserLocScope at(loc);
+    return as_float(*this, loc) * (180 / M_PI);
+}
+Tensor Tensor::count_nonzero(const std::vector<int>& axes, Loc loc) const {
+    check_defined(*this, "count_nonzero", loc);
+    UserLocScope at(loc);
+    return (*this != 0).cast(DType::INT64).sum(axes);
+}
 Tensor Tensor::trunc(Loc loc) const {
     check_defined(*this, "trunc", loc);
     if (!dtype_is_float(dtype())) return *this;
@@ -6234,6 +6332,88 @@ Tensor Tensor::repeat(const std::vector<int64_t>& repeats, Loc loc) const {
     }
     return reshape(folded, loc).expand(expanded, loc).reshape(out, loc);
 }
+Tensor Tensor::tile(const std::vector<int64_t>& repeats, Loc loc) const {
+    std::vector<int64_t> all(std::max<size_t>(repeats.size(), size_t(ndim())) - repeats.size(), 1);
+    all.insert(all.end(), repeats.begin(), repeats.end());
+    return repeat(all, loc);
+}
+Tensor Tensor::repeat_interleave(int64_t repeats, std::optional<int> axis, Loc loc) const {
+    check_defined(*this, "repeat_interleave", loc);
+    if (repeats < 0)
+        fail(strf("repeat_interleave: repeats must be at least 0, got %lld", (long long)repeats),
+             loc);
+    if (!axis) return flatten(0, -1, loc).repeat_interleave(repeats, 0, loc);
+    int ax = normalize_axis(*axis, shape().size(), "repeat_interleave", shape(), loc);
+    Tensor x = ndim() == 0 ? reshape({1}, loc) : *this;
+    Shape expanded = x.shape(), out = x.shape();
+    expanded.insert(expanded.begin() + ax + 1, repeats);
+    out[size_t(ax)] *= repeats;
+    return x.unsqueeze(ax + 1, loc).expand(expanded, loc).reshape(out, loc);
+}
+Tensor Tensor::take(const Tensor& indices, Loc loc) const {
+    check_defined(*this, "take", loc), check_defined(indices, "take", loc);
+    UserLocScope at(loc, "take");
+    return flatten().gather(0, indices.flatten()).reshape(indices.shape());
+}
+Tensor Tensor::masked_scatter(const Tensor& mask, const Tensor& source, Loc loc) const {
+    const char* op = "masked_scatter";
+    check_defined(*this, op, loc), check_defined(mask, op, loc), check_defined(source, op, loc);
+    if (mask.dtype() != DType::BOOL)
+        fail(strf("masked_scatter: mask must be bool, got %s", dtype_name(mask.dtype())), loc);
+    UserLocScope at(loc, op);
+    Shape s = broadcast_shape(shape(), mask.shape(), op, loc);
+    Tensor m = mask.expand(s).flatten();
+    // the k-th true place takes source's k-th element (a place past source's end: the
+    // gather's error)
+    Tensor k = m.cast(DType::INT64).cumsum(0) - 1;
+    Tensor picked = source.flatten().gather(0, where(m, k, 0)).reshape(s);
+    return where(mask.expand(s), picked.cast(dtype()), expand(s));
+}
+Tensor Tensor::narrow(int axis, int64_t start, int64_t length, Loc loc) const {
+    check_defined(*this, "narrow", loc);
+    int ax = normalize_axis(axis, shape().size(), "narrow", shape(), loc, false);
+    const int64_t n = size(ax);
+    if (start < 0) start += n;
+    if (start < 0 || length < 0 || start + length > n)
+        fail(strf("narrow: start %lld, length %lld do not fit axis %d of %s", (long long)start,
+                  (long long)length, ax, shape_str(shape()).c_str()), loc);
+    return slice(ax, start, start + length, 1, loc);
+}
+std::vector<Tensor> Tensor::unbind(int axis, Loc loc) const {
+    check_defined(*this, "unbind", loc);
+    int ax = normalize_axis(axis, shape().size(), "unbind", shape(), loc, false);
+    std::vector<Tensor> out;
+    for (int64_t i = 0; i < size(ax); i++)
+        out.push_back(slice(ax, i, i + 1, 1, loc).squeeze(ax, loc));
+    return out;
+}
+std::vector<Tensor> Tensor::tensor_split(int64_t sections, int axis, Loc loc) const {
+    check_defined(*this, "tensor_split", loc);
+    int ax = normalize_axis(axis, shape().size(), "tensor_split", shape(), loc, false);
+    if (sections < 1)
+        fail(strf("tensor_split: sections must be at least 1, got %lld", (long long)sections),
+             loc);
+    const int64_t n = size(ax);
+    std::vector<int64_t> sizes;
+    for (int64_t i = 0; i < sections; i++) sizes.push_back(n / sections + (i < n % sections));
+    return split(sizes, ax, loc);
+}
+std::vector<Tensor> Tensor::tensor_split(const std::vector<int64_t>& indices, int axis,
+                                         Loc loc) const {
+    check_defined(*this, "tensor_split", loc);
+    int ax = normalize_axis(axis, shape().size(), "tensor_split", shape(), loc, false);
+    const int64_t n = size(ax);
+    std::vector<Tensor> out;
+    int64_t from = 0;
+    auto clamped = [n](int64_t i) { return std::clamp(i < 0 ? i + n : i, int64_t(0), n); };
+    for (int64_t index : indices) {
+        int64_t to = std::max(from, clamped(index));
+        out.push_back(slice(ax, from, to, 1, loc));
+        from = to;
+    }
+    out.push_back(slice(ax, from, n, 1, loc));
+    return out;
+}
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int axis, Loc loc) const {
     check_defined(*this, "split", loc);
     int ax = normalize_axis(axis, shape().size(), "split", shape(), loc, false);
@@ -7033,6 +7213,174 @@ Tensor ldexp(const Tensor& x_in, const Tensor& exponent, Loc loc) {
     auto [x, e] = operands(x_in, exponent, "ldexp", loc, true);
     UserLocScope at(loc);
     return x * e.exp2();
+}
+Tensor isclose(const Tensor& a_in, const Tensor& b_in, double rtol, double atol, bool equal_nan,
+               Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "isclose", loc);
+    if (rtol < 0 || atol < 0)
+        fail(strf("isclose: rtol %g and atol %g must be at least 0", rtol, atol), loc);
+    UserLocScope at(loc);
+    if (!dtype_is_float(a.dtype())) a = a.cast(DType::FLOAT64), b = b.cast(DType::FLOAT64);
+    Tensor gap = a - b;   // (infinite where a or b is and they differ: not close)
+    Tensor within = logical_and(gap.isfinite(), gap.abs() <= b.abs() * rtol + atol);
+    Tensor close = logical_or(a == b, within);
+    return equal_nan ? logical_or(close, logical_and(a.isnan(), b.isnan())) : close;
+}
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
+              Loc loc) {
+    return isclose(a, b, rtol, atol, equal_nan, loc).all().item(loc) != 0;
+}
+Tensor isin(const Tensor& elements, const Tensor& test_elements, bool invert, Loc loc) {
+    check_defined(elements, "isin", loc), check_defined(test_elements, "isin", loc);
+    UserLocScope at(loc);
+    Tensor tests = test_elements.flatten();
+    if (tests.numel() == 0) return const_like(elements, invert, DType::BOOL, loc);
+    Tensor found = (elements.unsqueeze(-1) == tests).any(-1);
+    return invert ? found.logical_not() : found;
+}
+Tensor diag_embed(const Tensor& x, int64_t offset, int dim1, int dim2, Loc loc) {
+    const char* op = "diag_embed";
+    check_defined(x, op, loc);
+    if (x.ndim() == 0) fail("diag_embed: x must have an axis", loc);
+    const size_t out_ndim = size_t(x.ndim()) + 1;
+    Shape out_like(out_ndim, 1);
+    int d1 = normalize_axis(dim1, out_ndim, op, out_like, loc);
+    int d2 = normalize_axis(dim2, out_ndim, op, out_like, loc);
+    if (d1 == d2) fail(strf("diag_embed: dim1 and dim2 are both axis %d", d1), loc);
+    UserLocScope at(loc);
+    const int64_t n = x.size(-1), m = n + std::abs(offset);
+    std::vector<std::pair<int64_t, int64_t>> grow(size_t(x.ndim()), {0, 0});
+    grow.back() = {0, m - n};
+    Tensor values = x.pad(grow);   // x[i] on row i (offset >= 0) or column i (offset < 0)
+    values = offset >= 0 ? values.unsqueeze(-1) : values.unsqueeze(-2);
+    Tensor rows = Tensor::arange(m).reshape({m, 1}), columns = Tensor::arange(m);
+    Tensor y = where(columns - rows == offset, values, 0);   // [..., m, m]
+    // the matrix axes, last two so far, moved to dim1 and dim2
+    const int last = int(out_ndim) - 1;
+    std::vector<int> order;
+    for (int a = 0, rest = 0; a < int(out_ndim); a++)
+        order.push_back(a == d1 ? last - 1 : a == d2 ? last : rest++);
+    return y.permute(order);
+}
+Tensor take_along_dim(const Tensor& x, const Tensor& indices, std::optional<int> axis, Loc loc) {
+    check_defined(x, "take_along_dim", loc), check_defined(indices, "take_along_dim", loc);
+    UserLocScope at(loc, "take_along_dim");
+    if (!axis) return x.flatten().gather(0, indices.flatten());
+    int ax = normalize_axis(*axis, x.shape().size(), "take_along_dim", x.shape(), loc);
+    if (indices.ndim() != x.ndim())
+        fail(strf("take_along_dim: indices %s need x's %lld axes (x %s)",
+                  shape_str(indices.shape()).c_str(), (long long)x.ndim(),
+                  shape_str(x.shape()).c_str()), loc);
+    Shape x_shape = x.shape(), i_shape = indices.shape();
+    x_shape[size_t(ax)] = i_shape[size_t(ax)] = 1;
+    Shape common = broadcast_shape(x_shape, i_shape, "take_along_dim", loc);
+    Shape xs = common, is = common;
+    xs[size_t(ax)] = x.size(ax), is[size_t(ax)] = indices.size(ax);
+    return x.expand(xs).gather(ax, indices.expand(is));
+}
+Tensor logdet(const Tensor& a, Loc loc) {
+    linalg::SignLogAbsDet s = linalg::slogdet(a, loc);
+    UserLocScope at(loc);
+    return where(s.sign < 0, NAN, s.logabsdet);
+}
+// beta·input + alpha·product; beta 0 leaves input out (its NaN too), as PyTorch's
+static Tensor scaled_sum(const Tensor& input, const Tensor& product, double beta, double alpha) {
+    Tensor scaled = alpha == 1 ? product : product * alpha;
+    if (beta == 0) return where(const_like(input, 1, DType::BOOL, {}), scaled, input);
+    return (beta == 1 ? input : input * beta) + scaled;
+}
+static void check_ndim(const char* op, const char* name, const Tensor& t, int64_t ndim,
+                       Loc loc) {
+    check_defined(t, op, loc);
+    if (t.ndim() != ndim)
+        fail(strf("%s: %s must have %lld axes, got %s", op, name, (long long)ndim,
+                  shape_str(t.shape()).c_str()), loc);
+}
+Tensor addmm(const Tensor& input, const Tensor& m1, const Tensor& m2, double beta, double alpha,
+             Loc loc) {
+    check_ndim("addmm", "m1", m1, 2, loc), check_ndim("addmm", "m2", m2, 2, loc);
+    UserLocScope at(loc);
+    return scaled_sum(input, m1.matmul(m2), beta, alpha);
+}
+Tensor addmv(const Tensor& input, const Tensor& matrix, const Tensor& vector, double beta,
+             double alpha, Loc loc) {
+    check_ndim("addmv", "matrix", matrix, 2, loc), check_ndim("addmv", "vector", vector, 1, loc);
+    UserLocScope at(loc);
+    return scaled_sum(input, matrix.matmul(vector), beta, alpha);
+}
+Tensor addr(const Tensor& input, const Tensor& vec1, const Tensor& vec2, double beta,
+            double alpha, Loc loc) {
+    check_ndim("addr", "vec1", vec1, 1, loc), check_ndim("addr", "vec2", vec2, 1, loc);
+    UserLocScope at(loc);
+    return scaled_sum(input, vec1.unsqueeze(1) * vec2.unsqueeze(0), beta, alpha);
+}
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, double beta,
+               double alpha, Loc loc) {
+    check_ndim("baddbmm", "batch1", batch1, 3, loc);
+    check_ndim("baddbmm", "batch2", batch2, 3, loc);
+    UserLocScope at(loc);
+    return scaled_sum(input, batch1.bmm(batch2), beta, alpha);
+}
+Tensor addbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, double beta,
+              double alpha, Loc loc) {
+    check_ndim("addbmm", "batch1", batch1, 3, loc);
+    check_ndim("addbmm", "batch2", batch2, 3, loc);
+    UserLocScope at(loc);
+    return scaled_sum(input, batch1.bmm(batch2).sum(0), beta, alpha);
+}
+Tensor addcmul(const Tensor& input, const Tensor& t1, const Tensor& t2, double value, Loc loc) {
+    UserLocScope at(loc);
+    return input + t1 * t2 * value;
+}
+Tensor addcdiv(const Tensor& input, const Tensor& t1, const Tensor& t2, double value, Loc loc) {
+    UserLocScope at(loc);
+    return input + t1 / t2 * value;
+}
+Tensor atleast_1d(const Tensor& x, Loc loc) {
+    return check_defined(x, "atleast_1d", loc).ndim() >= 1 ? x : x.reshape({1}, loc);
+}
+Tensor atleast_2d(const Tensor& x, Loc loc) {
+    Tensor y = atleast_1d(x, loc);
+    return y.ndim() >= 2 ? y : y.unsqueeze(0, loc);
+}
+Tensor atleast_3d(const Tensor& x, Loc loc) {
+    Tensor y = atleast_2d(x, loc);
+    return y.ndim() >= 3 ? y : y.unsqueeze(-1, loc);
+}
+static std::vector<Tensor> each_of(const std::vector<Tensor>& tensors,
+                                   Tensor (*made)(const Tensor&, Loc), Loc loc) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : tensors) out.push_back(made(t, loc));
+    return out;
+}
+Tensor hstack(const std::vector<Tensor>& tensors, Loc loc) {
+    std::vector<Tensor> ts = each_of(tensors, atleast_1d, loc);
+    return cat(ts, !ts.empty() && ts[0].ndim() == 1 ? 0 : 1, loc);
+}
+Tensor vstack(const std::vector<Tensor>& tensors, Loc loc) {
+    return cat(each_of(tensors, atleast_2d, loc), 0, loc);
+}
+Tensor dstack(const std::vector<Tensor>& tensors, Loc loc) {
+    return cat(each_of(tensors, atleast_3d, loc), 2, loc);
+}
+Tensor column_stack(const std::vector<Tensor>& tensors, Loc loc) {
+    std::vector<Tensor> columns;
+    for (const Tensor& t : tensors)
+        columns.push_back(check_defined(t, "column_stack", loc).ndim() <= 1
+                              ? t.reshape({-1, 1}, loc) : t);
+    return cat(columns, 1, loc);
+}
+Tensor float_power(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "float_power", loc), check_defined(b, "float_power", loc);
+    return a.cast(DType::FLOAT64, loc).pow(b.cast(DType::FLOAT64, loc), loc);
+}
+// the larger plus log2(1 + 2^-|a - b|)
+Tensor logaddexp2(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "logaddexp2", loc, true);
+    UserLocScope at(loc);
+    Tensor larger = a.maximum(b), gap = (a - b).abs();
+    // equal infinities: their gap is NaN; the sum is the infinity itself
+    return where(logical_and(a == b, a.isinf()), a, larger + (-gap).exp2().log1p() * M_LOG2E);
 }
 // The areas between y's samples along its axis (the trapezoid rule), the samples dx apart or
 // at x: the terms that trapezoid sums and cumulative_trapezoid adds up

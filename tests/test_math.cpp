@@ -668,3 +668,168 @@ TEST(nn_ctc_loss_matches_pytorch) {
     CHECK_THROWS(tg::nn::ctc_loss(lp, ints({1, 2, 3, 4}), inputs, lengths),
                  "ctc_loss: target_lengths add up to 6, more than the 4 1-D targets");
 }
+
+// isclose, isin, diag_embed, take_along_dim, logdet, addmm and its kin, the stacks and the
+// small tensor methods (tile, repeat_interleave, take, masked_scatter, narrow, unbind, ...)
+// against PyTorch; tensor_split's pieces; errors
+TEST(ops_basics_match_pytorch) {
+    Reference ref = read_reference("tests/data/basics_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(41));
+    using X = const std::vector<Tensor>&;
+    const auto& in = ref.inputs;
+    auto ints = [](std::vector<int64_t> v, tg::Shape shape = {-1}) {
+        return Tensor::from_vector(v, shape);
+    };
+    Cases ours = {
+        {"isclose", {{}, [&](X) { return tg::isclose(in.at("p"), in.at("q")); }}},
+        {"isclose_nan",
+         {{}, [&](X) { return tg::isclose(in.at("p"), in.at("q"), 1e-3, 0, true); }}},
+        {"isin",
+         {{},
+          [&](X) {
+              return tg::isin(ints({1, 5, 2, 7, 2, 0}, {2, 3}), ints({2, 7, 9}));
+          }}},
+        {"isin_invert",
+         {{},
+          [&](X) {
+              return tg::isin(in.at("t"), Tensor::from_vector(Vec{0, 370}), true);
+          }}},
+        {"diag_embed", {{"m"}, [](X x) { return tg::diag_embed(x[0]); }}},
+        {"diag_embed_offset", {{"m"}, [](X x) { return tg::diag_embed(x[0], 1); }}},
+        {"diag_embed_below_dims", {{"m"}, [](X x) { return tg::diag_embed(x[0], -2, 0, 2); }}},
+        {"take_along_dim",
+         {{"m"},
+          [&](X x) {
+              return tg::take_along_dim(x[0], ints({3, 0, 1, 1, 2, 0}, {3, 2}), 1);
+          }}},
+        {"take_along_dim_broadcast",
+         {{"m"},
+          [&](X x) {
+              return tg::take_along_dim(x[0], ints({2, 0, 1, 1}, {1, 4}), 0);
+          }}},
+        {"take_along_dim_flat",
+         {{"m"},
+          [&](X x) {
+              return tg::take_along_dim(x[0], ints({11, 0, 5}));
+          }}},
+        {"logdet",
+         {{"batch"},
+          [](X x) { return tg::logdet(x[0].matmul(x[0].mT()) + Tensor::eye(3, DType::FLOAT64)); }}},
+        {"logdet_signs", {{}, [&](X) { return tg::logdet(in.at("batch")); }}},
+        {"addmm",
+         {{"row", "m", "n"},
+          [](X x) { return tg::addmm(x[0], x[2], x[1].slice(1, 0, 3), 0.5, 2); }}},
+        {"addmm_beta_0",
+         {{"m", "n"},
+          [](X x) {
+              Tensor nans = Tensor::full({4, 4}, NAN, DType::FLOAT64);
+              return tg::addmm(nans, x[1], x[0], 0);
+          }}},
+        {"addmv", {{"col", "n", "row"}, [](X x) { return tg::addmv(x[0], x[1], x[2], -1, 0.5); }}},
+        {"addr",
+         {{"m", "row", "col"},
+          [](X x) {
+              return tg::addr(x[0].slice(1, 0, 3).t(), x[1], x[2].slice(0, 0, 3) * 2, 1, 3);
+          }}},
+        {"baddbmm", {{"batch"}, [](X x) { return tg::baddbmm(x[0], x[0], x[0].mT(), 2, 0.25); }}},
+        {"addbmm",
+         {{"batch", "m"}, [](X x) { return tg::addbmm(x[1].slice(1, 0, 3), x[0], x[0]); }}},
+        {"addcmul", {{"m", "n"}, [](X x) { return tg::addcmul(x[0], x[0], x[1].t(), 0.5); }}},
+        {"addcdiv", {{"m", "col"}, [](X x) { return tg::addcdiv(x[0], x[0], x[1] + 3, -2); }}},
+        {"hstack",
+         {{"m", "n"},
+          [](X x) {
+              return tg::hstack({x[0], x[1].t(), x[0].slice(1, 0, 1)});
+          }}},
+        {"hstack_1d",
+         {{"row", "col"},
+          [](X x) {
+              return tg::hstack({x[0], x[1]});
+          }}},
+        {"vstack",
+         {{"row", "m"},
+          [](X x) {
+              return tg::vstack({x[1].slice(1, 0, 3), x[0]});
+          }}},
+        {"dstack",
+         {{"row", "m"},
+          [](X x) {
+              return tg::dstack({x[0], x[1].slice(0, 0, 1).slice(1, 0, 3)});
+          }}},
+        {"column_stack",
+         {{"row", "m"},
+          [](X x) {
+              return tg::column_stack({x[0], x[1].slice(1, 0, 2), x[0]});
+          }}},
+        {"atleast_3d", {{"m"}, [](X x) { return tg::atleast_3d(x[0]); }}},
+        {"float_power", {{"m", "n"}, [](X x) { return tg::float_power(x[0].abs(), x[1].t()); }}},
+        {"float_power_int",
+         {{},
+          [&](X) {
+              return tg::float_power(ints({2, 3, -2}), ints({3, -1, 2}));
+          }}},
+        {"logaddexp2", {{"m", "n"}, [](X x) { return tg::logaddexp2(x[0], x[1].t()); }}},
+        {"frac", {{"t"}, [](X x) { return x[0].frac(); }}},
+        {"deg2rad", {{"t"}, [](X x) { return x[0].deg2rad(); }}},
+        {"rad2deg", {{"t"}, [](X x) { return x[0].rad2deg(); }}},
+        {"count_nonzero",
+         {{},
+          [&](X) {
+              return ints({0, 1, 2, 0, 0, 3}, {2, 3}).count_nonzero({1});
+          }}},
+        {"tile", {{"m"}, [](X x) { return x[0].tile({2}); }}},
+        {"tile_more",
+         {{"row"},
+          [](X x) {
+              return x[0].tile({2, 1, 2});
+          }}},
+        {"repeat_interleave", {{"m"}, [](X x) { return x[0].repeat_interleave(2, 0); }}},
+        {"repeat_interleave_flat", {{"row"}, [](X x) { return x[0].repeat_interleave(3); }}},
+        {"take",
+         {{"m"},
+          [&](X x) {
+              return x[0].take(ints({11, 0, 4, 4}, {2, 2}));
+          }}},
+        {"masked_scatter",
+         {{"m", "n"},
+          [](X x) {
+              Tensor mask =
+                  Tensor::from_vector(std::vector<bool>{true, false, true, false}, {1, 4});
+              return x[0].masked_scatter(mask, x[1]);
+          }}},
+        {"narrow", {{"m"}, [](X x) { return x[0].narrow(1, -3, 2); }}},
+        {"unbind",
+         {{"m"},
+          [](X x) {
+              std::vector<Tensor> columns = x[0].unbind(1);
+              std::reverse(columns.begin(), columns.end());
+              return tg::stack(columns);
+          }}},
+    };
+    check_cases(ref, ours, 1e-12);
+    // tensor_split: sections (the first ones longer) or indices (clamped, maybe empty)
+    Tensor ten = Tensor::arange(10);
+    auto sizes = [](const std::vector<Tensor>& pieces) {
+        std::vector<int64_t> out;
+        for (const Tensor& p : pieces)
+            out.push_back(p.size(0));
+        return out;
+    };
+    CHECK((sizes(ten.tensor_split(3)) == std::vector<int64_t>{4, 3, 3}));
+    CHECK((sizes(ten.tensor_split({2, 8, 5, 20}, 0)) == std::vector<int64_t>{2, 6, 0, 2, 0}));
+    CHECK((sizes(ten.tensor_split(std::vector<int64_t>{-3}, 0)) == std::vector<int64_t>{7, 3}));
+    CHECK(tg::allclose(in.at("m"), in.at("m") + 1e-9));
+    CHECK(!tg::allclose(in.at("m"), in.at("m") + 1e-3));
+    // errors
+    const Tensor& m = in.at("m");
+    CHECK_THROWS(m.narrow(1, 3, 2), "narrow: start 3, length 2 do not fit axis 1 of [3,4]");
+    CHECK_THROWS(tg::addmm(m, m, in.at("row")), "addmm: m2 must have 2 axes, got [3]");
+    CHECK_THROWS(tg::diag_embed(m, 0, 1, -2), "diag_embed: dim1 and dim2 are both axis 1");
+    CHECK_THROWS(m.take(ints({12})).sum().item(), "take: index out of range [0, 12)", "got 12");
+    CHECK_THROWS(m.masked_scatter(m > 0, in.at("row")).sum().item(),
+                 "masked_scatter: index out of range [0, 3)");
+    CHECK_THROWS(tg::take_along_dim(m, ints({0, 1}), 0),
+                 "take_along_dim: indices [2] need x's 2 axes");
+    CHECK_THROWS(m.repeat_interleave(-1), "repeat_interleave: repeats must be at least 0, got -1");
+    CHECK_THROWS(tg::isclose(m, m, -1), "isclose: rtol -1 and atol 1e-08 must be at least 0");
+}

@@ -33,6 +33,10 @@
   lbfgs_reference.txt    LBFGS on the 3-variable Rosenbrock function, two parameters, without
                          and with its strong Wolfe line search: the parameters and the loss
                          after each step (tests/test_training.cpp, optim_lbfgs_matches_pytorch)
+  basics_reference.txt   isclose, isin, diag_embed, take_along_dim, logdet, addmm and its kin,
+                         addcmul, addcdiv, the stacks, float_power, logaddexp2, frac, tile,
+                         repeat_interleave, take, masked_scatter and the like
+                         (tests/test_math.cpp, ops_basics_match_pytorch)
   ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
                          unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
@@ -771,4 +775,68 @@ write("lbfgs_reference.txt", {}, [
     ("lbfgs", [], lambda: lbfgs_run(None)),
     ("lbfgs_strong_wolfe", [], lambda: lbfgs_run("strong_wolfe")),
     ("lbfgs_strong_wolfe_short", [], lambda: lbfgs_run("strong_wolfe", 2, 0.5, 3, 10)),
+])
+
+
+inf = float("inf")
+basics = {
+    "p": tensor([1, 1.00001, inf, -inf, nan, 0, 1e-9, 2], 8),
+    "q": tensor([1.000001, 1, inf, inf, nan, 1e-9, 0, 2.5], 8),
+    "m": tensor([0.5, -1, 2, 1.5, 0.25, -0.75, 1, 3, -2, 0.5, 1.25, 2.5], 3, 4),
+    "n": tensor([1, -0.5, 2, 0.25, 1.5, -1, 0.75, 2, -1.25, 0.5, 1, 3], 4, 3),
+    "row": tensor([2, -1, 0.5], 3),
+    "col": tensor([1, 0.5, -2, 1.5], 4),
+    "batch": tensor([2, -1, 0.5, 1, 3, 1, 0.25, -2, 4, 0, 1, 4, 1, 2, 3, 2, 0.5, 1], 2, 3, 3),
+    "t": tensor([-2.5, -0.5, 0, 0.75, 3.25, 370], 2, 3),
+}
+b_ = basics
+write("basics_reference.txt", basics, [
+    ("isclose", [], lambda: torch.isclose(b_["p"], b_["q"]).double()),
+    ("isclose_nan", [], lambda: torch.isclose(b_["p"], b_["q"], 1e-3, 0, True).double()),
+    ("isin", [], lambda: torch.isin(torch.tensor([[1, 5, 2], [7, 2, 0]]),
+                                    torch.tensor([2, 7, 9])).double()),
+    ("isin_invert", [], lambda: torch.isin(b_["t"], tensor([0, 370], 2), invert=True).double()),
+    ("diag_embed", ["m"], torch.diag_embed),
+    ("diag_embed_offset", ["m"], lambda x: torch.diag_embed(x, 1)),
+    ("diag_embed_below_dims", ["m"], lambda x: torch.diag_embed(x, -2, 0, 2)),
+    ("take_along_dim", ["m"], lambda x: torch.take_along_dim(
+        x, torch.tensor([[3, 0], [1, 1], [2, 0]]), 1)),
+    ("take_along_dim_broadcast", ["m"], lambda x: torch.take_along_dim(
+        x, torch.tensor([[2, 0, 1, 1]]), 0)),
+    ("take_along_dim_flat", ["m"], lambda x: torch.take_along_dim(x, torch.tensor([11, 0, 5]))),
+    ("logdet", ["batch"], lambda x: torch.logdet(x @ x.mT + torch.eye(3))),
+    ("logdet_signs", [], lambda: torch.logdet(b_["batch"])),
+    ("addmm", ["row", "m", "n"], lambda r, a, b: torch.addmm(r, b, a[:, :3], beta=0.5, alpha=2)),
+    ("addmm_beta_0", ["m", "n"], lambda a, b: torch.addmm(
+        torch.full((4, 4), nan, dtype=torch.float64), b, a, beta=0)),
+    ("addmv", ["col", "n", "row"], lambda c, a, r: torch.addmv(c, a, r, beta=-1, alpha=0.5)),
+    ("addr", ["m", "row", "col"], lambda a, r, c: torch.addr(a[:, :3].t(), r, c[:3] * 2, alpha=3)),
+    ("baddbmm", ["batch"], lambda x: torch.baddbmm(x, x, x.mT, beta=2, alpha=0.25)),
+    ("addbmm", ["batch", "m"], lambda x, a: torch.addbmm(a[:, :3], x, x)),
+    ("addcmul", ["m", "n"], lambda a, b: torch.addcmul(a, a, b.t(), value=0.5)),
+    ("addcdiv", ["m", "col"], lambda a, c: torch.addcdiv(a, a, c + 3, value=-2)),
+    ("hstack", ["m", "n"], lambda a, b: torch.hstack([a, b.t(), a[:, :1]])),
+    ("hstack_1d", ["row", "col"], lambda r, c: torch.hstack([r, c])),
+    ("vstack", ["row", "m"], lambda r, a: torch.vstack([a[:, :3], r])),
+    ("dstack", ["row", "m"], lambda r, a: torch.dstack([r, a[:1, :3]])),
+    ("column_stack", ["row", "m"], lambda r, a: torch.column_stack([r, a[:, :2], r])),
+    ("atleast_3d", ["m"], torch.atleast_3d),
+    ("float_power", ["m", "n"], lambda a, b: torch.float_power(a.abs(), b.t())),
+    ("float_power_int", [], lambda: torch.float_power(torch.tensor([2, 3, -2]),
+                                                      torch.tensor([3, -1, 2]))),
+    ("logaddexp2", ["m", "n"], lambda a, b: torch.logaddexp2(a, b.t())),
+    ("frac", ["t"], torch.frac),
+    ("deg2rad", ["t"], torch.deg2rad),
+    ("rad2deg", ["t"], torch.rad2deg),
+    ("count_nonzero", [], lambda: torch.count_nonzero(torch.tensor([[0, 1, 2], [0, 0, 3]]), 1)
+     .double()),
+    ("tile", ["m"], lambda x: x.tile((2,))),
+    ("tile_more", ["row"], lambda x: x.tile((2, 1, 2))),
+    ("repeat_interleave", ["m"], lambda x: x.repeat_interleave(2, 0)),
+    ("repeat_interleave_flat", ["row"], lambda x: x.repeat_interleave(3)),
+    ("take", ["m"], lambda x: x.take(torch.tensor([[11, 0], [4, 4]]))),
+    ("masked_scatter", ["m", "n"], lambda a, b: a.masked_scatter(
+        torch.tensor([[True, False, True, False]]), b)),
+    ("narrow", ["m"], lambda x: x.narrow(1, -3, 2)),
+    ("unbind", ["m"], lambda x: torch.stack(list(x.unbind(1))[::-1])),
 ])
