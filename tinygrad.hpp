@@ -1851,25 +1851,21 @@ Tensor spectral_normalized(const Tensor& weight, const SingularVectors& uv, int 
                            int n_power_iterations, double eps, bool training,
                            Loc loc = Loc::here());
 }  // namespace parametrization
-// weight = g·v/‖v‖, the norm over every axis but dim (std::nullopt: over all, g a scalar); g
-// starts at the weight's norms, v at the weight: "parametrizations.weight.original0" and
-// "original1", as torch.nn.utils.parametrizations.weight_norm's
-template <class Layer> struct WeightNorm : Module {
-    explicit WeightNorm(Layer inner, std::optional<int> dim = 0, Loc loc = Loc::here())
-        : layer(std::move(inner)), dim(dim) {
-        start(loc);
-    }
-    Tensor weight() const { return g * v / parametrization::norm_except(v, dim); }
+// What both wrappers share: the layer, its parameters but its weight (with the wrapper's
+// own, named as PyTorch names them), its buffers, training mode
+template <class Layer> struct Reparametrized : Module {
+    explicit Reparametrized(Layer inner) : layer(std::move(inner)) {}
     Tensor forward(const Tensor& x) override {
         layer.weight = weight();
         return layer.forward(x);
     }
+    virtual Tensor weight() = 0;
+    virtual Named own_parameters() = 0;
     Named named_parameters() override {
         Named out;
         for (auto& named : layer.named_parameters())
             if (named.first != "weight") out.push_back(named);
-        out.push_back({"parametrizations.weight.original0", g});
-        out.push_back({"parametrizations.weight.original1", v});
+        for (auto& named : own_parameters()) out.push_back(named);
         return out;
     }
     Named named_buffers() override { return layer.named_buffers(); }
@@ -1877,73 +1873,78 @@ template <class Layer> struct WeightNorm : Module {
         Module::train(on);
         layer.train(on);
     }
+    Layer layer;
+};
+// weight = g·v/‖v‖, the norm over every axis but dim (std::nullopt: over all, g a scalar); g
+// starts at the weight's norms, v at the weight: "parametrizations.weight.original0" and
+// "original1", as torch.nn.utils.parametrizations.weight_norm's
+template <class Layer> struct WeightNorm : Reparametrized<Layer> {
+    explicit WeightNorm(Layer inner, std::optional<int> dim = 0, Loc loc = Loc::here())
+        : Reparametrized<Layer>(std::move(inner)), dim(dim) {
+        start(loc);
+    }
+    Tensor weight() override { return g * v / parametrization::norm_except(v, dim); }
+    Module::Named own_parameters() override {
+        return {{"parametrizations.weight.original0", g},
+                {"parametrizations.weight.original1", v}};
+    }
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override {
-        layer.reset_parameters(new_seeds);
+        this->layer.reset_parameters(new_seeds);
         start(Loc::here());
     }
-    Layer layer;
     std::optional<int> dim;
     Tensor g, v;
 private:
     void start(Loc loc) {
-        v = layer.weight;
+        v = this->layer.weight;
         g = parametrization::norm_except(v, dim, loc).detach().requires_grad();
-        seeds = layer.seeds;
+        this->seeds = this->layer.seeds;
     }
 };
 // weight = W/σ, σ W's largest singular value by power iteration (parametrization::
 // spectral_normalized), as torch.nn.utils.parametrizations.spectral_norm: W is
 // "parametrizations.weight.original", u and v the buffers "parametrizations.weight.0._u" and
 // "_v". dim: the weight's output axis, 0 (1 for a transposed convolution) unless given.
-template <class Layer> struct SpectralNorm : Module {
+template <class Layer> struct SpectralNorm : Reparametrized<Layer> {
     explicit SpectralNorm(Layer inner, int n_power_iterations = 1, double eps = 1e-12,
                           std::optional<int> dim = std::nullopt,
                           uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here())
-        : layer(std::move(inner)), n_power_iterations(n_power_iterations), eps(eps) {
+        : Reparametrized<Layer>(std::move(inner)), n_power_iterations(n_power_iterations),
+          eps(eps) {
         if constexpr (std::is_base_of_v<ConvNd, Layer>)
-            this->dim = dim ? *dim : layer.transposed ? 1 : 0;
+            this->dim = dim ? *dim : this->layer.transposed ? 1 : 0;
         else
             this->dim = dim ? *dim : 0;
         start(seed, loc);
     }
-    Tensor forward(const Tensor& x) override {
-        layer.weight = parametrization::spectral_normalized(original, uv, dim,
-                                                            n_power_iterations, eps, training);
-        return layer.forward(x);
+    Tensor weight() override {
+        return parametrization::spectral_normalized(original, uv, dim, n_power_iterations, eps,
+                                                    this->training);
     }
-    Named named_parameters() override {
-        Named out;
-        for (auto& named : layer.named_parameters())
-            if (named.first != "weight") out.push_back(named);
-        out.push_back({"parametrizations.weight.original", original});
-        return out;
+    Module::Named own_parameters() override {
+        return {{"parametrizations.weight.original", original}};
     }
-    Named named_buffers() override {
-        Named out = layer.named_buffers();
+    Module::Named named_buffers() override {
+        Module::Named out = this->layer.named_buffers();
         out.push_back({"parametrizations.weight.0._u", uv.u});
         out.push_back({"parametrizations.weight.0._v", uv.v});
         return out;
     }
-    void train(bool on = true) override {
-        Module::train(on);
-        layer.train(on);
-    }
     void reset_parameters(const std::vector<uint64_t>& new_seeds) override {   // u's last
-        check_seed_count(new_seeds, seeds.size(), "SpectralNorm");
-        layer.reset_parameters({new_seeds.begin(), new_seeds.end() - 1});
+        this->check_seed_count(new_seeds, this->seeds.size(), "SpectralNorm");
+        this->layer.reset_parameters({new_seeds.begin(), new_seeds.end() - 1});
         start(new_seeds.back(), Loc::here());
     }
-    Layer layer;
     int n_power_iterations, dim = 0;
     double eps;
     Tensor original;
     parametrization::SingularVectors uv;
 private:
     void start(uint64_t seed, Loc loc) {
-        original = layer.weight;
+        original = this->layer.weight;
         uv = parametrization::power_start(original, dim, eps, seed, loc);
-        seeds = layer.seeds;
-        seeds.push_back(seed);
+        this->seeds = this->layer.seeds;
+        this->seeds.push_back(seed);
     }
 };
 
