@@ -1067,6 +1067,12 @@ Tensor lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& b, bool le
 Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 // a^k by repeated squaring (k < 0: of inv(a); k = 0: the identity)
 Tensor matrix_power(const Tensor& a, int64_t k, Loc loc = Loc::here());
+// e^a by scaling and squaring (Higham's, 2005): each matrix divided by 2^s, s the least with
+// ‖a‖₁/2^s at most 5.37, its degree-13 Padé approximant (one solve), squared s times, as
+// torch.linalg.matrix_exp. Computed in float64 and cast back; the squarings run to the
+// batch's largest s (read on the host: not in a tg::Jit), each matrix's own beyond its s
+// left as it is. Gradients follow the steps.
+Tensor matrix_exp(const Tensor& a, Loc loc = Loc::here());
 // the product of the matrices, left to right; a 1-D first (last) one is a row (column)
 Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 // Σ a·b along the axis (broadcast), as torch.linalg.vecdot
@@ -7822,6 +7828,33 @@ Tensor lstsq(const Tensor& a, const Tensor& b, Loc loc) {
     }
     QR f = qr(a.mT(), "reduced", loc);   // a = Rᵀ Qᵀ: x = Q y with Rᵀ y = b
     return f.Q.matmul(solve_triangular(f.R.mT(), b, false, true, false, loc));
+}
+Tensor matrix_exp(const Tensor& a_in, Loc loc) {
+    check_matrices(a_in, "linalg.matrix_exp", loc, true);
+    UserLocScope at(loc);
+    const int64_t n = a_in.size(-1);
+    Tensor a = a_in.cast(DType::FLOAT64);
+    if (a.numel() == 0) return a_in;
+    const double theta = 5.371920351148152;   // Padé 13's bound for float64 (Higham)
+    Tensor norm = a.abs().sum(-2).max(-1, true).values.unsqueeze(-1).detach();   // [..., 1, 1]
+    Tensor squarings = (norm / theta).log2().ceil().clamp(0.0, 1100.0);
+    squarings = where(norm.isfinite(), squarings, 0.0);
+    const int64_t most = int64_t(squarings.max().item(loc));
+    Tensor x = a / squarings.exp2();
+    const double b[14] = {64764752532480000., 32382376266240000., 7771770303897600.,
+                          1187353796428800.,  129060195264000.,   10559470521600.,
+                          670442572800.,      33522128640.,       1323241920.,
+                          40840800.,          960960.,            16380.,
+                          182.,               1.};
+    Tensor eye = Tensor::eye(n, DType::FLOAT64);
+    Tensor x2 = x.matmul(x), x4 = x2.matmul(x2), x6 = x4.matmul(x2);
+    Tensor u = x.matmul(x6.matmul(x6 * b[13] + x4 * b[11] + x2 * b[9]) + x6 * b[7] + x4 * b[5] +
+                        x2 * b[3] + eye * b[1]);
+    Tensor v = x6.matmul(x6 * b[12] + x4 * b[10] + x2 * b[8]) + x6 * b[6] + x4 * b[4] +
+               x2 * b[2] + eye * b[0];
+    Tensor r = solve(v - u, v + u, loc);
+    for (int64_t k = 0; k < most; k++) r = where(squarings > double(k), r.matmul(r), r);
+    return r.cast(a_in.dtype());
 }
 Tensor matrix_power(const Tensor& a, int64_t k, Loc loc) {
     check_matrices(a, "linalg.matrix_power", loc, true);

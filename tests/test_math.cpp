@@ -150,7 +150,7 @@ static Tensor rank_1(const Reference& ref) {   // vec's first two entries times 
 TEST(ops_linalg_matches_pytorch) {
     namespace la = tg::linalg;
     Reference ref = read_reference("tests/data/linalg_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(67));
+    CHECK_EQ(ref.cases.size(), size_t(70));
     using X = const std::vector<Tensor>&;
     Cases ours = {
         {"det", {{"a"}, [](X x) { return la::det(x[0]); }}},
@@ -269,6 +269,16 @@ TEST(ops_linalg_matches_pytorch) {
               la::LUFactor f = la::lu_factor(x[0]);
               return la::lu_solve(f.LU, f.pivots, x[1].t(), false, true);
           }}},
+        {"matrix_exp",
+         {{"batch"},
+          [](X x) {
+              return la::matrix_exp(tg::stack({x[0].slice(0, 0, 1).squeeze(0) * 0.1,
+                                               x[0].slice(0, 1, 2).squeeze(0)}));
+          }}},
+        {"matrix_exp_large", {{"a"}, [](X x) { return la::matrix_exp(x[0] * 3); }}},
+        {"matrix_exp_skew",
+         {{},
+          [&](X) { return la::matrix_exp(ref.inputs.at("a") - ref.inputs.at("a").t()); }}},
     };
     check_cases(ref, ours, 1e-12);
     // LU without pivoting: P = I and L U = a; lu_unpack of lu_factor's is lu's
@@ -286,6 +296,13 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_ALL_NEAR(vals(lu_checks[1]), vals(spd), 1e-14);
     CHECK_ALL_NEAR(vals(lu_checks[2]), vals(batch), 1e-14);
     CHECK(vals(lu_checks[3]) == (Vec{1, 2, 3, 1, 2, 3}));
+    // matrix_exp: of 0 the identity; float32 near float64's; a rotation's stays orthogonal
+    Tensor skew = ref.inputs.at("a") - ref.inputs.at("a").t();
+    Tensor rotation = la::matrix_exp(skew.cast(DType::FLOAT32));
+    CHECK_ALL_NEAR(vals(la::matrix_exp(Tensor::zeros({2, 3, 3}))),
+                   vals(Tensor::eye(3).expand({2, 3, 3})), 0);
+    CHECK_ALL_NEAR(vals(rotation), vals(la::matrix_exp(skew)), 1e-5);
+    CHECK_ALL_NEAR(vals(rotation.matmul(rotation.t())), vals(Tensor::eye(4)), 1e-5);
     for (size_t i = 4; i < 7; i++)
         CHECK(vals(lu_checks[i]) == vals(lu_checks[i + 3]));
     // singular: det 0, slogdet (0, -inf), an inverse of NaN
@@ -317,6 +334,7 @@ TEST(ops_linalg_matches_pytorch) {
     CHECK_THROWS(la::multi_dot({rhs, ref.inputs.at("vec"), rhs}), "multi_dot", "tensor 1");
     CHECK_THROWS(tg::cov(ref.inputs.at("batch")), "cov", "[2,3,3]");
     CHECK_THROWS(la::lu_factor(ref.inputs.at("vec")), "linalg.lu_factor", "[..., m, n]", "[3]");
+    CHECK_THROWS(la::matrix_exp(rhs), "linalg.matrix_exp", "square", "[4,2]");
     CHECK_THROWS(la::lu_solve(factors.LU, factors.pivots, rhs),
                  "linalg.lu_solve: b float64 [4,2] must be [..., 3, k] in LU's dtype");
     CHECK_THROWS(la::lu_solve(factors.LU, factors.pivots.cast(DType::FLOAT32), rhs.slice(0, 0, 3)),

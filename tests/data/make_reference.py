@@ -22,7 +22,7 @@
                          ops_scatter_and_scatter_reduce_match_pytorch)
   linalg_reference.txt   torch.linalg's det, slogdet, inv, solve, cholesky, qr, solve_triangular,
                          lstsq, matrix_power, multi_dot, norms, eigh, svd, pinv, matrix_rank,
-                         cond, lu_factor, lu and lu_solve; erfinv, cov, corrcoef
+                         cond, lu_factor, lu, lu_solve and matrix_exp; erfinv, cov, corrcoef
                          (tests/test_math.cpp, ops_linalg_matches_pytorch)
   special_reference.txt  lgamma, digamma, polygamma, nansum, nanmean, aminmax, heaviside, ldexp,
                          trapezoid, renorm, pdist, vander, vecdot, multilabel_margin_loss
@@ -525,6 +525,12 @@ write("linalg_reference.txt", linalg_inputs, [
      lambda a, r: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), r.t(), left=False)),
     ("lu_solve_right_adjoint", ["a", "rhs"], lambda a, r: torch.linalg.lu_solve(
         *torch.linalg.lu_factor(a), r.t(), left=False, adjoint=True)),
+    # matrix_exp: norms from 0.4 to 14 in a batch (0 to 2 squarings), and a larger one
+    ("matrix_exp", ["batch"], lambda b: torch.linalg.matrix_exp(
+        torch.stack([b[0] * 0.1, b[1]]))),
+    ("matrix_exp_large", ["a"], lambda a: torch.linalg.matrix_exp(a * 3)),
+    ("matrix_exp_skew", [], lambda: torch.linalg.matrix_exp(
+        linalg_inputs["a"] - linalg_inputs["a"].t())),
 ])
 
 # grid_sample of x [2, 2, 4, 5] at grid [2, 3, 3, 2]: points inside, on the edges and outside
