@@ -3137,9 +3137,7 @@ private:
     Vector flat_params() const;
     Vector flat_grad() const;
     void set_params(const Vector& x);
-    // loss and gradient at x + t·d (the parameters are left there)
-    std::pair<double, Vector> evaluate(const std::function<Tensor()>& closure, const Vector& x,
-                                       double t, const Vector& d);
+    void move(const Vector& x, double t, const Vector& d);   // the parameters to x + t·d
     Vector d, prev_flat_grad;   // the state carried from one step to the next
     std::vector<Vector> old_dirs, old_stps;
     std::vector<double> ro;
@@ -5125,6 +5123,16 @@ Tensor Tensor::square(Loc loc) const {
 }
 // A float with |x| >= 2^23 (2^52 in float64) is whole already; a smaller one goes through int64,
 // and a zero result keeps x's sign (trunc(-0.5) = -0). No gradient reaches x, as in PyTorch.
+Tensor Tensor::trunc(Loc loc) const {
+    check_defined(*this, "trunc", loc);
+    if (!dtype_is_float(dtype())) return *this;
+    UserLocScope at(loc);   // for the operators below
+    Tensor x = detach();
+    Tensor t = x.cast(DType::INT64, loc).cast(dtype(), loc);
+    Tensor signed_t = where(t == 0, mul_c(x, 0, loc), t, loc);
+    return where(x.abs(loc) < (dtype() == DType::FLOAT32 ? 8388608.0 : 4503599627370496.0),
+                 signed_t, x, loc);
+}
 Tensor Tensor::frac(Loc loc) const {
     UserLocScope at(loc);
     return *this - trunc(loc);
@@ -5141,16 +5149,6 @@ Tensor Tensor::count_nonzero(const std::vector<int>& axes, Loc loc) const {
     check_defined(*this, "count_nonzero", loc);
     UserLocScope at(loc);
     return (*this != 0).cast(DType::INT64).sum(axes);
-}
-Tensor Tensor::trunc(Loc loc) const {
-    check_defined(*this, "trunc", loc);
-    if (!dtype_is_float(dtype())) return *this;
-    UserLocScope at(loc);   // for the operators below
-    Tensor x = detach();
-    Tensor t = x.cast(DType::INT64, loc).cast(dtype(), loc);
-    Tensor signed_t = where(t == 0, mul_c(x, 0, loc), t, loc);
-    return where(x.abs(loc) < (dtype() == DType::FLOAT32 ? 8388608.0 : 4503599627370496.0),
-                 signed_t, x, loc);
 }
 Tensor Tensor::floor(Loc loc) const {
     check_defined(*this, "floor", loc);
@@ -7562,6 +7560,19 @@ static void check_matrices(const Tensor& a, const char* op, Loc loc, bool square
                   square ? "[..., n, n]" : "[..., m, n]", dtype_name(a.dtype()),
                   shape_str(a.shape()).c_str()), loc);
 }
+// Where each row comes from when rows k and p swap (rows: the row numbers as a column or a
+// vector, int64)
+static Tensor swap_source(const Tensor& rows, int64_t k, const Tensor& p) {
+    return where(rows == k, p, where(rows == p, k, rows));
+}
+// Partial pivoting's step k: swaps into row k of work [..., m, n] the row of the largest |value|
+// in column k at or below it (the first of ties); gives that row [..., 1, 1]
+static Tensor swap_in_pivot(Tensor& work, const Tensor& rows, int64_t k) {
+    Tensor column = work.slice(-1, k, k + 1).detach();
+    Tensor p = where(rows >= k, column.abs(), -1).argmax(-2, true);
+    work = work.gather(-2, swap_source(rows, k, p).expand(work.shape()));
+    return p;
+}
 // The rows of LU's a after the swaps of pivots (lu_factor's), as int64 [..., m]: row i of
 // Pᵀ a is row order[i] of a. A pivot out of [1, m] is the gather's error.
 static Tensor row_order(const char* op, const Tensor& LU, const Tensor& pivots, Loc loc) {
@@ -7580,7 +7591,7 @@ static Tensor row_order(const char* op, const Tensor& LU, const Tensor& pivots, 
     Tensor order = rows.expand(flat);
     for (int64_t k = 0; k < steps; k++) {
         Tensor p = pivots.slice(-1, k, k + 1).cast(DType::INT64) - 1;
-        order = order.gather(-1, where(rows == k, p, where(rows == p, k, rows)));
+        order = order.gather(-1, swap_source(rows, k, p));
     }
     return order;
 }
@@ -7601,10 +7612,7 @@ static Elimination gauss_jordan(const Tensor& a, const Tensor& b, Loc loc) {
     Tensor sign = Tensor::ones(one, a.dtype());
     std::vector<Tensor> pivots;
     for (int64_t k = 0; k < n; k++) {
-        Tensor column = work.slice(-1, k, k + 1).detach();
-        Tensor p = where(rows >= k, column.abs(), -1).argmax(-2, true);   // [..., 1, 1]
-        Tensor source = where(rows == k, p, where(rows == p, k, rows));  // of each row
-        work = work.gather(-2, source.expand(work.shape()));
+        Tensor p = swap_in_pivot(work, rows, k);
         sign = where(p == k, sign, -sign);
         Tensor pivot = work.slice(-2, k, k + 1).slice(-1, k, k + 1);
         pivots.push_back(pivot);
@@ -7752,13 +7760,7 @@ LUFactor lu_factor(const Tensor& a, bool pivot, Loc loc) {
     Tensor work = a;
     std::vector<Tensor> pivots;
     for (int64_t k = 0; k < steps; k++) {
-        if (pivot) {
-            Tensor column = work.slice(-1, k, k + 1).detach();
-            Tensor p = where(rows >= k, column.abs(), -1).argmax(-2, true);   // [..., 1, 1]
-            Tensor source = where(rows == k, p, where(rows == p, k, rows));  // of each row
-            work = work.gather(-2, source.expand(work.shape()));
-            pivots.push_back(p + 1);
-        }
+        if (pivot) pivots.push_back(swap_in_pivot(work, rows, k) + 1);
         Tensor pivot_value = work.slice(-2, k, k + 1).slice(-1, k, k + 1);
         Tensor factors = work.slice(-1, k, k + 1) / where(pivot_value == 0, 1, pivot_value);
         Tensor below = rows > k;
@@ -15264,14 +15266,14 @@ static std::vector<Device*> realize_pending_leaves(RunMode mode = RunMode::SETUP
 // jit_updates gains the unrealized ASSIGNs of the graphs of targets
 static void note_updates(const std::vector<NodeP>& targets) {
     std::unordered_set<Node*> seen;
-    std::vector<Node*> todo;
-    for (const NodeP& t : targets) todo.push_back(t.get());
-    while (!todo.empty()) {
-        Node* n = todo.back();
-        todo.pop_back();
+    std::vector<Node*> unseen;
+    for (const NodeP& t : targets) unseen.push_back(t.get());
+    while (!unseen.empty()) {
+        Node* n = unseen.back();
+        unseen.pop_back();
         if (n->buffer || !seen.insert(n).second) continue;
         if (n->op == Op::ASSIGN) jit_updates[n->src[0]->buffer.get()] = n->shared_from_this();
-        for (const NodeP& s : n->src) todo.push_back(s.get());
+        for (const NodeP& s : n->src) unseen.push_back(s.get());
     }
 }
 // A realize that is not a step's returns with the setup it queued done (its compile counted).
@@ -20093,13 +20095,10 @@ void LBFGS::set_params(const Vector& x) {
     }
     realize(writes);
 }
-std::pair<double, LBFGS::Vector> LBFGS::evaluate(const std::function<Tensor()>& closure,
-                                                 const Vector& x, double step, const Vector& dir) {
+void LBFGS::move(const Vector& x, double step, const Vector& dir) {
     Vector moved = x;
     for (size_t i = 0; i < moved.size(); i++) moved[i] += step * dir[i];
     set_params(moved);
-    double loss = closure().item();
-    return {loss, flat_grad()};
 }
 static double dot(const std::vector<double>& a, const std::vector<double>& b) {
     double sum = 0;
@@ -20260,34 +20259,30 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure, Loc loc) {
         double gtd = dot(grad, d);
         if (gtd > -tolerance_change) break;
         int ls_evaluations = 0;
-        bool optimal = false;
         if (!line_search_fn.empty()) {
-            LineSearch found = strong_wolfe(
-                [&](double step) { return evaluate(closure, x, step, d); }, t, d, loss, grad,
-                gtd, tolerance_change);
+            auto at = [&](double step) {   // the loss and gradient there
+                move(x, step, d);
+                double moved_loss = closure().item();
+                return std::pair{moved_loss, flat_grad()};
+            };
+            LineSearch found = strong_wolfe(at, t, d, loss, grad, gtd, tolerance_change);
             loss = found.loss, grad = found.grad, t = found.t;
             ls_evaluations = found.evaluations;
-            for (size_t i = 0; i < x.size(); i++) x[i] += t * d[i];
-            set_params(x);
-            x = flat_params();
-            optimal = largest_abs(grad) <= tolerance_grad;
-        } else {
-            for (size_t i = 0; i < x.size(); i++) x[i] += t * d[i];
-            set_params(x);
-            x = flat_params();
-            if (iteration != max_iter) {   // the last iteration's loss is not needed
-                loss = closure().item();
-                grad = flat_grad();
-                optimal = largest_abs(grad) <= tolerance_grad;
-                ls_evaluations = 1;
-            }
         }
+        move(x, t, d);
+        x = flat_params();   // as the parameters hold it, rounded to their dtypes
+        if (line_search_fn.empty() && iteration != max_iter) {   // (the last loss: not needed)
+            loss = closure().item();
+            grad = flat_grad();
+            ls_evaluations = 1;
+        }
+        const bool optimal = largest_abs(grad) <= tolerance_grad;
         evaluations += ls_evaluations;
         func_evals += ls_evaluations;
         if (iteration == max_iter || evaluations >= max_eval || optimal) break;
-        double moved = 0;
-        for (double v : d) moved = std::max(moved, std::fabs(v * t));
-        if (moved <= tolerance_change || std::fabs(loss - prev_loss) < tolerance_change) break;
+        if (largest_abs(d) * std::fabs(t) <= tolerance_change ||
+            std::fabs(loss - prev_loss) < tolerance_change)
+            break;
     }
     return first_loss;
 }
