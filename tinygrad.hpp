@@ -408,6 +408,9 @@ public:
     // int64 uniform in [low, high), from 48 random bits a value
     static Tensor randint(int64_t low, int64_t high, const Shape& shape,
                           uint64_t seed = next_seed(), Loc loc = Loc::here());
+    // 0..n-1 in a random order (int64): the order that sorts n keys of 48 random bits (equal
+    // keys, about n²/2^49 likely, keep their index order), as torch.randperm
+    static Tensor randperm(int64_t n, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor from_vector(const std::vector<float>& values, const Shape& shape = {-1},
                               Loc loc = Loc::here());   // {-1}: 1-D; {}: a scalar
     static Tensor from_vector(const std::vector<double>& values, const Shape& shape = {-1},
@@ -432,6 +435,17 @@ public:
     static Tensor full_like(const Tensor& x, Scalar value, Loc loc = Loc::here());
     static Tensor rand_like(const Tensor& x, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor randn_like(const Tensor& x, uint64_t seed = next_seed(), Loc loc = Loc::here());
+    // draws from this tensor, as torch's. multinomial: num_samples category indices (int64) for
+    // these weights [C] or each row of [N, C] (a row need not sum to 1). With replacement the
+    // draws are independent; without, a row's are distinct, and categories of weight 0 come
+    // only after the others. Each draw is the largest of ln w - ln E over the categories, E
+    // exponential from 48 random bits (Gumbel's trick; without replacement, the row's order by
+    // one such key). bernoulli: 1 with probability p (this tensor), else 0, in p's dtype.
+    // Weights negative, infinite or NaN, a row summing to 0, and p outside [0, 1] are errors
+    // found as the program runs.
+    Tensor multinomial(int64_t num_samples, bool replacement = false,
+                       uint64_t seed = next_seed(), Loc loc = Loc::here()) const;
+    Tensor bernoulli(uint64_t seed = next_seed(), Loc loc = Loc::here()) const;
 
     // what it is
     const Shape& shape() const;
@@ -4728,6 +4742,66 @@ Tensor Tensor::randint(int64_t low, int64_t high, const Shape& shape, uint64_t s
     Tensor v = add(mul_c(k1, two24, loc), k2, loc);
     Tensor n = const_like(v, double(high - low), DType::INT64, loc);
     return add_c(wrap(graph_binary(Op::MOD, N(v), N(n), loc)), double(low), loc);
+}
+
+// uniform in [0, 1) from 48 random bits, (k1·2^24 + k2)/2^48, in float64
+static Tensor rand48(const Shape& shape, uint64_t seed, Loc loc) {
+    const double two24 = 16777216;
+    Tensor k1 = Tensor::rand(shape, mix_seed(seed, 0), loc).cast(DType::FLOAT64, loc);
+    Tensor k2 = Tensor::rand(shape, mix_seed(seed, 1), loc).cast(DType::FLOAT64, loc);
+    return add(k1, mul_c(k2, 1 / two24, loc), loc);
+}
+Tensor Tensor::randperm(int64_t n, uint64_t seed, Loc loc) {
+    if (n < 0) fail(strf("randperm: negative n %lld", (long long)n), loc);
+    return rand48({n}, seed, loc).argsort(0, false, loc);
+}
+// int64 zeros of ok's shape that stop the program where ok is false, naming what: a checked
+// gather whose index is 1 there. Added into a result, the check runs with it.
+static Tensor checked_zeros(const Tensor& ok, const char* what, Loc loc) {
+    UserLocScope at(loc, what);
+    Tensor index = ok.logical_not(loc).cast(DType::INT64, loc).reshape({-1}, loc);
+    return on_device_of(ok, Tensor::arange(1, loc).cast(DType::INT64, loc), loc)
+        .gather(0, index, loc).reshape(ok.shape(), loc);
+}
+Tensor Tensor::multinomial(int64_t num_samples, bool replacement, uint64_t seed, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    check_float_like(*this, "multinomial", loc);
+    const int64_t categories = ndim() == 0 ? 0 : size(-1);
+    if (ndim() < 1 || ndim() > 2 || categories == 0)
+        fail(strf("multinomial: weights %s must be [C] or [N, C] with C >= 1",
+                  shape_str(shape()).c_str()), loc);
+    if (num_samples < 1 || (!replacement && num_samples > categories))
+        fail(strf("multinomial: cannot draw %lld samples %s replacement from %lld categories",
+                  (long long)num_samples, replacement ? "with" : "without",
+                  (long long)categories), loc);
+    Tensor w = (ndim() == 1 ? unsqueeze(0, loc) : *this).detach().cast(DType::FLOAT64, loc);
+    const int64_t rows = w.size(0);
+    Tensor fine = logical_and(w >= 0.0, w < INFINITY, loc).all(1, false, loc);
+    Tensor check = checked_zeros(logical_and(fine, w.sum(1, false, loc) > 0.0, loc),
+                                 "multinomial (weights finite, at least 0, summing above 0)",
+                                 loc).reshape({rows, 1}, loc);
+    Shape draws = replacement ? Shape{rows, num_samples, categories} : Shape{rows, categories};
+    Tensor exponential = -(-on_device_of(w, rand48(draws, seed, loc), loc)).log1p(loc);
+    Tensor log_w = w.log(loc);
+    Tensor picked;
+    if (replacement) {
+        picked = (log_w.unsqueeze(1, loc) - exponential.log(loc)).argmax(2, false, loc);
+    } else {
+        Tensor key = log_w - exponential.log(loc);
+        picked = num_samples == 1 ? key.argmax(1, true, loc)
+                                  : key.argsort(1, true, loc).slice(1, 0, num_samples, 1, loc);
+    }
+    picked = picked + check;
+    return ndim() == 1 ? picked.reshape({num_samples}, loc) : picked;
+}
+Tensor Tensor::bernoulli(uint64_t seed, Loc loc) const {
+    UserLocScope at(loc);   // for the operators below
+    check_float_like(*this, "bernoulli", loc);
+    Tensor p = detach();
+    Tensor check = checked_zeros(logical_and(p >= 0.0, p <= 1.0, loc),
+                                 "bernoulli (p, each in [0, 1])", loc);
+    Tensor draw = rand_like(p, seed, loc) < p;
+    return (draw.cast(DType::INT64, loc) + check).cast(dtype(), loc);
 }
 
 // start + i·step for the first half, end - (steps-1-i)·step for the second, as PyTorch

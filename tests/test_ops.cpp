@@ -1370,6 +1370,85 @@ TEST(ops_randint) {
     CHECK_ALL_NEAR(vals(id(Tensor::from_vector({1.f, -2.f}))), (Vec{1, -2}), 0);
 }
 
+// randperm, multinomial and bernoulli: valid draws at the expected rates, the same for the same
+// seed, and their errors (weights and p checked as the program runs)
+TEST(ops_random_draws) {
+    std::vector<int64_t> perm = Tensor::randperm(1000, 3).to_vector<int64_t>();
+    CHECK(Tensor::randperm(1000, 3).dtype() == DType::INT64 && perm.size() == 1000);
+    CHECK(Tensor::randperm(1000, 3).to_vector<int64_t>() == perm);
+    CHECK(Tensor::randperm(1000, 4).to_vector<int64_t>() != perm);
+    std::vector<int64_t> sorted = perm;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < 1000; i++) CHECK_EQ(sorted[size_t(i)], i);
+    int ascents = 0;   // 499.5 on average, standard deviation 9
+    for (size_t i = 1; i < perm.size(); i++) ascents += perm[i] > perm[i - 1];
+    CHECK(ascents > 450 && ascents < 550);
+    CHECK(Tensor::randperm(0).shape() == S({0}));
+    CHECK_THROWS(Tensor::randperm(-1), "randperm", "-1");
+
+    // with replacement: rows of weights not summing to 1; a weight of 0 is never drawn
+    Tensor weights = Tensor::from_vector({0.1f, 0.2f, 0.3f, 0.4f, 0.f, 0.f, 0.f, 0.f, 0.f, 5.f},
+                                         {2, 5});
+    Tensor drawn = weights.multinomial(20000, true, 5);
+    CHECK(drawn.dtype() == DType::INT64 && drawn.shape() == S({2, 20000}));
+    std::vector<int64_t> d = drawn.to_vector<int64_t>();
+    std::vector<double> count(5, 0);
+    for (size_t i = 0; i < 20000; i++) count[size_t(d[i])] += 1.0 / 20000;
+    CHECK_ALL_NEAR(count, (Vec{0.1, 0.2, 0.3, 0.4, 0}), 0.015);   // 4 standard deviations
+    for (size_t i = 20000; i < 40000; i++) CHECK_EQ(d[i], 4);
+    CHECK(weights.multinomial(20000, true, 5).to_vector<int64_t>() == d);
+    CHECK(weights.multinomial(20000, true, 6).to_vector<int64_t>() != d);
+    CHECK(Tensor::from_vector({1.f, 3.f}).multinomial(3, true).shape() == S({3}));
+
+    // without replacement: each row a permutation; the first draw at the weights' rates, the
+    // second at Σ_i p_i p_j / (1 - p_i) (i ≠ j)
+    const Vec p{0.1, 0.2, 0.3, 0.4};
+    Tensor rows = Tensor::from_vector(std::vector<double>(p)).expand({20000, 4});
+    std::vector<int64_t> order = rows.multinomial(4, false, 9).to_vector<int64_t>();
+    Vec first(4, 0), second(4, 0), second_expected(4, 0);
+    bool permutations = true;
+    for (size_t r = 0; r < 20000; r++) {
+        std::vector<int64_t> row(order.begin() + long(4 * r), order.begin() + long(4 * r + 4));
+        first[size_t(row[0])] += 1.0 / 20000, second[size_t(row[1])] += 1.0 / 20000;
+        std::sort(row.begin(), row.end());
+        permutations = permutations && row == std::vector<int64_t>{0, 1, 2, 3};
+    }
+    CHECK(permutations);
+    for (size_t i = 0; i < 4; i++)
+        for (size_t j = 0; j < 4; j++)
+            if (i != j) second_expected[j] += p[i] * p[j] / (1 - p[i]);
+    CHECK_ALL_NEAR(first, p, 0.015);
+    CHECK_ALL_NEAR(second, second_expected, 0.015);
+    Tensor last_zero = Tensor::from_vector({1.f, 0.f, 2.f}).expand({50, 3}).multinomial(3);
+    for (int64_t x : last_zero.slice(1, 2, 3).to_vector<int64_t>()) CHECK_EQ(x, 1);
+    CHECK(Tensor::from_vector({1.f, 3.f}).multinomial(1).shape() == S({1}));
+
+    Tensor probability = Tensor::full({10000}, 0.3, DType::FLOAT64);
+    std::vector<double> coin = probability.bernoulli(2).to_vector<double>();
+    double heads = 0;
+    for (double c : coin) {
+        CHECK(c == 0 || c == 1);
+        heads += c / 10000;
+    }
+    CHECK_NEAR(heads, 0.3, 0.02);
+    CHECK(probability.bernoulli(2).to_vector<double>() == coin);
+    CHECK(probability.bernoulli(2).dtype() == DType::FLOAT64);
+    CHECK_ALL_NEAR(vals(Tensor::from_vector({0.f, 1.f, 0.f, 1.f}).bernoulli()), (Vec{0, 1, 0, 1}),
+                   0);
+
+    CHECK_THROWS(vals(Tensor::from_vector({0.5f, -0.1f}).multinomial(1)), "multinomial",
+                 "weights finite, at least 0");
+    CHECK_THROWS(vals(Tensor::from_vector({0.5f, NAN}).multinomial(1, true)), "multinomial");
+    CHECK_THROWS(vals(Tensor::from_vector({0.f, 0.f}, {1, 2}).multinomial(1)), "multinomial",
+                 "summing above 0");
+    CHECK_THROWS(Tensor::from_vector({0.5f, 0.5f}).multinomial(3), "multinomial", "3 samples",
+                 "without replacement", "2 categories");
+    CHECK_THROWS(Tensor::from_vector({1, 2}).multinomial(1), "multinomial", "int32");
+    CHECK_THROWS(Tensor::ones({2, 2, 2}).multinomial(1), "multinomial", "[2,2,2]");
+    CHECK_THROWS(vals(Tensor::from_vector({0.5f, 1.5f}).bernoulli()), "bernoulli",
+                 "each in [0, 1]");
+}
+
 // zeros_like, ones_like, full_like, rand_like, randn_like: the shape and dtype of their model
 TEST(ops_like_constructors) {
     Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
