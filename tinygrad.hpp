@@ -403,6 +403,9 @@ public:
     static Tensor eye(int64_t n, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
     // steps values from start to end, both included (float32), as torch.linspace
     static Tensor linspace(double start, double end, int64_t steps, Loc loc = Loc::here());
+    // base to the power of linspace's values (float32), as torch.logspace
+    static Tensor logspace(double start, double end, int64_t steps, double base = 10,
+                           Loc loc = Loc::here());
     static Tensor rand(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     static Tensor randn(const Shape& shape, uint64_t seed = next_seed(), Loc loc = Loc::here());
     // int64 uniform in [low, high), from 48 random bits a value
@@ -605,6 +608,9 @@ public:
     ValuesIndices median(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     ValuesIndices kthvalue(int64_t k, int axis = -1, bool keepdim = false,
                            Loc loc = Loc::here()) const;
+    // the median of the numbers, NaN left out (all NaN: NaN), as torch.nanmedian
+    Tensor nanmedian(Loc loc = Loc::here()) const;
+    ValuesIndices nanmedian(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     // ln Σ e^x over the axes (none given: all) without overflow; its gradient is the softmax
     Tensor logsumexp(int axis, bool keepdim = false, Loc loc = Loc::here()) const;
     Tensor logsumexp(const std::vector<int>& axes, bool keepdim = false,
@@ -713,6 +719,47 @@ public:
     }
     Tensor flipud(Loc loc = Loc::here()) const { return flip(0, loc); }
     Tensor fliplr(Loc loc = Loc::here()) const { return flip(1, loc); }
+    // PyTorch's other names for ops above
+    Tensor arccos(Loc loc = Loc::here()) const { return acos(loc); }
+    Tensor arcsin(Loc loc = Loc::here()) const { return asin(loc); }
+    Tensor arctan(Loc loc = Loc::here()) const { return atan(loc); }
+    Tensor arctan2(const Tensor& x, Loc loc = Loc::here()) const { return atan2(x, loc); }
+    Tensor arccosh(Loc loc = Loc::here()) const { return acosh(loc); }
+    Tensor arcsinh(Loc loc = Loc::here()) const { return asinh(loc); }
+    Tensor arctanh(Loc loc = Loc::here()) const { return atanh(loc); }
+    Tensor absolute(Loc loc = Loc::here()) const { return abs(loc); }
+    Tensor fix(Loc loc = Loc::here()) const { return trunc(loc); }
+    Tensor sgn(Loc loc = Loc::here()) const { return sign(loc); }
+    Tensor negative(Loc loc = Loc::here()) const;
+    Tensor swapdims(int axis0, int axis1, Loc loc = Loc::here()) const {
+        return transpose(axis0, axis1, loc);
+    }
+    Tensor ravel(Loc loc = Loc::here()) const { return flatten(0, -1, loc); }
+    Tensor broadcast_to(const Shape& shape, Loc loc = Loc::here()) const {
+        return expand(shape, loc);
+    }
+    int64_t nelement() const { return numel(); }
+    // other's shape or dtype
+    Tensor expand_as(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor reshape_as(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor view_as(const Tensor& other, Loc loc = Loc::here()) const;
+    Tensor type_as(const Tensor& other, Loc loc = Loc::here()) const;
+    // a new tensor of this one's dtype and device, as torch.Tensor.new_zeros
+    Tensor new_zeros(const Shape& shape, Loc loc = Loc::here()) const;
+    Tensor new_ones(const Shape& shape, Loc loc = Loc::here()) const;
+    Tensor new_full(const Shape& shape, Scalar value, Loc loc = Loc::here()) const;
+    bool is_floating_point() const;
+    Tensor isposinf(Loc loc = Loc::here()) const;
+    Tensor isneginf(Loc loc = Loc::here()) const;
+    Tensor msort(Loc loc = Loc::here()) const;   // sorted along the first axis
+    // tensor_split along axis 1 (hsplit; axis 0 of a 1-D tensor), 0 (vsplit) or 2 (dsplit), as
+    // torch's: sections must divide the axis
+    std::vector<Tensor> hsplit(int64_t sections, Loc loc = Loc::here()) const;
+    std::vector<Tensor> hsplit(const std::vector<int64_t>& indices, Loc loc = Loc::here()) const;
+    std::vector<Tensor> vsplit(int64_t sections, Loc loc = Loc::here()) const;
+    std::vector<Tensor> vsplit(const std::vector<int64_t>& indices, Loc loc = Loc::here()) const;
+    std::vector<Tensor> dsplit(int64_t sections, Loc loc = Loc::here()) const;
+    std::vector<Tensor> dsplit(const std::vector<int64_t>& indices, Loc loc = Loc::here()) const;
     // repeat with fewer repeats than axes taken as leading ones, as torch.tile
     Tensor tile(const std::vector<int64_t>& repeats, Loc loc = Loc::here()) const;
     // each element repeats times in a row along the axis (none: of the flattened tensor)
@@ -907,6 +954,13 @@ Tensor quantile(const Tensor& x, double q, std::optional<int> axis = std::nullop
 Tensor quantile(const Tensor& x, const std::vector<double>& q,
                 std::optional<int> axis = std::nullopt, bool keepdim = false,
                 const std::string& interpolation = "linear", Loc loc = Loc::here());
+// quantile of the numbers, NaN left out (all NaN: NaN), as torch.nanquantile
+Tensor nanquantile(const Tensor& x, double q, std::optional<int> axis = std::nullopt,
+                   bool keepdim = false, const std::string& interpolation = "linear",
+                   Loc loc = Loc::here());
+Tensor nanquantile(const Tensor& x, const std::vector<double>& q,
+                   std::optional<int> axis = std::nullopt, bool keepdim = false,
+                   const std::string& interpolation = "linear", Loc loc = Loc::here());
 // tensordot: a's last dims axes summed against b's first dims (or the axes listed, in pairs),
 // the remaining axes a's then b's, as torch.tensordot: one matrix product
 Tensor tensordot(const Tensor& a, const Tensor& b, int dims = 2, Loc loc = Loc::here());
@@ -985,6 +1039,39 @@ Tensor column_stack(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 // a^b in float64, as torch.float_power; log2(2^a + 2^b), as torch.logaddexp2
 Tensor float_power(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor logaddexp2(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// the larger (smaller) of a and b, a number over NaN, as torch.fmax (fmin); a tie's gradient
+// goes to a
+Tensor fmax(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor fmin(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// of integers: the greatest common divisor (at least 0; gcd(0, 0) = 0) by Euclid's steps,
+// as many as the dtype can need; lcm: |a / gcd · b|, 0 where a or b is
+Tensor gcd(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor lcm(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// PyTorch's other names: concat and concatenate (cat), ger (outer), chain_matmul (multi_dot)
+Tensor concat(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
+Tensor concatenate(const std::vector<Tensor>& tensors, int axis = 0, Loc loc = Loc::here());
+Tensor ger(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor chain_matmul(const std::vector<Tensor>& matrices, Loc loc = Loc::here());
+// mv: matrix [n, m] times vector [m]; vdot: Σ a_i b_i of two vectors; inner: Σ over the last
+// axes (a scalar operand multiplies), the result a's other axes then b's, as torch's
+Tensor mv(const Tensor& matrix, const Tensor& vector, Loc loc = Loc::here());
+Tensor vdot(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+Tensor inner(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
+// ‖a - b‖_p over all elements (broadcast), as torch.dist
+Tensor dist(const Tensor& a, const Tensor& b, double p = 2, Loc loc = Loc::here());
+// the diagonal matrix of x's elements (flattened), offset above (below) the main one
+Tensor diagflat(const Tensor& x, int64_t offset = 0, Loc loc = Loc::here());
+// the tensors expanded to their common shape, and that shape, as torch's
+std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors,
+                                      Loc loc = Loc::here());
+Shape broadcast_shapes(const std::vector<Shape>& shapes, Loc loc = Loc::here());
+// (std, mean) and (var, mean) over the axes (none: all), as torch.std_mean and var_mean
+std::pair<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int>& axes = {},
+                                   int64_t correction = 1, bool keepdim = false,
+                                   Loc loc = Loc::here());
+std::pair<Tensor, Tensor> var_mean(const Tensor& x, const std::vector<int>& axes = {},
+                                   int64_t correction = 1, bool keepdim = false,
+                                   Loc loc = Loc::here());
 // heaviside: 0 below 0 (and at NaN), values at 0, 1 above, as torch.heaviside; ldexp:
 // x·2^exponent
 Tensor heaviside(const Tensor& x, const Tensor& values, Loc loc = Loc::here());
@@ -1138,6 +1225,11 @@ Tensor cond(const Tensor& a, const std::string& ord, Loc loc = Loc::here());
 }  // namespace linalg
 // P, L and U from lu_factor's LU [..., m, n] and pivots [..., min(m, n)], as torch.lu_unpack
 linalg::PLU lu_unpack(const Tensor& LU, const Tensor& pivots, Loc loc = Loc::here());
+// A⁻¹ b and A⁻¹ for A = L Lᵀ (upper: Uᵀ U) given its Cholesky factor [..., n, n], by two
+// triangular solves, as torch.cholesky_solve and cholesky_inverse
+Tensor cholesky_solve(const Tensor& b, const Tensor& factor, bool upper = false,
+                      Loc loc = Loc::here());
+Tensor cholesky_inverse(const Tensor& factor, bool upper = false, Loc loc = Loc::here());
 // cov: the covariance of the rows of x [variables, observations] (1-D: one variable), divided
 // by observations - correction, as torch.cov; corrcoef: it scaled to correlations, in [-1, 1]
 Tensor cov(const Tensor& x, int64_t correction = 1, Loc loc = Loc::here());
@@ -4815,6 +4907,10 @@ Tensor Tensor::linspace(double start, double end, int64_t steps, Loc loc) {
     return where(i < double(steps / 2), first, second, loc);
 }
 
+Tensor Tensor::logspace(double start, double end, int64_t steps, double base, Loc loc) {
+    return full({}, base, DType::FLOAT32, loc).pow(linspace(start, end, steps, loc), loc);
+}
+
 Tensor Tensor::arange(Scalar stop, Loc loc) { return arange(0, stop, 1, loc); }
 // start + i·step for i in [0, ceil((stop-start)/step))
 Tensor Tensor::arange(Scalar start, Scalar stop, Scalar step, Loc loc) {
@@ -5925,6 +6021,18 @@ ValuesIndices Tensor::median(int axis, bool keepdim, Loc loc) const {
     };
     return sorted_pick(*this, axis, keepdim, "median", middle, loc);
 }
+Tensor Tensor::nanmedian(Loc loc) const {
+    check_defined(*this, "nanmedian", loc);
+    return flatten(0, -1, loc).nanmedian(0, false, loc).values.reshape({}, loc);
+}
+// the lower middle of the numbers (NaN sort after them); with none, the first NaN
+ValuesIndices Tensor::nanmedian(int axis, bool keepdim, Loc loc) const {
+    auto middle = [&](const Tensor& nans, int64_t n) {
+        Tensor below = neg(nans, loc) + (n - 1);   // the last number's position
+        return where(below > 0, below.floor_divide(2, loc), 0, loc).cast(DType::INT64, loc);
+    };
+    return sorted_pick(*this, axis, keepdim, "nanmedian", middle, loc);
+}
 ValuesIndices Tensor::kthvalue(int64_t k, int axis, bool keepdim, Loc loc) const {
     check_defined(*this, "kthvalue", loc);
     int64_t n = ndim() == 0 ? 1 : size(normalize_axis(axis, shape().size(), "kthvalue", shape(),
@@ -6466,6 +6574,73 @@ std::vector<Tensor> Tensor::unbind(int axis, Loc loc) const {
         out.push_back(slice(ax, i, i + 1, 1, loc).squeeze(ax, loc));
     return out;
 }
+// torch's hsplit, vsplit and dsplit: the axis (and the rank it needs), sections that divide it
+static int split_axis(const Tensor& x, int axis, int least_rank, const char* op, Loc loc) {
+    check_defined(x, op, loc);
+    if (x.ndim() < least_rank)
+        fail(strf("%s: needs at least %d axes, got %s", op, least_rank,
+                  shape_str(x.shape()).c_str()), loc);
+    return axis;
+}
+static int split_axis(const Tensor& x, int axis, int least_rank, int64_t sections, const char* op,
+                      Loc loc) {
+    split_axis(x, axis, least_rank, op, loc);
+    if (sections < 1 || x.size(axis) % sections != 0)
+        fail(strf("%s: %lld sections do not divide axis %d of %s", op, (long long)sections, axis,
+                  shape_str(x.shape()).c_str()), loc);
+    return axis;
+}
+std::vector<Tensor> Tensor::hsplit(int64_t sections, Loc loc) const {
+    int ax = check_defined(*this, "hsplit", loc).ndim() == 1 ? 0 : 1;
+    return tensor_split(sections, split_axis(*this, ax, 1, sections, "hsplit", loc), loc);
+}
+std::vector<Tensor> Tensor::hsplit(const std::vector<int64_t>& indices, Loc loc) const {
+    int ax = check_defined(*this, "hsplit", loc).ndim() == 1 ? 0 : 1;
+    return tensor_split(indices, split_axis(*this, ax, 1, "hsplit", loc), loc);
+}
+std::vector<Tensor> Tensor::vsplit(int64_t sections, Loc loc) const {
+    return tensor_split(sections, split_axis(*this, 0, 2, sections, "vsplit", loc), loc);
+}
+std::vector<Tensor> Tensor::vsplit(const std::vector<int64_t>& indices, Loc loc) const {
+    return tensor_split(indices, split_axis(*this, 0, 2, "vsplit", loc), loc);
+}
+std::vector<Tensor> Tensor::dsplit(int64_t sections, Loc loc) const {
+    return tensor_split(sections, split_axis(*this, 2, 3, sections, "dsplit", loc), loc);
+}
+std::vector<Tensor> Tensor::dsplit(const std::vector<int64_t>& indices, Loc loc) const {
+    return tensor_split(indices, split_axis(*this, 2, 3, "dsplit", loc), loc);
+}
+Tensor Tensor::negative(Loc loc) const { return -Operand(*this, loc); }
+Tensor Tensor::expand_as(const Tensor& other, Loc loc) const {
+    return expand(check_defined(other, "expand_as", loc).shape(), loc);
+}
+Tensor Tensor::reshape_as(const Tensor& other, Loc loc) const {
+    return reshape(check_defined(other, "reshape_as", loc).shape(), loc);
+}
+Tensor Tensor::view_as(const Tensor& other, Loc loc) const {
+    return reshape(check_defined(other, "view_as", loc).shape(), loc);
+}
+Tensor Tensor::type_as(const Tensor& other, Loc loc) const {
+    return cast(check_defined(other, "type_as", loc).dtype(), loc);
+}
+Tensor Tensor::new_zeros(const Shape& shape, Loc loc) const { return new_full(shape, 0, loc); }
+Tensor Tensor::new_ones(const Shape& shape, Loc loc) const { return new_full(shape, 1, loc); }
+Tensor Tensor::new_full(const Shape& shape, Scalar value, Loc loc) const {
+    check_defined(*this, "new_full", loc);
+    return on_device_of(*this, full(shape, value, dtype(), loc), loc);
+}
+bool Tensor::is_floating_point() const { return dtype_is_float(dtype()); }
+Tensor Tensor::isposinf(Loc loc) const {
+    check_defined(*this, "isposinf", loc);
+    UserLocScope at(loc);
+    return logical_and(isinf(), *this > 0);
+}
+Tensor Tensor::isneginf(Loc loc) const {
+    check_defined(*this, "isneginf", loc);
+    UserLocScope at(loc);
+    return logical_and(isinf(), *this < 0);
+}
+Tensor Tensor::msort(Loc loc) const { return sort(0, false, loc).values; }
 std::vector<Tensor> Tensor::tensor_split(int64_t sections, int axis, Loc loc) const {
     check_defined(*this, "tensor_split", loc);
     int ax = normalize_axis(axis, shape().size(), "tensor_split", shape(), loc, false);
@@ -7124,40 +7299,44 @@ Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool right, Loc 
     Tensor v = input.unsqueeze(-1);
     return (right ? boundaries <= v : boundaries < v).cast(DType::INT64).sum(-1);
 }
-Tensor quantile(const Tensor& x, double q, std::optional<int> axis, bool keepdim,
-                const std::string& interpolation, Loc loc) {
-    return quantile(x, std::vector<double>{q}, axis, keepdim, interpolation, loc).squeeze(0, loc);
-}
-Tensor quantile(const Tensor& x, const std::vector<double>& qs, std::optional<int> axis,
-                bool keepdim, const std::string& interpolation, Loc loc) {
-    check_defined(x, "quantile", loc);
+// The rows sorted along the axis (NaN last); each q's rank q·(count - 1) among the count
+// numbers (all, or those not NaN), read between the values at its floor and ceiling. quantile:
+// a row with a NaN gives the (last) NaN, with the gradient, as PyTorch's; nanquantile: a row of
+// NaN only reads one of them.
+static Tensor quantile_of(const Tensor& x, const std::vector<double>& qs,
+                          std::optional<int> axis, bool keepdim, const std::string& interpolation,
+                          bool skip_nan, const char* op, Loc loc) {
+    check_defined(x, op, loc);
     if (!dtype_is_float(x.dtype()))
-        fail(strf("quantile: x must be float, got %s", dtype_name(x.dtype())), loc);
+        fail(strf("%s: x must be float, got %s", op, dtype_name(x.dtype())), loc);
     const char* ways[] = {"linear", "lower", "higher", "midpoint", "nearest"};
     if (std::find(std::begin(ways), std::end(ways), interpolation) == std::end(ways))
-        fail("quantile: interpolation '" + interpolation +
+        fail(std::string(op) + ": interpolation '" + interpolation +
              "' is not linear, lower, higher, midpoint or nearest", loc);
     for (double q : qs)
-        if (!(q >= 0 && q <= 1)) fail(strf("quantile: q = %g is not in [0, 1]", q), loc);
+        if (!(q >= 0 && q <= 1)) fail(strf("%s: q = %g is not in [0, 1]", op, q), loc);
     UserLocScope at(loc);
-    int ax = axis ? normalize_axis(*axis, x.shape().size(), "quantile", x.shape(), loc) : 0;
+    int ax = axis ? normalize_axis(*axis, x.shape().size(), op, x.shape(), loc) : 0;
     Tensor rows = axis ? x : x.flatten(0, -1, loc);
     if (rows.ndim() == 0) rows = rows.reshape({1}, loc);
-    check_not_empty(rows.shape(), {ax}, "quantile", loc);
+    check_not_empty(rows.shape(), {ax}, op, loc);
     Tensor sorted = rows.sort(ax, false, loc).values;
     const int64_t n = rows.size(ax);
     Tensor last = sorted.slice(ax, n - 1, n, 1, loc), has_nan = last.isnan(loc);   // NaN last
+    Tensor count = skip_nan ? -rows.isnan().sum(ax, true).cast(x.dtype()) + double(n)
+                            : const_like(last, double(n), x.dtype(), loc);
     std::vector<Tensor> picked;
     for (double q : qs) {
-        const double rank = q * double(n - 1), below = std::floor(rank);
-        const double weight = rank - below, above = std::ceil(rank);
-        auto at_rank = [&](double r) { return sorted.slice(ax, int64_t(r), int64_t(r) + 1, 1); };
-        Tensor v = interpolation == "lower"    ? at_rank(below)
-                   : interpolation == "higher" ? at_rank(above)
-                   : interpolation == "nearest" ? at_rank(std::nearbyint(rank))
-                   : at_rank(below).lerp(at_rank(above),
-                                         interpolation == "midpoint" ? 0.5 : weight);
-        picked.push_back(where(has_nan, last, v));   // a NaN, with the gradient, as PyTorch's
+        Tensor rank = ((count - 1.0) * q).maximum(0.0);
+        Tensor below = rank.floor(), above = rank.ceil();
+        auto at_rank = [&](const Tensor& r) { return sorted.gather(ax, r.cast(DType::INT64)); };
+        Tensor v = interpolation == "lower"     ? at_rank(below)
+                   : interpolation == "higher"  ? at_rank(above)
+                   : interpolation == "nearest" ? at_rank(rank.round())
+                   : at_rank(below).lerp(at_rank(above), interpolation == "midpoint"
+                                                             ? const_like(rank, 0.5, x.dtype(), loc)
+                                                             : rank - below);
+        picked.push_back(skip_nan ? v : where(has_nan, last, v));
     }
     Tensor out = stack(picked, 0);   // [q, ...rows with the axis 1]
     if (!keepdim) return out.squeeze(ax + 1);
@@ -7165,6 +7344,24 @@ Tensor quantile(const Tensor& x, const std::vector<double>& qs, std::optional<in
     Shape ones(size_t(x.ndim()) + 1, 1);   // every axis of x kept, as 1
     ones[0] = int64_t(qs.size());
     return out.reshape(ones);
+}
+Tensor quantile(const Tensor& x, double q, std::optional<int> axis, bool keepdim,
+                const std::string& interpolation, Loc loc) {
+    return quantile_of(x, {q}, axis, keepdim, interpolation, false, "quantile", loc)
+        .squeeze(0, loc);
+}
+Tensor quantile(const Tensor& x, const std::vector<double>& qs, std::optional<int> axis,
+                bool keepdim, const std::string& interpolation, Loc loc) {
+    return quantile_of(x, qs, axis, keepdim, interpolation, false, "quantile", loc);
+}
+Tensor nanquantile(const Tensor& x, double q, std::optional<int> axis, bool keepdim,
+                   const std::string& interpolation, Loc loc) {
+    return quantile_of(x, {q}, axis, keepdim, interpolation, true, "nanquantile", loc)
+        .squeeze(0, loc);
+}
+Tensor nanquantile(const Tensor& x, const std::vector<double>& qs, std::optional<int> axis,
+                   bool keepdim, const std::string& interpolation, Loc loc) {
+    return quantile_of(x, qs, axis, keepdim, interpolation, true, "nanquantile", loc);
 }
 Tensor tensordot(const Tensor& a, const Tensor& b, int dims, Loc loc) {
     check_defined(a, "tensordot", loc), check_defined(b, "tensordot", loc);
@@ -7460,6 +7657,105 @@ Tensor logaddexp2(const Tensor& a_in, const Tensor& b_in, Loc loc) {
     Tensor larger = a.maximum(b), gap = (a - b).abs();
     // equal infinities: their gap is NaN; the sum is the infinity itself
     return where(logical_and(a == b, a.isinf()), a, larger + (-gap).exp2().log1p() * M_LOG2E);
+}
+Tensor fmax(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "fmax", loc);
+    UserLocScope at(loc);
+    return where(logical_or(a >= b, b.isnan()), a, b);
+}
+Tensor fmin(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "fmin", loc);
+    UserLocScope at(loc);
+    return where(logical_or(a <= b, b.isnan()), a, b);
+}
+// Euclid's steps on |a| and |b|: a step takes (a, b) to (b, a mod b) until b is 0. A pair of
+// values below 2^k takes fewer than 1.44 k + 2 steps (Lamé), so 47 reach any int32, 93 any int64.
+Tensor gcd(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "gcd", loc);
+    if (dtype_is_float(a.dtype()) || a.dtype() == DType::BOOL)
+        fail(strf("gcd: needs integers, got %s", dtype_name(a.dtype())), loc);
+    UserLocScope at(loc);
+    a = a.abs(), b = b.abs();
+    for (int step = a.dtype() == DType::INT32 ? 47 : 93; step > 0; step--) {
+        Tensor done = b == 0, divisor = where(done, 1, b);
+        Tensor rest = where(done, 0, a % divisor);
+        a = where(done, a, b), b = rest;
+    }
+    return a;
+}
+Tensor lcm(const Tensor& a_in, const Tensor& b_in, Loc loc) {
+    auto [a, b] = operands(a_in, b_in, "lcm", loc);
+    Tensor g = gcd(a, b, loc);
+    UserLocScope at(loc);
+    return where(g == 0, 0, (a.floor_divide(where(g == 0, 1, g)) * b).abs());
+}
+Tensor concat(const std::vector<Tensor>& tensors, int axis, Loc loc) {
+    return cat(tensors, axis, loc);
+}
+Tensor concatenate(const std::vector<Tensor>& tensors, int axis, Loc loc) {
+    return cat(tensors, axis, loc);
+}
+Tensor ger(const Tensor& a, const Tensor& b, Loc loc) { return outer(a, b, loc); }
+Tensor chain_matmul(const std::vector<Tensor>& matrices, Loc loc) {
+    for (const Tensor& m : matrices)
+        if (check_defined(m, "chain_matmul", loc).ndim() != 2)
+            fail(strf("chain_matmul: needs matrices, got %s", shape_str(m.shape()).c_str()), loc);
+    return matrices.size() == 1 ? matrices[0] : linalg::multi_dot(matrices, loc);
+}
+Tensor mv(const Tensor& matrix, const Tensor& vector, Loc loc) {
+    check_defined(matrix, "mv", loc), check_defined(vector, "mv", loc);
+    if (matrix.ndim() != 2 || vector.ndim() != 1)
+        fail(strf("mv: needs a matrix and a vector, got %s and %s",
+                  shape_str(matrix.shape()).c_str(), shape_str(vector.shape()).c_str()), loc);
+    return matrix.matmul(vector, loc);
+}
+Tensor vdot(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "vdot", loc), check_defined(b, "vdot", loc);
+    if (a.ndim() != 1 || b.ndim() != 1 || a.size(0) != b.size(0))
+        fail(strf("vdot: needs two vectors of one length, got %s and %s",
+                  shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str()), loc);
+    UserLocScope at(loc);
+    return (a * b).sum();
+}
+Tensor inner(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "inner", loc), check_defined(b, "inner", loc);
+    if (a.ndim() == 0 || b.ndim() == 0) return Operand(a, loc) * b;
+    if (a.size(-1) != b.size(-1))
+        fail(strf("inner: the last axes of %s and %s differ", shape_str(a.shape()).c_str(),
+                  shape_str(b.shape()).c_str()), loc);
+    return tensordot(a, b, {a.ndim() - 1}, {b.ndim() - 1}, loc);
+}
+Tensor dist(const Tensor& a, const Tensor& b, double p, Loc loc) {
+    return (Operand(a, loc) - b).norm(p, loc);
+}
+Tensor diagflat(const Tensor& x, int64_t offset, Loc loc) {
+    return diag(check_defined(x, "diagflat", loc).flatten(0, -1, loc), offset, loc);
+}
+Shape broadcast_shapes(const std::vector<Shape>& shapes, Loc loc) {
+    Shape out;
+    for (const Shape& s : shapes) out = broadcast_shape(out, s, "broadcast_shapes", loc);
+    return out;
+}
+std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors, Loc loc) {
+    std::vector<Shape> shapes;
+    for (const Tensor& t : tensors)
+        shapes.push_back(check_defined(t, "broadcast_tensors", loc).shape());
+    Shape common = broadcast_shapes(shapes, loc);
+    std::vector<Tensor> out;
+    for (const Tensor& t : tensors) out.push_back(t.expand(common, loc));
+    return out;
+}
+std::pair<Tensor, Tensor> var_mean(const Tensor& x, const std::vector<int>& axes,
+                                   int64_t correction, bool keepdim, Loc loc) {
+    Tensor var = x.var(axes, correction, keepdim, loc);
+    std::vector<int> all = axes;
+    for (int i = 0; axes.empty() && i < x.ndim(); i++) all.push_back(i);
+    return {var, as_float(x, loc).mean(all, keepdim, loc)};
+}
+std::pair<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int>& axes,
+                                   int64_t correction, bool keepdim, Loc loc) {
+    auto [var, mean] = var_mean(x, axes, correction, keepdim, loc);
+    return {deviation_of(var, loc), mean};
 }
 // The areas between y's samples along its axis (the trapezoid rule), the samples dx apart or
 // at x: the terms that trapezoid sums and cumulative_trapezoid adds up
@@ -8179,6 +8475,24 @@ linalg::PLU lu_unpack(const Tensor& LU, const Tensor& pivots, Loc loc) {
     Tensor L = where(rows == Tensor::arange(k), 1, LU.slice(-1, 0, k).tril(-1));
     Tensor P = (order.unsqueeze(-2) == rows).cast(LU.dtype());   // P[r, i]: order[i] is r
     return {P, L, LU.slice(-2, 0, k).triu()};
+}
+// lower: A = L Lᵀ, so x = L⁻ᵀ (L⁻¹ b); upper: A = Uᵀ U, x = U⁻¹ (U⁻ᵀ b)
+Tensor cholesky_solve(const Tensor& b, const Tensor& factor, bool upper, Loc loc) {
+    const char* op = "cholesky_solve";
+    check_defined(b, op, loc), check_defined(factor, op, loc);
+    if (factor.ndim() < 2 || factor.size(-1) != factor.size(-2) || b.ndim() < 2 ||
+        b.size(-2) != factor.size(-1) || !dtype_is_float(factor.dtype()))
+        fail(strf("%s: needs a float factor [..., n, n] and b [..., n, k], got factor %s %s and "
+                  "b %s", op, dtype_name(factor.dtype()), shape_str(factor.shape()).c_str(),
+                  shape_str(b.shape()).c_str()), loc);
+    Tensor lower = upper ? factor.mT(loc) : factor;
+    Tensor y = linalg::solve_triangular(lower, b, false, true, false, loc);
+    return linalg::solve_triangular(lower.mT(loc), y, true, true, false, loc);
+}
+Tensor cholesky_inverse(const Tensor& factor, bool upper, Loc loc) {
+    linalg::check_matrices(factor, "cholesky_inverse", loc, true);
+    Tensor eye = Tensor::eye(factor.size(-1), factor.dtype(), loc);
+    return cholesky_solve(on_device_of(factor, eye, loc), factor, upper, loc);
 }
 Tensor cov(const Tensor& x_in, int64_t correction, Loc loc) {
     check_defined(x_in, "cov", loc);
@@ -10010,10 +10324,15 @@ static bool expr_eq(const ExprP& a, const ExprP& b) {
 static bool is_const(const ExprP& e, double v) { return e->kind == EK::CONST && e->num == v; }
 
 // A loop variable's values where a select has decided a comparison of it: a pad's clamped
-// index (i < 256 ? 0 : i - 256) then has the range of its source axis.
+// index (i < 256 ? 0 : i - 256) then has the range of its source axis. Outside such a select
+// each expression's range is kept in known: an expression is a DAG (Euclid's steps read the
+// previous pair twice each), which walked as a tree takes exponential time.
 struct VarRange { int var; int64_t lo, hi; };
+using KnownRanges = std::unordered_map<const Expr*, Range>;
 static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
-                      std::vector<VarRange>& narrowed) {
+                      std::vector<VarRange>& narrowed, KnownRanges& known);
+static Range range_walk(const ExprP& e, const std::vector<int64_t>& extents,
+                        std::vector<VarRange>& narrowed, KnownRanges& known) {
     switch (e->kind) {
     case EK::CONST: return {int64_t(e->num), int64_t(e->num), !dtype_is_float(e->dtype)};
     case EK::VAR:
@@ -10025,7 +10344,7 @@ static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
     case EK::ALU: break;
     }
     if (dtype_is_float(e->dtype)) return {};
-    auto r = [&](size_t i) { return range_in(e->src[i], extents, narrowed); };
+    auto r = [&](size_t i) { return range_in(e->src[i], extents, narrowed, known); };
     switch (e->op) {
     case Op::CMPLT: case Op::CMPEQ: return {0, 1, true};
     case Op::CAST: return dtype_is_float(e->src[0]->dtype) ? Range{} : r(0);
@@ -10050,7 +10369,7 @@ static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
         const ExprP& cond = e->src[0];
         if (cond->kind == EK::ALU && cond->op == Op::CMPLT && cond->src[0]->kind == EK::VAR &&
             cond->src[1]->kind == EK::CONST) {   // var < c ? a : b
-            Range v = range_in(cond->src[0], extents, narrowed), a, b;
+            Range v = range_in(cond->src[0], extents, narrowed, known), a, b;
             int64_t c = int64_t(cond->src[1]->num);
             auto branch = [&](size_t i, int64_t lo, int64_t hi) {
                 if (lo > hi) return Range{};   // never taken
@@ -10071,9 +10390,19 @@ static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
     default: return {};
     }
 }
+static Range range_in(const ExprP& e, const std::vector<int64_t>& extents,
+                      std::vector<VarRange>& narrowed, KnownRanges& known) {
+    if (!narrowed.empty()) return range_walk(e, extents, narrowed, known);
+    auto found = known.find(e.get());
+    if (found != known.end()) return found->second;
+    Range r = range_walk(e, extents, narrowed, known);
+    known.emplace(e.get(), r);
+    return r;
+}
 static Range range_of(const ExprP& e, const std::vector<int64_t>& extents) {
     std::vector<VarRange> narrowed;
-    return range_in(e, extents, narrowed);
+    KnownRanges known;
+    return range_in(e, extents, narrowed, known);
 }
 
 // An index sum as Σ coef·term + constant.

@@ -851,3 +851,175 @@ TEST(ops_basics_match_pytorch) {
     CHECK_THROWS(m.repeat_interleave(-1), "repeat_interleave: repeats must be at least 0, got -1");
     CHECK_THROWS(tg::isclose(m, m, -1), "isclose: rtol -1 and atol 1e-08 must be at least 0");
 }
+
+// Values and gradients from PyTorch 1.13 (tests/data/make_reference.py): nanmedian and
+// nanquantile (rows of NaN among them), fmax and fmin at ties and NaN, gcd and lcm (int32 and
+// int64 pairs that take Euclid's most steps), products, dist, std_mean, cholesky_solve and
+// cholesky_inverse, the splits and PyTorch's other names
+TEST(ops_more_names_match_pytorch) {
+    Reference ref = read_reference("tests/data/names_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(39));
+    using X = const std::vector<Tensor>&;
+    const auto& in = ref.inputs;
+    const Tensor& w = in.at("w");
+    auto ints = [](std::vector<int64_t> v, DType dtype = DType::INT32) {
+        return Tensor::from_vector(v).cast(dtype);
+    };
+    auto spd = [](const Tensor& x) { return x.matmul(x.mT()) + Tensor::eye(3, DType::FLOAT64); };
+    auto pair = [](std::pair<Tensor, Tensor> p) { return tg::stack({p.first, p.second}); };
+    Cases ours = {
+        {"nanmedian", {{"w"}, [](X x) { return x[0].slice(0, 0, 3).nanmedian(1).values; }}},
+        {"nanmedian_indices", {{}, [&](X) { return w.slice(0, 0, 3).nanmedian(1).indices; }}},
+        {"nanmedian_all", {{"w"}, [](X x) { return x[0].nanmedian(); }}},
+        {"nanmedian_column",
+         {{"w"}, [](X x) { return x[0].slice(1, 0, 3).nanmedian(0, true).values; }}},
+        {"nanquantile_linear",
+         {{"w"},
+          [](X x) {
+              return tg::nanquantile(x[0].slice(0, 0, 3), {0.1, 0.5, 0.8}, 1);
+          }}},
+        {"nanquantile_none_left", {{}, [&](X) { return tg::nanquantile(w, 0.3, 1); }}},
+        {"nanquantile_lower",
+         {{"w"}, [](X x) { return tg::nanquantile(x[0].slice(0, 0, 3), 0.4, 1, true, "lower"); }}},
+        {"nanquantile_higher",
+         {{"w"},
+          [](X x) { return tg::nanquantile(x[0].slice(0, 0, 3), 0.4, 1, false, "higher"); }}},
+        {"nanquantile_midpoint",
+         {{"w"},
+          [](X x) { return tg::nanquantile(x[0].slice(0, 0, 3), 0.4, 1, false, "midpoint"); }}},
+        {"nanquantile_nearest",
+         {{"w"},
+          [](X x) {
+              return tg::nanquantile(x[0].slice(0, 0, 3), {0.375, 0.625}, 1, false, "nearest");
+          }}},
+        {"nanquantile_all", {{"w"}, [](X x) { return tg::nanquantile(x[0], 0.3); }}},
+        {"fmax", {{"ties"}, [](X x) { return tg::fmax(x[0], x[0].flip(1)); }}},
+        {"fmin", {{"ties"}, [](X x) { return tg::fmin(x[0], x[0].roll(1, 1)); }}},
+        {"gcd",
+         {{},
+          [&](X) {
+              return tg::gcd(ints({12, -18, 0, 0, 1071, 2147483647, 832040}),
+                             ints({8, 12, 5, 0, -462, 1073741824, 514229}));
+          }}},
+        {"gcd_int64",
+         {{},
+          [&](X) {
+              return tg::gcd(ints({int64_t(1) << 62, 7540113804746346429}, DType::INT64),
+                             ints({(int64_t(1) << 40) * 3, 4660046610375530309}, DType::INT64));
+          }}},
+        {"lcm",
+         {{},
+          [&](X) {
+              return tg::lcm(ints({4, -6, 0, 21}), ints({6, 4, 5, -6}));
+          }}},
+        {"mv", {{"m", "col"}, [](X x) { return tg::mv(x[0], x[1]); }}},
+        {"vdot", {{"row", "col"}, [](X x) { return tg::vdot(x[0], x[1].slice(0, 0, 3)); }}},
+        {"inner", {{"m", "cube"}, [](X x) { return tg::inner(x[0], x[1]); }}},
+        {"inner_scalar",
+         {{"row"}, [](X x) { return tg::inner(x[0], Tensor::full({}, 2.5, DType::FLOAT64)); }}},
+        {"ger", {{"row", "col"}, [](X x) { return tg::ger(x[0], x[1]); }}},
+        {"chain_matmul",
+         {{"m", "n"},
+          [](X x) {
+              return tg::chain_matmul({x[0], x[1], x[0]});
+          }}},
+        {"dist", {{"m", "n"}, [](X x) { return tg::dist(x[0], x[1].t()); }}},
+        {"dist_1", {{"m", "row"}, [](X x) { return tg::dist(x[0].slice(1, 0, 3), x[1], 1); }}},
+        {"dist_inf", {{"m", "n"}, [](X x) { return tg::dist(x[0], x[1].t(), INFINITY); }}},
+        {"diagflat",
+         {{"m"}, [](X x) { return tg::diagflat(x[0].slice(0, 0, 2).slice(1, 0, 2), -1); }}},
+        {"std_mean", {{"m"}, [&](X x) { return pair(tg::std_mean(x[0], {1})); }}},
+        {"var_mean",
+         {{"cube"},
+          [&](X x) {
+              return pair(tg::var_mean(x[0], {0, 2}, 0, true));
+          }}},
+        {"std_mean_all", {{"m"}, [&](X x) { return pair(tg::std_mean(x[0])); }}},
+        {"cholesky_solve",
+         {{"batch", "m"},
+          [&](X x) {
+              Tensor b = x[1].slice(1, 0, 2).expand({2, 3, 2});
+              return tg::cholesky_solve(b, tg::linalg::cholesky(spd(x[0])));
+          }}},
+        {"cholesky_solve_upper",
+         {{"batch", "m"},
+          [&](X x) {
+              Tensor factor = tg::linalg::cholesky(spd(x[0][0]), true);
+              return tg::cholesky_solve(x[1].slice(1, 1, 4), factor, true);
+          }}},
+        {"cholesky_inverse",
+         {{"batch"},
+          [&](X x) { return tg::cholesky_inverse(tg::linalg::cholesky(spd(x[0][1]))); }}},
+        {"cholesky_inverse_upper",
+         {{"batch"},
+          [&](X x) {
+              return tg::cholesky_inverse(tg::linalg::cholesky(spd(x[0][0]), true), true);
+          }}},
+        {"msort", {{"m"}, [](X x) { return x[0].msort(); }}},
+        {"hsplit",
+         {{"cube"},
+          [](X x) {
+              std::vector<Tensor> pieces = x[0].hsplit(std::vector<int64_t>{1, 2});
+              return tg::cat({pieces[2], pieces[1], pieces[0]}, 1);
+          }}},
+        {"vsplit",
+         {{"m"},
+          [](X x) {
+              std::vector<Tensor> rows = x[0].vsplit(3);
+              return tg::cat({rows[2], rows[1], rows[0]});
+          }}},
+        {"dsplit",
+         {{"cube"},
+          [](X x) {
+              std::vector<Tensor> halves = x[0].dsplit(2);
+              return tg::cat({halves[1], halves[0]}, 2);
+          }}},
+        {"broadcast_tensors",
+         {{"row", "col"},
+          [](X x) {
+              return tg::stack(tg::broadcast_tensors({x[0], x[1].unsqueeze(1)}));
+          }}},
+        {"arctan2", {{"m", "n"}, [](X x) { return x[0].arctan2(x[1].t()); }}},
+    };
+    check_cases(ref, ours, 1e-12);
+
+    // the names that only forward, and the like-constructors
+    const Tensor &m = in.at("m"), &row = in.at("row");
+    CHECK_ALL_NEAR(vals(m.arccos()), vals(m.acos()), 0);
+    CHECK_ALL_NEAR(vals(m.absolute()), vals(m.abs()), 0);
+    CHECK_ALL_NEAR(vals(m.negative()), vals(-m), 0);
+    CHECK_ALL_NEAR(vals(m.fix()), vals(m.trunc()), 0);
+    CHECK(m.ravel().shape() == tg::Shape({12}) && m.swapdims(0, 1).shape() == tg::Shape({4, 3}));
+    CHECK(row.expand_as(m.t()).shape() == tg::Shape({4, 3}));
+    CHECK(m.reshape_as(in.at("n")).shape() == tg::Shape({4, 3}));
+    CHECK(m.view_as(in.at("n")).shape() == tg::Shape({4, 3}));
+    CHECK(ints({1, 2}).type_as(m).dtype() == DType::FLOAT64 && m.is_floating_point());
+    CHECK(!ints({1}).is_floating_point() && m.nelement() == 12);
+    Tensor z = ints({7}).new_full({2, 2}, 3);
+    CHECK(z.dtype() == DType::INT32 && z.shape() == tg::Shape({2, 2}));
+    CHECK(ivals(z) == (std::vector<int>{3, 3, 3, 3}));
+    CHECK_ALL_NEAR(vals(m.new_zeros({2})), (Vec{0, 0}), 0);
+    CHECK_ALL_NEAR(vals(m.new_ones({2})), (Vec{1, 1}), 0);
+    Tensor inf = Tensor::from_vector(Vec{INFINITY, -INFINITY, NAN, 1});
+    CHECK_ALL_NEAR(vals(inf.isposinf()), (Vec{1, 0, 0, 0}), 0);
+    CHECK_ALL_NEAR(vals(inf.isneginf()), (Vec{0, 1, 0, 0}), 0);
+    CHECK_ALL_NEAR(vals(ints({5}).isposinf()), (Vec{0}), 0);
+    CHECK((tg::broadcast_shapes({{3, 1}, {4}, {1, 1, 1}}) == tg::Shape{1, 3, 4}));
+    CHECK_ALL_NEAR(vals(tg::concat({row, row})), vals(tg::cat({row, row})), 0);
+    Vec powers = vals(Tensor::logspace(-2, 3, 6));
+    for (size_t i = 0; i < powers.size(); i++)
+        CHECK_NEAR(powers[i], std::pow(10.0, double(i) - 2), 1e-6 * std::pow(10.0, double(i) - 2));
+    CHECK_ALL_NEAR(vals(Tensor::logspace(0, 3, 4, 2)), (Vec{1, 2, 4, 8}), 0);
+    // errors
+    CHECK_THROWS(m.hsplit(3), "hsplit: 3 sections do not divide axis 1 of [3,4]");
+    CHECK_THROWS(row.vsplit(1), "vsplit: needs at least 2 axes, got [3]");
+    CHECK_THROWS(m.dsplit(std::vector<int64_t>{1}), "dsplit: needs at least 3 axes, got [3,4]");
+    CHECK_THROWS(tg::gcd(m, m), "gcd: needs integers, got float64");
+    CHECK_THROWS(tg::mv(m, m), "mv: needs a matrix and a vector, got [3,4] and [3,4]");
+    CHECK_THROWS(tg::vdot(row, in.at("col")), "vdot: needs two vectors of one length");
+    CHECK_THROWS(tg::inner(m, in.at("n")), "inner: the last axes of [3,4] and [4,3] differ");
+    CHECK_THROWS(tg::chain_matmul({row}), "chain_matmul: needs matrices, got [3]");
+    CHECK_THROWS(tg::broadcast_shapes({{3}, {4}}), "broadcast_shapes: shapes [3] and [4]");
+    CHECK_THROWS(tg::nanquantile(m, 1.5), "nanquantile: q = 1.5 is not in [0, 1]");
+    CHECK_THROWS(tg::cholesky_solve(row, m), "cholesky_solve");
+}

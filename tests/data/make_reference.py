@@ -37,6 +37,10 @@
                          addcmul, addcdiv, the stacks, float_power, logaddexp2, frac, tile,
                          repeat_interleave, take, masked_scatter and the like
                          (tests/test_math.cpp, ops_basics_match_pytorch)
+  names_reference.txt    nanmedian, nanquantile, fmax, fmin, gcd, lcm, mv, vdot, inner, dist,
+                         diagflat, std_mean, var_mean, cholesky_solve, cholesky_inverse, msort,
+                         hsplit, vsplit, dsplit, broadcast_tensors and PyTorch's other names
+                         (tests/test_math.cpp, ops_more_names_match_pytorch)
   ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
                          unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
@@ -845,4 +849,65 @@ write("basics_reference.txt", basics, [
         torch.tensor([[True, False, True, False]]), b)),
     ("narrow", ["m"], lambda x: x.narrow(1, -3, 2)),
     ("unbind", ["m"], lambda x: torch.stack(list(x.unbind(1))[::-1])),
+])
+
+
+names = {
+    "w": tensor([1.5, nan, -2, 0.25, nan, nan, 3, 4, -1, 0.5, 2, -0.75, nan, nan, nan, nan], 4, 4),
+    "m": basics["m"],
+    "n": basics["n"],
+    "row": basics["row"],
+    "col": basics["col"],
+    "batch": basics["batch"],
+    "cube": torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * 0.45 % 1.7 - 0.6,
+    "ties": tensor([1, nan, 2, 2, -1, 3, nan, -1], 2, 4),
+}
+n_ = names
+w_some = n_["w"][:3]   # rows with a number
+spd = lambda x: x @ x.mT + torch.eye(3, dtype=torch.float64)
+write("names_reference.txt", names, [
+    ("nanmedian", ["w"], lambda x: x[:3].nanmedian(1).values),
+    ("nanmedian_indices", [], lambda: w_some.nanmedian(1).indices.double()),
+    ("nanmedian_all", ["w"], lambda x: x.nanmedian()),
+    ("nanmedian_column", ["w"], lambda x: x[:, :3].nanmedian(0, keepdim=True).values),
+    ("nanquantile_linear", ["w"], lambda x: torch.nanquantile(x[:3], tensor([0.1, 0.5, 0.8], 3), 1)),
+    ("nanquantile_none_left", [], lambda: torch.nanquantile(n_["w"], 0.3, 1)),
+    ("nanquantile_lower", ["w"], lambda x: torch.nanquantile(x[:3], 0.4, 1, True, interpolation="lower")),
+    ("nanquantile_higher", ["w"], lambda x: torch.nanquantile(x[:3], 0.4, 1, interpolation="higher")),
+    ("nanquantile_midpoint", ["w"], lambda x: torch.nanquantile(x[:3], 0.4, 1, interpolation="midpoint")),
+    ("nanquantile_nearest", ["w"], lambda x: torch.nanquantile(x[:3], tensor([0.375, 0.625], 2), 1, interpolation="nearest")),
+    ("nanquantile_all", ["w"], lambda x: torch.nanquantile(x, 0.3)),
+    ("fmax", ["ties"], lambda x: torch.fmax(x, x.flip(1))),
+    ("fmin", ["ties"], lambda x: torch.fmin(x, x.roll(1, 1))),
+    ("gcd", [], lambda: torch.gcd(torch.tensor([12, -18, 0, 0, 1071, 2**31 - 1, 832040]),
+                                  torch.tensor([8, 12, 5, 0, -462, 2**30, 514229])).double()),
+    ("gcd_int64", [], lambda: torch.gcd(torch.tensor([2**62, 7540113804746346429]),
+                                        torch.tensor([2**40 * 3, 4660046610375530309])).double()),
+    ("lcm", [], lambda: torch.lcm(torch.tensor([4, -6, 0, 21]), torch.tensor([6, 4, 5, -6])).double()),
+    ("mv", ["m", "col"], lambda a, v: torch.mv(a, v)),
+    ("vdot", ["row", "col"], lambda a, b: torch.vdot(a, b[:3])),
+    ("inner", ["m", "cube"], lambda a, b: torch.inner(a, b)),
+    ("inner_scalar", ["row"], lambda a: torch.inner(a, torch.tensor(2.5, dtype=torch.float64))),
+    ("ger", ["row", "col"], torch.ger),
+    ("chain_matmul", ["m", "n"], lambda a, b: torch.chain_matmul(a, b, a)),
+    ("dist", ["m", "n"], lambda a, b: torch.dist(a, b.t())),
+    ("dist_1", ["m", "row"], lambda a, r: torch.dist(a[:, :3], r, 1)),
+    ("dist_inf", ["m", "n"], lambda a, b: torch.dist(a, b.t(), float("inf"))),
+    ("diagflat", ["m"], lambda a: torch.diagflat(a[:2, :2], -1)),
+    ("std_mean", ["m"], lambda a: torch.stack(torch.std_mean(a, 1))),
+    ("var_mean", ["cube"], lambda a: torch.stack(torch.var_mean(a, (0, 2), correction=0, keepdim=True))),
+    ("std_mean_all", ["m"], lambda a: torch.stack(torch.std_mean(a))),
+    ("cholesky_solve", ["batch", "m"], lambda x, b: torch.cholesky_solve(
+        b[:, :2].expand(2, 3, 2), torch.linalg.cholesky(spd(x)))),
+    ("cholesky_solve_upper", ["batch", "m"], lambda x, b: torch.cholesky_solve(
+        b[:, 1:], torch.linalg.cholesky(spd(x[0]), upper=True), upper=True)),
+    ("cholesky_inverse", ["batch"], lambda x: torch.cholesky_inverse(torch.linalg.cholesky(spd(x[1])))),
+    ("cholesky_inverse_upper", ["batch"], lambda x: torch.cholesky_inverse(
+        torch.linalg.cholesky(spd(x[0]), upper=True), upper=True)),
+    ("msort", ["m"], torch.msort),
+    ("hsplit", ["cube"], lambda x: torch.cat(torch.hsplit(x, [1, 2])[::-1], 1)),
+    ("vsplit", ["m"], lambda x: torch.cat(torch.vsplit(x, 3)[::-1])),
+    ("dsplit", ["cube"], lambda x: torch.cat(torch.dsplit(x, 2)[::-1], 2)),
+    ("broadcast_tensors", ["row", "col"], lambda a, b: torch.stack(torch.broadcast_tensors(a, b[:, None]))),
+    ("arctan2", ["m", "n"], lambda a, b: torch.arctan2(a, b.t())),
 ])
