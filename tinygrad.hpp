@@ -1234,6 +1234,64 @@ Tensor cholesky_inverse(const Tensor& factor, bool upper = false, Loc loc = Loc:
 // by observations - correction, as torch.cov; corrcoef: it scaled to correlations, in [-1, 1]
 Tensor cov(const Tensor& x, int64_t correction = 1, Loc loc = Loc::here());
 Tensor corrcoef(const Tensor& x, Loc loc = Loc::here());
+// torch.special: the functions Tensor has under these names or others, and
+// ndtr: the standard normal's CDF, ½ erfc(-x/√2); log_ndtr: its logarithm, exact far into the
+// lower tail (from ln erfc, never erfc itself); ndtri: its inverse (±∞ at 1 and 0), from
+// erfinv in the middle and Newton's steps on log_ndtr in the tails, its gradient attached as
+// erfinv's is (not through the steps); erfcx: e^(x²) erfc x, without overflow for large x;
+// i0, i1: the modified Bessel functions I_0, I_1 (their power series up to |x| = 20, their
+// asymptotic series beyond), i0e, i1e: those times e^-|x|; entr: -x ln x (0 at 0, -∞ below,
+// its gradient 0 there); xlog1py: x ln(1 + y), 0 where x is 0 and y <= -1 (its gradients 0
+// there; PyTorch's ∞ and NaN); multigammaln: ln of the multivariate gamma function of
+// dimension p, (p(p - 1)/4) ln π + Σ_j ln Γ(x - (j - 1)/2), each x above (p - 1)/2 (checked as
+// the program runs)
+namespace special {
+Tensor expit(const Tensor& x, Loc loc = Loc::here());
+Tensor gammaln(const Tensor& x, Loc loc = Loc::here());
+Tensor digamma(const Tensor& x, Loc loc = Loc::here());
+Tensor psi(const Tensor& x, Loc loc = Loc::here());
+Tensor polygamma(int n, const Tensor& x, Loc loc = Loc::here());
+Tensor erf(const Tensor& x, Loc loc = Loc::here());
+Tensor erfc(const Tensor& x, Loc loc = Loc::here());
+Tensor erfinv(const Tensor& x, Loc loc = Loc::here());
+Tensor exp2(const Tensor& x, Loc loc = Loc::here());
+Tensor expm1(const Tensor& x, Loc loc = Loc::here());
+Tensor log1p(const Tensor& x, Loc loc = Loc::here());
+Tensor logit(const Tensor& x, std::optional<double> eps = std::nullopt, Loc loc = Loc::here());
+Tensor xlogy(const Tensor& x, const Tensor& y, Loc loc = Loc::here());
+Tensor sinc(const Tensor& x, Loc loc = Loc::here());
+Tensor round(const Tensor& x, Loc loc = Loc::here());
+Tensor softmax(const Tensor& x, int axis, Loc loc = Loc::here());
+Tensor log_softmax(const Tensor& x, int axis, Loc loc = Loc::here());
+Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdim = false,
+                 Loc loc = Loc::here());
+Tensor ndtr(const Tensor& x, Loc loc = Loc::here());
+Tensor log_ndtr(const Tensor& x, Loc loc = Loc::here());
+Tensor ndtri(const Tensor& p, Loc loc = Loc::here());
+Tensor erfcx(const Tensor& x, Loc loc = Loc::here());
+Tensor i0(const Tensor& x, Loc loc = Loc::here());
+Tensor i0e(const Tensor& x, Loc loc = Loc::here());
+Tensor i1(const Tensor& x, Loc loc = Loc::here());
+Tensor i1e(const Tensor& x, Loc loc = Loc::here());
+Tensor entr(const Tensor& x, Loc loc = Loc::here());
+Tensor xlog1py(const Tensor& x, const Tensor& y, Loc loc = Loc::here());
+Tensor multigammaln(const Tensor& x, int p, Loc loc = Loc::here());
+}  // namespace special
+// Windows of `length` points for spectra, as torch's (float32, or dtype): periodic ones are
+// the first `length` of a symmetric window one longer. hann: ½ - ½ cos(2πn/N); hamming:
+// alpha - beta cos(2πn/N); blackman: 0.42 - ½ cos(2πn/N) + 0.08 cos(4πn/N); bartlett:
+// 1 - |2n/N - 1|; kaiser: I_0(beta √(1 - (2n/N - 1)²)) / I_0(beta); N the symmetric window's
+// length less 1. One point: 1.
+Tensor hann_window(int64_t length, bool periodic = true, DType dtype = DType::FLOAT32,
+                   Loc loc = Loc::here());
+Tensor hamming_window(int64_t length, bool periodic = true, double alpha = 0.54,
+                      double beta = 0.46, DType dtype = DType::FLOAT32, Loc loc = Loc::here());
+Tensor blackman_window(int64_t length, bool periodic = true, DType dtype = DType::FLOAT32,
+                       Loc loc = Loc::here());
+Tensor bartlett_window(int64_t length, bool periodic = true, DType dtype = DType::FLOAT32,
+                       Loc loc = Loc::here());
+Tensor kaiser_window(int64_t length, bool periodic = true, double beta = 12,
+                     DType dtype = DType::FLOAT32, Loc loc = Loc::here());
 // several results in one program
 void realize(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
 void manual_seed(uint64_t seed);
@@ -5485,8 +5543,8 @@ static Tensor erf_near_0(const Tensor& x, Loc loc) {
 }
 // erfc a for a >= 1/2: t·e^(P - a²), t = 1/(1 + a/2) in (0, 0.8], P a Chebyshev series in
 // u = 2.5t - 1 fitted (for this project, to values of 60 digits) to ln(erfc(a)·e^(a²)/t):
-// relative error 3e-15 with its 21 terms, 8e-9 with the first 11, float32's
-static Tensor erfc_beyond_half(const Tensor& a, Loc loc) {
+// relative error 3e-15 with its 21 terms, 8e-9 with the first 11, float32's. This gives P.
+static Tensor erfc_log_series(const Tensor& t, DType dtype, Loc loc) {
     static const double chebyshev[21] = {
         -0.78318707272405941, 0.505894793317341, 0.020165332295700576, -0.0041507842704837598,
         -0.00069293930331306363, 8.0613044480826149e-05, 2.5850999510726438e-05,
@@ -5495,16 +5553,29 @@ static Tensor erfc_beyond_half(const Tensor& a, Loc loc) {
         3.9793688726141791e-10, 7.3597100636035693e-11, -2.4619650762502872e-11,
         -1.7696955012524935e-12, 1.3810619314824582e-12, -4.6512793616670749e-14,
         -6.3710148268114346e-14, 9.9475983006413578e-15};
-    Tensor b = where(a > 28.0, 28.0, a, loc);   // erfc 28 is 0 in float64: no ∞·0 in gradients
-    Tensor t = (b * 0.5 + 1.0).reciprocal(loc), u2 = t * 5.0 - 2.0;   // 2u
+    Tensor u2 = t * 5.0 - 2.0;   // 2u
     // Clenshaw: b_k = 2u·b_(k+1) - b_(k+2) + c_k, P = c_0 + u·b_1 - b_2
     Tensor b1 = const_like(t, 0, t.dtype(), loc), b2 = b1;
-    for (int k = a.dtype() == DType::FLOAT32 ? 10 : 20; k >= 1; k--) {
+    for (int k = dtype == DType::FLOAT32 ? 10 : 20; k >= 1; k--) {
         Tensor next = u2 * b1 - b2 + chebyshev[k];
         b2 = b1, b1 = next;
     }
-    Tensor p = u2 * 0.5 * b1 - b2 + chebyshev[0];
-    return t * (p - b * b).exp(loc);
+    return u2 * 0.5 * b1 - b2 + chebyshev[0];
+}
+static Tensor erfc_t(const Tensor& a) { return (a * 0.5 + 1.0).reciprocal(); }
+static Tensor erfc_beyond_half(const Tensor& a, Loc loc) {
+    Tensor b = where(a > 28.0, 28.0, a, loc);   // erfc 28 is 0 in float64: no ∞·0 in gradients
+    Tensor t = erfc_t(b);
+    return t * (erfc_log_series(t, a.dtype(), loc) - b * b).exp(loc);
+}
+// ln erfc a = ln t + P - a² and e^(a²) erfc a = t·e^P for a >= 1/2: neither underflows
+static Tensor log_erfc_beyond_half(const Tensor& a, Loc loc) {
+    Tensor t = erfc_t(a);
+    return t.log(loc) + erfc_log_series(t, a.dtype(), loc) - a * a;
+}
+static Tensor erfcx_beyond_half(const Tensor& a, Loc loc) {
+    Tensor t = erfc_t(a);
+    return t * erfc_log_series(t, a.dtype(), loc).exp(loc);
 }
 // Each branch reads x only where it is taken (see atan)
 Tensor Tensor::erf(Loc loc) const {
@@ -5645,6 +5716,184 @@ Tensor Tensor::polygamma(int n, Loc loc) const {
     for (int k = 2; k <= n; k++) factor *= k;
     return where(negative, own + terms, own) * factor;
 }
+namespace special {
+Tensor expit(const Tensor& x, Loc loc) { return x.sigmoid(loc); }
+Tensor gammaln(const Tensor& x, Loc loc) { return x.lgamma(loc); }
+Tensor digamma(const Tensor& x, Loc loc) { return x.digamma(loc); }
+Tensor psi(const Tensor& x, Loc loc) { return x.digamma(loc); }
+Tensor polygamma(int n, const Tensor& x, Loc loc) { return x.polygamma(n, loc); }
+Tensor erf(const Tensor& x, Loc loc) { return x.erf(loc); }
+Tensor erfc(const Tensor& x, Loc loc) { return x.erfc(loc); }
+Tensor erfinv(const Tensor& x, Loc loc) { return x.erfinv(loc); }
+Tensor exp2(const Tensor& x, Loc loc) { return x.exp2(loc); }
+Tensor expm1(const Tensor& x, Loc loc) { return x.expm1(loc); }
+Tensor log1p(const Tensor& x, Loc loc) { return x.log1p(loc); }
+Tensor logit(const Tensor& x, std::optional<double> eps, Loc loc) { return x.logit(eps, loc); }
+Tensor xlogy(const Tensor& x, const Tensor& y, Loc loc) { return x.xlogy(y, loc); }
+Tensor sinc(const Tensor& x, Loc loc) { return tg::sinc(x, loc); }
+Tensor round(const Tensor& x, Loc loc) { return x.round(loc); }
+Tensor softmax(const Tensor& x, int axis, Loc loc) { return x.softmax(axis, loc); }
+Tensor log_softmax(const Tensor& x, int axis, Loc loc) { return x.log_softmax(axis, loc); }
+Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdim, Loc loc) {
+    return x.logsumexp(axes, keepdim, loc);
+}
+static const double SQRT2 = std::sqrt(2.0), SQRT_2PI = std::sqrt(2 * PI);
+Tensor ndtr(const Tensor& x_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "ndtr", loc), loc);
+    return (x * (-1 / SQRT2)).erfc() * 0.5;
+}
+// below -1: ln ½ + ln erfc(-x/√2); else ln(1 - ½ erfc(x/√2))
+Tensor log_ndtr(const Tensor& x_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "log_ndtr", loc), loc), low = x < -1.0;
+    Tensor far = log_erfc_beyond_half(where(low, x, -1.0) * (-1 / SQRT2), loc) - LN2;
+    Tensor near = ((where(low, 0.0, x) * (1 / SQRT2)).erfc() * -0.5).log1p();
+    return where(low, far, near);
+}
+// q = min(p, 1 - p) (1 - p is exact above ½) gives the lower half, mirrored for p above ½.
+// From 0.01 up: √2 erfinv(2q - 1), then a Newton step on ndtr. Below: from the tail's
+// asymptote -√(L - ln L - ln 2π), L = -2 ln q, Newton's steps on ln ndtr x = ln q, whose
+// slope is φ(x)/ndtr(x), e^(-x²/2 - log_ndtr x)/√(2π).
+Tensor ndtri(const Tensor& p_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor p = as_float(check_defined(p_in, "ndtri", loc), loc), value = p.detach();
+    Tensor upper = value > 0.5, q = where(upper, 1.0 - value, value);
+    Tensor edge = logical_and(value > 0.0, value < 1.0).logical_not();
+    Tensor tail = q < 0.01, q_middle = where(tail, 0.25, q), q_tail = where(tail, q, 1e-3);
+    Tensor x = (q_middle * 2.0 - 1.0).erfinv() * SQRT2;
+    x = x - (ndtr(x) - q_middle) / ((x * x * -0.5).exp() * (1 / SQRT_2PI));
+    Tensor ln_q = where(q_tail > 0.0, q_tail, 1e-3).log(), big = ln_q * -2.0;
+    Tensor y = -(big - big.log() - std::log(2 * PI)).sqrt();
+    for (int step = 0; step < 5; step++) {
+        Tensor log_cdf = log_ndtr(y);
+        y = y - (log_cdf - ln_q) / ((y * y * -0.5 - log_cdf).exp() * (1 / SQRT_2PI));
+    }
+    Tensor lower = where(tail, y, x), result = where(upper, -lower, lower);
+    Tensor nan = const_like(value, NAN, value.dtype(), loc);
+    result = where(edge, where(value == 0.0, -INFINITY, where(value == 1.0, INFINITY, nan)),
+                   result);
+    Tensor slope = (result * result * 0.5).exp() * SQRT_2PI;
+    return where(edge, result, result + (p - value) * where(edge, 0.0, slope));
+}
+// e^(x²) erfc x: from erfc's series at 1/2 and up, else the product (∞ once e^(x²) is)
+Tensor erfcx(const Tensor& x_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "erfcx", loc), loc), far = x >= 0.5;
+    Tensor near = where(far, 0.0, x);
+    return where(far, erfcx_beyond_half(where(far, x, 1.0), loc), (near * near).exp() *
+                                                                       near.erfc());
+}
+// I_order(x) for |x| <= 20 as (x/2)^order Σ_k z^k / (k! (k + order)!), z = x²/4: 40 terms of
+// one sign, the last below 1e-17 of the sum at |x| = 20
+static Tensor bessel_i_series(const Tensor& x, int order) {
+    std::vector<double> c;
+    double factorial = 1, shifted = 1;   // k! and (k + order)! (order is 0 or 1)
+    for (int k = 0; k < 40; k++) {
+        if (k > 0) factorial *= k, shifted *= k + order;
+        c.push_back(1 / (factorial * shifted));
+    }
+    Tensor z = x * x * 0.25, sum = const_like(x, c.back(), x.dtype(), {});
+    for (int k = int(c.size()) - 2; k >= 0; k--) sum = sum * z + c[size_t(k)];
+    return order ? sum * x * 0.5 : sum;
+}
+// e^-a I_order(a) for a > 20 by the asymptotic series Σ_k c_k / a^k / √(2πa), c_k =
+// Π_(j <= k) ((2j - 1)² - 4 order²) / (8j): its terms shrink until k is about 2a, and the 25
+// here end below 1e-16 of the sum at a = 20
+static Tensor bessel_i_scaled_asymptotic(const Tensor& a, int order) {
+    std::vector<double> c{1};
+    for (int j = 1; j < 25; j++)
+        c.push_back(c.back() * (double((2 * j - 1) * (2 * j - 1)) - 4.0 * order * order) /
+                    (8.0 * j));
+    Tensor r = 1.0 / a, sum = const_like(a, c.back(), a.dtype(), {});
+    for (int k = int(c.size()) - 2; k >= 0; k--) sum = sum * r + c[size_t(k)];
+    return sum / (a * (2 * PI)).sqrt();
+}
+// I_order(x) (scaled: times e^-|x|); I_1 is odd. Each branch reads x only where it is taken.
+static Tensor bessel_i(const Tensor& x_in, int order, bool scaled, const char* op, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, op, loc), loc), a = x.abs(), small = a <= 20.0;
+    Tensor near = bessel_i_series(where(small, x, 0.0), order);
+    Tensor big = where(small, 21.0, a), far = bessel_i_scaled_asymptotic(big, order);
+    if (!scaled) far = (far.log() + big).exp();   // e^a alone would overflow before I_0 does
+    if (order == 1) far = where(x < 0.0, -far, far);
+    return where(small, scaled ? near * (-where(small, a, 0.0)).exp() : near, far);
+}
+Tensor i0(const Tensor& x, Loc loc) { return bessel_i(x, 0, false, "i0", loc); }
+Tensor i0e(const Tensor& x, Loc loc) { return bessel_i(x, 0, true, "i0e", loc); }
+Tensor i1(const Tensor& x, Loc loc) { return bessel_i(x, 1, false, "i1", loc); }
+Tensor i1e(const Tensor& x, Loc loc) { return bessel_i(x, 1, true, "i1e", loc); }
+// the gradient is -(ln x + 1) above 0 and 0 at 0 and below (PyTorch's: ∞ at 0, NaN below)
+Tensor entr(const Tensor& x_in, Loc loc) {
+    UserLocScope at(loc);
+    Tensor x = as_float(check_defined(x_in, "entr", loc), loc), positive = x > 0.0;
+    Tensor inside = where(positive, x, 1.0);
+    return where(positive, -inside * inside.log(), where(x == 0.0, 0.0, where(x < 0.0,
+                                                                               -INFINITY, x)));
+}
+Tensor xlog1py(const Tensor& x_in, const Tensor& y_in, Loc loc) {
+    UserLocScope at(loc);   // for the operators below
+    auto [x, y] = operands(x_in, y_in, "xlog1py", loc, true);
+    Tensor zero_by_rule = logical_and(x == 0.0, y <= -1.0);   // 0·ln 0 or 0·NaN
+    return x * where(zero_by_rule, 0.0, y).log1p();
+}
+Tensor multigammaln(const Tensor& x_in, int p, Loc loc) {
+    check_defined(x_in, "multigammaln", loc);
+    if (p < 1) fail(strf("multigammaln: p must be at least 1, got %d", p), loc);
+    UserLocScope at(loc);
+    Tensor x = as_float(x_in, loc);
+    Tensor sum = const_like(x, double(p) * (p - 1) / 4 * std::log(PI), x.dtype(), loc);
+    for (int j = 1; j <= p; j++) sum = sum + (x - (j - 1) / 2.0).lgamma();
+    Tensor check = checked_zeros(x.detach() > (p - 1) / 2.0,
+                                 "multigammaln (x, each above (p - 1)/2)", loc);
+    return sum + check.cast(sum.dtype());
+}
+}  // namespace special
+
+// The window's points n / N in float64 (N: the symmetric window's length less 1), shaped by f,
+// then cast
+template <typename Shape_of>
+static Tensor window_of(const char* op, int64_t length, bool periodic, DType dtype, Loc loc,
+                        Shape_of f) {
+    if (length < 0) fail(strf("%s: negative length %lld", op, (long long)length), loc);
+    if (!dtype_is_float(dtype))
+        fail(strf("%s: dtype must be float, got %s", op, dtype_name(dtype)), loc);
+    if (length <= 1) return Tensor::ones({length}, dtype, loc);
+    UserLocScope at(loc);
+    const double N = double(periodic ? length : length - 1);
+    return f(Tensor::arange(length).cast(DType::FLOAT64) * (1 / N)).cast(dtype);
+}
+static Tensor cosine_window(const char* op, int64_t length, bool periodic, double alpha,
+                            double beta, DType dtype, Loc loc) {
+    return window_of(op, length, periodic, dtype, loc, [&](const Tensor& f) {
+        return alpha - (f * (2 * PI)).cos() * beta;
+    });
+}
+Tensor hann_window(int64_t length, bool periodic, DType dtype, Loc loc) {
+    return cosine_window("hann_window", length, periodic, 0.5, 0.5, dtype, loc);
+}
+Tensor hamming_window(int64_t length, bool periodic, double alpha, double beta, DType dtype,
+                      Loc loc) {
+    return cosine_window("hamming_window", length, periodic, alpha, beta, dtype, loc);
+}
+Tensor blackman_window(int64_t length, bool periodic, DType dtype, Loc loc) {
+    return window_of("blackman_window", length, periodic, dtype, loc, [](const Tensor& f) {
+        return 0.42 - (f * (2 * PI)).cos() * 0.5 + (f * (4 * PI)).cos() * 0.08;
+    });
+}
+Tensor bartlett_window(int64_t length, bool periodic, DType dtype, Loc loc) {
+    return window_of("bartlett_window", length, periodic, dtype, loc, [](const Tensor& f) {
+        return 1.0 - (f * 2.0 - 1.0).abs();
+    });
+}
+Tensor kaiser_window(int64_t length, bool periodic, double beta, DType dtype, Loc loc) {
+    return window_of("kaiser_window", length, periodic, dtype, loc, [&](const Tensor& f) {
+        Tensor d = f * 2.0 - 1.0;
+        Tensor root = (1.0 - d * d).maximum(0.0).sqrt();
+        return special::i0(root * beta) / special::i0(Tensor::full({}, beta, DType::FLOAT64));
+    });
+}
+
 Tensor Tensor::isnan(Loc loc) const {
     Tensor x = check_defined(*this, "isnan", loc);
     return bin(Op::CMPEQ, x, x, "isnan", loc).logical_not(loc);

@@ -1023,3 +1023,94 @@ TEST(ops_more_names_match_pytorch) {
     CHECK_THROWS(tg::nanquantile(m, 1.5), "nanquantile: q = 1.5 is not in [0, 1]");
     CHECK_THROWS(tg::cholesky_solve(row, m), "cholesky_solve");
 }
+
+// torch.special's functions that Tensor has no method for, and the windows, from PyTorch 1.13
+// (tests/data/make_reference.py): I_0 and I_1 on both sides of |x| = 20 (the series and the
+// asymptotic branch) and near overflow, ndtr and log_ndtr far into the tail, ndtri down to
+// 1e-300 and at its edges, erfcx to 1e5, each window periodic and symmetric of 1, 7 and 8 points
+TEST(ops_torch_special_and_windows_match_pytorch) {
+    Reference ref = read_reference("tests/data/special_more_reference.txt");
+    CHECK_EQ(ref.cases.size(), size_t(48));
+    using X = const std::vector<Tensor>&;
+    namespace sp = tg::special;
+    auto f64 = [](Vec v) { return Tensor::from_vector(v); };
+    Cases ours = {
+        {"i0", {{"s"}, [](X x) { return sp::i0(x[0]); }}},
+        {"i0e", {{"s"}, [](X x) { return sp::i0e(x[0]); }}},
+        {"i1", {{"s"}, [](X x) { return sp::i1(x[0]); }}},
+        {"i1e", {{"s"}, [](X x) { return sp::i1e(x[0]); }}},
+        {"i0_large",
+         {{},
+          [&](X) {
+              return sp::i0(f64({300, 700, -650}));
+          }}},
+        {"ndtr", {{"s"}, [](X x) { return sp::ndtr(x[0]); }}},
+        {"log_ndtr", {{"s"}, [](X x) { return sp::log_ndtr(x[0]); }}},
+        {"ndtri", {{"p"}, [](X x) { return sp::ndtri(x[0]); }}},
+        {"ndtri_edges",
+         {{},
+          [&](X) {
+              return sp::ndtri(f64({0, 1, -0.5, 1.5, NAN}));
+          }}},
+        {"erfcx", {{"e"}, [](X x) { return sp::erfcx(x[0]); }}},
+        {"erfcx_overflow",
+         {{},
+          [&](X) {
+              return sp::erfcx(f64({-30, -27}));
+          }}},
+        {"entr", {{"pos"}, [](X x) { return sp::entr(x[0]); }}},
+        {"entr_edges",
+         {{},
+          [&](X) {
+              return sp::entr(f64({0, -1, NAN}));
+          }}},
+        {"xlog1py",
+         {{"pos", "y"},
+          [&](X x) {
+              return sp::xlog1py(x[0] * f64({1, 0, 1, 0, 1}), x[1]);
+          }}},
+        {"xlog1py_zero",
+         {{},
+          [&](X) {
+              return sp::xlog1py(f64({0, 0, 0, 2}), f64({-1, -3, NAN, -1}));
+          }}},
+        {"multigammaln", {{"pos"}, [](X x) { return sp::multigammaln(x[0] + 1, 3); }}},
+        {"expit", {{"s"}, [](X x) { return sp::expit(x[0]); }}},
+        {"gammaln", {{"pos"}, [](X x) { return sp::gammaln(x[0]); }}},
+    };
+    using Window = std::function<Tensor(int64_t, bool)>;
+    const std::pair<const char*, Window> windows[] = {
+        {"hann", [](int64_t n, bool p) { return tg::hann_window(n, p, DType::FLOAT64); }},
+        {"hamming",
+         [](int64_t n, bool p) { return tg::hamming_window(n, p, 0.54, 0.46, DType::FLOAT64); }},
+        {"blackman", [](int64_t n, bool p) { return tg::blackman_window(n, p, DType::FLOAT64); }},
+        {"bartlett", [](int64_t n, bool p) { return tg::bartlett_window(n, p, DType::FLOAT64); }},
+        {"kaiser", [](int64_t n, bool p) { return tg::kaiser_window(n, p, 12, DType::FLOAT64); }},
+    };
+    for (const auto& [name, window] : windows)
+        for (bool periodic : {true, false})
+            for (int64_t n : {1, 7, 8}) {
+                std::string key = std::string(name) + (periodic ? "_periodic_" : "_symmetric_") +
+                                  std::to_string(n);
+                Window w = window;
+                ours[key] = {{}, [w, n, periodic](X) { return w(n, periodic); }};
+            }
+    check_cases(ref, ours, 1e-12);
+
+    // float32 by default, empty at length 0; i0 and ndtri in float32
+    Tensor hann = tg::hann_window(5);
+    CHECK(hann.dtype() == DType::FLOAT32 && hann.shape() == tg::Shape({5}));
+    CHECK(tg::kaiser_window(0).shape() == tg::Shape({0}));
+    CHECK_ALL_NEAR(vals(sp::i0(Tensor::from_vector({0.f, 1.f, 25.f}))),
+                   (Vec{1, 1.2660658777520082, 5774560606.4663105}), 1e-6);
+    CHECK_ALL_NEAR(vals(sp::ndtri(Tensor::from_vector({0.025f, 0.5f, 1e-30f}))),
+                   (Vec{-1.9599639845400545, 0, -11.464024688443613}), 1e-6);
+    // errors
+    CHECK_THROWS(tg::hann_window(-1), "hann_window: negative length -1");
+    CHECK_THROWS(tg::bartlett_window(4, true, DType::INT32),
+                 "bartlett_window: dtype must be "
+                 "float, got int32");
+    CHECK_THROWS(sp::multigammaln(f64({2}), 0), "multigammaln: p must be at least 1, got 0");
+    CHECK_THROWS(vals(sp::multigammaln(f64({2, 0.9}), 3)), "multigammaln (x, each above",
+                 "index out of range");
+}

@@ -41,6 +41,9 @@
                          diagflat, std_mean, var_mean, cholesky_solve, cholesky_inverse, msort,
                          hsplit, vsplit, dsplit, broadcast_tensors and PyTorch's other names
                          (tests/test_math.cpp, ops_more_names_match_pytorch)
+  special_more_reference.txt  torch.special's ndtr, log_ndtr, ndtri, erfcx, i0, i0e, i1, i1e,
+                         entr, xlog1py, multigammaln and the windows (tests/test_math.cpp,
+                         ops_torch_special_and_windows_match_pytorch)
   ctc_reference.txt      ctc_loss: reductions, padded and end-to-end targets, blank, repeats,
                          unbatched, zero_infinity (tests/test_math.cpp, nn_ctc_loss_matches_pytorch)
   sampling_reference.txt affine_grid and grid_sample (each mode, padding mode and
@@ -911,3 +914,44 @@ write("names_reference.txt", names, [
     ("broadcast_tensors", ["row", "col"], lambda a, b: torch.stack(torch.broadcast_tensors(a, b[:, None]))),
     ("arctan2", ["m", "n"], lambda a, b: torch.arctan2(a, b.t())),
 ])
+
+
+sp = torch.special
+special_more = {
+    "s": tensor([-30, -21, -20, -19.5, -8, -2.5, -1, -0.3, 0, 0.2, 0.5, 1.5, 7, 19.9, 20.5, 35,
+                 100], 17),
+    "e": tensor([-5, -2.5, -1, -0.3, 0, 0.2, 0.5, 0.75, 1.5, 7, 30, 1e5], 12),
+    "p": tensor([1e-300, 1e-20, 1e-5, 0.003, 0.0099, 0.0101, 0.2, 0.5, 0.7, 0.99, 0.999999,
+                 1 - 1e-12], 12),
+    "pos": tensor([0.3, 1, 2.5, 7, 12], 5),
+    "y": tensor([-0.5, 0, 2, -0.75, 3], 5),
+}
+sm_ = special_more
+windows = []
+for name, f in [("hann", torch.hann_window), ("hamming", torch.hamming_window),
+                ("blackman", torch.blackman_window), ("bartlett", torch.bartlett_window),
+                ("kaiser", torch.kaiser_window)]:
+    for periodic in (True, False):
+        for n in (1, 7, 8):
+            windows.append(("%s_%s_%d" % (name, "periodic" if periodic else "symmetric", n), [],
+                            lambda f=f, n=n, periodic=periodic: f(n, periodic, dtype=torch.float64)))
+write("special_more_reference.txt", special_more, [
+    ("i0", ["s"], sp.i0),
+    ("i0e", ["s"], sp.i0e),
+    ("i1", ["s"], sp.i1),
+    ("i1e", ["s"], sp.i1e),
+    ("i0_large", [], lambda: sp.i0(tensor([300, 700, -650], 3))),
+    ("ndtr", ["s"], sp.ndtr),
+    ("log_ndtr", ["s"], sp.log_ndtr),
+    ("ndtri", ["p"], sp.ndtri),
+    ("ndtri_edges", [], lambda: sp.ndtri(tensor([0, 1, -0.5, 1.5, nan], 5))),
+    ("erfcx", ["e"], sp.erfcx),
+    ("erfcx_overflow", [], lambda: sp.erfcx(tensor([-30, -27], 2))),
+    ("entr", ["pos"], sp.entr),
+    ("entr_edges", [], lambda: sp.entr(tensor([0, -1, nan], 3))),
+    ("xlog1py", ["pos", "y"], lambda x, y: sp.xlog1py(x * tensor([1, 0, 1, 0, 1], 5), y)),
+    ("xlog1py_zero", [], lambda: sp.xlog1py(tensor([0, 0, 0, 2], 4), tensor([-1, -3, nan, -1], 4))),
+    ("multigammaln", ["pos"], lambda x: sp.multigammaln(x + 1, 3)),
+    ("expit", ["s"], sp.expit),
+    ("gammaln", ["pos"], sp.gammaln),
+] + windows)
