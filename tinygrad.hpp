@@ -369,6 +369,7 @@ namespace detail { struct Node; }
 class Tensor;
 struct ValuesIndices;
 struct Unique;
+struct GradHookHandle;
 
 // The left operand of an operator (a + b, -a) or the index of x[i]. An operator cannot take a
 // defaulted location argument, but the implicit conversion to this type can: it runs at the
@@ -833,6 +834,18 @@ public:
     Tensor grad() const;                               // undefined until a backward reaches it
     void zero_grad();                                  // forgets the gradient
     Tensor detach() const;                             // same values, no gradient history
+    // backward() fills grad() of this computed tensor too, as torch's retain_grad (a leaf's it
+    // fills anyway). is_leaf: not computed from tensors that require grad.
+    Tensor& retain_grad(Loc loc = Loc::here());
+    bool retains_grad() const;
+    bool is_leaf() const;
+    // hook(gradient) runs when backward() or tg::gradients has this tensor's whole gradient
+    // (summed over its uses), in the order registered, on the lazy gradient; what it returns,
+    // if defined, is the gradient from then on (of the same shape): for grad() and for the
+    // tensors this one was computed from. A traced tg::Jit step replays what the hooks built,
+    // not the hooks. remove() on the handle takes the hook off.
+    GradHookHandle register_hook(std::function<Tensor(const Tensor&)> hook,
+                                 Loc loc = Loc::here());
 
     // writing into existing storage: the optimizers' in-place update. Lazy: the write happens
     // when the returned tensor is realized, so dropping it drops the write (a warning)
@@ -858,6 +871,11 @@ private:
 // What x.unique() gives: values [n] in x's dtype; inverse, x's shape, and counts [n], int64
 struct Unique {
     Tensor values, inverse, counts;
+};
+struct GradHookHandle {
+    std::weak_ptr<detail::Node> node;
+    uint64_t id = 0;
+    void remove();   // nothing once removed, or once the tensor is gone
 };
 struct ValuesIndices : Tensor {
     Tensor values, indices;
@@ -4204,6 +4222,11 @@ struct PhaseScope {
     ~PhaseScope() { current_phase = saved; }
 };
 
+struct GradHook {
+    uint64_t id;
+    std::function<Tensor(const Tensor&)> fn;
+    Loc loc;   // where it was registered
+};
 struct Node : std::enable_shared_from_this<Node> {
     Op op;
     DType dtype;
@@ -4218,6 +4241,8 @@ struct Node : std::enable_shared_from_this<Node> {
     Phase phase = Phase::FORWARD;
     bool requires_grad = false;       // float nodes that depend on a leaf that requires grad
     bool leaf = false;                // requires_grad() was called on it: backward() fills grad
+    bool retains_grad = false;        // a computed node whose grad backward() fills too
+    std::unique_ptr<std::vector<GradHook>> grad_hooks;   // register_hook's, in order
     uint64_t built_at = update_count; // the in-place updates done before it was built
     std::shared_ptr<Node> grad;       // a leaf's accumulated gradient
     // Releasing the last handle of a long chain would free it recursively, one stack frame
@@ -9046,7 +9071,7 @@ static std::vector<Tensor> backward_rule(const NodeP& n, const Tensor& g) {
 }
 
 // Gradients of output with respect to every node that requires grad, accumulated over paths;
-// leaves (if given) receives the leaves reached, in graph order.
+// filled (if given) receives the nodes reached whose grad() backward fills, in graph order.
 // Gradients by node (an eager step's backward makes a hundred); add() sums a path's part in.
 struct Gradients : PointerMap<Node, Tensor, 8> {
     void add(const Node* n, Tensor g, Loc loc) {
@@ -9054,8 +9079,20 @@ struct Gradients : PointerMap<Node, Tensor, 8> {
         else insert(n, std::move(g));
     }
 };
+// A node's hooks, each given the gradient the ones before it left
+static void run_grad_hooks(const Node& n, Tensor& grad) {
+    for (const GradHook& hook : *n.grad_hooks) {
+        Tensor replaced = hook.fn(grad);
+        if (!replaced.defined()) continue;
+        if (replaced.shape() != grad.shape())
+            fail(strf("register_hook: the hook returned %s for a gradient of %s",
+                      shape_str(replaced.shape()).c_str(), shape_str(grad.shape()).c_str()),
+                 hook.loc);
+        grad = replaced.cast(n.dtype, hook.loc);
+    }
+}
 static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
-                               std::vector<Node*>* leaves = nullptr) {
+                               std::vector<Node*>* filled = nullptr) {
     const NodeP& root = output.node();
     if (!root->requires_grad)
         fail("backward: the tensor does not depend on any tensor that requires grad");
@@ -9077,10 +9114,9 @@ static Gradients backpropagate(const Tensor& output, const Tensor& seed_in,
         Node* n = *it;
         Tensor* found = grads.find(n);
         if (!n->requires_grad || !found) continue;
-        if (n->leaf) {   // a lazy leaf keeps its sources only to compute its value
-            if (leaves) leaves->push_back(n);
-            continue;
-        }
+        if (n->grad_hooks) run_grad_hooks(*n, *found);
+        if (filled && (n->leaf || n->retains_grad)) filled->push_back(n);
+        if (n->leaf) continue;   // a lazy leaf keeps its sources only to compute its value
         check_fresh(n);   // its rule reads its inputs as they were when it was built
         UserLocScope at(n->loc);
         user_op = n->user_op;   // restored by at
@@ -9131,26 +9167,55 @@ Tensor& Tensor::requires_grad(bool on, Loc loc) {
 bool Tensor::tracks_grad() const { return node()->requires_grad; }
 Tensor Tensor::grad() const { return node()->grad ? Tensor(node()->grad) : Tensor(); }
 void Tensor::zero_grad() { node()->grad.reset(); }
+Tensor& Tensor::retain_grad(Loc loc) {
+    if (!node()->requires_grad)
+        fail("retain_grad: the tensor does not require grad (nor depend on one that does)", loc);
+    if (!node()->leaf) node()->retains_grad = true;
+    return *this;
+}
+bool Tensor::retains_grad() const { return node()->retains_grad; }
+bool Tensor::is_leaf() const { return !node()->requires_grad || node()->leaf; }
+GradHookHandle Tensor::register_hook(std::function<Tensor(const Tensor&)> hook, Loc loc) {
+    if (!node()->requires_grad)
+        fail("register_hook: the tensor does not require grad (nor depend on one that does)",
+             loc);
+    if (!hook) fail("register_hook: the hook is empty", loc);
+    static std::atomic<uint64_t> hooks_made{0};
+    auto& hooks = node()->grad_hooks;
+    if (!hooks) hooks = std::make_unique<std::vector<GradHook>>();
+    uint64_t id = ++hooks_made;
+    hooks->push_back({id, std::move(hook), loc});
+    return {node(), id};
+}
+void GradHookHandle::remove() {
+    std::shared_ptr<detail::Node> n = node.lock();
+    if (!n || !n->grad_hooks) return;
+    auto& hooks = *n->grad_hooks;
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [&](const GradHook& h) { return h.id == id; }),
+                hooks.end());
+}
 Tensor Tensor::detach() const {
     NodeP n = node_make(Op::RESHAPE, dtype(), shape(), {node()}, node()->loc);
     n->requires_grad = false;
     return wrap(n);
 }
 
-// Accumulates into every leaf's grad(). The output and the new gradients are realized with the
-// next program (normally the optimizer's step), from the parameters before the update.
+// Accumulates into every leaf's grad() (and retain_grad's). The output and the new gradients
+// are realized with the next program (normally the optimizer's step), from the parameters
+// before the update.
 void Tensor::backward(const Tensor& seed, Loc loc) const {
     UserLocScope at(loc);
     Gradients grads;
-    std::vector<Node*> leaves;
+    std::vector<Node*> filled;
     {
         NoGrad no_grad;
-        grads = backpropagate(*this, seed, &leaves);
+        grads = backpropagate(*this, seed, &filled);
     }
     pending_grads.targets.push_back(node());
     NoGrad no_grad;
     PhaseScope phase(Phase::BACKWARD);
-    for (Node* n : leaves) {
+    for (Node* n : filled) {
         const Tensor& g = *grads.find(n);
         if (!n->grad || n->grad->buffer) pending_grads.leaves.push_back(n->shared_from_this());
         n->grad = n->grad ? add(wrap(n->grad), g, n->loc).node() : g.node();

@@ -1023,6 +1023,53 @@ TEST(autograd_gradients_function) {
     CHECK_ALL_NEAR(vals(tg::gradients(fh, {a})[0]), (Vec{8, 16, 24}), 1e-15);
 }
 
+// retain_grad fills a computed tensor's grad(); hooks see and replace a tensor's whole gradient
+// (summed over its uses) before it flows on, in backward() and tg::gradients alike
+TEST(autograd_retain_grad_and_hooks) {
+    Tensor x = T({1, 2, 3}, {3}).requires_grad();
+    Tensor y = x * x;
+    CHECK(x.is_leaf() && !y.is_leaf() && T({1}, {1}).is_leaf());
+    CHECK(&y.retain_grad() == &y && y.retains_grad() && !x.retains_grad());
+    ((y * 3.0).sum() + y.sum()).backward();
+    CHECK_ALL_NEAR(vals(y.grad()), (Vec{4, 4, 4}), 0);
+    CHECK_ALL_NEAR(vals(x.grad()), (Vec{8, 16, 24}), 1e-15);
+
+    // a hook that doubles; one that only looks (its result undefined); one on the leaf
+    Tensor a = T({1, -2}, {2}).requires_grad();
+    Tensor h = a * 3.0;
+    int looked = 0;
+    Vec seen;
+    h.retain_grad();
+    tg::GradHookHandle doubling = h.register_hook([](const Tensor& g) { return g * 2.0; });
+    h.register_hook([&](const Tensor& g) {
+        looked++;
+        seen = vals(g);
+        return Tensor();
+    });
+    a.register_hook([](const Tensor& g) { return g + 1.0; });
+    (h * h).sum().backward(); // d/dh = 2h = {6, -12}
+    CHECK_EQ(looked, 1);
+    CHECK_ALL_NEAR(seen, (Vec{12, -24}), 0); // after the doubling hook
+    CHECK_ALL_NEAR(vals(h.grad()), (Vec{12, -24}), 0);
+    CHECK_ALL_NEAR(vals(a.grad()), (Vec{37, -71}), 1e-15); // 3·(12, -24) + 1
+    std::vector<Tensor> g = tg::gradients((h * h).sum(), {a});
+    CHECK_ALL_NEAR(vals(g[0]), (Vec{37, -71}), 1e-15);
+    CHECK_EQ(looked, 2);
+    doubling.remove();
+    doubling.remove(); // twice: nothing more
+    CHECK_ALL_NEAR(vals(tg::gradients((h * h).sum(), {a})[0]), (Vec{19, -35}), 1e-15);
+
+    // errors
+    Tensor plain = T({1, 2}, {2});
+    CHECK_THROWS(plain.retain_grad(), "retain_grad: the tensor does not require grad");
+    CHECK_THROWS(plain.register_hook([](const Tensor& t) { return t; }),
+                 "register_hook: the tensor does not require grad");
+    Tensor b = T({1, 2}, {2}).requires_grad();
+    b.register_hook([](const Tensor& t) { return t.sum(); });
+    CHECK_THROWS(b.sum().backward(), "register_hook: the hook returned [] for a gradient of [2]",
+                 "test_autograd.cpp");
+}
+
 TEST(autograd_gradients_are_lazy_and_fuse) {
     Vec xv = {0.1, -0.2, 0.3, 0.4};
     Tensor x = T(xv, {4}).requires_grad();
