@@ -2610,6 +2610,167 @@ Tensor multilabel_margin_loss(const Tensor& x, const Tensor& target,
 Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
                 const Tensor& target_lengths, Reduction r = Reduction::MEAN, int64_t blank = 0,
                 bool zero_infinity = false, Loc loc = Loc::here());
+// The losses as objects that hold their options, as torch.nn's: nn::CrossEntropyLoss
+// criterion{weight}; criterion.label_smoothing = 0.1; criterion(logits, target). Their fields
+// come in PyTorch's order (its deprecated size_average and reduce left out); each calls the
+// function above with them.
+struct MSELoss {
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return mse_loss(input, target, reduction, loc);
+    }
+};
+struct L1Loss {
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return l1_loss(input, target, reduction, loc);
+    }
+};
+struct SmoothL1Loss {
+    Reduction reduction = Reduction::MEAN;
+    double beta = 1;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return smooth_l1_loss(input, target, reduction, beta, loc);
+    }
+};
+struct HuberLoss {
+    Reduction reduction = Reduction::MEAN;
+    double delta = 1;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return huber_loss(input, target, reduction, delta, loc);
+    }
+};
+struct CrossEntropyLoss {
+    Tensor weight;
+    int64_t ignore_index = -100;
+    Reduction reduction = Reduction::MEAN;
+    double label_smoothing = 0;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return cross_entropy(input, target, reduction, ignore_index, label_smoothing, weight, loc);
+    }
+};
+struct NLLLoss {
+    Tensor weight;
+    int64_t ignore_index = -100;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return nll_loss(input, target, reduction, ignore_index, weight, loc);
+    }
+};
+struct BCELoss {
+    Tensor weight;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return binary_cross_entropy(input, target, reduction, weight, loc);
+    }
+};
+struct BCEWithLogitsLoss {
+    Tensor weight;
+    Reduction reduction = Reduction::MEAN;
+    Tensor pos_weight;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return binary_cross_entropy_with_logits(input, target, reduction, weight, pos_weight, loc);
+    }
+};
+struct KLDivLoss {
+    Reduction reduction = Reduction::MEAN;
+    bool log_target = false;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return kl_div(input, target, reduction, log_target, loc);
+    }
+};
+struct SoftMarginLoss {
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return soft_margin_loss(input, target, reduction, loc);
+    }
+};
+struct HingeEmbeddingLoss {
+    double margin = 1;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return hinge_embedding_loss(input, target, reduction, margin, loc);
+    }
+};
+struct MultiLabelSoftMarginLoss {
+    Tensor weight;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return multilabel_soft_margin_loss(input, target, reduction, weight, loc);
+    }
+};
+struct MultiLabelMarginLoss {
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return multilabel_margin_loss(input, target, reduction, loc);
+    }
+};
+struct MultiMarginLoss {
+    double p = 1;
+    double margin = 1;
+    Tensor weight;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return multi_margin_loss(input, target, reduction, p, margin, weight, loc);
+    }
+};
+struct PoissonNLLLoss {
+    bool log_input = true;
+    bool full = false;
+    double eps = 1e-8;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, Loc loc = Loc::here()) const {
+        return poisson_nll_loss(input, target, reduction, log_input, full, eps, loc);
+    }
+};
+struct GaussianNLLLoss {
+    bool full = false;
+    double eps = 1e-6;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input, const Tensor& target, const Tensor& var,
+                      Loc loc = Loc::here()) const {
+        return gaussian_nll_loss(input, target, var, reduction, full, eps, loc);
+    }
+};
+struct MarginRankingLoss {
+    double margin = 0;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                      Loc loc = Loc::here()) const {
+        return margin_ranking_loss(input1, input2, target, reduction, margin, loc);
+    }
+};
+struct CosineEmbeddingLoss {
+    double margin = 0;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                      Loc loc = Loc::here()) const {
+        return cosine_embedding_loss(input1, input2, target, reduction, margin, loc);
+    }
+};
+struct TripletMarginLoss {
+    double margin = 1;
+    double p = 2;
+    double eps = 1e-6;
+    bool swap = false;
+    Reduction reduction = Reduction::MEAN;
+    Tensor operator()(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                      Loc loc = Loc::here()) const {
+        return triplet_margin_loss(anchor, positive, negative, reduction, margin, p, eps, swap,
+                                   loc);
+    }
+};
+struct CTCLoss {
+    int64_t blank = 0;
+    Reduction reduction = Reduction::MEAN;
+    bool zero_infinity = false;
+    Tensor operator()(const Tensor& log_probs, const Tensor& targets,
+                      const Tensor& input_lengths, const Tensor& target_lengths,
+                      Loc loc = Loc::here()) const {
+        return ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction, blank,
+                        zero_infinity, loc);
+    }
+};
 // softmax((logits + g)/tau) along the axis, g Gumbel noise (-ln of an exponential sample, in
 // float64); hard: the one-hot of its largest (the first of ties), with the soft one's gradient
 // (straight through), as torch.nn.functional.gumbel_softmax

@@ -879,6 +879,73 @@ TEST(loss_more_pytorch_losses_match_pytorch) {
     CHECK_THROWS(F::poisson_nll_loss(a, counts, R::BATCHMEAN), "poisson_nll_loss", "BATCHMEAN");
 }
 
+// The loss objects hold PyTorch's options in its order and give their functions' values with
+// them: each set away from its defaults
+TEST(loss_objects_call_their_functions) {
+    namespace F = nn::functional;
+    using R = nn::Reduction;
+    Reference ref = read_reference("tests/data/loss_reference.txt");
+    auto in = [&](const char* name) { return ref.inputs.at(name); };
+    Tensor a = in("a"), b = in("b"), c = in("c"), sign = in("sign"), signs = in("signs");
+    Tensor labels = in("labels"), weight = in("weight"), var = in("var"), counts = in("counts");
+    Tensor classes = in("classes").cast(DType::INT64), p = a.sigmoid();
+    std::vector<std::pair<Tensor, Tensor>> pairs = {
+        {nn::MSELoss{R::SUM}(a, b), F::mse_loss(a, b, R::SUM)},
+        {nn::L1Loss{R::NONE}(a, b), F::l1_loss(a, b, R::NONE)},
+        {nn::SmoothL1Loss{R::SUM, 0.5}(a, b), F::smooth_l1_loss(a, b, R::SUM, 0.5)},
+        {nn::HuberLoss{R::NONE, 0.7}(a, b), F::huber_loss(a, b, R::NONE, 0.7)},
+        {nn::CrossEntropyLoss{weight, 2, R::SUM, 0.1}(a, classes),
+         F::cross_entropy(a, classes, R::SUM, 2, 0.1, weight)},
+        {nn::NLLLoss{weight, 1, R::NONE}(a, classes), F::nll_loss(a, classes, R::NONE, 1, weight)},
+        {nn::BCELoss{weight, R::SUM}(p, labels),
+         F::binary_cross_entropy(p, labels, R::SUM, weight)},
+        {nn::BCEWithLogitsLoss{weight, R::NONE, weight * 2}(a, labels),
+         F::binary_cross_entropy_with_logits(a, labels, R::NONE, weight, weight * 2)},
+        {nn::KLDivLoss{R::BATCHMEAN, true}(a, b), F::kl_div(a, b, R::BATCHMEAN, true)},
+        {nn::SoftMarginLoss{R::SUM}(a, signs), F::soft_margin_loss(a, signs, R::SUM)},
+        {nn::HingeEmbeddingLoss{1.5, R::NONE}(a, signs),
+         F::hinge_embedding_loss(a, signs, R::NONE, 1.5)},
+        {nn::MultiLabelSoftMarginLoss{weight, R::SUM}(a, labels),
+         F::multilabel_soft_margin_loss(a, labels, R::SUM, weight)},
+        {nn::MultiLabelMarginLoss{R::NONE}(
+             a, Tensor::from_vector({1, -1, 0, 2, 0, -1, 0, 1, 2, -1, 2, 1}, {4, 3})),
+         F::multilabel_margin_loss(
+             a, Tensor::from_vector({1, -1, 0, 2, 0, -1, 0, 1, 2, -1, 2, 1}, {4, 3}), R::NONE)},
+        {nn::MultiMarginLoss{2, 0.5, weight, R::NONE}(a, classes),
+         F::multi_margin_loss(a, classes, R::NONE, 2, 0.5, weight)},
+        {nn::PoissonNLLLoss{false, true, 1e-3, R::NONE}(a.abs(), counts),
+         F::poisson_nll_loss(a.abs(), counts, R::NONE, false, true, 1e-3)},
+        {nn::GaussianNLLLoss{true, 0.2, R::SUM}(a, b, var),
+         F::gaussian_nll_loss(a, b, var, R::SUM, true, 0.2)},
+        {nn::MarginRankingLoss{0.5, R::NONE}(a, b, signs),
+         F::margin_ranking_loss(a, b, signs, R::NONE, 0.5)},
+        {nn::CosineEmbeddingLoss{0.2, R::SUM}(a, b, sign),
+         F::cosine_embedding_loss(a, b, sign, R::SUM, 0.2)},
+        {nn::TripletMarginLoss{2, 1, 1e-3, true, R::NONE}(a, b, c),
+         F::triplet_margin_loss(a, b, c, R::NONE, 2, 1, 1e-3, true)},
+    };
+    // CTC: 3 steps of 4 classes, one batch of a 2-label target, blank 3, zero_infinity
+    Tensor log_probs =
+        Tensor::from_vector(Vec{0.1, 0.5, -0.3, 0.2, 0.4, 0.3, 0.1, -0.2, 0.0, 0.6, 0.2, 0.1},
+                            {3, 1, 4})
+            .log_softmax(-1);
+    Tensor targets = Tensor::from_vector({0, 1}, {1, 2});
+    Tensor steps = Tensor::from_vector({3}), lengths = Tensor::from_vector({2});
+    pairs.push_back({nn::CTCLoss{3, R::SUM, true}(log_probs, targets, steps, lengths),
+                     F::ctc_loss(log_probs, targets, steps, lengths, R::SUM, 3, true)});
+    for (auto& [object, function] : pairs) {
+        CHECK(object.shape() == function.shape());
+        CHECK_ALL_NEAR(vals(object), vals(function), 0);
+    }
+    // the defaults are the functions' defaults
+    CHECK_ALL_NEAR(vals(nn::CrossEntropyLoss{}(a, classes)), vals(F::cross_entropy(a, classes)), 0);
+    nn::CrossEntropyLoss criterion;
+    criterion.label_smoothing = 0.25;
+    CHECK_ALL_NEAR(vals(criterion(a, classes)),
+                   vals(F::cross_entropy(a, classes, R::MEAN, -100, 0.25)), 0);
+    CHECK_THROWS(nn::MSELoss{}(a, b.slice(0, 0, 2)), "mse_loss", "test_training.cpp");
+}
+
 TEST(loss_bce_with_logits_matches_loop_and_stays_finite) {
     std::vector<float> x = {-1000, -100, -30, -2.5f, -0.3f, 0, 0.7f, 3, 40, 100, 1000, 88.5f};
     std::vector<float> t = {0, 1, 0.5f, 1, 0, 0.25f, 1, 0, 1, 0, 1, 0.5f};
