@@ -791,6 +791,10 @@ public:
     // them and their counts, as torch.unique(x, return_inverse=True, return_counts=True):
     // auto [values, inverse, counts] = x.unique(). It reads x (and gives no gradient).
     Unique unique(Loc loc = Loc::here()) const;
+    // the runs of equal elements (NaN each its own) of the flattened tensor, in order: each
+    // run's value, each element's run (inverse) and the runs' lengths, as
+    // torch.unique_consecutive(x, return_inverse=True, return_counts=True). It reads x.
+    Unique unique_consecutive(Loc loc = Loc::here()) const;
     Tensor masked_select(const Tensor& mask, Loc loc = Loc::here()) const;
     // gather's adjoint, as torch.scatter_add: this with src[i][j] added at [index[i][j]][j]
     // (axis 0). index has this's rank and is no longer than src along any axis, nor than this
@@ -1079,6 +1083,25 @@ Tensor inner(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 Tensor dist(const Tensor& a, const Tensor& b, double p = 2, Loc loc = Loc::here());
 // the diagonal matrix of x's elements (flattened), offset above (below) the main one
 Tensor diagflat(const Tensor& x, int64_t offset = 0, Loc loc = Loc::here());
+// input with src written into one of its parts, as torch's: slice_scatter into input's slice
+// [start:end:step] along the axis (Python's bounds), select_scatter into the slice at index
+// (src without the axis), diagonal_scatter onto the diagonal `offset` of axes axis1 and axis2
+// (src shaped as diagonal(input, ...) is). Gradients reach src and the rest of input.
+Tensor slice_scatter(const Tensor& input, const Tensor& src, int axis = 0,
+                     std::optional<int64_t> start = std::nullopt,
+                     std::optional<int64_t> end = std::nullopt, int64_t step = 1,
+                     Loc loc = Loc::here());
+Tensor select_scatter(const Tensor& input, const Tensor& src, int axis, int64_t index,
+                      Loc loc = Loc::here());
+Tensor diagonal_scatter(const Tensor& input, const Tensor& src, int64_t offset = 0,
+                        int axis1 = 0, int axis2 = 1, Loc loc = Loc::here());
+// input[indices[0], indices[1], ...] = values, as torch.index_put: the integer index tensors
+// (negative ones count from the end) broadcast together and address input's first axes; values
+// broadcast to their shape followed by input's other axes. accumulate: added instead (repeated
+// places add up); without it, of repeated places the last in index order stays. An index out
+// of range is an error found as the program runs, naming which.
+Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices, const Tensor& values,
+                 bool accumulate = false, Loc loc = Loc::here());
 // the tensors expanded to their common shape, and that shape, as torch's
 std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors,
                                       Loc loc = Loc::here());
@@ -5456,27 +5479,19 @@ Tensor Tensor::nonzero(Loc loc) const {
     return on_device_of(*this, Tensor::from_vector(coordinates, out, loc), loc);
 }
 // Sorted on the host in double (exact for float32 and float64) or int64 (integers, bool)
-Unique Tensor::unique(Loc loc) const {
-    check_defined(*this, "unique", loc);
-    bool whole = !dtype_is_float(dtype());
-    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
-    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
-    size_t n = whole ? ints.size() : reals.size();
-    std::vector<int64_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    auto before = [&](int64_t a, int64_t b) {   // NaN after every number
-        if (whole) return ints[size_t(a)] < ints[size_t(b)];
-        double x = reals[size_t(a)], y = reals[size_t(b)];
-        return std::isnan(y) ? !std::isnan(x) : x < y;
-    };
-    std::stable_sort(order.begin(), order.end(), before);
-    std::vector<int64_t> inverse(n), counts, value_ints;
+// The groups of x's elements taken in order (sorted, or as they stand), a new group wherever
+// `same` says an element differs from the one before: each group's value and length, each
+// element's group
+template <typename Same>
+static Unique groups_in_order(const Tensor& x, const std::vector<int64_t>& order,
+                              const std::vector<int64_t>& ints, const std::vector<double>& reals,
+                              Same same, Loc loc) {
+    const bool whole = !dtype_is_float(x.dtype());
+    std::vector<int64_t> inverse(order.size()), counts, value_ints;
     std::vector<double> value_reals;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < order.size(); k++) {
         size_t at = size_t(order[k]);
-        bool same = k > 0 && !before(order[k - 1], order[k]) && !before(order[k], order[k - 1]) &&
-                    (whole || !std::isnan(reals[at]));
-        if (!same) {
+        if (k == 0 || !same(order[k - 1], order[k])) {
             counts.push_back(0);
             if (whole) value_ints.push_back(ints[at]);
             else value_reals.push_back(reals[at]);
@@ -5484,11 +5499,41 @@ Unique Tensor::unique(Loc loc) const {
         counts.back()++;
         inverse[at] = int64_t(counts.size()) - 1;
     }
-    Tensor values = whole ? from_vector(value_ints, {-1}, loc)
-                          : from_vector(value_reals, {-1}, loc);
-    return {on_device_of(*this, values.cast(dtype(), loc), loc),
-            on_device_of(*this, from_vector(inverse, shape(), loc), loc),
-            on_device_of(*this, from_vector(counts, {-1}, loc), loc)};
+    Tensor values = whole ? Tensor::from_vector(value_ints, {-1}, loc)
+                          : Tensor::from_vector(value_reals, {-1}, loc);
+    return {on_device_of(x, values.cast(x.dtype(), loc), loc),
+            on_device_of(x, Tensor::from_vector(inverse, x.shape(), loc), loc),
+            on_device_of(x, Tensor::from_vector(counts, {-1}, loc), loc)};
+}
+Unique Tensor::unique(Loc loc) const {
+    check_defined(*this, "unique", loc);
+    bool whole = !dtype_is_float(dtype());
+    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
+    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
+    std::vector<int64_t> order(whole ? ints.size() : reals.size());
+    std::iota(order.begin(), order.end(), 0);
+    auto before = [&](int64_t a, int64_t b) {   // NaN after every number
+        if (whole) return ints[size_t(a)] < ints[size_t(b)];
+        double x = reals[size_t(a)], y = reals[size_t(b)];
+        return std::isnan(y) ? !std::isnan(x) : x < y;
+    };
+    std::stable_sort(order.begin(), order.end(), before);
+    auto same = [&](int64_t a, int64_t b) {   // in sorted order: neither before, not NaN
+        return !before(a, b) && (whole || !std::isnan(reals[size_t(b)]));
+    };
+    return groups_in_order(*this, order, ints, reals, same, loc);
+}
+Unique Tensor::unique_consecutive(Loc loc) const {
+    check_defined(*this, "unique_consecutive", loc);
+    bool whole = !dtype_is_float(dtype());
+    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
+    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
+    std::vector<int64_t> order(whole ? ints.size() : reals.size());
+    std::iota(order.begin(), order.end(), 0);
+    auto same = [&](int64_t a, int64_t b) {
+        return whole ? ints[size_t(a)] == ints[size_t(b)] : reals[size_t(a)] == reals[size_t(b)];
+    };
+    return groups_in_order(*this, order, ints, reals, same, loc);
 }
 static void check_mask(const Tensor& x, const Tensor& mask, const char* op, Loc loc) {
     check_defined(x, op, loc), check_defined(mask, op, loc);
@@ -8165,6 +8210,119 @@ Tensor dist(const Tensor& a, const Tensor& b, double p, Loc loc) {
 }
 Tensor diagflat(const Tensor& x, int64_t offset, Loc loc) {
     return diag(check_defined(x, "diagflat", loc).flatten(0, -1, loc), offset, loc);
+}
+Tensor slice_scatter(const Tensor& input, const Tensor& src, int axis,
+                     std::optional<int64_t> start_in, std::optional<int64_t> end_in,
+                     int64_t step, Loc loc) {
+    const char* op = "slice_scatter";
+    check_defined(input, op, loc), check_defined(src, op, loc);
+    int ax = normalize_axis(axis, input.shape().size(), op, input.shape(), loc, false);
+    if (step < 1) fail(strf("%s: step must be at least 1, got %lld", op, (long long)step), loc);
+    const int64_t n = input.size(ax);
+    auto bound = [n](std::optional<int64_t> b, int64_t otherwise) {
+        if (!b) return otherwise;
+        return std::clamp(*b < 0 ? *b + n : *b, int64_t(0), n);
+    };
+    const int64_t start = bound(start_in, 0), end = std::max(start, bound(end_in, n));
+    Shape want = input.shape();
+    want[size_t(ax)] = (end - start + step - 1) / step;
+    if (src.shape() != want)
+        fail(strf("%s: src %s does not fit the slice %s of input %s", op,
+                  shape_str(src.shape()).c_str(), shape_str(want).c_str(),
+                  shape_str(input.shape()).c_str()), loc);
+    UserLocScope at(loc, op);
+    Tensor places = on_device_of(input, Tensor::arange(start, end, step), loc);
+    return input.index_copy(ax, places.cast(DType::INT64), src.cast(input.dtype()));
+}
+Tensor select_scatter(const Tensor& input, const Tensor& src, int axis, int64_t index,
+                      Loc loc) {
+    const char* op = "select_scatter";
+    check_defined(input, op, loc), check_defined(src, op, loc);
+    int ax = normalize_axis(axis, input.shape().size(), op, input.shape(), loc, false);
+    const int64_t n = input.size(ax);
+    if (index < -n || index >= n)
+        fail(strf("%s: index %lld is out of range for axis %d of %s", op, (long long)index, ax,
+                  shape_str(input.shape()).c_str()), loc);
+    if (index < 0) index += n;
+    return slice_scatter(input, src.unsqueeze(ax, loc), ax, index, index + 1, 1, loc);
+}
+// With the two axes last, position (i, j) is on the diagonal where j - i = offset, and takes
+// src[..., i] (offset >= 0) or src[..., j]: src padded to that axis's length, spread over
+// the other
+Tensor diagonal_scatter(const Tensor& input, const Tensor& src, int64_t offset, int axis1,
+                        int axis2, Loc loc) {
+    const char* op = "diagonal_scatter";
+    check_defined(input, op, loc), check_defined(src, op, loc);
+    Tensor diagonal_now = diagonal(input, offset, axis1, axis2, loc);
+    if (src.shape() != diagonal_now.shape())
+        fail(strf("%s: src %s must have the diagonal's shape %s", op,
+                  shape_str(src.shape()).c_str(), shape_str(diagonal_now.shape()).c_str()), loc);
+    UserLocScope at(loc, op);
+    int a1 = normalize_axis(axis1, input.shape().size(), op, input.shape(), loc, false);
+    int a2 = normalize_axis(axis2, input.shape().size(), op, input.shape(), loc, false);
+    std::vector<int> order;
+    for (int d = 0; d < input.ndim(); d++)
+        if (d != a1 && d != a2) order.push_back(d);
+    order.push_back(a1), order.push_back(a2);
+    Tensor last = input.permute(order);
+    const int64_t rows = last.size(-2), columns = last.size(-1), length = src.size(-1);
+    Tensor i = Tensor::arange(rows).reshape({rows, 1}), j = Tensor::arange(columns);
+    Tensor on = on_device_of(input, (j - i) == double(offset), loc);
+    std::vector<std::pair<int64_t, int64_t>> tail(size_t(src.ndim()), {0, 0});
+    tail.back().second = (offset >= 0 ? rows : columns) - length;
+    Tensor padded = src.pad(tail);
+    Tensor spread = offset >= 0 ? padded.unsqueeze(-1) : padded.unsqueeze(-2);
+    Tensor written = where(on, spread.cast(input.dtype()), last);
+    std::vector<int> back(order.size());
+    for (size_t k = 0; k < order.size(); k++) back[size_t(order[k])] = int(k);
+    return written.permute(back);
+}
+Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices, const Tensor& values,
+                 bool accumulate, Loc loc) {
+    const char* op = "index_put";
+    check_defined(input, op, loc), check_defined(values, op, loc);
+    if (indices.empty() || indices.size() > size_t(input.ndim()))
+        fail(strf("%s: %zu index tensors for input %s (1 to %d)", op, indices.size(),
+                  shape_str(input.shape()).c_str(), input.ndim()), loc);
+    Shape batch;
+    for (const Tensor& index : indices) {
+        check_defined(index, op, loc);
+        if (dtype_is_float(index.dtype()) || index.dtype() == DType::BOOL)
+            fail(strf("%s: indices must be int32 or int64, got %s %s", op,
+                      dtype_name(index.dtype()), shape_str(index.shape()).c_str()), loc);
+        batch = broadcast_shape(batch, index.shape(), op, loc);
+    }
+    const size_t k = indices.size();
+    Shape rest(input.shape().begin() + long(k), input.shape().end()), flat{1}, value_shape;
+    for (size_t d = 0; d < k; d++) flat[0] *= input.shape()[d];
+    flat.insert(flat.end(), rest.begin(), rest.end());
+    value_shape = batch;
+    value_shape.insert(value_shape.end(), rest.begin(), rest.end());
+    if (!broadcasts_to(values.shape(), value_shape))
+        fail(strf("%s: values %s do not broadcast to %s (the indices' shape %s, then input's "
+                  "axes after the indexed ones)", op, shape_str(values.shape()).c_str(),
+                  shape_str(value_shape).c_str(), shape_str(batch).c_str()), loc);
+    // each index through a checked gather that names it, then row-major places
+    static const char* names[] = {"index_put (indices[0])", "index_put (indices[1])",
+                                  "index_put (indices[2])", "index_put (indices[3])",
+                                  "index_put (indices[4])", "index_put (indices[5])",
+                                  "index_put (indices[6])", "index_put (indices[7])"};
+    Tensor place;
+    for (size_t d = 0; d < k; d++) {
+        UserLocScope at(loc, d < 8 ? names[d] : "index_put (indices)");
+        const int64_t n = input.shape()[d];
+        Tensor index = indices[d].cast(DType::INT64).expand(batch).reshape({-1});
+        index = where(index < 0, index + n, index);
+        index = on_device_of(input, Tensor::arange(n).cast(DType::INT64), loc).gather(0, index);
+        place = d == 0 ? index : place * n + index;
+    }
+    UserLocScope at(loc, op);
+    Shape rows = rest;
+    rows.insert(rows.begin(), shape_numel(batch));
+    Tensor moved = values.cast(input.dtype()).expand(value_shape).reshape(rows);
+    Tensor table = input.reshape(flat);
+    table = accumulate ? table.index_add(0, place, moved) : table.index_copy(0, place, moved);
+    return table.reshape(input.shape());
 }
 Shape broadcast_shapes(const std::vector<Shape>& shapes, Loc loc) {
     Shape out;

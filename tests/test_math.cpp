@@ -855,10 +855,11 @@ TEST(ops_basics_match_pytorch) {
 // Values and gradients from PyTorch 1.13 (tests/data/make_reference.py): nanmedian and
 // nanquantile (rows of NaN among them), fmax and fmin at ties and NaN, gcd and lcm (int32 and
 // int64 pairs that take Euclid's most steps), products, dist, std_mean, cholesky_solve and
-// cholesky_inverse, the splits and PyTorch's other names
+// cholesky_inverse, the splits and PyTorch's other names, the scatters into slices and
+// diagonals, index_put, unique_consecutive
 TEST(ops_more_names_match_pytorch) {
     Reference ref = read_reference("tests/data/names_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(39));
+    CHECK_EQ(ref.cases.size(), size_t(51));
     using X = const std::vector<Tensor>&;
     const auto& in = ref.inputs;
     const Tensor& w = in.at("w");
@@ -980,6 +981,59 @@ TEST(ops_more_names_match_pytorch) {
               return tg::stack(tg::broadcast_tensors({x[0], x[1].unsqueeze(1)}));
           }}},
         {"arctan2", {{"m", "n"}, [](X x) { return x[0].arctan2(x[1].t()); }}},
+        {"slice_scatter",
+         {{"m", "n"},
+          [](X x) {
+              Tensor src = x[1].slice(0, 0, 3).slice(1, 0, 2);
+              return tg::slice_scatter(x[0], src, 1, -3, std::nullopt, 2);
+          }}},
+        {"slice_scatter_rows",
+         {{"m", "n"},
+          [](X x) { return tg::slice_scatter(x[0], x[1].t().slice(0, 0, 2) * 2, 0, 1, 3); }}},
+        {"select_scatter",
+         {{"m", "col"},
+          [](X x) { return tg::select_scatter(x[0].t(), x[1].slice(0, 0, 3), 0, -1); }}},
+        {"diagonal_scatter",
+         {{"m", "row"}, [](X x) { return tg::diagonal_scatter(x[0], x[1] * 3, 1); }}},
+        {"diagonal_scatter_below",
+         {{"m", "row"}, [](X x) { return tg::diagonal_scatter(x[0], x[1].slice(0, 0, 2), -1); }}},
+        {"diagonal_scatter_axes",
+         {{"cube", "m"},
+          [](X x) {
+              return tg::diagonal_scatter(x[0], x[1].slice(0, 0, 2).slice(1, 0, 3), 0, 2, 1);
+          }}},
+        {"index_put",
+         {{"m", "n"},
+          [&](X x) {
+              return tg::index_put(x[0], {ints({0, 1, -1}), ints({1, 3}).reshape({2, 1})},
+                                   x[1].slice(0, 0, 2));
+          }}},
+        {"index_put_rows",
+         {{"m", "row"}, [&](X x) { return tg::index_put(x[0].t(), {ints({3, 0})}, x[1]); }}},
+        {"index_put_accumulate",
+         {{"m", "col"},
+          [&](X x) {
+              return tg::index_put(x[0], {ints({1, 1, 0, 1}), ints({2, 2, 0, 3})}, x[1], true);
+          }}},
+        {"unique_consecutive",
+         {{},
+          [&](X) {
+              return Tensor::from_vector(Vec{1, 1, 2, 2, 2, NAN, NAN, 1, 3, 3}, {2, 5})
+                  .unique_consecutive()
+                  .values;
+          }}},
+        {"unique_consecutive_inverse",
+         {{},
+          [&](X) {
+              return Tensor::from_vector(Vec{1, 1, 2, 2, 2, NAN, NAN, 1, 3, 3}, {2, 5})
+                  .unique_consecutive()
+                  .inverse;
+          }}},
+        {"unique_consecutive_counts",
+         {{},
+          [&](X) {
+              return ints({4, 4, -1, 4, 7, 7, 7}, DType::INT64).unique_consecutive().counts;
+          }}},
     };
     check_cases(ref, ours, 1e-12);
 
@@ -1022,6 +1076,17 @@ TEST(ops_more_names_match_pytorch) {
     CHECK_THROWS(tg::broadcast_shapes({{3}, {4}}), "broadcast_shapes: shapes [3] and [4]");
     CHECK_THROWS(tg::nanquantile(m, 1.5), "nanquantile: q = 1.5 is not in [0, 1]");
     CHECK_THROWS(tg::cholesky_solve(row, m), "cholesky_solve");
+    CHECK_THROWS(tg::slice_scatter(m, m, 1, 0, 2), "slice_scatter: src [3,4] does not fit the "
+                                                   "slice [3,2] of input [3,4]");
+    CHECK_THROWS(tg::select_scatter(m, row, 1, 4), "select_scatter: index 4 is out of range");
+    CHECK_THROWS(tg::diagonal_scatter(m, row, 2), "diagonal_scatter: src [3] must have the "
+                                                  "diagonal's shape [2]");
+    CHECK_THROWS(vals(tg::index_put(m, {ints({0}), ints({4})}, row.slice(0, 0, 1))),
+                 "index_put (indices[1])", "index out of range [0, 4)", "got 4");
+    CHECK_THROWS(tg::index_put(m, {m > 0}, row), "index_put: indices must be int32 or int64");
+    CHECK_THROWS(tg::index_put(m, {ints({0, 1})}, row),
+                 "index_put: values [3] do not broadcast to [2,4]");
+    CHECK(Tensor::from_vector(Vec{}).unique_consecutive().values.shape() == tg::Shape({0}));
 }
 
 // torch.special's functions that Tensor has no method for, and the windows, from PyTorch 1.13

@@ -39,8 +39,9 @@
                          (tests/test_math.cpp, ops_basics_match_pytorch)
   names_reference.txt    nanmedian, nanquantile, fmax, fmin, gcd, lcm, mv, vdot, inner, dist,
                          diagflat, std_mean, var_mean, cholesky_solve, cholesky_inverse, msort,
-                         hsplit, vsplit, dsplit, broadcast_tensors and PyTorch's other names
-                         (tests/test_math.cpp, ops_more_names_match_pytorch)
+                         hsplit, vsplit, dsplit, broadcast_tensors and PyTorch's other names;
+                         slice_scatter, select_scatter, diagonal_scatter, index_put,
+                         unique_consecutive (tests/test_math.cpp, ops_more_names_match_pytorch)
   special_more_reference.txt  torch.special's ndtr, log_ndtr, ndtri, erfcx, i0, i0e, i1, i1e,
                          entr, xlog1py, multigammaln and the windows (tests/test_math.cpp,
                          ops_torch_special_and_windows_match_pytorch)
@@ -913,6 +914,25 @@ write("names_reference.txt", names, [
     ("dsplit", ["cube"], lambda x: torch.cat(torch.dsplit(x, 2)[::-1], 2)),
     ("broadcast_tensors", ["row", "col"], lambda a, b: torch.stack(torch.broadcast_tensors(a, b[:, None]))),
     ("arctan2", ["m", "n"], lambda a, b: torch.arctan2(a, b.t())),
+    ("slice_scatter", ["m", "n"], lambda a, b: torch.slice_scatter(a, b[:3, :2], 1, -3, 4, 2)),
+    ("slice_scatter_rows", ["m", "n"], lambda a, b: torch.slice_scatter(a, b.t()[:2] * 2, 0, 1, 3, 1)),
+    ("select_scatter", ["m", "col"], lambda a, c: torch.select_scatter(a.t(), c[:3], 0, -1)),
+    ("diagonal_scatter", ["m", "row"], lambda a, r: torch.diagonal_scatter(a, r * 3, 1)),
+    ("diagonal_scatter_below", ["m", "row"], lambda a, r: torch.diagonal_scatter(a, r[:2], -1)),
+    ("diagonal_scatter_axes", ["cube", "m"], lambda x, a: torch.diagonal_scatter(
+        x, a[:2, :3], 0, 2, 1)),
+    ("index_put", ["m", "n"], lambda a, b: torch.index_put(
+        a, (torch.tensor([0, 1, -1]), torch.tensor([[1], [3]])), b[:2])),
+    ("index_put_rows", ["m", "row"], lambda a, r: torch.index_put(
+        a.t(), (torch.tensor([3, 0]),), r)),
+    ("index_put_accumulate", ["m", "col"], lambda a, c: torch.index_put(
+        a, (torch.tensor([1, 1, 0, 1]), torch.tensor([2, 2, 0, 3])), c, accumulate=True)),
+    ("unique_consecutive", [], lambda: torch.unique_consecutive(
+        tensor([1, 1, 2, 2, 2, nan, nan, 1, 3, 3], 2, 5))),
+    ("unique_consecutive_inverse", [], lambda: torch.unique_consecutive(
+        tensor([1, 1, 2, 2, 2, nan, nan, 1, 3, 3], 2, 5), return_inverse=True)[1].double()),
+    ("unique_consecutive_counts", [], lambda: torch.unique_consecutive(
+        torch.tensor([4, 4, -1, 4, 7, 7, 7]), return_counts=True)[1].double()),
 ])
 
 
