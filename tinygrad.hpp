@@ -10155,6 +10155,7 @@ static ExprP linear_index(const std::vector<ExprP>& idx, const Shape& shape) {
 // variables whenever the reshape only splits or merges axes.
 static std::vector<ExprP> reshape_index(const std::vector<ExprP>& idx, const Shape& from,
                                         const Shape& to) {
+    if (from == to) return idx;   // the same expressions: lowering's memo finds them again
     ExprP lin = linear_index(idx, from);
     Shape st = contiguous_strides(to);
     std::vector<ExprP> out;

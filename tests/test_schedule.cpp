@@ -601,3 +601,26 @@ TEST(reduction_read_through_a_pad_is_stored) {
     std::vector<double> want_d(want_v.begin(), want_v.end());
     CHECK_ALL_NEAR(got_v, want_d, 1e-4);
 }
+
+// Each step reads the one before several times (through %, whose composition reshapes its
+// operands to their common shape): one kernel whose code grows with the steps, not with a
+// power of them (lowering finds an earlier value again only where its index expressions are
+// the same objects, and a reshape to the same shape made new ones: such a chain with y / 2
+// took over a minute of C compiling at 6 steps)
+TEST(value_read_several_times_through_same_shape_reshapes_is_lowered_once) {
+    auto chain = [](int steps) {
+        Tensor y = Tensor::from_vector(std::vector<int64_t>{7, 12, 100, 27});
+        for (int k = 0; k < steps; k++) y = tg::where(y % 2 == 0, y.floor_divide(2), y * 3 + 1);
+        return y;
+    };
+    size_t four = tg::inspect({chain(4)}).c_source.size();
+    CHECK(four < 20000);
+    if (four >= 20000) return;   // 8 steps could take minutes
+    size_t eight = tg::inspect({chain(8)}).c_source.size();
+    CHECK(eight < 2 * four);     // linear in the steps: 4 more add a little
+    CHECK_EQ(kernels(chain(8)), 1);
+    std::vector<int64_t> want{7, 12, 100, 27};
+    for (int k = 0; k < 40; k++)
+        for (int64_t& v : want) v = v % 2 == 0 ? v / 2 : v * 3 + 1;
+    CHECK(chain(40).to_vector<int64_t>() == want);
+}
