@@ -1642,9 +1642,35 @@ struct Dropout : Module {
     Tensor draws;   // int64, made on the first call, on the input's device
 
 protected:
+    Dropout(double p, const char* layer, Loc loc);
     // x with a mask drawn while training: of x's shape, or with spatial_axes > 0, one draw per
     // channel of x [N, C, *spatial] or [C, *spatial]
     Tensor dropped(const Tensor& x, int spatial_axes);
+    // x with the draws u (uniform in [0, 1), broadcast to x) applied: kept where u >= p
+    virtual Tensor apply_mask(const Tensor& x, const Tensor& u) const;
+    virtual const char* layer_name() const { return "Dropout"; }
+};
+// For SELU networks, as PyTorch's: while training each element (FeatureAlphaDropout: each
+// channel of x [N, C, ...], its first two axes) is set with probability p to SELU's
+// saturation -λα, then all are moved by a·x + b so that inputs of mean 0 and variance 1 keep
+// them (functional::alpha_dropout)
+struct AlphaDropout : Dropout {
+    explicit AlphaDropout(double p = 0.5, Loc loc = Loc::here())
+        : Dropout(p, "AlphaDropout", loc) {}
+    Tensor forward(const Tensor& x) override { return dropped(x, 0); }
+
+protected:
+    AlphaDropout(double p, const char* layer, Loc loc) : Dropout(p, layer, loc) {}
+    Tensor apply_mask(const Tensor& x, const Tensor& u) const override;
+    const char* layer_name() const override { return "AlphaDropout"; }
+};
+struct FeatureAlphaDropout : AlphaDropout {
+    explicit FeatureAlphaDropout(double p = 0.5, Loc loc = Loc::here())
+        : AlphaDropout(p, "FeatureAlphaDropout", loc) {}
+    Tensor forward(const Tensor& x) override;
+
+protected:
+    const char* layer_name() const override { return "FeatureAlphaDropout"; }
 };
 // Dropout1d, Dropout2d, Dropout3d: each channel of x [N, C, *spatial] (or [C, *spatial]; 1, 2
 // or 3 spatial axes) zeroed whole with probability p while training, the others scaled
@@ -1753,6 +1779,10 @@ struct Softmax : Module {
     explicit Softmax(int dim = -1) : dim(dim) {}
     Tensor forward(const Tensor& x) override { return x.softmax(dim); }
     int dim;
+};
+// softmax over the channels of images [N, C, H, W] or [C, H, W] (axis -3)
+struct Softmax2d : Module {
+    Tensor forward(const Tensor& x) override;
 };
 struct LogSoftmax : Module {
     explicit LogSoftmax(int dim = -1) : dim(dim) {}
@@ -3088,6 +3118,11 @@ Tensor dropout2d(const Tensor& x, double p = 0.5, bool training = true,
                  uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
 Tensor dropout3d(const Tensor& x, double p = 0.5, bool training = true,
                  uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+// as nn::AlphaDropout and nn::FeatureAlphaDropout (whole channels of x [N, C, ...])
+Tensor alpha_dropout(const Tensor& x, double p = 0.5, bool training = false,
+                     uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
+Tensor feature_alpha_dropout(const Tensor& x, double p = 0.5, bool training = false,
+                             uint64_t seed = Tensor::next_seed(), Loc loc = Loc::here());
 // [*, C·r², H, W] to [*, C, H·r, W·r]: the r² channels of each output channel spread over
 // r x r pixels; pixel_unshuffle undoes it
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor, Loc loc = Loc::here());
@@ -17008,10 +17043,42 @@ static Tensor dropout_mask(const Tensor& x, double p, const Tensor& u) {
     if (p == 1) return x * 0;
     return where(u >= p, x * (1 / (1 - p)), 0);
 }
-Dropout::Dropout(double p_, Loc loc) : p(p_) {
+Dropout::Dropout(double p, Loc loc) : Dropout(p, "Dropout", loc) {}
+Dropout::Dropout(double p_, const char* layer, Loc loc) : p(p_) {
     detail::UserLocScope at(loc);
-    check_dropout_p(p, "Dropout");
+    check_dropout_p(p, layer);
     seeds = {Tensor::next_seed()};
+}
+Tensor Dropout::apply_mask(const Tensor& x, const Tensor& u) const {
+    return dropout_mask(x, p, u);
+}
+// PyTorch's: kept a·x + α'ap, dropped -α'a(1 - p), α' = λα of SELU and a = ((α'²p + 1)(1 -
+// p))^-1/2; p = 1 gives zeros
+static Tensor alpha_dropout_mask(const Tensor& x, double p, const Tensor& u) {
+    if (p == 1) return x * 0;
+    const double alpha = 1.7580993408473766, a = 1 / std::sqrt((alpha * alpha * p + 1) * (1 - p));
+    return where(u >= p, x * a + alpha * a * p, -alpha * a * (1 - p));
+}
+Tensor AlphaDropout::apply_mask(const Tensor& x, const Tensor& u) const {
+    return alpha_dropout_mask(x, p, u);
+}
+// x's shape with the axes after the first two 1: one draw per channel
+static Shape feature_mask_shape(const char* op, const Tensor& x) {
+    if (x.ndim() < 2)
+        detail::fail(strf("%s: x %s needs at least [N, C]", op, shape_str(x.shape()).c_str()));
+    Shape mask = x.shape();
+    std::fill(mask.begin() + 2, mask.end(), 1);
+    return mask;
+}
+Tensor FeatureAlphaDropout::forward(const Tensor& x) {
+    feature_mask_shape("FeatureAlphaDropout", x);
+    return dropped(x, x.ndim() - 2);
+}
+Tensor Softmax2d::forward(const Tensor& x) {
+    if (x.ndim() != 3 && x.ndim() != 4)
+        detail::fail(strf("Softmax2d: x %s needs [N, C, H, W] or [C, H, W]",
+                          shape_str(x.shape()).c_str()));
+    return x.softmax(-3);
 }
 // The count goes up before the mask is built: a mask that read it before would be stale.
 // x's shape with its spatial axes 1: one draw per channel (errors name family + "2d", ...)
@@ -17029,8 +17096,9 @@ Tensor Dropout::dropped(const Tensor& x, int spatial_axes) {
         spatial_axes ? channel_mask_shape("Dropout", x, spatial_axes) : x.shape();
     if (!training || p == 0) return x;
     if (!dtype_is_float(x.dtype()))
-        detail::fail(strf("Dropout%s: input %s %s is not a float tensor",
-                          spatial_axes ? strf("%dd", spatial_axes).c_str() : "",
+        detail::fail(strf("%s%s: input %s %s is not a float tensor", layer_name(),
+                          spatial_axes && !std::strcmp(layer_name(), "Dropout")
+                              ? strf("%dd", spatial_axes).c_str() : "",
                           dtype_name(x.dtype()), shape_str(x.shape()).c_str()));
     if (!draws.defined() || draws.device() != x.device()) {
         // a buffer now, while a jit traces too: a constant count would fold into the program
@@ -17043,7 +17111,7 @@ Tensor Dropout::dropped(const Tensor& x, int spatial_axes) {
     Tensor counted = draws.assign(draws + 1);
     counted.realize();
     Tensor u = rand_offset(mask_shape, detail::mix_seed(seeds.at(0), 0), draws, Loc::here());
-    return dropout_mask(x, p, u);
+    return apply_mask(x, u);
 }
 
 namespace functional {
@@ -18533,6 +18601,20 @@ static Tensor channel_dropout(const char* op, int spatial_axes, const Tensor& x,
     Shape mask = channel_mask_shape("dropout", x, spatial_axes);
     if (!training || p == 0) return x;
     return dropout_mask(x, p, Tensor::rand(mask, seed));
+}
+Tensor alpha_dropout(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
+    detail::UserLocScope at(loc);
+    check_dropout_p(p, "alpha_dropout");
+    if (!training || p == 0) return x;
+    return alpha_dropout_mask(x, p, Tensor::rand_like(x, seed));
+}
+Tensor feature_alpha_dropout(const Tensor& x, double p, bool training, uint64_t seed,
+                             Loc loc) {
+    detail::UserLocScope at(loc);
+    check_dropout_p(p, "feature_alpha_dropout");
+    Shape mask = feature_mask_shape("feature_alpha_dropout", x);
+    if (!training || p == 0) return x;
+    return alpha_dropout_mask(x, p, on_device_of(x, Tensor::rand(mask, seed), loc));
 }
 Tensor dropout1d(const Tensor& x, double p, bool training, uint64_t seed, Loc loc) {
     return channel_dropout("dropout1d", 1, x, p, training, seed, loc);

@@ -2917,6 +2917,65 @@ TEST(ops_channel_dropout_zeroes_whole_channels) {
     CHECK_THROWS(F::dropout2d(x, 1.5), "dropout2d", "1.5");
 }
 
+// AlphaDropout keeps a standard normal input's mean 0 and variance 1, sets the dropped ones to
+// -λα(1 - p)a and the kept to a·x + λαpa (PyTorch's values); FeatureAlphaDropout does it to
+// whole channels; Softmax2d is the softmax over channels
+TEST(ops_alpha_dropout_keeps_mean_and_variance) {
+    namespace F = tg::nn::functional;
+    namespace nn = tg::nn;
+    const double p = 0.2, alpha = 1.7580993408473766;
+    const double a = 1 / std::sqrt((alpha * alpha * p + 1) * (1 - p)),
+                 dropped = -alpha * a * (1 - p);
+    Tensor x = Tensor::randn({200, 100}, 3).cast(DType::FLOAT64);
+    nn::AlphaDropout drop(p);
+    std::vector<Tensor> results = {drop(x), F::alpha_dropout(x, p, true, 5)};
+    Vec xs = vals(x);
+    for (const Tensor& y : results) {
+        Vec ys = vals(y);
+        double mean = 0, square = 0, zeroed = 0;
+        for (size_t i = 0; i < ys.size(); i++) {
+            bool was_dropped = std::fabs(ys[i] - dropped) < 1e-12;
+            zeroed += was_dropped;
+            if (!was_dropped) CHECK_NEAR(ys[i], a * xs[i] + alpha * a * p, 1e-12);
+            mean += ys[i] / double(ys.size()), square += ys[i] * ys[i] / double(ys.size());
+        }
+        CHECK_NEAR(zeroed / double(ys.size()), p, 0.02);
+        CHECK_NEAR(mean, 0, 0.03);
+        CHECK_NEAR(square - mean * mean, 1, 0.05);
+    }
+    CHECK(vals(drop(x)) != vals(drop(x))); // a new mask each call
+    drop.eval();
+    CHECK_ALL_NEAR(vals(drop(x)), xs, 0);
+    CHECK_ALL_NEAR(vals(F::alpha_dropout(x, p)), xs, 0); // training false by default
+    CHECK_ALL_NEAR(vals(F::alpha_dropout(x, 1, true)), Vec(xs.size(), 0), 0);
+
+    Tensor images = Tensor::randn({8, 16, 3, 3}, 4);
+    for (const Tensor& y :
+         {nn::FeatureAlphaDropout(0.5)(images), F::feature_alpha_dropout(images, 0.5, true, 6)}) {
+        Vec ys = vals(y);
+        int channels_dropped = 0;
+        for (size_t channel = 0; channel < 128; channel++) {
+            int here = 0;
+            for (size_t i = channel * 9; i < channel * 9 + 9; i++)
+                here +=
+                    std::fabs(ys[i] - (-alpha / std::sqrt((alpha * alpha * 0.5 + 1) * 0.5) * 0.5)) <
+                    1e-5;
+            CHECK(here == 0 || here == 9);
+            channels_dropped += here == 9;
+        }
+        CHECK(channels_dropped > 40 && channels_dropped < 88); // about half of 128
+    }
+    Tensor s = nn::Softmax2d()(images);
+    CHECK_ALL_NEAR(vals(s), vals(images.softmax(1)), 0);
+    CHECK_THROWS(nn::Softmax2d()(images.flatten(1, 3)), "Softmax2d", "[8,144]");
+    CHECK_THROWS(nn::AlphaDropout(1.5), "AlphaDropout: p must be in [0, 1], got 1.5");
+    CHECK_THROWS(nn::FeatureAlphaDropout(-1), "FeatureAlphaDropout: p must be in [0, 1]");
+    CHECK_THROWS(F::feature_alpha_dropout(Tensor::ones({4}), 0.5, true), "feature_alpha_dropout",
+                 "[4]");
+    CHECK_THROWS(nn::AlphaDropout(0.5)(Tensor::ones({2}, DType::INT32)),
+                 "AlphaDropout: input int32 [2] is not a float tensor");
+}
+
 // Values and the inputs' gradients from PyTorch 1.13 (tests/data/make_reference.py); one row
 // of x2 and one of rows are equal, a distance of 0 (its gradient 0); the bags of ids are
 // [1 4 4] [] [0 6 2] [2 5 3]
