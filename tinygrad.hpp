@@ -1217,6 +1217,11 @@ Tensor matrix_power(const Tensor& a, int64_t k, Loc loc = Loc::here());
 Tensor matrix_exp(const Tensor& a, Loc loc = Loc::here());
 // the product of the matrices, left to right; a 1-D first (last) one is a row (column)
 Tensor multi_dot(const std::vector<Tensor>& tensors, Loc loc = Loc::here());
+// as torch.linalg's: tensorinv, the inverse of a seen as the square matrix [its first ind axes,
+// the rest], shaped the rest then the first ind; tensorsolve, x with tensordot(a, x, x.ndim())
+// = b, a shaped b's axes then x's (square as a matrix)
+Tensor tensorinv(const Tensor& a, int ind = 2, Loc loc = Loc::here());
+Tensor tensorsolve(const Tensor& a, const Tensor& b, Loc loc = Loc::here());
 // Σ a·b along the axis (broadcast), as torch.linalg.vecdot
 Tensor vecdot(const Tensor& a, const Tensor& b, int axis = -1, Loc loc = Loc::here());
 // vector_norm: (Σ|x|^ord)^(1/ord) over the axes (none: all); ord 0 counts the nonzero, ±∞
@@ -8649,6 +8654,31 @@ Tensor inv(const Tensor& a, Loc loc) {
     check_matrices(a, "linalg.inv", loc, true);
     Tensor eye = Tensor::eye(a.size(-1), a.dtype(), loc).expand(a.shape(), loc);
     return solution_of(gauss_jordan(a, eye, loc), loc);
+}
+Tensor tensorinv(const Tensor& a, int ind, Loc loc) {
+    check_defined(a, "linalg.tensorinv", loc);
+    if (ind < 1 || ind > a.ndim())
+        fail(strf("linalg.tensorinv: ind %d must be in [1, %d] for %s", ind, a.ndim(),
+                  shape_str(a.shape()).c_str()), loc);
+    Shape rows(a.shape().begin(), a.shape().begin() + ind);
+    Shape columns(a.shape().begin() + ind, a.shape().end()), out = columns;
+    if (shape_numel(rows) != shape_numel(columns))
+        fail(strf("linalg.tensorinv: %s is not square as [%lld, %lld] (ind %d)",
+                  shape_str(a.shape()).c_str(), (long long)shape_numel(rows),
+                  (long long)shape_numel(columns), ind), loc);
+    out.insert(out.end(), rows.begin(), rows.end());
+    return inv(a.reshape({shape_numel(rows), shape_numel(columns)}, loc), loc).reshape(out, loc);
+}
+Tensor tensorsolve(const Tensor& a, const Tensor& b, Loc loc) {
+    check_defined(a, "linalg.tensorsolve", loc), check_defined(b, "linalg.tensorsolve", loc);
+    bool fits = a.ndim() >= b.ndim() &&
+                std::equal(b.shape().begin(), b.shape().end(), a.shape().begin());
+    Shape unknown(a.shape().begin() + std::min(b.ndim(), a.ndim()), a.shape().end());
+    if (!fits || shape_numel(unknown) != b.numel())
+        fail(strf("linalg.tensorsolve: a %s must be b's shape %s followed by x's, as many "
+                  "elements", shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str()), loc);
+    Tensor square = a.reshape({b.numel(), b.numel()}, loc);
+    return solve(square, b.reshape({b.numel(), 1}, loc), loc).reshape(unknown, loc);
 }
 Tensor solve(const Tensor& a, const Tensor& b, Loc loc) {
     check_matrices(a, "linalg.solve", loc, true);

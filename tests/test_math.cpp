@@ -859,7 +859,7 @@ TEST(ops_basics_match_pytorch) {
 // diagonals, index_put, unique_consecutive
 TEST(ops_more_names_match_pytorch) {
     Reference ref = read_reference("tests/data/names_reference.txt");
-    CHECK_EQ(ref.cases.size(), size_t(51));
+    CHECK_EQ(ref.cases.size(), size_t(54));
     using X = const std::vector<Tensor>&;
     const auto& in = ref.inputs;
     const Tensor& w = in.at("w");
@@ -1029,6 +1029,24 @@ TEST(ops_more_names_match_pytorch) {
                   .unique_consecutive()
                   .inverse;
           }}},
+        {"tensorinv",
+         {{"m"},
+          [](X x) {
+              Tensor a = x[0].t().matmul(x[0]) + Tensor::eye(4, DType::FLOAT64);
+              return tg::linalg::tensorinv(a.reshape({2, 2, 4}));
+          }}},
+        {"tensorinv_ind_1",
+         {{"m"},
+          [](X x) {
+              Tensor a = x[0].t().matmul(x[0]) + Tensor::eye(4, DType::FLOAT64);
+              return tg::linalg::tensorinv(a.reshape({4, 2, 2}), 1);
+          }}},
+        {"tensorsolve",
+         {{"m", "col"},
+          [](X x) {
+              Tensor a = x[0].t().matmul(x[0]) + Tensor::eye(4, DType::FLOAT64);
+              return tg::linalg::tensorsolve(a.reshape({2, 2, 2, 2}), x[1].reshape({2, 2}));
+          }}},
         {"unique_consecutive_counts",
          {{},
           [&](X) {
@@ -1087,6 +1105,11 @@ TEST(ops_more_names_match_pytorch) {
     CHECK_THROWS(tg::index_put(m, {ints({0, 1})}, row),
                  "index_put: values [3] do not broadcast to [2,4]");
     CHECK(Tensor::from_vector(Vec{}).unique_consecutive().values.shape() == tg::Shape({0}));
+    CHECK_THROWS(tg::linalg::tensorinv(in.at("cube"), 1), "linalg.tensorinv: [2,3,4] is not "
+                                                         "square as [2, 12] (ind 1)");
+    CHECK_THROWS(tg::linalg::tensorinv(m, 3), "linalg.tensorinv: ind 3 must be in [1, 2]");
+    CHECK_THROWS(tg::linalg::tensorsolve(in.at("cube"), row), "linalg.tensorsolve: a [2,3,4] "
+                                                              "must be b's shape [3]");
 }
 
 // torch.special's functions that Tensor has no method for, and the windows, from PyTorch 1.13

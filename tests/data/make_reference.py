@@ -41,7 +41,8 @@
                          diagflat, std_mean, var_mean, cholesky_solve, cholesky_inverse, msort,
                          hsplit, vsplit, dsplit, broadcast_tensors and PyTorch's other names;
                          slice_scatter, select_scatter, diagonal_scatter, index_put,
-                         unique_consecutive (tests/test_math.cpp, ops_more_names_match_pytorch)
+                         unique_consecutive, tensorinv, tensorsolve (tests/test_math.cpp,
+                         ops_more_names_match_pytorch)
   special_more_reference.txt  torch.special's ndtr, log_ndtr, ndtri, erfcx, i0, i0e, i1, i1e,
                          entr, xlog1py, multigammaln and the windows (tests/test_math.cpp,
                          ops_torch_special_and_windows_match_pytorch)
@@ -931,6 +932,12 @@ write("names_reference.txt", names, [
         tensor([1, 1, 2, 2, 2, nan, nan, 1, 3, 3], 2, 5))),
     ("unique_consecutive_inverse", [], lambda: torch.unique_consecutive(
         tensor([1, 1, 2, 2, 2, nan, nan, 1, 3, 3], 2, 5), return_inverse=True)[1].double()),
+    ("tensorinv", ["m"], lambda a: torch.linalg.tensorinv(
+        (a.t() @ a + torch.eye(4, dtype=torch.float64)).reshape(2, 2, 4))),
+    ("tensorinv_ind_1", ["m"], lambda a: torch.linalg.tensorinv(
+        (a.t() @ a + torch.eye(4, dtype=torch.float64)).reshape(4, 2, 2), ind=1)),
+    ("tensorsolve", ["m", "col"], lambda a, c: torch.linalg.tensorsolve(
+        (a.t() @ a + torch.eye(4, dtype=torch.float64)).reshape(2, 2, 2, 2), c.reshape(2, 2))),
     ("unique_consecutive_counts", [], lambda: torch.unique_consecutive(
         torch.tensor([4, 4, -1, 4, 7, 7, 7]), return_counts=True)[1].double()),
 ])
