@@ -5154,13 +5154,18 @@ Tensor Tensor::randperm(int64_t n, uint64_t seed, Loc loc) {
     if (n < 0) fail(strf("randperm: negative n %lld", (long long)n), loc);
     return rand48({n}, seed, loc).argsort(0, false, loc);
 }
-// int64 zeros of ok's shape that stop the program where ok is false, naming what: a checked
-// gather whose index is 1 there. Added into a result, the check runs with it.
-static Tensor checked_zeros(const Tensor& ok, const char* what, Loc loc) {
+// index itself (int64), checked as the program runs to lie in [0, n): a gather from 0..n-1,
+// whose error names what (a string that lives as long as the program)
+static Tensor checked_index(const Tensor& index, int64_t n, const char* what, Loc loc) {
     UserLocScope at(loc, what);
-    Tensor index = ok.logical_not(loc).cast(DType::INT64, loc).reshape({-1}, loc);
-    return on_device_of(ok, Tensor::arange(1, loc).cast(DType::INT64, loc), loc)
-        .gather(0, index, loc).reshape(ok.shape(), loc);
+    Tensor range = on_device_of(index, Tensor::arange(n, loc).cast(DType::INT64, loc), loc);
+    return range.gather(0, index.cast(DType::INT64, loc).reshape({-1}, loc), loc)
+        .reshape(index.shape(), loc);
+}
+// int64 zeros of ok's shape that stop the program where ok is false, naming what. Added into
+// a result, the check runs with it.
+static Tensor checked_zeros(const Tensor& ok, const char* what, Loc loc) {
+    return checked_index(ok.logical_not(loc).cast(DType::INT64, loc), 1, what, loc);
 }
 Tensor Tensor::multinomial(int64_t num_samples, bool replacement, uint64_t seed, Loc loc) const {
     UserLocScope at(loc);   // for the operators below
@@ -5519,61 +5524,66 @@ Tensor Tensor::nonzero(Loc loc) const {
     return on_device_of(*this, Tensor::from_vector(coordinates, out, loc), loc);
 }
 // Sorted on the host in double (exact for float32 and float64) or int64 (integers, bool)
+// x's values read to the host: as int64 (integers and bool) or as double (floats)
+struct HostValues {
+    bool whole;
+    std::vector<int64_t> ints;
+    std::vector<double> reals;
+    explicit HostValues(const Tensor& x) : whole(!dtype_is_float(x.dtype())) {
+        if (whole) ints = x.to_vector<int64_t>();
+        else reals = x.to_vector<double>();
+    }
+    std::vector<int64_t> positions() const {   // 0, 1, ... for each value
+        std::vector<int64_t> order(whole ? ints.size() : reals.size());
+        std::iota(order.begin(), order.end(), 0);
+        return order;
+    }
+};
 // The groups of x's elements taken in order (sorted, or as they stand), a new group wherever
 // `same` says an element differs from the one before: each group's value and length, each
 // element's group
 template <typename Same>
-static Unique groups_in_order(const Tensor& x, const std::vector<int64_t>& order,
-                              const std::vector<int64_t>& ints, const std::vector<double>& reals,
-                              Same same, Loc loc) {
-    const bool whole = !dtype_is_float(x.dtype());
+static Unique groups_in_order(const Tensor& x, const HostValues& v,
+                              const std::vector<int64_t>& order, Same same, Loc loc) {
     std::vector<int64_t> inverse(order.size()), counts, value_ints;
     std::vector<double> value_reals;
     for (size_t k = 0; k < order.size(); k++) {
         size_t at = size_t(order[k]);
         if (k == 0 || !same(order[k - 1], order[k])) {
             counts.push_back(0);
-            if (whole) value_ints.push_back(ints[at]);
-            else value_reals.push_back(reals[at]);
+            if (v.whole) value_ints.push_back(v.ints[at]);
+            else value_reals.push_back(v.reals[at]);
         }
         counts.back()++;
         inverse[at] = int64_t(counts.size()) - 1;
     }
-    Tensor values = whole ? Tensor::from_vector(value_ints, {-1}, loc)
-                          : Tensor::from_vector(value_reals, {-1}, loc);
+    Tensor values = v.whole ? Tensor::from_vector(value_ints, {-1}, loc)
+                            : Tensor::from_vector(value_reals, {-1}, loc);
     return {on_device_of(x, values.cast(x.dtype(), loc), loc),
             on_device_of(x, Tensor::from_vector(inverse, x.shape(), loc), loc),
             on_device_of(x, Tensor::from_vector(counts, {-1}, loc), loc)};
 }
 Unique Tensor::unique(Loc loc) const {
-    check_defined(*this, "unique", loc);
-    bool whole = !dtype_is_float(dtype());
-    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
-    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
-    std::vector<int64_t> order(whole ? ints.size() : reals.size());
-    std::iota(order.begin(), order.end(), 0);
+    HostValues v(check_defined(*this, "unique", loc));
+    std::vector<int64_t> order = v.positions();
     auto before = [&](int64_t a, int64_t b) {   // NaN after every number
-        if (whole) return ints[size_t(a)] < ints[size_t(b)];
-        double x = reals[size_t(a)], y = reals[size_t(b)];
+        if (v.whole) return v.ints[size_t(a)] < v.ints[size_t(b)];
+        double x = v.reals[size_t(a)], y = v.reals[size_t(b)];
         return std::isnan(y) ? !std::isnan(x) : x < y;
     };
     std::stable_sort(order.begin(), order.end(), before);
     auto same = [&](int64_t a, int64_t b) {   // in sorted order: neither before, not NaN
-        return !before(a, b) && (whole || !std::isnan(reals[size_t(b)]));
+        return !before(a, b) && (v.whole || !std::isnan(v.reals[size_t(b)]));
     };
-    return groups_in_order(*this, order, ints, reals, same, loc);
+    return groups_in_order(*this, v, order, same, loc);
 }
 Unique Tensor::unique_consecutive(Loc loc) const {
-    check_defined(*this, "unique_consecutive", loc);
-    bool whole = !dtype_is_float(dtype());
-    std::vector<int64_t> ints = whole ? to_vector<int64_t>() : std::vector<int64_t>();
-    std::vector<double> reals = whole ? std::vector<double>() : to_vector<double>();
-    std::vector<int64_t> order(whole ? ints.size() : reals.size());
-    std::iota(order.begin(), order.end(), 0);
+    HostValues v(check_defined(*this, "unique_consecutive", loc));
     auto same = [&](int64_t a, int64_t b) {
-        return whole ? ints[size_t(a)] == ints[size_t(b)] : reals[size_t(a)] == reals[size_t(b)];
+        return v.whole ? v.ints[size_t(a)] == v.ints[size_t(b)]
+                       : v.reals[size_t(a)] == v.reals[size_t(b)];
     };
-    return groups_in_order(*this, order, ints, reals, same, loc);
+    return groups_in_order(*this, v, v.positions(), same, loc);
 }
 static void check_mask(const Tensor& x, const Tensor& mask, const char* op, Loc loc) {
     check_defined(x, op, loc), check_defined(mask, op, loc);
@@ -8349,11 +8359,11 @@ Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices, const 
                                   "index_put (indices[6])", "index_put (indices[7])"};
     Tensor place;
     for (size_t d = 0; d < k; d++) {
-        UserLocScope at(loc, d < 8 ? names[d] : "index_put (indices)");
+        UserLocScope at(loc);   // for the operators; checked_index names its index
         const int64_t n = input.shape()[d];
         Tensor index = indices[d].cast(DType::INT64).expand(batch).reshape({-1});
-        index = where(index < 0, index + n, index);
-        index = on_device_of(input, Tensor::arange(n).cast(DType::INT64), loc).gather(0, index);
+        index = checked_index(where(index < 0, index + n, index), n,
+                              d < 8 ? names[d] : "index_put (indices)", loc);
         place = d == 0 ? index : place * n + index;
     }
     UserLocScope at(loc, op);
@@ -20329,16 +20339,8 @@ Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& in
                                                    : batched ? targets : targets.unsqueeze(0);
     const int64_t longest = labels.size(1), states = 2 * longest + 1;
     // Each length passes through a checked gather, which names it when out of range
-    {
-        detail::UserLocScope at(loc, "ctc_loss (input_lengths, each from 0 to T)");
-        il = on_device_of(il, Tensor::arange(steps + 1), loc).gather(0, il.reshape({-1}))
-                 .reshape({batch, 1});
-    }
-    {
-        detail::UserLocScope at(loc, "ctc_loss (target_lengths, each from 0 to S)");
-        tl = on_device_of(tl, Tensor::arange(longest + 1), loc)
-                 .gather(0, tl.reshape({-1})).reshape({batch, 1});
-    }
+    il = checked_index(il, steps + 1, "ctc_loss (input_lengths, each from 0 to T)", loc);
+    tl = checked_index(tl, longest + 1, "ctc_loss (target_lengths, each from 0 to S)", loc);
     detail::UserLocScope at(loc, op);
     // the states: a blank, then each label followed by a blank; a label's state may also be
     // entered from two states back (past the blank between) unless that holds the same label
