@@ -12878,12 +12878,14 @@ static std::set<int64_t> divisors_of(const std::vector<Stmt>& body, int var, int
     std::set<int64_t> divisors;
     each_division(body, [&](const Expr& division) {
         if (division.src[1]->kind != EK::CONST || !uses_var(division.src[0], var)) return;
-        int64_t c = int64_t(division.src[1]->num), k = 1;
+        const double divisor = division.src[1]->num;   // an integer's, from 2 up (not x / 1e200)
+        if (dtype_is_float(division.dtype) || !(divisor >= 2 && divisor < 9.2e18)) return;
+        int64_t c = int64_t(divisor), k = 1;
         Linear lin;
         lin.add(1, division.src[0]);
         for (auto& [coef, term] : lin.terms)
             if (term->kind == EK::VAR && term->id == var) k = coef;
-        int64_t d = c / std::gcd(c, std::abs(k));
+        int64_t d = c / std::gcd(c, std::abs(k % c));   // k % c: no |INT64_MIN|
         if (d > 1 && d < extent && extent % d == 0) divisors.insert(d);
     });
     return divisors;

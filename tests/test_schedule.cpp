@@ -624,3 +624,17 @@ TEST(value_read_several_times_through_same_shape_reshapes_is_lowered_once) {
         for (int64_t& v : want) v = v % 2 == 0 ? v / 2 : v * 3 + 1;
     CHECK(chain(40).to_vector<int64_t>() == want);
 }
+
+// split_divided looks for integer divisions of a loop's variable by a constant: a float
+// division by one (x / 1e200, whose divisor no int64 holds) is not among them
+TEST(float_division_by_a_huge_constant_is_no_loop_divisor) {
+    std::vector<double> v(64);
+    for (size_t i = 0; i < v.size(); i++) v[i] = double(i) * 1e190;
+    Tensor x = Tensor::from_vector(v, {8, 8});
+    std::vector<double> y = (x / 1e200 + x.sum(1, true) / 2.0).to_vector<double>();
+    for (size_t i = 0; i < y.size(); i++) {
+        double row = 0;
+        for (size_t j = i / 8 * 8; j < i / 8 * 8 + 8; j++) row += v[j];
+        CHECK_NEAR(y[i], v[i] / 1e200 + row / 2, 1e-12 * std::fabs(row));
+    }
+}
