@@ -1648,12 +1648,12 @@ struct Dropout : Module {
 
 protected:
     Dropout(double p, const char* layer, Loc loc);
+    const char* layer;   // for errors: "Dropout", "Dropout2d", "AlphaDropout", ...
     // x with a mask drawn while training: of x's shape, or with spatial_axes > 0, one draw per
     // channel of x [N, C, *spatial] or [C, *spatial]
     Tensor dropped(const Tensor& x, int spatial_axes);
     // x with the draws u (uniform in [0, 1), broadcast to x) applied: kept where u >= p
     virtual Tensor apply_mask(const Tensor& x, const Tensor& u) const;
-    virtual const char* layer_name() const { return "Dropout"; }
 };
 // For SELU networks, as PyTorch's: while training each element (FeatureAlphaDropout: each
 // channel of x [N, C, ...], its first two axes) is set with probability p to SELU's
@@ -1667,20 +1667,18 @@ struct AlphaDropout : Dropout {
 protected:
     AlphaDropout(double p, const char* layer, Loc loc) : Dropout(p, layer, loc) {}
     Tensor apply_mask(const Tensor& x, const Tensor& u) const override;
-    const char* layer_name() const override { return "AlphaDropout"; }
 };
 struct FeatureAlphaDropout : AlphaDropout {
     explicit FeatureAlphaDropout(double p = 0.5, Loc loc = Loc::here())
         : AlphaDropout(p, "FeatureAlphaDropout", loc) {}
     Tensor forward(const Tensor& x) override;
-
-protected:
-    const char* layer_name() const override { return "FeatureAlphaDropout"; }
 };
 // Dropout1d, Dropout2d, Dropout3d: each channel of x [N, C, *spatial] (or [C, *spatial]; 1, 2
 // or 3 spatial axes) zeroed whole with probability p while training, the others scaled
 template <int SpatialAxes> struct DropoutNd : Dropout {
-    explicit DropoutNd(double p = 0.5, Loc loc = Loc::here()) : Dropout(p, loc) {}
+    explicit DropoutNd(double p = 0.5, Loc loc = Loc::here())
+        : Dropout(p, SpatialAxes == 1 ? "Dropout1d" : SpatialAxes == 2 ? "Dropout2d" : "Dropout3d",
+                  loc) {}
     Tensor forward(const Tensor& x) override { return dropped(x, SpatialAxes); }
 };
 using Dropout1d = DropoutNd<1>;
@@ -5129,27 +5127,25 @@ Tensor Tensor::randn_like(const Tensor& x, uint64_t seed, Loc loc) {
     return on_device_of(x, randn(x.shape(), seed, loc).cast(x.dtype(), loc), loc);
 }
 
-// two uniform floats are 24 random bits each (k / 2^24): v = k1·2^24 + k2 in [0, 2^48), and
-// low + v mod (high - low), whose bias is below (high - low) / 2^48
-Tensor Tensor::randint(int64_t low, int64_t high, const Shape& shape, uint64_t seed, Loc loc) {
-    if (low >= high)
-        fail(strf("randint: low %lld must be below high %lld", (long long)low,
-                  (long long)high), loc);
-    const double two24 = 16777216;
-    Tensor k1 = mul_c(rand(shape, mix_seed(seed, 0), loc), two24, loc).cast(DType::INT64, loc);
-    Tensor k2 = mul_c(rand(shape, mix_seed(seed, 1), loc), two24, loc).cast(DType::INT64, loc);
-    Tensor v = add(mul_c(k1, two24, loc), k2, loc);
-    Tensor n = const_like(v, double(high - low), DType::INT64, loc);
-    return add_c(wrap(graph_binary(Op::MOD, N(v), N(n), loc)), double(low), loc);
-}
-
-// uniform in [0, 1) from 48 random bits, (k1·2^24 + k2)/2^48, in float64
+// uniform in [0, 1) from 48 random bits, (k1·2^24 + k2)/2^48 in float64: two uniform floats
+// of 24 random bits each (k / 2^24)
 static Tensor rand48(const Shape& shape, uint64_t seed, Loc loc) {
     const double two24 = 16777216;
     Tensor k1 = Tensor::rand(shape, mix_seed(seed, 0), loc).cast(DType::FLOAT64, loc);
     Tensor k2 = Tensor::rand(shape, mix_seed(seed, 1), loc).cast(DType::FLOAT64, loc);
     return add(k1, mul_c(k2, 1 / two24, loc), loc);
 }
+// v = rand48·2^48, its 48 bits as an integer (exact in float64), and low + v mod (high - low),
+// whose bias is below (high - low) / 2^48
+Tensor Tensor::randint(int64_t low, int64_t high, const Shape& shape, uint64_t seed, Loc loc) {
+    if (low >= high)
+        fail(strf("randint: low %lld must be below high %lld", (long long)low,
+                  (long long)high), loc);
+    Tensor v = mul_c(rand48(shape, seed, loc), 281474976710656.0, loc).cast(DType::INT64, loc);
+    Tensor n = const_like(v, double(high - low), DType::INT64, loc);
+    return add_c(wrap(graph_binary(Op::MOD, N(v), N(n), loc)), double(low), loc);
+}
+
 Tensor Tensor::randperm(int64_t n, uint64_t seed, Loc loc) {
     if (n < 0) fail(strf("randperm: negative n %lld", (long long)n), loc);
     return rand48({n}, seed, loc).argsort(0, false, loc);
@@ -6755,18 +6751,24 @@ Tensor Tensor::var(int axis, int64_t correction, bool keepdim, Loc loc) const {
     return var(std::vector<int>{axis}, correction, keepdim, loc);
 }
 // n - correction <= 0 divides by 0 (inf, or NaN for a sum of 0), as in PyTorch
+// The variance and the mean it is taken about (one mean: var_mean reads the same node)
+static std::pair<Tensor, Tensor> var_and_mean(const Tensor& x_in, const std::vector<int>& axes,
+                                              int64_t correction, bool keepdim, Loc loc) {
+    check_defined(x_in, "var", loc);
+    std::vector<int> all = axes;
+    for (int i = 0; axes.empty() && i < x_in.ndim(); i++) all.push_back(i);
+    normalize_axes(all, x_in.shape(), "var", loc);
+    Tensor x = as_float(x_in, loc), mean = x.mean(all, true, loc);
+    Tensor d = add(x, neg(mean, loc), loc);
+    Tensor s = mul(d, d, loc).sum(all, keepdim, loc);
+    double n = double(x.numel()) / double(std::max<int64_t>(1, s.numel()));
+    if (x.numel() == 0) n = 0;
+    return {mul_c(s, 1 / std::max(0.0, n - double(correction)), loc),
+            keepdim ? mean : mean.reshape(s.shape(), loc)};
+}
 Tensor Tensor::var(const std::vector<int>& axes, int64_t correction, bool keepdim,
                    Loc loc) const {
-    check_defined(*this, "var", loc);
-    std::vector<int> all = axes;
-    for (int i = 0; axes.empty() && i < ndim(); i++) all.push_back(i);
-    normalize_axes(all, shape(), "var", loc);
-    Tensor x = as_float(*this, loc);
-    Tensor d = add(x, neg(x.mean(all, true, loc), loc), loc);
-    Tensor s = mul(d, d, loc).sum(all, keepdim, loc);
-    double n = double(numel()) / double(std::max<int64_t>(1, s.numel()));
-    if (numel() == 0) n = 0;
-    return mul_c(s, 1 / std::max(0.0, n - double(correction)), loc);
+    return var_and_mean(*this, axes, correction, keepdim, loc).first;
 }
 // √var, whose gradient is 0 where var is 0, as PyTorch's std (√'s would be ∞ there, times 0):
 // the root of 1 there, and 0 in its place
@@ -8390,10 +8392,7 @@ std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors, Loc lo
 }
 std::pair<Tensor, Tensor> var_mean(const Tensor& x, const std::vector<int>& axes,
                                    int64_t correction, bool keepdim, Loc loc) {
-    Tensor var = x.var(axes, correction, keepdim, loc);
-    std::vector<int> all = axes;
-    for (int i = 0; axes.empty() && i < x.ndim(); i++) all.push_back(i);
-    return {var, as_float(x, loc).mean(all, keepdim, loc)};
+    return var_and_mean(x, axes, correction, keepdim, loc);
 }
 std::pair<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int>& axes,
                                    int64_t correction, bool keepdim, Loc loc) {
@@ -11823,7 +11822,8 @@ static bool plan_tiles(const Block& b, const ProductMatch& m, Block::Tiles& t) {
     t.tasks = outer * panels * ((rows + t.row_block - 1) / t.row_block);
     return true;
 }
-// each / and % in body's statements, once each
+// each integer / and % in body's statements (a float division of values splits no loop), once
+// each
 static void each_division(const std::vector<Stmt>& body,
                           const std::function<void(const Expr&)>& f) {
     ExprSet seen;
@@ -11831,7 +11831,8 @@ static void each_division(const std::vector<Stmt>& body,
         for (const Stmt& st : stmts) {
             for (const ExprP& e : {st.idx, st.val})
                 each_part(e, seen, [&](const ExprP& part) {
-                    if (part->kind == EK::ALU && (part->op == Op::DIV || part->op == Op::MOD))
+                    if (part->kind == EK::ALU && (part->op == Op::DIV || part->op == Op::MOD) &&
+                        !dtype_is_float(part->dtype))
                         f(*part);
                 });
             walk(st.body);
@@ -12878,8 +12879,8 @@ static std::set<int64_t> divisors_of(const std::vector<Stmt>& body, int var, int
     std::set<int64_t> divisors;
     each_division(body, [&](const Expr& division) {
         if (division.src[1]->kind != EK::CONST || !uses_var(division.src[0], var)) return;
-        const double divisor = division.src[1]->num;   // an integer's, from 2 up (not x / 1e200)
-        if (dtype_is_float(division.dtype) || !(divisor >= 2 && divisor < 9.2e18)) return;
+        const double divisor = division.src[1]->num;   // an int64 from 2 up
+        if (!(divisor >= 2 && divisor < 9.2e18)) return;
         int64_t c = int64_t(divisor), k = 1;
         Linear lin;
         lin.add(1, division.src[0]);
@@ -17086,7 +17087,7 @@ static Tensor dropout_mask(const Tensor& x, double p, const Tensor& u) {
     return where(u >= p, x * (1 / (1 - p)), 0);
 }
 Dropout::Dropout(double p, Loc loc) : Dropout(p, "Dropout", loc) {}
-Dropout::Dropout(double p_, const char* layer, Loc loc) : p(p_) {
+Dropout::Dropout(double p_, const char* layer_, Loc loc) : p(p_), layer(layer_) {
     detail::UserLocScope at(loc);
     check_dropout_p(p, layer);
     seeds = {Tensor::next_seed()};
@@ -17138,9 +17139,7 @@ Tensor Dropout::dropped(const Tensor& x, int spatial_axes) {
         spatial_axes ? channel_mask_shape("Dropout", x, spatial_axes) : x.shape();
     if (!training || p == 0) return x;
     if (!dtype_is_float(x.dtype()))
-        detail::fail(strf("%s%s: input %s %s is not a float tensor", layer_name(),
-                          spatial_axes && !std::strcmp(layer_name(), "Dropout")
-                              ? strf("%dd", spatial_axes).c_str() : "",
+        detail::fail(strf("%s: input %s %s is not a float tensor", layer,
                           dtype_name(x.dtype()), shape_str(x.shape()).c_str()));
     if (!draws.defined() || draws.device() != x.device()) {
         // a buffer now, while a jit traces too: a constant count would fold into the program
